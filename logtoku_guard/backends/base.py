@@ -1,0 +1,87 @@
+"""The backend protocol: where raw top-K logits come from.
+
+A backend turns a prompt into a :class:`~logtoku_guard.types.Generation` whose every token
+carries its raw top-K logits and AU/EU. Three calls: ``generate`` (one prompt), ``stream``
+(one prompt, each token as soon as it is generated) and ``batch`` (several prompts).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from logtoku_guard.errors import LogTokUError
+from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the guard needs from a model."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def k(self) -> int: ...
+
+    def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation: ...
+
+    def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream: ...
+
+    def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]: ...
+
+
+class TokenStream:
+    """Tokens of one generation as they are produced; :attr:`generation` once exhausted.
+
+    Iterate to receive :class:`TokenScore` objects, each with its own AU/EU. ``close()``
+    stops generation early (the result then has ``finish_reason == "cancelled"``). Use it as
+    a context manager so an abandoned stream never leaves a generation running.
+    """
+
+    def __init__(
+        self,
+        tokens: Iterator[TokenScore],
+        result: Callable[[], Generation],
+        cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self._tokens = tokens
+        self._result = result
+        self._cancel = cancel
+        self._generation: Generation | None = None
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[TokenScore]:
+        yield from self._tokens
+        self._finish()
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop generating; tokens already produced stay in :attr:`generation`."""
+        with self._lock:
+            if self._generation is not None:
+                return
+            if self._cancel is not None:
+                self._cancel()
+        for _ in self._tokens:  # drain what was produced before the cancellation took effect
+            pass
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._generation is None:
+                self._generation = self._result()
+
+    @property
+    def generation(self) -> Generation:
+        """The finished :class:`Generation` (iterate the stream or ``close()`` it first)."""
+        if self._generation is None:
+            msg = "the stream is not finished: iterate it to the end or call close() before reading .generation"
+            raise LogTokUError(msg)
+        return self._generation

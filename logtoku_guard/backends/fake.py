@@ -1,0 +1,167 @@
+"""A backend that replays scripted top-K logits: test guards and pipelines without a model.
+
+Each scripted answer is a list of text pieces with the raw top-K logits of each; AU and EU
+are computed by the real maths. ``logprob`` and ``entropy`` are taken from the softmax over
+the scripted logits only (the chosen token is the largest), an approximation a real vocab
+would refine; everything else behaves like a real backend (stop strings, max_new_tokens,
+streaming, batching).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages
+from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, rescore, validate_k, validate_top_n
+
+
+@dataclass(frozen=True)
+class ScriptedAnswer:
+    """An answer to replay: one text piece and one row of raw top logits per token."""
+
+    pieces: Sequence[str]
+    top_logits: Sequence[Sequence[float]]
+
+    def __post_init__(self) -> None:
+        if len(self.pieces) != len(self.top_logits):
+            msg = f"a scripted answer needs one row of logits per piece, got {len(self.pieces)} pieces and {len(self.top_logits)} rows"
+            raise ConfigurationError(msg)
+
+
+Script = Sequence[ScriptedAnswer] | Callable[[list[ChatMessage]], ScriptedAnswer]
+
+
+class ScriptedBackend:
+    """Replays answers in order (a list) or answers each prompt with ``script(messages)``."""
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        k: int = DEFAULT_K,
+        evidence: EvidenceMode = "clamped",
+        top_n: int = DEFAULT_TOP_N,
+        model_name: str = "scripted",
+    ) -> None:
+        self._k = validate_k(k)
+        self._evidence = evidence
+        self._top_n = validate_top_n(top_n)
+        self._name = model_name
+        self._script = script
+        self._queue: Iterator[ScriptedAnswer] | None = None if callable(script) else iter(list(script))
+        self._lock = threading.Lock()
+        self.calls: list[list[ChatMessage]] = []
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    def _next(self, messages: list[ChatMessage]) -> ScriptedAnswer:
+        with self._lock:
+            self.calls.append(messages)
+            if self._queue is None:
+                return self._script(messages)  # type: ignore[operator]
+            try:
+                return next(self._queue)
+            except StopIteration:
+                msg = f"the scripted backend ran out of answers after {len(self.calls) - 1} calls; script more answers"
+                raise LogTokUError(msg) from None
+
+    def _tokens(self, answer: ScriptedAnswer) -> list[TokenScore]:
+        rows = [sorted((float(v) for v in r), reverse=True) for r in answer.top_logits]
+        if any(len(r) < self._k for r in rows):
+            msg = f"every scripted row needs at least k={self._k} logits"
+            raise ConfigurationError(msg)
+        scored = rescore([r[: self._k] for r in rows], evidence=self._evidence) if rows else None
+        out = []
+        for i, (piece, r) in enumerate(zip(answer.pieces, rows)):
+            lse = max(r) + math.log(sum(math.exp(v - max(r)) for v in r))
+            probs = [math.exp(v - lse) for v in r]
+            assert scored is not None
+            out.append(
+                TokenScore(
+                    index=i,
+                    id=i,
+                    text=piece,
+                    top_logits=tuple(r[: self._k]),
+                    top_ids=tuple(range(self._k)),
+                    au=float(scored.au[i]),
+                    eu=float(scored.eu[i]),
+                    logprob=r[0] - lse,
+                    entropy=-sum(p * math.log(p) for p in probs if p > 0),
+                )
+            )
+        return out
+
+    def _one(self, prompt: Prompt, options: DecodingOptions) -> Generation:
+        messages = to_messages(prompt)
+        tokens = self._tokens(self._next(messages))
+        finish: FinishReason = "stop"
+        stop_seq = None
+        if len(tokens) > options.max_new_tokens:
+            tokens, finish = tokens[: options.max_new_tokens], "length"
+        text = "".join(t.text for t in tokens)
+        hits = [(text.find(s), s) for s in options.stop if s in text]
+        if hits:
+            cut, stop_seq = min(hits)
+            kept, offset = [], 0
+            for t in tokens:
+                if offset >= cut:
+                    break
+                kept.append(t if offset + len(t.text) <= cut else _with_text(t, t.text[: cut - offset]))
+                offset += len(t.text)
+            tokens, finish = kept, "stop"
+        return Generation(
+            model=self._name,
+            prompt=[m.content for m in messages if m.role == "user"][-1] if any(m.role == "user" for m in messages) else messages[-1].content,
+            text="".join(t.text for t in tokens),
+            tokens=tuple(tokens),
+            finish_reason=finish,
+            k=self._k,
+            evidence=self._evidence,
+            top_n=self._top_n,
+            stop_sequence=stop_seq,
+        )
+
+    def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation:
+        return self._one(prompt, options or DecodingOptions())
+
+    def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]:
+        return [self._one(p, options or DecodingOptions()) for p in prompts]
+
+    def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream:
+        generation = self._one(prompt, options or DecodingOptions())
+        cancelled = threading.Event()
+        emitted: list[TokenScore] = []
+
+        def tokens() -> Iterator[TokenScore]:
+            for t in itertools.takewhile(lambda _: not cancelled.is_set(), generation.tokens):
+                emitted.append(t)
+                yield t
+
+        def result() -> Generation:
+            if len(emitted) == len(generation.tokens):
+                return generation
+            import dataclasses
+
+            return dataclasses.replace(
+                generation, tokens=tuple(emitted), text="".join(t.text for t in emitted), finish_reason="cancelled"
+            )
+
+        return TokenStream(tokens(), result, cancelled.set)
+
+
+def _with_text(t: TokenScore, text: str) -> TokenScore:
+    import dataclasses
+
+    return dataclasses.replace(t, text=text)

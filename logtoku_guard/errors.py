@@ -1,0 +1,61 @@
+"""The exceptions of logtoku_guard: one root, every error names the bad value and the fix.
+
+Hierarchy::
+
+    LogTokUError                      root of everything this library raises on purpose
+    ├── ConfigurationError (ValueError)   a bad argument or setting (K, thresholds, options)
+    │   └── InvalidPromptError            empty prompt, malformed chat messages
+    │       └── PromptTooLongError        prompt does not fit the model's context window
+    ├── ModelLoadError                    a model path or id that cannot be loaded locally
+    ├── MissingDependencyError (ImportError)  an optional package is not installed
+    └── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
+"""
+
+from __future__ import annotations
+
+
+class LogTokUError(Exception):
+    """Root of every exception raised on purpose by logtoku_guard."""
+
+
+class ConfigurationError(LogTokUError, ValueError):
+    """A bad argument or setting; the message echoes the value and names the fix."""
+
+
+class InvalidPromptError(ConfigurationError):
+    """The prompt or chat messages cannot be used (empty, wrong roles, wrong types)."""
+
+
+class PromptTooLongError(InvalidPromptError):
+    """The prompt does not fit into the model's context window."""
+
+    def __init__(self, prompt_tokens: int, context_window: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens but the model's context window is "
+            f"{context_window} tokens; shorten the prompt (or the retrieved context) "
+            f"to at most {context_window - 1} tokens"
+        )
+
+
+class ModelLoadError(LogTokUError):
+    """A model id or folder that cannot be loaded from local files."""
+
+
+class MissingDependencyError(LogTokUError, ImportError):
+    """An optional dependency is missing; the message gives the exact install command."""
+
+
+class NonFiniteLogitsError(LogTokUError, ArithmeticError):
+    """The model produced NaN or infinite values among its top-K raw logits."""
+
+    def __init__(self, step: int, row: int, values: list[float]) -> None:
+        self.step = step
+        self.row = row
+        self.values = values
+        super().__init__(
+            f"the model produced non-finite top-K logits {values} at generation step {step} "
+            f"(batch row {row}); this usually means a float16 overflow or broken weights: "
+            "load the model with dtype='float32' or 'bfloat16' and check its checkpoint"
+        )

@@ -1,0 +1,282 @@
+"""Typed objects passed between stages: prompt -> generation -> token scores -> response score.
+
+Pure Python (no torch import): these are what a backend returns and what the policy reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, Union
+
+from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Quadrant, QuadrantThresholds, WordScore
+
+Role = Literal["system", "user", "assistant"]
+FinishReason = Literal["stop", "length", "cancelled"]
+"""``stop``: end-of-sequence token or a stop string; ``length``: ``max_new_tokens`` reached;
+``cancelled``: the consumer closed the stream (or a guard stopped it early)."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat turn."""
+
+    role: Role
+    content: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ("system", "user", "assistant"):
+            msg = f"chat message role must be 'system', 'user' or 'assistant', got {self.role!r}"
+            raise InvalidPromptError(msg)
+        if not isinstance(self.content, str):
+            msg = f"chat message content must be a string, got {type(self.content).__name__}: {self.content!r}"
+            raise InvalidPromptError(msg)
+
+
+Prompt = Union[str, Sequence[Union[ChatMessage, Mapping[str, str]]]]
+"""A plain question (sent as one user turn) or a list of chat turns."""
+
+
+def to_messages(prompt: Prompt, system: str | None = None) -> list[ChatMessage]:
+    """Normalise a prompt into chat turns, validating it.
+
+    ``system`` is prepended as a system turn unless the messages already start with one.
+    Raises :class:`InvalidPromptError` for an empty prompt or malformed turns.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            msg = f"prompt is empty ({prompt!r}); pass a question such as 'What is the capital of France?'"
+            raise InvalidPromptError(msg)
+        messages = [ChatMessage("user", prompt)]
+    else:
+        if not isinstance(prompt, Sequence) or not prompt:
+            msg = f"prompt must be a non-empty string or a non-empty list of chat messages, got {prompt!r}"
+            raise InvalidPromptError(msg)
+        messages = []
+        for i, m in enumerate(prompt):
+            if isinstance(m, ChatMessage):
+                messages.append(m)
+            elif isinstance(m, Mapping) and "role" in m and "content" in m:
+                messages.append(ChatMessage(m["role"], m["content"]))  # type: ignore[arg-type]
+            else:
+                msg = f"chat message {i} must be a ChatMessage or a mapping with 'role' and 'content', got {m!r}"
+                raise InvalidPromptError(msg)
+        if not any(m.content.strip() for m in messages if m.role != "system"):
+            msg = "every user/assistant message is empty; add the question as a user message"
+            raise InvalidPromptError(msg)
+    if system is not None and messages[0].role != "system":
+        messages.insert(0, ChatMessage("system", system))
+    return messages
+
+
+@dataclass(frozen=True)
+class DynamicTemperature:
+    """Dynamic decoding (spec section 6): the sampling temperature falls as EU rises.
+
+    ``T_t = t_min + (t_max - t_min) * (1 - EU_t) ** power`` where ``EU_t`` is the current
+    step's epistemic uncertainty in (0, 1]: a token the model knows little about is sampled
+    near-greedily, a well-known step keeps diversity.
+    """
+
+    t_max: float = 1.0
+    t_min: float = 0.1
+    power: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.t_min <= self.t_max) or not math.isfinite(self.t_max):
+            msg = f"dynamic temperature needs 0 < t_min <= t_max (finite), got t_min={self.t_min!r}, t_max={self.t_max!r}"
+            raise ConfigurationError(msg)
+        if not (self.power > 0) or not math.isfinite(self.power):
+            msg = f"dynamic temperature power must be a positive number, got {self.power!r}"
+            raise ConfigurationError(msg)
+
+    def temperature(self, eu: float) -> float:
+        """The temperature for one step with epistemic uncertainty ``eu`` (scalar form)."""
+        e = min(max(eu, 0.0), 1.0)
+        return self.t_min + (self.t_max - self.t_min) * (1.0 - e) ** self.power
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode. ``temperature == 0`` means greedy; ``dynamic`` overrides temperature."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    dynamic: DynamicTemperature | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            msg = f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
+            raise ConfigurationError(msg)
+        if not isinstance(self.temperature, (int, float)) or not (0 <= self.temperature < math.inf):
+            msg = f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}"
+            raise ConfigurationError(msg)
+        if not isinstance(self.top_p, (int, float)) or not (0 < self.top_p <= 1):
+            msg = f"top_p must be in (0, 1], got {self.top_p!r}"
+            raise ConfigurationError(msg)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            msg = f"seed must be a non-negative integer or None, got {self.seed!r}"
+            raise ConfigurationError(msg)
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            msg = f"stop strings must be non-empty strings, got {self.stop!r}"
+            raise ConfigurationError(msg)
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def sampling(self) -> bool:
+        return self.dynamic is not None or self.temperature > 0
+
+    def replace(self, **changes: Any) -> DecodingOptions:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenScore:
+    """One generated token with its raw top-K logits and uncertainties.
+
+    ``au``/``eu``: higher = more uncertain. ``logprob``: log p of this token under the softmax
+    of the raw logits (higher = more confident). ``entropy``: of that softmax, in nats.
+    """
+
+    index: int
+    id: int
+    text: str
+    top_logits: tuple[float, ...]
+    top_ids: tuple[int, ...]
+    au: float
+    eu: float
+    logprob: float
+    entropy: float
+    temperature: float | None = None
+
+    @property
+    def uncertainty(self) -> float:
+        """``AU * EU``; higher = less reliable."""
+        return self.au * self.eu
+
+    def quadrant(self, thresholds: QuadrantThresholds) -> Quadrant:
+        return thresholds.classify(self.au, self.eu)
+
+    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
+        """JSON-ready form (``top_logits`` largest first; ``quadrant`` when thresholds given)."""
+        out: dict[str, Any] = {
+            "token": self.text,
+            "id": self.id,
+            "au": _json_float(self.au),
+            "eu": _json_float(self.eu),
+            "quadrant": thresholds.classify(self.au, self.eu).value if thresholds else None,
+            "logprob": _json_float(self.logprob),
+            "entropy": _json_float(self.entropy),
+            "top_logits": list(self.top_logits),
+        }
+        if self.temperature is not None:
+            out["temperature"] = self.temperature
+        return out
+
+
+@dataclass(frozen=True)
+class ResponseScore:
+    """Response-level scores, all with higher = more reliable.
+
+    ``reliability``: ``-mean(u)`` over the ``top_n`` least reliable tokens (the paper's
+    score); ``reliability_mean``: ``-mean(u)`` over all tokens; ``probability_reliability``
+    and ``entropy_reliability``: the same top-N aggregation of ``-log p`` and entropy.
+    NaN for an empty answer (or raw-mode NaN tokens).
+    """
+
+    reliability: float
+    reliability_mean: float
+    probability_reliability: float
+    entropy_reliability: float
+    n_tokens: int
+    top_n: int
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[TokenScore], top_n: int = DEFAULT_TOP_N) -> ResponseScore:
+        import torch
+
+        from logtoku_guard.uncertainty import masked_mean, top_n_mean
+
+        def col(f: Any) -> torch.Tensor:
+            return torch.tensor([f(t) for t in tokens], dtype=torch.float64)
+
+        u = col(lambda t: t.uncertainty)
+        return cls(
+            reliability=-float(top_n_mean(u, top_n=top_n)),
+            reliability_mean=-float(masked_mean(u)) if tokens else math.nan,
+            probability_reliability=-float(top_n_mean(col(lambda t: -t.logprob), top_n=top_n)),
+            entropy_reliability=-float(top_n_mean(col(lambda t: t.entropy), top_n=top_n)),
+            n_tokens=len(tokens),
+            top_n=top_n,
+        )
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall-clock timings of one generation, in seconds."""
+
+    total_s: float
+    first_token_s: float | None
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One answer with every token's scores: what a backend returns."""
+
+    model: str
+    prompt: str
+    text: str
+    tokens: tuple[TokenScore, ...]
+    finish_reason: FinishReason
+    k: int = DEFAULT_K
+    evidence: EvidenceMode = "clamped"
+    top_n: int = DEFAULT_TOP_N
+    prompt_tokens: int = 0
+    stop_sequence: str | None = None
+    timings: Timings = field(default_factory=lambda: Timings(0.0, None, None))
+
+    @cached_property
+    def score(self) -> ResponseScore:
+        return ResponseScore.from_tokens(self.tokens, self.top_n)
+
+    @property
+    def reliability(self) -> float:
+        return self.score.reliability
+
+    def words(self) -> list[WordScore]:
+        """Word-level AU/EU (max over sub-tokens)."""
+        from logtoku_guard.uncertainty import word_scores
+
+        return word_scores([t.text for t in self.tokens], [t.au for t in self.tokens], [t.eu for t in self.tokens])
+
+    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
+        """The JSON form printed by ``logtoku-guard score --json``."""
+        return {
+            "model": self.model,
+            "prompt": self.prompt,
+            "answer": self.text,
+            "reliability": _json_float(self.score.reliability),
+            "reliability_mean": _json_float(self.score.reliability_mean),
+            "finish_reason": self.finish_reason,
+            "k": self.k,
+            "evidence": self.evidence,
+            "top_n": self.top_n,
+            "thresholds": None if thresholds is None else {"au": thresholds.au, "eu": thresholds.eu, "source": thresholds.source},
+            "tokens": [t.to_dict(thresholds) for t in self.tokens],
+            "timings": dataclasses.asdict(self.timings),
+            "prompt_tokens": self.prompt_tokens,
+        }
+
+
+def _json_float(x: float) -> float | None:
+    return x if math.isfinite(x) else None
