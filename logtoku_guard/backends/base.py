@@ -43,7 +43,7 @@ class TokenStream:
     def __init__(
         self,
         tokens: Iterator[TokenScore],
-        result: Callable[[], Generation],
+        result: Callable[[], Generation],  # blocks until generation has ended
         cancel: Callable[[], None] | None = None,
     ) -> None:
         self._tokens = tokens
@@ -69,8 +69,6 @@ class TokenStream:
                 return
             if self._cancel is not None:
                 self._cancel()
-        for _ in self._tokens:  # drain what was produced before the cancellation took effect
-            pass
         self._finish()
 
     def _finish(self) -> None:

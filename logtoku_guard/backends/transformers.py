@@ -197,13 +197,15 @@ class TransformersBackend:
         q: queue.Queue[tuple[str, Any]] = queue.Queue()
         cancel = threading.Event()
         results: list[Generation] = []
+        errors: list[BaseException] = []
 
         def work() -> None:
             try:
                 results.extend(self._run([messages], opts, None, on_token=lambda _row, t: q.put(("token", t)), cancel=cancel))
-                q.put(("done", None))
             except BaseException as exc:  # re-raised in the consumer thread
-                q.put(("error", exc))
+                errors.append(exc)
+            finally:
+                q.put(("end", None))
 
         thread = threading.Thread(target=work, name="logtoku-generate", daemon=True)
         thread.start()
@@ -211,16 +213,20 @@ class TransformersBackend:
         def tokens() -> Iterator[TokenScore]:
             while True:
                 kind, item = q.get()
-                if kind == "token":
-                    yield item
-                elif kind == "error":
-                    thread.join()
-                    raise item
-                else:
-                    thread.join()
-                    return
+                if kind == "end":
+                    break
+                yield item
+            thread.join()
+            if errors:
+                raise errors[0]
 
-        return TokenStream(tokens(), lambda: results[0], cancel.set)
+        def result() -> Generation:
+            thread.join()
+            if errors:
+                raise errors[0]
+            return results[0]
+
+        return TokenStream(tokens(), result, cancel.set)
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:

