@@ -30,7 +30,6 @@ out = Console()
 err = Console(stderr=True)
 
 
-
 @app.callback()
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what the library does (to stderr).")] = False,
@@ -52,11 +51,14 @@ TopKOpt = Annotated[int, typer.Option("--top-k", "-k", help="Number K of top raw
 DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")]
 CacheOpt = Annotated[
-    Path | None, typer.Option(help="Cache folder for the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache dir).")
+    Path | None,
+    typer.Option(help="Cache folder for the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache dir)."),
 ]
 
 
-def load_backend(model: str, k: int, device: str, dtype: str, cache_dir: Path | None, evidence: str = "clamped", top_n: int = DEFAULT_TOP_N) -> Any:
+def load_backend(
+    model: str, k: int, device: str, dtype: str, cache_dir: Path | None, evidence: str = "clamped", top_n: int = DEFAULT_TOP_N
+) -> Any:
     """Load a TransformersBackend with a spinner on stderr (stdout stays clean for --json)."""
     from transformers.utils import logging as hf_logging
 
@@ -101,13 +103,29 @@ def render_generation(generation: Generation, thresholds: QuadrantThresholds) ->
         answer.append(t.text, style=QUADRANT_STYLE[thresholds.classify(t.au, t.eu)])
     out.print(Text("Answer: ", style="bold") + answer)
     table = Table(title=f"Per-token uncertainty (K={generation.k}, {generation.evidence} evidence)", show_lines=False)
-    for col, justify in [("#", "right"), ("token", "left"), ("AU", "right"), ("EU", "right"), ("AU*EU", "right"),
-                         ("quadrant", "center"), ("log p", "right"), ("entropy", "right")]:
+    for col, justify in [
+        ("#", "right"),
+        ("token", "left"),
+        ("AU", "right"),
+        ("EU", "right"),
+        ("AU*EU", "right"),
+        ("quadrant", "center"),
+        ("log p", "right"),
+        ("entropy", "right"),
+    ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for t in generation.tokens:
         q = thresholds.classify(t.au, t.eu)
-        table.add_row(str(t.index), repr(t.text), _fmt(t.au), _fmt(t.eu), _fmt(t.uncertainty), Text(q.value, style=QUADRANT_STYLE[q]),
-                      _fmt(t.logprob, 3), _fmt(t.entropy, 3))
+        table.add_row(
+            str(t.index),
+            repr(t.text),
+            _fmt(t.au),
+            _fmt(t.eu),
+            _fmt(t.uncertainty),
+            Text(q.value, style=QUADRANT_STYLE[q]),
+            _fmt(t.logprob, 3),
+            _fmt(t.entropy, 3),
+        )
     out.print(table)
     s = generation.score
     out.print(
@@ -130,15 +148,23 @@ def score(
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature > 0 or --dynamic).")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampled decoding.")] = None,
-    dynamic: Annotated[bool, typer.Option("--dynamic", help="Dynamic decoding: temperature falls from --t-max to --t-min as EU rises.")] = False,
+    dynamic: Annotated[
+        bool, typer.Option("--dynamic", help="Dynamic decoding: temperature falls from --t-max to --t-min as EU rises.")
+    ] = False,
     t_max: Annotated[float, typer.Option(help="Dynamic decoding: temperature at EU -> 0.")] = 1.0,
     t_min: Annotated[float, typer.Option(help="Dynamic decoding: temperature at EU = 1.")] = 0.1,
     system: Annotated[str | None, typer.Option(help="System message.")] = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable); not included in the answer.")] = None,
-    evidence: Annotated[str, typer.Option(help="Evidence mode: clamped (default) or raw (reference reproduction; may give NaN).")] = "clamped",
+    evidence: Annotated[
+        str, typer.Option(help="Evidence mode: clamped (default) or raw (reference reproduction; may give NaN).")
+    ] = "clamped",
     top_n: Annotated[int, typer.Option(help="Least reliable tokens averaged into the response reliability.")] = DEFAULT_TOP_N,
-    au_threshold: Annotated[float | None, typer.Option(help="AU threshold for quadrants (default: median of this answer).")] = None,
-    eu_threshold: Annotated[float | None, typer.Option(help="EU threshold for quadrants (default: median of this answer).")] = None,
+    au_threshold: Annotated[
+        float | None, typer.Option(help="AU threshold for quadrants (default: median of this answer).")
+    ] = None,
+    eu_threshold: Annotated[
+        float | None, typer.Option(help="EU threshold for quadrants (default: median of this answer).")
+    ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,

@@ -78,9 +78,7 @@ def is_cached(folder: Path) -> bool:
     return (folder / _COMPLETE_MARKER).is_file()
 
 
-def ensure_embedded_model(
-    cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None
-) -> Path:
+def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None) -> Path:
     """Return a transformers folder with the embedded model, converting the GGUF on first use."""
     target = embedded_cache_dir(cache_dir)
     if is_cached(target):
@@ -125,7 +123,7 @@ def _convert(gguf: Path, out: Path) -> None:
     # transformers agrees to save them as an ordinary checkpoint.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / _COMPLETE_MARKER).write_text(

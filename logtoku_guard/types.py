@@ -37,7 +37,7 @@ class ChatMessage:
             raise InvalidPromptError(msg)
 
 
-Prompt = Union[str, Sequence[Union[ChatMessage, Mapping[str, str]]]]
+Prompt = Union[str, Sequence[Union[ChatMessage, Mapping[str, str]]]]  # noqa: UP007 - a runtime alias on 3.10
 """A plain question (sent as one user turn) or a list of chat turns."""
 
 

@@ -182,9 +182,7 @@ def masked_mean(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch
     return total / mask.sum(dim=-1).to(s.dtype)
 
 
-def response_reliability(
-    u: torch.Tensor, mask: torch.Tensor | None = None, top_n: int = DEFAULT_TOP_N
-) -> torch.Tensor:
+def response_reliability(u: torch.Tensor, mask: torch.Tensor | None = None, top_n: int = DEFAULT_TOP_N) -> torch.Tensor:
     """Response reliability: ``-mean`` of the ``top_n`` largest token uncertainties ``u``.
 
     Higher = more reliable. ``u`` is ``(..., T)``; returns ``(...)``.
@@ -298,7 +296,8 @@ def word_scores(pieces: Sequence[str], au: Sequence[float], eu: Sequence[float])
         msg = f"pieces, au and eu must have one entry per token, got {len(pieces)}, {len(au)}, {len(eu)}"
         raise ConfigurationError(msg)
     words: list[WordScore] = []
-    text, idx, a_max, e_max = "", [], -math.inf, -math.inf
+    idx: list[int] = []
+    text, a_max, e_max = "", -math.inf, -math.inf
 
     def flush() -> None:
         if idx and text.strip():

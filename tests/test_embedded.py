@@ -114,7 +114,9 @@ def test_cli_score_json_answers_paris_with_spec_exact_scores(embedded_cache: Pat
     res = _cli("score", "--json", "What is the capital of France?", cache=embedded_cache)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert {"model", "prompt", "answer", "reliability", "reliability_mean", "finish_reason", "k", "tokens", "timings"} <= set(data)
+    assert {"model", "prompt", "answer", "reliability", "reliability_mean", "finish_reason", "k", "tokens", "timings"} <= set(
+        data
+    )
     assert "Paris" in data["answer"] and data["model"] == embedded.EMBEDDED_MODEL and data["k"] == 2
     assert data["finish_reason"] == "stop" and data["tokens"]
     for tok in data["tokens"]:
@@ -150,7 +152,8 @@ def test_embedded_model_generates_streams_and_batches(embedded_backend: object) 
     streamed = list(embedded_backend.stream("What is the capital of France?", DecodingOptions(max_new_tokens=24)))
     assert [t.id for t in streamed] == [t.id for t in g.tokens]
     batch = embedded_backend.batch(
-        ["What is the capital of France?", "Who founded the Zarnovian Institute of Quantum Botany?"], DecodingOptions(max_new_tokens=24)
+        ["What is the capital of France?", "Who founded the Zarnovian Institute of Quantum Botany?"],
+        DecodingOptions(max_new_tokens=24),
     )
     assert [t.id for t in batch[0].tokens] == [t.id for t in g.tokens]
     assert [t.eu for t in batch[0].tokens] == pytest.approx([t.eu for t in g.tokens], abs=1e-3)
@@ -161,10 +164,22 @@ def test_two_processes_converting_at_once_share_one_cache(tmp_path: Path) -> Non
     pytest.importorskip("gguf")
     code = "from logtoku_guard.embedded import ensure_embedded_model as e; print(e())"
     env = {**os.environ, embedded.CACHE_ENV: str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=900) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1
     models = tmp_path / "models"
     assert len(list(models.iterdir())) == 1 and embedded.is_cached(Path(paths.pop()))
+
+
+@pytest.mark.slow
+def test_example_score_and_stream_runs(embedded_cache: Path, embedded_backend: object) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "score_and_stream.py"
+    env = {**os.environ, embedded.CACHE_ENV: str(embedded_cache)}
+    res = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout and "streaming an invented-entity question" in res.stdout and "EU=" in res.stdout

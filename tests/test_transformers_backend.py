@@ -54,10 +54,15 @@ def test_captures_raw_logits_even_with_repetition_penalty(tiny_tokenizer: Any) -
 
     enc = tiny_tokenizer(backend.render(QUESTION), return_tensors="pt", add_special_tokens=False)
     ref = model.generate(
-        **enc, max_new_tokens=15, do_sample=False, repetition_penalty=1.8,
-        output_logits=True, output_scores=True, return_dict_in_generate=True,
+        **enc,
+        max_new_tokens=15,
+        do_sample=False,
+        repetition_penalty=1.8,
+        output_logits=True,
+        output_scores=True,
+        return_dict_in_generate=True,
     )
-    generated = ref.sequences[0, enc["input_ids"].shape[1]:].tolist()
+    generated = ref.sequences[0, enc["input_ids"].shape[1] :].tolist()
     eos = tiny_tokenizer.eos_token_id
     n = generated.index(eos) if eos in generated else len(generated)
     assert [t.id for t in g.tokens] == generated[:n]
@@ -125,7 +130,7 @@ def test_max_new_tokens_and_seeded_sampling(tiny_backend: TransformersBackend) -
     assert [t.id for t in a.tokens] != [t.id for t in greedy.tokens]
     assert len(a.tokens) == 15 and a.finish_reason == "length"
     # Scores come from the raw logits, so they do not depend on the sampling temperature.
-    au, eu = recompute(a.tokens)
+    _au, eu = recompute(a.tokens)
     assert [t.eu for t in a.tokens] == pytest.approx(eu, abs=1e-5)
 
 
@@ -259,5 +264,7 @@ def test_loads_a_local_folder(tiny_tokenizer: Any, tmp_path: Path) -> None:
     backend = TransformersBackend(str(tmp_path), device="cpu", dtype="float32")
     assert backend.model_name == str(tmp_path)
     ours = backend.generate(QUESTION, DecodingOptions(max_new_tokens=5))
-    theirs = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer).generate(QUESTION, DecodingOptions(max_new_tokens=5))
+    theirs = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer).generate(
+        QUESTION, DecodingOptions(max_new_tokens=5)
+    )
     assert [t.id for t in ours.tokens] == [t.id for t in theirs.tokens]

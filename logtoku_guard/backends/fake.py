@@ -30,7 +30,10 @@ class ScriptedAnswer:
 
     def __post_init__(self) -> None:
         if len(self.pieces) != len(self.top_logits):
-            msg = f"a scripted answer needs one row of logits per piece, got {len(self.pieces)} pieces and {len(self.top_logits)} rows"
+            msg = (
+                f"a scripted answer needs one row of logits per piece, "
+                f"got {len(self.pieces)} pieces and {len(self.top_logits)} rows"
+            )
             raise ConfigurationError(msg)
 
 
@@ -123,7 +126,9 @@ class ScriptedBackend:
             tokens, finish = kept, "stop"
         return Generation(
             model=self._name,
-            prompt=[m.content for m in messages if m.role == "user"][-1] if any(m.role == "user" for m in messages) else messages[-1].content,
+            prompt=[m.content for m in messages if m.role == "user"][-1]
+            if any(m.role == "user" for m in messages)
+            else messages[-1].content,
             text="".join(t.text for t in tokens),
             tokens=tuple(tokens),
             finish_reason=finish,

@@ -163,7 +163,7 @@ class TransformersBackend:
 
     @property
     def device(self) -> torch.device:
-        return self._model.device  # type: ignore[no-any-return]
+        return self._model.device
 
     # -- public API -------------------------------------------------------------------
     def render(self, prompt: Prompt, system: str | None = None) -> str:
@@ -269,7 +269,10 @@ class TransformersBackend:
             if longest + max_new > ctx:
                 logger.warning(
                     "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
-                    max_new, longest, ctx, ctx - longest,
+                    max_new,
+                    longest,
+                    ctx,
+                    ctx - longest,
                 )
                 max_new = ctx - longest
         gen_cfg = copy.deepcopy(self._model.generation_config)
@@ -494,14 +497,14 @@ class _StepRecorder:
         if text.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 character: its bytes arrive with a later token
         if text.startswith(row.decoded):
-            piece = text[len(row.decoded):]
+            piece = text[len(row.decoded) :]
         else:  # a tokenizer that rewrites earlier text: emit only what is new
             common = 0
             for a, c in zip(text, row.decoded):
                 if a != c:
                     break
                 common += 1
-            piece = text[max(common, len(row.decoded)):] if len(text) > len(row.decoded) else ""
+            piece = text[max(common, len(row.decoded)) :] if len(text) > len(row.decoded) else ""
         row.decoded = text
         return piece
 
@@ -645,7 +648,10 @@ def _load(
                 kwargs["gguf_file"] = ggufs[0].name
             source = path
         elif path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-            msg = f"model path {name!r} does not exist or is not a model folder / .gguf file; pass an existing folder, a .gguf file, or {EMBEDDED_MODEL!r}"
+            msg = (
+                f"model path {name!r} does not exist or is not a model folder / .gguf file; "
+                f"pass an existing folder, a .gguf file, or {EMBEDDED_MODEL!r}"
+            )
             raise ModelLoadError(msg)
         else:
             source = name  # a hub id: local cache only
@@ -661,5 +667,5 @@ def _load(
             f"Hugging Face cache beforehand, or use the embedded default {EMBEDDED_MODEL!r}"
         )
         raise ModelLoadError(msg) from exc
-    loaded.to(dev)
+    loaded = loaded.to(dev)  # type: ignore[arg-type]
     return loaded, tokenizer, name
