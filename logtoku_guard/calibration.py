@@ -1,0 +1,299 @@
+"""Thresholds from data, never constants: model profiles and threshold fitting.
+
+AU/EU live on each model's logit scale, so a threshold means nothing until it is placed in
+that model's own distribution. A :class:`ModelProfile` stores, for one model and scoring
+setup, the quantile grid (0%, 1%, ..., 100%) of token AU/EU and of every response statistic
+of :class:`~logtoku_guard.stats.ResponseStats` over a calibration set of prompts; a policy
+can then say "flag the top 10% of max EU" (``{quantile: 0.9}``).
+:func:`fit_threshold` chooses a threshold from answers labelled correct/incorrect instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from logtoku_guard.embedded import cache_root
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.stats import STAT_NAMES, ResponseStats
+from logtoku_guard.types import DecodingOptions, Generation
+from logtoku_guard.uncertainty import QuadrantThresholds
+
+PROFILE_VERSION = 1
+GRID = 101
+DATA_ENV = "LOGTOKU_GUARD_DATA"
+
+
+class ModelProfile(BaseModel):
+    """Distribution of token and response statistics of one model over a calibration set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile_version: int = PROFILE_VERSION
+    model: str
+    k: int
+    evidence: str
+    top_n: int
+    created_at: str
+    n_prompts: int
+    n_tokens: int
+    source: str
+    token_au: list[float] = Field(min_length=GRID, max_length=GRID)
+    token_eu: list[float] = Field(min_length=GRID, max_length=GRID)
+    stats: dict[str, list[float]]
+
+    def quantile(self, stat: str, q: float) -> float:
+        """Value of ``stat`` (a response statistic, ``token_au`` or ``token_eu``) at quantile ``q``."""
+        if not 0.0 <= q <= 1.0:
+            msg = f"quantile {q!r} must be in [0, 1], e.g. 0.9 for the top 10%"
+            raise ConfigurationError(msg)
+        if stat == "token_au":
+            grid = self.token_au
+        elif stat == "token_eu":
+            grid = self.token_eu
+        elif stat in self.stats:
+            grid = self.stats[stat]
+        else:
+            msg = f"the profile of {self.model!r} has no statistic {stat!r}; known: {sorted(self.stats)} + token_au, token_eu"
+            raise ConfigurationError(msg)
+        pos = q * (GRID - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, GRID - 1)
+        return grid[lo] + (grid[hi] - grid[lo]) * (pos - lo)
+
+    def quadrant_thresholds(self, au_quantile: float = 0.5, eu_quantile: float = 0.5) -> QuadrantThresholds:
+        return QuadrantThresholds(
+            self.quantile("token_au", au_quantile),
+            self.quantile("token_eu", eu_quantile),
+            source=f"profile of {self.model} (AU q{au_quantile:g}, EU q{eu_quantile:g})",
+        )
+
+    def check_matches(self, model: str, k: int, evidence: str) -> None:
+        """Raise if this profile was made for another model or scoring setup."""
+        if (self.model, self.k, self.evidence) != (model, k, evidence):
+            msg = (
+                f"the profile is for model={self.model!r}, k={self.k}, evidence={self.evidence!r} but the backend is "
+                f"model={model!r}, k={k}, evidence={evidence!r}; run `logtoku-guard calibrate --model {model} --top-k {k}`"
+            )
+            raise ConfigurationError(msg)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=1))
+        os.replace(tmp, p)  # never a half-written profile
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
+        p = Path(path)
+        try:
+            return cls.model_validate_json(p.read_text())
+        except FileNotFoundError as exc:
+            msg = f"no profile at {str(p)!r}; create one with `logtoku-guard calibrate`"
+            raise ConfigurationError(msg) from exc
+
+
+def profile_path(model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the profile of ``model`` is kept by default (next to the model cache)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
+    return cache_root(cache_dir) / "profiles" / f"{safe}-k{k}-{evidence}.json"
+
+
+def load_profile_for(model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None) -> ModelProfile | None:
+    """The saved profile of ``model`` for this setup, or None when there is none."""
+    path = profile_path(model, k, evidence, cache_dir)
+    if not path.exists():
+        return None
+    profile = ModelProfile.load(path)
+    profile.check_matches(model, k, evidence)
+    return profile
+
+
+def _grid(values: Sequence[float]) -> list[float]:
+    import numpy as np
+
+    arr = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
+    if arr.size == 0:
+        return [math.nan] * GRID
+    return [float(x) for x in np.quantile(arr, np.linspace(0.0, 1.0, GRID))]
+
+
+def build_profile(generations: Sequence[Generation], source: str) -> ModelProfile:
+    """A profile from already scored generations (all from one model and setup)."""
+    if not generations:
+        msg = "cannot build a profile from zero generations; give at least one prompt"
+        raise ConfigurationError(msg)
+    first = generations[0]
+    tokens = [t for g in generations for t in g.tokens]
+    if not tokens:
+        msg = "every calibration answer is empty; raise max_new_tokens or check the prompts"
+        raise ConfigurationError(msg)
+    quadrants = QuadrantThresholds.from_quantile([t.au for t in tokens], [t.eu for t in tokens], 0.5, "calibration median")
+    rows = [ResponseStats.from_generation(g, quadrants) for g in generations]
+    return ModelProfile(
+        model=first.model,
+        k=first.k,
+        evidence=first.evidence,
+        top_n=first.top_n,
+        created_at=datetime.now(timezone.utc).isoformat(),
+        n_prompts=len(generations),
+        n_tokens=len(tokens),
+        source=source,
+        token_au=_grid([t.au for t in tokens]),
+        token_eu=_grid([t.eu for t in tokens]),
+        stats={name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES},
+    )
+
+
+def calibrate(
+    backend: Any,
+    prompts: Sequence[str],
+    options: DecodingOptions | None = None,
+    batch_size: int = 8,
+    source: str = "user prompts",
+    on_batch: Callable[[int], None] | None = None,
+) -> ModelProfile:
+    """Run ``backend`` over ``prompts`` (in batches) and build its profile.
+
+    ``on_batch(n)`` is called after each batch with the number of prompts it held.
+    """
+    if not prompts:
+        msg = "calibration needs at least one prompt"
+        raise ConfigurationError(msg)
+    opts = options or DecodingOptions(max_new_tokens=64)
+    generations: list[Generation] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = list(prompts[i : i + batch_size])
+        generations.extend(backend.batch(chunk, opts))
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return build_profile(generations, source)
+
+
+def shared_data_dir() -> Path | None:
+    """``$LOGTOKU_GUARD_DATA``, else ``../shared/data`` beside the project or the working dir."""
+    env = os.environ.get(DATA_ENV)
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    return next((c for c in candidates if c.is_dir()), None)
+
+
+def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """``n`` questions, half from TruthfulQA and half from NQ-open (deterministic order)."""
+    root = Path(data_dir) if data_dir is not None else shared_data_dir()
+    if root is None or not root.is_dir():
+        msg = (
+            f"the default calibration set needs the shared datasets (TruthfulQA, NQ-open); none found at "
+            f"{str(root) if root else '../shared/data'}: set ${DATA_ENV} or pass your own prompts file"
+        )
+        raise ConfigurationError(msg)
+    with open(root / "truthfulqa" / "TruthfulQA.csv", encoding="utf-8-sig", newline="") as fh:
+        tqa = [row["Question"] for row in csv.DictReader(fh)]
+    with open(root / "nq_open" / "NQ-open.dev.jsonl", encoding="utf-8") as fh:
+        nq = [json.loads(line)["question"] for line in fh if line.strip()]
+    # Every m-th question: spread over the whole file rather than its first topic.
+    half = n // 2
+    picks = tqa[:: max(1, len(tqa) // max(half, 1))][:half] + nq[:: max(1, len(nq) // max(n - half, 1))][: n - half]
+    return [q if q.rstrip().endswith("?") else q.rstrip() + "?" for q in picks]
+
+
+def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
+    """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field."""
+    p = Path(path)
+    if not p.is_file():
+        msg = f"prompts file {str(p)!r} does not exist; give a .txt (one prompt per line) or .jsonl file"
+        raise ConfigurationError(msg)
+    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if p.suffix == ".jsonl":
+        out = []
+        for i, line in enumerate(lines, 1):
+            obj = json.loads(line)
+            if not isinstance(obj, dict) or not ({"question", "prompt"} & set(obj)):
+                msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
+                raise ConfigurationError(msg)
+            out.append(str(obj.get("question", obj.get("prompt"))))
+        return out
+    return lines
+
+
+@dataclass(frozen=True)
+class ThresholdFit:
+    """A reliability threshold fitted on labelled answers: flag (do not pass) when score < threshold.
+
+    The flagged class is "incorrect": ``precision`` = share of flagged answers that were
+    incorrect, ``recall`` = share of incorrect answers flagged, ``coverage`` = share passed.
+    """
+
+    threshold: float
+    precision: float
+    recall: float
+    coverage: float
+    f_beta: float
+    beta: float
+    objective: str
+
+
+def fit_threshold(
+    scores: Sequence[float],
+    correct: Sequence[bool],
+    objective: Literal["precision", "coverage", "fbeta"] = "fbeta",
+    target: float | None = None,
+    beta: float = 1.0,
+) -> ThresholdFit:
+    """Choose a threshold on a reliability-like score (higher = more reliable).
+
+    * ``precision``: the largest recall whose flag precision is >= ``target``;
+    * ``coverage``: pass (at least) a share ``target`` of answers, flag the rest;
+    * ``fbeta``: maximise the F-beta of flagging incorrect answers.
+    """
+    if len(scores) != len(correct) or not scores:
+        msg = f"scores and labels must be non-empty and of equal length, got {len(scores)} and {len(correct)}"
+        raise ConfigurationError(msg)
+    if objective in ("precision", "coverage") and (target is None or not 0.0 < target <= 1.0):
+        msg = f"objective {objective!r} needs a target in (0, 1], got {target!r}"
+        raise ConfigurationError(msg)
+    if objective not in ("precision", "coverage", "fbeta"):
+        msg = f"objective must be 'precision', 'coverage' or 'fbeta', got {objective!r}"
+        raise ConfigurationError(msg)
+    pairs = sorted((float(s), bool(c)) for s, c in zip(scores, correct) if math.isfinite(s))
+    n = len(pairs)
+    n_bad = sum(not c for _, c in pairs)
+    # Candidate thresholds: flag everything strictly below pairs[i][0] (i flagged).
+    best: ThresholdFit | None = None
+    flagged_bad = 0
+    for i in range(n + 1):
+        if i > 0:
+            flagged_bad += not pairs[i - 1][1]
+            if i < n and pairs[i][0] == pairs[i - 1][0]:
+                continue  # ties cannot be split by a threshold
+        threshold = pairs[i][0] if i < n else math.nextafter(pairs[-1][0], math.inf)
+        precision = flagged_bad / i if i else 1.0
+        recall = flagged_bad / n_bad if n_bad else 1.0
+        coverage = (n - i) / n
+        b2 = beta * beta
+        f = (1 + b2) * precision * recall / (b2 * precision + recall) if precision + recall > 0 and i else 0.0
+        fit = ThresholdFit(threshold, precision, recall, coverage, f, beta, objective)
+        if objective == "coverage":
+            if coverage >= (target or 0.0):
+                best = fit  # the last one still passing the target share flags the most
+        elif objective == "precision":
+            if i and precision >= (target or 0.0) and (best is None or recall > best.recall):
+                best = fit
+        elif best is None or f > best.f_beta:
+            best = fit
+    if best is None:
+        msg = f"no threshold reaches {objective}={target!r} on these {n} labelled answers; lower the target"
+        raise ConfigurationError(msg)
+    return best

@@ -1,0 +1,381 @@
+"""Declarative, validated guard policies: ordered rules over response statistics -> an action.
+
+A policy is data (a dict, YAML or JSON file), validated by pydantic: an unknown field,
+action or statistic, or an out-of-range threshold, is an error naming the field and value.
+Thresholds are absolute numbers or ``{quantile: q}`` of the model's own profile (see
+:mod:`logtoku_guard.calibration`), resolved when the policy meets a profile.
+
+Example (YAML)::
+
+    name: qa
+    version: "1"
+    rules:
+      - name: no-knowledge
+        when: {stat: reliability, op: "<", value: {quantile: 0.1}}
+        action: retrieve
+        reason: answer is among the 10% least reliable of this model
+      - name: shaky-start
+        when:
+          all:
+            - {stat: first_eu, op: ">", value: {quantile: 0.8}}
+            - {stat: unreliable_share, op: ">", value: 0.5}
+        action: warn
+    default_action: pass
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.stats import MONOTONE_INCREASING, ResponseStats, StatName
+
+ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
+Op = Literal[">", ">=", "<", "<="]
+_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Quantile(_Strict):
+    """A threshold placed at quantile ``quantile`` of the model profile's distribution of the stat."""
+
+    quantile: float = Field(ge=0.0, le=1.0)
+
+
+class Compare(_Strict):
+    stat: StatName
+    op: Op
+    value: Union[float, Quantile]  # noqa: UP007 - pydantic union
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float | Quantile) -> float | Quantile:
+        if isinstance(v, float) and not math.isfinite(v):
+            msg = f"threshold must be finite, got {v!r}"
+            raise ValueError(msg)
+        return v
+
+
+class AllOf(_Strict):
+    all: list[Condition] = Field(min_length=1)
+
+
+class AnyOf(_Strict):
+    any: list[Condition] = Field(min_length=1)
+
+
+class NotOf(_Strict):
+    not_: Condition = Field(alias="not")
+
+
+def _condition_kind(v: Any) -> str:
+    if isinstance(v, BaseModel):
+        return type(v).__name__
+    if isinstance(v, Mapping):
+        for key, tag in (("stat", "Compare"), ("all", "AllOf"), ("any", "AnyOf"), ("not", "NotOf")):
+            if key in v:
+                return tag
+    return "Compare"  # reports the missing fields of a comparison
+
+
+Condition = Annotated[
+    Union[  # noqa: UP007
+        Annotated[Compare, Tag("Compare")],
+        Annotated[AllOf, Tag("AllOf")],
+        Annotated[AnyOf, Tag("AnyOf")],
+        Annotated[NotOf, Tag("NotOf")],
+    ],
+    Discriminator(_condition_kind),
+]
+AllOf.model_rebuild()
+AnyOf.model_rebuild()
+NotOf.model_rebuild()
+
+
+class Rule(_Strict):
+    """When ``when`` holds, take ``action``; ``reason`` is shown to users and auditors.
+
+    ``early_stop``: while streaming, stop generating as soon as the rule has fired on the
+    prefix. Allowed only for conditions that cannot un-fire as the answer grows (``>``/``>=``
+    on ``max_eu``, ``max_au``, ``n_tokens``, combined with ``all``/``any``).
+    """
+
+    name: str = Field(min_length=1)
+    when: Condition
+    action: ActionName
+    reason: str = ""
+    early_stop: bool = False
+
+    @model_validator(mode="after")
+    def _early_stop_is_sound(self) -> Rule:
+        if self.early_stop and not _monotone(self.when):
+            msg = (
+                f"rule {self.name!r}: early_stop needs a condition that cannot un-fire as the answer grows "
+                "('>'/'>=' on max_eu, max_au or n_tokens, joined by all/any)"
+            )
+            raise ValueError(msg)
+        return self
+
+
+def _monotone(c: Any) -> bool:
+    if isinstance(c, Compare):
+        return c.stat in MONOTONE_INCREASING and c.op in (">", ">=")
+    if isinstance(c, AllOf):
+        return all(_monotone(x) for x in c.all)
+    if isinstance(c, AnyOf):
+        return all(_monotone(x) for x in c.any)
+    return False
+
+
+class RetrieveSettings(_Strict):
+    max_attempts: int = Field(default=1, ge=1, le=5)
+    fallback: Literal["pass", "warn", "abstain", "human_review", "raise"] = "abstain"
+    passages: int = Field(default=4, ge=1, le=50)
+    context_template: str = (
+        "Use the context to answer the question concisely. If the context does not contain the answer, "
+        "say you don't know.\n\nContext:\n{context}\n\nQuestion: {question}"
+    )
+
+    @field_validator("context_template")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        for name in ("{context}", "{question}"):
+            if name not in v:
+                msg = f"context_template must contain {name}, got {v!r}"
+                raise ValueError(msg)
+        return v
+
+
+class WarnSettings(_Strict):
+    disclaimer: str = "Note: the model was unsure about parts of this answer; please verify it."
+
+
+class AbstainSettings(_Strict):
+    message: str = "I don't know."
+
+
+class ReviewSettings(_Strict):
+    message: str = "This answer is waiting for review by a person (review id {review_id})."
+
+
+class QuadrantSettings(_Strict):
+    au_quantile: float = Field(default=0.5, ge=0.0, le=1.0)
+    eu_quantile: float = Field(default=0.5, ge=0.0, le=1.0)
+
+
+class Policy(_Strict):
+    """An ordered list of rules; the first that fires decides, else ``default_action``."""
+
+    name: str = Field(min_length=1)
+    version: str = "1"
+    description: str = ""
+    rules: list[Rule] = Field(default_factory=list)
+    default_action: ActionName = "pass"
+    first_tokens: int = Field(default=5, ge=1, le=100)
+    quadrants: QuadrantSettings = QuadrantSettings()
+    retrieve: RetrieveSettings = RetrieveSettings()
+    warn: WarnSettings = WarnSettings()
+    abstain: AbstainSettings = AbstainSettings()
+    human_review: ReviewSettings = ReviewSettings()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Policy:
+        names = [r.name for r in self.rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            msg = f"rule names must be unique, repeated: {dupes}"
+            raise ValueError(msg)
+        return self
+
+    # -- loading ----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Policy:
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise PolicyError.from_validation(exc) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Policy:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            msg = f"cannot read policy file {str(p)!r}: {exc.strerror}; check the path"
+            raise PolicyError(msg) from exc
+        try:
+            if p.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError: re-raised with the file name
+            msg = f"policy file {str(p)!r} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}"
+            raise PolicyError(msg) from exc
+        if not isinstance(data, dict):
+            msg = f"policy file {str(p)!r} must hold a mapping at the top level, got {type(data).__name__}"
+            raise PolicyError(msg)
+        return cls.from_dict(data)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def uses_quantiles(self) -> bool:
+        return any(_has_quantile(r.when) for r in self.rules)
+
+    def actions(self) -> set[str]:
+        acts = {r.action for r in self.rules} | {self.default_action}
+        if "retrieve" in acts:
+            acts.add(self.retrieve.fallback)
+        return acts
+
+    def decide(self, stats: ResponseStats, profile: Any = None, *, only_early_stop: bool = False) -> Decision:
+        """The first rule that fires on ``stats`` (thresholds resolved against ``profile``)."""
+        for rule in self.rules:
+            if only_early_stop and not rule.early_stop:
+                continue
+            checks: list[Check] = []
+            if _eval(rule.when, stats, profile, checks):
+                return Decision(
+                    action=rule.action,
+                    rule=rule.name,
+                    reason=rule.reason or _describe(checks),
+                    checks=tuple(checks),
+                    stats=stats,
+                )
+        return Decision(
+            action=self.default_action,
+            rule=None,
+            reason="no rule fired",
+            checks=(),
+            stats=stats,
+        )
+
+
+class PolicyError(ConfigurationError):
+    """A policy that does not validate; the message names each bad field and value."""
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> PolicyError:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"{loc or '<policy>'}: {err['msg']} (got {err.get('input')!r})")
+        return cls("invalid policy:\n  " + "\n  ".join(lines))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison a rule made: ``observed op threshold`` (None observed = NaN, never fires)."""
+
+    stat: str
+    op: str
+    threshold: float
+    observed: float | None
+    passed: bool
+    quantile: float | None = None
+
+    def describe(self) -> str:
+        where = f" (q{self.quantile:g} of the profile)" if self.quantile is not None else ""
+        obs = "n/a" if self.observed is None else f"{self.observed:.4g}"
+        return f"{self.stat} {obs} {self.op} {self.threshold:.4g}{where}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy decided for one answer, and why."""
+
+    action: ActionName
+    rule: str | None
+    reason: str
+    checks: tuple[Check, ...]
+    stats: ResponseStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "rule": self.rule,
+            "reason": self.reason,
+            "checks": [c.__dict__ for c in self.checks],
+            "stats": self.stats.as_dict(),
+        }
+
+
+def _has_quantile(c: Any) -> bool:
+    if isinstance(c, Compare):
+        return isinstance(c.value, Quantile)
+    if isinstance(c, AllOf):
+        return any(_has_quantile(x) for x in c.all)
+    if isinstance(c, AnyOf):
+        return any(_has_quantile(x) for x in c.any)
+    return _has_quantile(c.not_)
+
+
+def _threshold(c: Compare, profile: Any) -> tuple[float, float | None]:
+    if isinstance(c.value, Quantile):
+        if profile is None:
+            msg = (
+                f"the rule on {c.stat!r} uses a quantile threshold but no model profile is loaded; "
+                "run `logtoku-guard calibrate` or pass profile=..."
+            )
+            raise ConfigurationError(msg)
+        return float(profile.quantile(c.stat, c.value.quantile)), c.value.quantile
+    return float(c.value), None
+
+
+def _eval(c: Any, stats: ResponseStats, profile: Any, checks: list[Check]) -> bool:
+    if isinstance(c, Compare):
+        threshold, q = _threshold(c, profile)
+        observed = stats.get(c.stat)
+        ok = math.isfinite(observed) and math.isfinite(threshold) and _OPS[c.op](observed, threshold)
+        checks.append(Check(c.stat, c.op, threshold, observed if math.isfinite(observed) else None, ok, q))
+        return ok
+    if isinstance(c, AllOf):
+        return all([_eval(x, stats, profile, checks) for x in c.all])  # evaluate all: every check is recorded
+    if isinstance(c, AnyOf):
+        return any([_eval(x, stats, profile, checks) for x in c.any])
+    return not _eval(c.not_, stats, profile, checks)
+
+
+def _describe(checks: list[Check]) -> str:
+    return "; ".join(c.describe() for c in checks)
+
+
+def default_policy() -> Policy:
+    """The calibrated default: thresholds are quantiles of the model's own profile.
+
+    The 10% least reliable answers go to retrieval (then abstention when still uncertain or
+    without a retriever); the next 20% pass with a disclaimer; the rest pass.
+    """
+    return Policy.from_dict(
+        {
+            "name": "default",
+            "version": "1",
+            "description": "retrieve below the 10th reliability percentile of the model profile, warn below the 30th",
+            "rules": [
+                {
+                    "name": "least-reliable-10pct",
+                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.10}},
+                    "action": "retrieve",
+                    "reason": "the answer is among the 10% least reliable answers of this model",
+                },
+                {
+                    "name": "less-reliable-30pct",
+                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.30}},
+                    "action": "warn",
+                    "reason": "the answer is among the 30% least reliable answers of this model",
+                },
+            ],
+            "default_action": "pass",
+        }
+    )
