@@ -111,7 +111,9 @@ def profile_path(model: str, k: int = 2, evidence: str = "clamped", cache_dir: s
     return cache_root(cache_dir) / "profiles" / f"{safe}-k{k}-{evidence}.json"
 
 
-def load_profile_for(model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None) -> ModelProfile | None:
+def load_profile_for(
+    model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None
+) -> ModelProfile | None:
     """The saved profile of ``model`` for this setup, or None when there is none."""
     path = profile_path(model, k, evidence, cache_dir)
     if not path.exists():

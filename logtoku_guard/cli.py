@@ -194,6 +194,318 @@ def score(
         render_generation(generation, thresholds)
 
 
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+@app.command()
+def calibrate(
+    model: ModelOpt = EMBEDDED_MODEL,
+    top_k: TopKOpt = DEFAULT_K,
+    evidence: Annotated[str, typer.Option(help="Evidence mode: clamped or raw.")] = "clamped",
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompts file: .txt (one per line) or .jsonl with 'question'. Default: shared datasets.")
+    ] = None,
+    n: Annotated[int, typer.Option("--n", help="Number of default calibration questions (TruthfulQA + NQ-open).")] = 200,
+    max_new_tokens: Annotated[int, typer.Option(help="Maximum tokens per calibration answer.")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Prompts per generation batch.")] = 8,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Where to write the profile (default: next to the model cache).")
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Profile a model over a calibration set so policies can use quantile thresholds."""
+    from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
+
+    try:
+        questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
+        validate_k(top_k)
+        backend = load_backend(model, top_k, device, dtype, cache_dir, evidence)
+        profile = run_calibration(backend, questions, max_new_tokens, batch_size, str(prompts or f"default ({n} questions)"))
+        path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+    table = Table(title=f"Profile of {profile.model} ({profile.n_prompts} prompts, {profile.n_tokens} tokens)")
+    table.add_column("statistic")
+    for q in ("q10", "q50", "q90"):
+        table.add_column(q, justify="right")
+    for stat in ("reliability", "max_eu", "mean_eu", "mean_au", "first_eu"):
+        table.add_row(stat, *(_fmt(profile.quantile(stat, q)) for q in (0.1, 0.5, 0.9)))
+    for stat in ("token_au", "token_eu"):
+        table.add_row(stat, *(_fmt(profile.quantile(stat, q)) for q in (0.1, 0.5, 0.9)))
+    out.print(table)
+    out.print(f"profile written to {path}")
+
+
+def run_calibration(backend: Any, questions: list[str], max_new_tokens: int, batch_size: int, source: str) -> Any:
+    """Calibrate with a progress bar on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from logtoku_guard.calibration import calibrate as run
+
+    with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task("calibrate", total=len(questions))
+        return run(
+            backend,
+            questions,
+            DecodingOptions(max_new_tokens=max_new_tokens),
+            batch_size=batch_size,
+            source=source,
+            on_batch=lambda k: bar.advance(task, k),
+        )
+
+
+def _default_store(cache_dir: Path | None) -> Path:
+    from logtoku_guard.embedded import cache_root
+
+    return cache_root(cache_dir) / "audit.db"
+
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help="Audit store: a SQLite file path or a database URL (default: audit.db in the cache)."),
+]
+
+
+def _open_store(store: str | None, cache_dir: Path | None = None) -> Any:
+    from logtoku_guard.audit import AuditStore
+
+    target = store or _default_store(cache_dir)
+    if store is None:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    return AuditStore(target)
+
+
+@app.command()
+def ask(
+    prompt: Annotated[str, typer.Argument(help="The question to answer.")],
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (YAML or JSON). Default: the calibrated default policy.")
+    ] = None,
+    profile: Annotated[Path | None, typer.Option(help="Model profile JSON (default: the saved profile of --model).")] = None,
+    context_file: Annotated[
+        Path | None, typer.Option(help="Passages (blank-line separated) for the retrieve action, ranked by BM25.")
+    ] = None,
+    store: StoreOpt = None,
+    model: ModelOpt = EMBEDDED_MODEL,
+    top_k: TopKOpt = DEFAULT_K,
+    max_new_tokens: Annotated[int, typer.Option(help="Maximum number of generated tokens.")] = 128,
+    system: Annotated[str | None, typer.Option(help="System message.")] = None,
+    calibration_size: Annotated[int, typer.Option(help="Questions used when no profile exists yet and one is made.")] = 200,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    cache_dir: CacheOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
+    from logtoku_guard.calibration import ModelProfile, default_calibration_prompts, load_profile_for, profile_path
+    from logtoku_guard.guard import Guard, GuardRejectedError
+    from logtoku_guard.policy import Policy, default_policy
+    from logtoku_guard.retrieval import KeywordRetriever
+
+    try:
+        to_messages(prompt, system)
+        validate_k(top_k)
+        rules = Policy.from_file(policy) if policy else default_policy()
+        retriever = KeywordRetriever.from_file(context_file) if context_file else None
+        audit = _open_store(store, cache_dir)
+        backend = load_backend(model, top_k, device, dtype, cache_dir)
+        prof = (
+            ModelProfile.load(profile)
+            if profile
+            else load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
+        )
+        if prof is None and (rules.uses_quantiles() or rules.rules):
+            err.print(
+                f"No profile for {backend.model_name} yet: calibrating once on {calibration_size} questions "
+                f"(saved to {profile_path(backend.model_name, backend.k, backend.evidence, cache_dir)})."
+            )
+            prof = run_calibration(backend, default_calibration_prompts(calibration_size), 64, 8, f"default ({calibration_size})")
+            prof.save(profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
+        guard = Guard(
+            backend,
+            rules,
+            retriever=retriever,
+            store=audit,
+            profile=prof,
+            options=DecodingOptions(max_new_tokens=max_new_tokens),
+            system=system,
+        )
+        try:
+            result = guard.run(prompt)
+        except GuardRejectedError as exc:
+            result = exc.result
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        print_json(result.to_dict(guard.quadrants))
+        return
+    thresholds = guard.quadrants or _thresholds(result.generation, None, None)
+    render_generation(result.generation, thresholds)
+    style = {"pass": "green", "warn": "yellow", "retrieve": "cyan", "abstain": "red", "human_review": "magenta", "raise": "red"}
+    out.print(
+        f"Action: [{style[result.action]}]{result.action}[/] (rule: {result.decision.rule or '-'}; {result.decision.reason}); "
+        f"attempts: {len(result.attempts)}; trace: {result.trace_id}"
+        + (f"; review id: {result.review_id}" if result.review_id is not None else ""),
+        highlight=False,
+    )
+    out.print(Text("Returned: ", style="bold") + Text(result.answer))
+
+
+review_app = typer.Typer(help="The human-review queue: list, show, claim, approve, reject.", no_args_is_help=True)
+audit_app = typer.Typer(help="The audit trail of guard decisions: tail, export, purge.", no_args_is_help=True)
+app.add_typer(review_app, name="review")
+app.add_typer(audit_app, name="audit")
+ReviewerOpt = Annotated[str, typer.Option("--reviewer", "-r", help="Who decides (recorded with the verdict).")]
+
+
+def _review_call(store: str | None, fn: str, *args: Any, **kwargs: Any) -> Any:
+    try:
+        with _open_store(store) as audit:
+            return getattr(audit, fn)(*args, **kwargs)
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+
+
+def _item_row(item: Any) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "status": item.status,
+        "trace_id": item.trace_id,
+        "created_at": item.created_at.isoformat(),
+        "prompt": item.record.prompt,
+        "answer": item.record.answer,
+        "reason": item.record.reason,
+        "reviewer": item.reviewer,
+        "claimed_by": item.claimed_by,
+        "edited_answer": item.edited_answer,
+        "note": item.note,
+    }
+
+
+@review_app.command("list")
+def review_list(store: StoreOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Items waiting for a verdict (pending or claimed), oldest first."""
+    items = _review_call(store, "pending")
+    if as_json:
+        print_json({"items": [_item_row(i) for i in items]})
+        return
+    table = Table(title=f"{len(items)} item(s) waiting for review")
+    for col in ("id", "status", "created", "question", "reason"):
+        table.add_column(col)
+    for i in items:
+        table.add_row(str(i.id), i.status, i.created_at.strftime("%Y-%m-%d %H:%M"), i.record.prompt[:60], i.record.reason[:60])
+    out.print(table)
+
+
+@review_app.command("show")
+def review_show(item_id: Annotated[int, typer.Argument(help="Review item id.")], store: StoreOpt = None) -> None:
+    """One item: the question, the answer with tokens marked by quadrant, the decision."""
+    item = _review_call(store, "review_item", item_id)
+    out.print(f"[bold]Review {item.id}[/] ({item.status}) trace {item.trace_id}")
+    out.print(Text("Question: ", style="bold") + Text(item.record.prompt))
+    answer = Text()
+    for tok in item.record.tokens:
+        q = tok.get("quadrant")
+        answer.append(tok["token"], style=QUADRANT_STYLE[Quadrant(q)] if q else "")
+    out.print(Text("Answer:   ", style="bold") + answer)
+    out.print(f"Action: {item.record.action}; rule: {item.record.rule}; reason: {item.record.reason}", highlight=False)
+    if item.status in ("approved", "rejected"):
+        out.print(f"Verdict: {item.status} by {item.reviewer}; note: {item.note}; edited answer: {item.edited_answer}")
+
+
+@review_app.command("claim")
+def review_claim(item_id: Annotated[int, typer.Argument()], reviewer: ReviewerOpt, store: StoreOpt = None) -> None:
+    """Claim an item so nobody else decides it."""
+    item = _review_call(store, "claim", item_id, reviewer)
+    out.print(f"review {item.id} claimed by {item.claimed_by}")
+
+
+@review_app.command("approve")
+def review_approve(
+    item_id: Annotated[int, typer.Argument()],
+    reviewer: ReviewerOpt,
+    answer: Annotated[str | None, typer.Option(help="An edited answer to release instead.")] = None,
+    note: Annotated[str | None, typer.Option(help="A note kept with the verdict.")] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Approve an item (optionally with an edited answer)."""
+    item = _review_call(store, "approve", item_id, reviewer, edited_answer=answer, note=note)
+    out.print(f"review {item.id} approved by {item.reviewer}")
+
+
+@review_app.command("reject")
+def review_reject(
+    item_id: Annotated[int, typer.Argument()],
+    reviewer: ReviewerOpt,
+    note: Annotated[str, typer.Option(help="Why it is rejected (required).")],
+    store: StoreOpt = None,
+) -> None:
+    """Reject an item with a note."""
+    item = _review_call(store, "reject", item_id, reviewer, note)
+    out.print(f"review {item.id} rejected by {item.reviewer}")
+
+
+@audit_app.command("tail")
+def audit_tail(
+    n: Annotated[int, typer.Option("-n", help="Number of records.")] = 20,
+    store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The newest decisions."""
+    records = _review_call(store, "tail", n)
+    if as_json:
+        print_json(
+            {
+                "records": [
+                    {
+                        "trace_id": r.trace_id,
+                        "created_at": r.created_at.isoformat(),
+                        "action": r.action,
+                        "rule": r.rule,
+                        "reliability": r.reliability,
+                        "prompt": r.prompt,
+                        "answer": r.answer,
+                        "reason": r.reason,
+                    }
+                    for r in records
+                ]
+            }
+        )
+        return
+    table = Table(title=f"last {len(records)} decision(s)")
+    for col in ("time", "action", "rule", "reliability", "question"):
+        table.add_column(col)
+    for r in records:
+        rel = "n/a" if r.reliability is None else f"{r.reliability:.4f}"
+        table.add_row(r.created_at.strftime("%Y-%m-%d %H:%M:%S"), r.action, r.rule or "-", rel, r.prompt[:60])
+    out.print(table)
+
+
+@audit_app.command("export")
+def audit_export(
+    path: Annotated[Path, typer.Argument(help="Output file.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
+    store: StoreOpt = None,
+) -> None:
+    """Export every record as JSONL or CSV."""
+    n = _review_call(store, "export", path, fmt)
+    out.print(f"{n} record(s) written to {path}")
+
+
+@audit_app.command("purge")
+def audit_purge(
+    days: Annotated[float, typer.Option(help="Drop records older than this many days.")],
+    store: StoreOpt = None,
+) -> None:
+    """Retention: drop records (and their review items) older than DAYS."""
+    n = _review_call(store, "purge_older_than", days)
+    out.print(f"{n} record(s) older than {days:g} day(s) removed")
+
+
 def print_json(data: dict[str, Any]) -> None:
     """One JSON object on stdout (strict JSON: NaN already mapped to null)."""
     typer.echo(json.dumps(data, ensure_ascii=False, allow_nan=False))

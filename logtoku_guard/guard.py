@@ -229,7 +229,10 @@ class Guard:
                 attempts[-1] = replace(attempts[-1], retrieval_error=why)
                 break
             context = "\n\n".join(passages)
-            augmented = [*messages[:-1], ChatMessage("user", retrieve.context_template.format(context=context, question=question))]
+            augmented = [
+                *messages[:-1],
+                ChatMessage("user", retrieve.context_template.format(context=context, question=question)),
+            ]
             t = time.perf_counter()
             generation = self.backend.generate(augmented, self.options)
             gen_s += time.perf_counter() - t

@@ -234,7 +234,7 @@ class Policy(_Strict):
         return any(_has_quantile(r.when) for r in self.rules)
 
     def actions(self) -> set[str]:
-        acts = {r.action for r in self.rules} | {self.default_action}
+        acts: set[str] = {r.action for r in self.rules} | {self.default_action}
         if "retrieve" in acts:
             acts.add(self.retrieve.fallback)
         return acts
