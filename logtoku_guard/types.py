@@ -115,16 +115,29 @@ class DecodingOptions:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             msg = f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
             raise ConfigurationError(msg)
-        if not isinstance(self.temperature, (int, float)) or not (0 <= self.temperature < math.inf):
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, (int, float))
+            or not (0 <= self.temperature < math.inf)
+        ):
             msg = f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}"
             raise ConfigurationError(msg)
-        if not isinstance(self.top_p, (int, float)) or not (0 < self.top_p <= 1):
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not (0 < self.top_p <= 1):
             msg = f"top_p must be in (0, 1], got {self.top_p!r}"
             raise ConfigurationError(msg)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             msg = f"seed must be a non-negative integer or None, got {self.seed!r}"
             raise ConfigurationError(msg)
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.dynamic is not None and not isinstance(self.dynamic, DynamicTemperature):
+            msg = f"dynamic must be a DynamicTemperature(t_max=..., t_min=...) or None, got {self.dynamic!r}"
+            raise ConfigurationError(msg)
+        if isinstance(self.stop, str):
+            stop: tuple[Any, ...] = (self.stop,)
+        elif isinstance(self.stop, (list, tuple)):
+            stop = tuple(self.stop)
+        else:
+            msg = f"stop must be a string or a list of strings, got {self.stop!r}"
+            raise ConfigurationError(msg)
         if any(not isinstance(s, str) or not s for s in stop):
             msg = f"stop strings must be non-empty strings, got {self.stop!r}"
             raise ConfigurationError(msg)

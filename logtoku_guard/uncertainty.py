@@ -157,8 +157,10 @@ def top_n_mean(scores: torch.Tensor, mask: torch.Tensor | None = None, top_n: in
     n = min(top_n, int(s.shape[-1])) if s.shape[-1] else 0
     if n == 0:
         return torch.full(s.shape[:-1], float("nan"), dtype=s.dtype, device=s.device)
-    # NaN must be selected (and propagate), so rank NaN above +inf; padding ranks below -inf.
+    # NaN must be selected (and propagate), so rank NaN above everything; padding ranks last.
     rank_key = torch.where(torch.isnan(s), torch.full_like(s, math.inf), s)
+    # A real -inf score must still rank above padding: map it to the lowest finite value.
+    rank_key = torch.where(rank_key == -math.inf, torch.full_like(s, torch.finfo(s.dtype).min), rank_key)
     rank_key = torch.where(mask, rank_key, torch.full_like(s, -math.inf))
     order = rank_key.argsort(dim=-1, descending=True, stable=True)[..., :n]
     has_nan = (torch.isnan(s) & mask).any(dim=-1)
