@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import (
+    AuditStoreError,
     ConfigurationError,
     InvalidPromptError,
     LogTokUError,
@@ -20,6 +21,10 @@ from logtoku_guard.errors import (
     ModelLoadError,
     NonFiniteLogitsError,
     PromptTooLongError,
+    ReviewError,
+    ReviewStateError,
+    UnknownReviewItemError,
+    UnknownTraceError,
 )
 from logtoku_guard.types import (
     ChatMessage,
@@ -45,10 +50,16 @@ from logtoku_guard.uncertainty import (
 )
 
 if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditRecord, AuditStore, ReviewItem
     from logtoku_guard.backends.base import Backend, TokenStream
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
+    from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
+    from logtoku_guard.guard import Guard, GuardRejectedError, GuardResult
+    from logtoku_guard.policy import Decision, Policy, default_policy
+    from logtoku_guard.retrieval import KeywordRetriever
+    from logtoku_guard.stats import ResponseStats
 
 __version__ = "0.1.0"
 
@@ -59,6 +70,21 @@ _LAZY = {
     "ScriptedBackend": "logtoku_guard.backends.fake",
     "TransformersBackend": "logtoku_guard.backends.transformers",
     "EMBEDDED_MODEL": "logtoku_guard.embedded",
+    "AuditRecord": "logtoku_guard.audit",
+    "AuditStore": "logtoku_guard.audit",
+    "ReviewItem": "logtoku_guard.audit",
+    "Decision": "logtoku_guard.policy",
+    "Policy": "logtoku_guard.policy",
+    "default_policy": "logtoku_guard.policy",
+    "ResponseStats": "logtoku_guard.stats",
+    "ModelProfile": "logtoku_guard.calibration",
+    "calibrate": "logtoku_guard.calibration",
+    "fit_threshold": "logtoku_guard.calibration",
+    "load_profile_for": "logtoku_guard.calibration",
+    "Guard": "logtoku_guard.guard",
+    "GuardResult": "logtoku_guard.guard",
+    "GuardRejectedError": "logtoku_guard.guard",
+    "KeywordRetriever": "logtoku_guard.retrieval",
     "ensure_embedded_model": "logtoku_guard.embedded",
 }
 
@@ -72,30 +98,50 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EMBEDDED_MODEL",
+    "AuditRecord",
+    "AuditStore",
+    "AuditStoreError",
     "Backend",
     "ChatMessage",
     "ConfigurationError",
+    "Decision",
     "DecodingOptions",
     "DynamicTemperature",
     "Generation",
+    "Guard",
+    "GuardRejectedError",
+    "GuardResult",
     "InvalidPromptError",
+    "KeywordRetriever",
     "LogTokUError",
     "MissingDependencyError",
     "ModelLoadError",
+    "ModelProfile",
     "NonFiniteLogitsError",
+    "Policy",
     "PromptTooLongError",
     "Quadrant",
     "QuadrantThresholds",
     "ResponseScore",
+    "ResponseStats",
+    "ReviewError",
+    "ReviewItem",
+    "ReviewStateError",
     "ScriptedAnswer",
     "ScriptedBackend",
     "Timings",
     "TokenScore",
     "TokenStream",
     "TransformersBackend",
+    "UnknownReviewItemError",
+    "UnknownTraceError",
     "WordScore",
     "__version__",
+    "calibrate",
+    "default_policy",
     "ensure_embedded_model",
+    "fit_threshold",
+    "load_profile_for",
     "log_softmax_stats",
     "logtoku",
     "rescore",

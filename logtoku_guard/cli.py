@@ -389,7 +389,7 @@ def _item_row(item: Any) -> dict[str, Any]:
 @review_app.command("list")
 def review_list(store: StoreOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Items waiting for a verdict (pending or claimed), oldest first."""
-    items = _review_call(store, "pending")
+    items = _review_call(store, "pending", include_claimed=True)
     if as_json:
         print_json({"items": [_item_row(i) for i in items]})
         return

@@ -8,7 +8,12 @@ Hierarchy::
     │       └── PromptTooLongError        prompt does not fit the model's context window
     ├── ModelLoadError                    a model path or id that cannot be loaded locally
     ├── MissingDependencyError (ImportError)  an optional package is not installed
-    └── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
+    ├── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
+    ├── AuditStoreError                   the audit store cannot be opened or written
+    │   └── UnknownTraceError (KeyError)  no audit record has that trace id
+    └── ReviewError                       a human-review queue operation that cannot be done
+        ├── UnknownReviewItemError (KeyError)  no review item with that id
+        └── ReviewStateError              the item's status forbids it (decided twice, claimed by another)
 """
 
 from __future__ import annotations
@@ -59,3 +64,29 @@ class NonFiniteLogitsError(LogTokUError, ArithmeticError):
             f"(batch row {row}); this usually means a float16 overflow or broken weights: "
             "load the model with dtype='float32' or 'bfloat16' and check its checkpoint"
         )
+
+
+class AuditStoreError(LogTokUError):
+    """The audit store cannot be opened or written; the message names the path or URL and the fix."""
+
+
+class UnknownTraceError(AuditStoreError, KeyError):
+    """No audit record has this trace id."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class ReviewError(LogTokUError):
+    """Base of the errors of the human-review queue."""
+
+
+class UnknownReviewItemError(ReviewError, KeyError):
+    """No review item has this id."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class ReviewStateError(ReviewError):
+    """The review item's current status forbids the operation (already decided, claimed by someone else)."""

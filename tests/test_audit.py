@@ -1,0 +1,415 @@
+"""The audit store and the human-review queue, on real SQLite files (tmp_path), no model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logtoku_guard.audit import AuditRecord, AuditStore, ReviewItem
+from logtoku_guard.errors import (
+    AuditStoreError,
+    ConfigurationError,
+    ReviewError,
+    ReviewStateError,
+    UnknownReviewItemError,
+    UnknownTraceError,
+)
+from logtoku_guard.types import TokenScore
+
+NOW = datetime.now(timezone.utc)
+
+# A child process that writes records in a loop and prints the count after each commit.
+WRITER = """
+import itertools, sys
+from logtoku_guard.audit import AuditRecord, AuditStore
+path, n, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with AuditStore(path) as store:
+    for i in (itertools.count() if n < 0 else range(n)):
+        store.record(AuditRecord(model="m", policy_name="p", policy_version="1", prompt=f"{tag}-{i}",
+                                 answer="a", action="answer", reason="ok", reliability=-0.1,
+                                 tokens=[{"token": "a", "au": 0.1, "eu": 0.2}] * 20))
+        print(i + 1, flush=True)
+"""
+
+
+def rec(**changes: Any) -> AuditRecord:
+    fields: dict[str, Any] = {
+        "model": "tiny",
+        "policy_name": "default",
+        "policy_version": "1.0",
+        "prompt": "What is the capital of France?",
+        "answer": "Paris",
+        "action": "answer",
+        "reason": "reliability -0.05 >= threshold -0.2",
+        "reliability": -0.05,
+    }
+    fields.update(changes)
+    return AuditRecord(**fields)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[AuditStore]:
+    with AuditStore(tmp_path / "audit.db") as s:
+        yield s
+
+
+def integrity(path: Path) -> str:
+    con = sqlite3.connect(path)
+    try:
+        return str(con.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        con.close()
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def test_round_trip_keeps_every_field_and_stores_nan_as_null(store: AuditStore) -> None:
+    token = TokenScore(
+        index=0, id=7, text="Par", top_logits=(3.5, 1.25), top_ids=(7, 9), au=0.25, eu=math.nan, logprob=-0.5, entropy=0.75
+    )
+    stats_in = {"reliability": -0.05, "mean_au": math.nan, "max_eu": math.inf, "n_tokens": 2}
+    original = rec(
+        created_at=datetime(2024, 5, 17, 8, 30, 15, 123456, tzinfo=timezone(timedelta(hours=2))),
+        rule="low_reliability",
+        reliability=math.nan,
+        attempts=3,
+        tokens=[token.to_dict(), {"token": "is", "au": -math.inf, "top_logits": [1.0, math.nan]}],
+        stats=stats_in,
+        timings={"generate_s": 0.8125, "score_s": None},
+    )
+    # NaN/inf become None on construction; the caller's dict is left alone.
+    assert original.reliability is None
+    assert original.stats == {"reliability": -0.05, "mean_au": None, "max_eu": None, "n_tokens": 2}
+    assert math.isnan(stats_in["mean_au"])
+    assert original.tokens[0]["eu"] is None and original.tokens[1] == {"token": "is", "au": None, "top_logits": [1.0, None]}
+    assert original.created_at == datetime(2024, 5, 17, 6, 30, 15, 123456, tzinfo=timezone.utc)
+
+    assert store.record(original) == original.trace_id
+    back = store.get(original.trace_id)
+    assert back == original
+    assert back.created_at.tzinfo == timezone.utc
+    assert len(original.trace_id) == 32 and int(original.trace_id, 16) >= 0  # uuid4 hex
+
+    with store.engine.connect() as conn:
+        raw = conn.exec_driver_sql("SELECT stats, tokens, reliability FROM audit_records").one()
+    assert "NaN" not in raw[0] and "NaN" not in raw[1] and "Infinity" not in raw[1]
+    assert json.loads(raw[0])["mean_au"] is None and raw[2] is None
+
+
+def test_tail_is_newest_first_and_count(store: AuditStore) -> None:
+    assert store.count() == 0 and store.tail() == []
+    ages = [5, 1, 30, 0, 2]  # days ago, recorded out of order
+    for age in ages:
+        store.record(rec(prompt=f"age {age}", created_at=NOW - timedelta(days=age)))
+    assert store.count() == 5
+    assert [r.prompt for r in store.tail(3)] == ["age 0", "age 1", "age 2"]
+    assert [r.prompt for r in store.tail()] == ["age 0", "age 1", "age 2", "age 5", "age 30"]
+    assert store.tail(0) == []
+    with pytest.raises(ConfigurationError, match="-1"):
+        store.tail(-1)
+
+
+def test_export_jsonl_and_csv_parse_back(store: AuditStore, tmp_path: Path) -> None:
+    records = [
+        rec(prompt='one, "quoted"\nline two', created_at=NOW - timedelta(hours=2), tokens=[{"token": "a", "au": 0.5}]),
+        rec(prompt="two", created_at=NOW - timedelta(hours=1), rule="r", stats={"x": math.nan, "y": 0.1}),
+    ]
+    for r in records:
+        store.record(r)
+    queued = store.record_for_review(rec(prompt="three", action="review", reliability=None, created_at=NOW))
+    records.append(queued.record)
+    expected = [r.to_dict() for r in records]  # oldest first
+
+    assert store.export(tmp_path / "out.jsonl") == 3
+    lines = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == expected
+
+    assert store.export(tmp_path / "out.csv", fmt="csv") == 3
+    with (tmp_path / "out.csv").open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(expected[0])
+    for row, want in zip(rows, expected, strict=True):
+        for name in ("tokens", "stats", "timings"):
+            assert json.loads(row[name]) == want[name]
+        assert row["reliability"] == ("" if want["reliability"] is None else repr(want["reliability"]))
+        assert int(row["attempts"]) == want["attempts"]
+        assert row["review_id"] == ("" if want["review_id"] is None else str(want["review_id"]))
+        for name in ("trace_id", "created_at", "prompt", "answer", "action", "reason"):
+            assert row[name] == want[name]
+    assert rows[1]["rule"] == "r" and rows[0]["rule"] == ""
+
+    with pytest.raises(ConfigurationError, match="'xml'"):
+        store.export(tmp_path / "out.xml", fmt="xml")  # type: ignore[arg-type]
+
+
+def test_purge_removes_old_records_and_their_review_items(store: AuditStore) -> None:
+    old = store.record_for_review(rec(prompt="old, queued", created_at=NOW - timedelta(days=100)))
+    store.record(rec(prompt="old", created_at=NOW - timedelta(days=31)))
+    recent = store.record_for_review(rec(prompt="recent, queued", created_at=NOW - timedelta(days=29)))
+    store.record(rec(prompt="now"))
+
+    assert store.purge_older_than(30) == 2
+    assert sorted(r.prompt for r in store.tail()) == ["now", "recent, queued"]
+    with pytest.raises(UnknownReviewItemError, match=str(old.id)):
+        store.review_item(old.id)
+    with pytest.raises(UnknownTraceError):
+        store.get(old.trace_id)
+    assert [i.id for i in store.pending()] == [recent.id]
+    assert store.purge_older_than(30) == 0
+    assert store.purge_older_than(0) == 2 and store.count() == 0
+    with pytest.raises(ConfigurationError, match="days"):
+        store.purge_older_than(-1)
+
+
+def test_unknown_and_duplicate_trace_ids(store: AuditStore) -> None:
+    with pytest.raises(UnknownTraceError, match="nope") as info:
+        store.get("nope")
+    assert isinstance(info.value, AuditStoreError) and isinstance(info.value, KeyError)
+    r = store.record(rec())
+    with pytest.raises(AuditStoreError, match=f"{r}.*already"):
+        store.record(rec(trace_id=r))
+    assert store.count() == 1
+
+
+def test_record_validation() -> None:
+    with pytest.raises(ConfigurationError, match="timezone-aware"):
+        rec(created_at=datetime(2024, 1, 1))
+    with pytest.raises(ConfigurationError, match=r"stats\['x'\].*object"):
+        rec(stats={"x": object()})
+    with pytest.raises(ConfigurationError, match="attempts"):
+        rec(attempts=-1)
+    with pytest.raises(ConfigurationError, match="action"):
+        rec(action="")
+
+
+def test_sqlite_connections_use_wal_busy_timeout_and_normal_sync(store: AuditStore) -> None:
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+# ----------------------------------------------------------------------------- opening
+
+
+@pytest.mark.parametrize("where", ["missing/folder/audit.db", "a_file/audit.db", "."])
+def test_unwritable_path_raises_naming_the_path(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a_file").write_text("not a folder")
+    path = tmp_path / where
+    with pytest.raises(AuditStoreError) as info:
+        AuditStore(path)
+    message = str(info.value)
+    assert str(path.absolute()) in message
+    assert "folder exists" in message  # the fix
+
+
+def test_read_only_database_fails_at_open(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    AuditStore(path).close()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    with pytest.raises(AuditStoreError, match="readonly"):
+        AuditStore(url)
+
+
+def test_closed_store_refuses_and_bad_arguments(tmp_path: Path) -> None:
+    with AuditStore(str(tmp_path / "a.db")) as s:
+        s.record(rec())
+    with pytest.raises(AuditStoreError, match="closed"):
+        s.count()
+    with pytest.raises(ConfigurationError):
+        AuditStore("")
+    with pytest.raises(ConfigurationError, match="in-memory"):
+        AuditStore("sqlite://")
+    with pytest.raises(ConfigurationError, match="busy_timeout_s"):
+        AuditStore(tmp_path / "b.db", busy_timeout_s=-1)
+    # a URL is used as is; the file is reopened with its records
+    with AuditStore(f"sqlite:///{tmp_path / 'a.db'}") as again:
+        assert again.count() == 1
+
+
+# ----------------------------------------------------------------------------- review queue
+
+
+def test_review_life_cycle(store: AuditStore) -> None:
+    t1 = store.record(rec(prompt="q1", action="review"))
+    item1 = store.enqueue(t1)
+    item2 = store.record_for_review(rec(prompt="q2", action="review"))
+    item3 = store.record_for_review(rec(prompt="q3", action="review"))
+    assert isinstance(item1, ReviewItem) and item1.status == "pending" and item1.record.prompt == "q1"
+    assert item1.record.review_id == item1.id and store.get(t1).review_id == item1.id
+    assert item2.record.review_id == item2.id and store.get(item2.trace_id).review_id == item2.id
+    assert [i.id for i in store.pending()] == [item1.id, item2.id, item3.id]
+
+    claimed = store.claim(item1.id, "alice")
+    assert claimed.status == "claimed" and claimed.claimed_by == "alice" and claimed.claimed_at is not None
+    assert store.claim(item1.id, "alice") == claimed  # claiming again is a no-op
+    assert [i.id for i in store.pending()] == [item2.id, item3.id]
+    assert [i.id for i in store.pending(include_claimed=True)] == [item1.id, item2.id, item3.id]
+
+    before = datetime.now(timezone.utc)
+    approved = store.approve(item1.id, "alice", edited_answer="Paris, France.", note="added the country")
+    assert approved.status == "approved" and approved.decided
+    assert approved.reviewer == "alice" and approved.edited_answer == "Paris, France." and approved.note == "added the country"
+    assert approved.decided_at is not None and approved.decided_at.tzinfo == timezone.utc and approved.decided_at >= before
+    assert approved.final_answer == "Paris, France."
+    assert approved.record.answer == "Paris"  # the audit record keeps what the model said
+
+    rejected = store.reject(item2.id, "bob", note="wrong city")  # pending: implicit claim
+    assert rejected.status == "rejected" and rejected.reviewer == "bob" and rejected.claimed_by == "bob"
+    assert rejected.note == "wrong city" and rejected.final_answer is None and rejected.decided_at is not None
+
+    plain = store.approve(item3.id, "carol")
+    assert plain.final_answer == "Paris" and plain.edited_answer is None
+    assert store.pending(include_claimed=True) == []
+    assert store.review_item(item1.id) == approved
+
+
+def test_review_errors(store: AuditStore) -> None:
+    item = store.record_for_review(rec())
+    store.claim(item.id, "alice")
+    with pytest.raises(ReviewStateError, match=rf"item {item.id}.*'claimed' by 'alice'"):
+        store.claim(item.id, "bob")
+    with pytest.raises(ReviewStateError, match="'claimed' by 'alice'"):
+        store.approve(item.id, "bob")
+    with pytest.raises(ReviewStateError, match="'claimed' by 'alice'"):
+        store.reject(item.id, "bob", note="no")
+    with pytest.raises(ConfigurationError, match="rejection note"):
+        store.reject(item.id, "alice", note="  ")
+    assert store.review_item(item.id).status == "claimed"
+
+    store.reject(item.id, "alice", note="made up")
+    for decide_again in (
+        lambda: store.approve(item.id, "alice"),
+        lambda: store.reject(item.id, "alice", note="again"),
+        lambda: store.claim(item.id, "carol"),
+    ):
+        with pytest.raises(ReviewStateError, match=rf"item {item.id}: its status is 'rejected' \(by 'alice'"):
+            decide_again()
+    assert store.review_item(item.id).note == "made up"
+
+    with pytest.raises(UnknownReviewItemError, match="no review item with id 999") as info:
+        store.approve(999, "alice")
+    assert isinstance(info.value, ReviewError) and isinstance(info.value, KeyError)
+    with pytest.raises(UnknownReviewItemError, match="999"):
+        store.claim(999, "alice")
+    with pytest.raises(ConfigurationError, match="reviewer"):
+        store.claim(item.id, "")
+    with pytest.raises(ReviewStateError, match=rf"already queued for review as item {item.id}"):
+        store.enqueue(item.trace_id)
+    with pytest.raises(UnknownTraceError, match="missing"):
+        store.enqueue("missing")
+
+
+def test_record_for_review_is_one_transaction(store: AuditStore) -> None:
+    taken = store.record(rec())
+    with pytest.raises(AuditStoreError, match="already"):
+        store.record_for_review(rec(trace_id=taken))
+    assert store.pending() == [] and store.count() == 1
+    with pytest.raises(ConfigurationError, match="review_id"):
+        store.record(rec(review_id=5))
+
+
+def test_two_reviewers_racing_to_approve_exactly_one_wins(store: AuditStore, tmp_path: Path) -> None:
+    # Two stores on one file, like two reviewer processes: SQLite itself arbitrates the race.
+    other = AuditStore(tmp_path / "audit.db")
+    stores = {"alice": store, "bob": other}
+    items = [store.record_for_review(rec(prompt=f"q{i}")) for i in range(10)]
+    for item in items:
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, object] = {}
+
+        def approve(
+            reviewer: str, item_id: int = item.id, barrier: threading.Barrier = barrier, outcomes: dict[str, object] = outcomes
+        ) -> None:
+            barrier.wait()
+            try:
+                outcomes[reviewer] = stores[reviewer].approve(item_id, reviewer)
+            except ReviewStateError as e:
+                outcomes[reviewer] = e
+
+        threads = [threading.Thread(target=approve, args=(name,)) for name in ("alice", "bob")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [name for name, out in outcomes.items() if isinstance(out, ReviewItem)]
+        losers = [out for out in outcomes.values() if isinstance(out, ReviewStateError)]
+        assert len(winners) == 1 and len(losers) == 1
+        assert store.review_item(item.id).reviewer == winners[0]
+        assert "'approved'" in str(losers[0])
+    other.close()
+
+
+# ----------------------------------------------------------------------------- concurrency and crashes
+
+
+def test_threads_and_processes_writing_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    with AuditStore(path) as store:
+        children = [
+            subprocess.Popen([sys.executable, "-c", WRITER, str(path), "200", f"proc{k}"], stdout=subprocess.DEVNULL)
+            for k in range(2)
+        ]
+        errors: list[BaseException] = []
+
+        def write(k: int) -> None:
+            try:
+                for i in range(200):
+                    store.record(rec(prompt=f"thread{k}-{i}"))
+            except BaseException as e:  # reported by the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=write, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [c.wait(timeout=60) for c in children] == [0, 0]
+        assert errors == []
+        assert store.count() == 2000
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT COUNT(DISTINCT trace_id), COUNT(DISTINCT prompt) FROM audit_records").one() == (
+                2000,
+                2000,
+            )
+    assert integrity(path) == "ok"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_writer_killed_mid_run_leaves_a_clean_store(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    AuditStore(path).close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), "-1", "crash"], stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    assert child.stdout is not None
+    committed = 0
+    for line in child.stdout:
+        committed = int(line)
+        if committed >= 150:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    for line in child.stdout:  # lines printed before the kill, still in the pipe
+        committed = int(line)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    assert committed >= 150
+
+    with AuditStore(path) as store:
+        n = store.count()
+    assert committed <= n <= committed + 1
+    assert integrity(path) == "ok"
