@@ -183,3 +183,35 @@ def test_example_score_and_stream_runs(embedded_cache: Path, embedded_backend: o
     res = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     assert "Paris" in res.stdout and "streaming an invented-entity question" in res.stdout and "EU=" in res.stdout
+
+
+@pytest.mark.slow
+def test_ask_passes_a_known_fact_and_routes_an_invented_entity_away(
+    embedded_cache: Path, embedded_backend: object, tmp_path: Path
+) -> None:
+    """The issue's acceptance check, with the calibrated default policy (calibrated here on
+    96 questions when the cache holds no profile yet: `ask` does that by itself)."""
+    pytest.importorskip("yaml")
+    from logtoku_guard.calibration import shared_data_dir
+
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data is needed for the default calibration set")
+    store = str(tmp_path / "audit.db")
+    res = _cli(
+        "ask", "--json", "--store", store, "--calibration-size", "96", "What is the capital of France?", cache=embedded_cache
+    )
+    assert res.returncode == 0, res.stderr
+    known = json.loads(res.stdout)
+    assert known["action"] == "pass" and "Paris" in known["answer"] and known["rule"] is None
+    assert {"answer", "action", "reason", "rule", "reliability", "attempts", "review_id", "tokens"} <= set(known)
+    res = _cli("ask", "--json", "--store", store, "Who founded the Zarnovian Institute of Quantum Botany?", cache=embedded_cache)
+    assert res.returncode == 0, res.stderr
+    invented = json.loads(res.stdout)
+    assert invented["action"] != "pass" and invented["rule"] is not None
+    assert invented["reliability"] < known["reliability"]
+    out = tmp_path / "audit.jsonl"
+    res = _cli("audit", "export", str(out), "--store", store, cache=embedded_cache)
+    assert res.returncode == 0 and [json.loads(x)["action"] for x in out.read_text().splitlines()] == [
+        "pass",
+        invented["action"],
+    ]
