@@ -85,8 +85,9 @@ def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
 # -- slow: the real embedded model ---------------------------------------------------------------
 def _cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, embedded.CACHE_ENV: str(cache)}
+    # Generous: `ask` may calibrate first, which takes minutes on a busy 2-core machine.
     return subprocess.run(
-        [sys.executable, "-m", "logtoku_guard.cli", *args], capture_output=True, text=True, env=env, timeout=600, check=False
+        [sys.executable, "-m", "logtoku_guard.cli", *args], capture_output=True, text=True, env=env, timeout=1800, check=False
     )
 
 
@@ -190,7 +191,7 @@ def test_ask_passes_a_known_fact_and_routes_an_invented_entity_away(
     embedded_cache: Path, embedded_backend: object, tmp_path: Path
 ) -> None:
     """The issue's acceptance check, with the calibrated default policy (calibrated here on
-    96 questions when the cache holds no profile yet: `ask` does that by itself)."""
+    64 questions when the cache holds no profile yet: `ask` does that by itself)."""
     pytest.importorskip("yaml")
     from logtoku_guard.calibration import shared_data_dir
 
@@ -198,7 +199,7 @@ def test_ask_passes_a_known_fact_and_routes_an_invented_entity_away(
         pytest.skip("../shared/data is needed for the default calibration set")
     store = str(tmp_path / "audit.db")
     res = _cli(
-        "ask", "--json", "--store", store, "--calibration-size", "96", "What is the capital of France?", cache=embedded_cache
+        "ask", "--json", "--store", store, "--calibration-size", "64", "What is the capital of France?", cache=embedded_cache
     )
     assert res.returncode == 0, res.stderr
     known = json.loads(res.stdout)
