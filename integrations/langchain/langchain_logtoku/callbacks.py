@@ -1,0 +1,157 @@
+"""Tracing flagged answers: the guard's custom events and a ready handler that collects them.
+
+The guard (:class:`~langchain_logtoku.guard.LogTokUGuard`) dispatches two custom events on its
+own run (``on_custom_event``; ``astream_events(version="v2")`` shows them as ``on_custom_event``):
+
+- :data:`FLAGGED_EVENT` (``"logtoku_flagged"``) for every route other than a plain pass (warn,
+  retrieve, abstain, human review, raise): ``data`` is the decision, the same dict as the
+  answer's ``response_metadata["logtoku_guard"]``, plus the flat ``logtoku.action``,
+  ``logtoku.reliability`` and ``logtoku.rule`` keys.
+- :data:`RETRACTED_EVENT` (``"logtoku_retracted"``), in ``stream_mode="retract"`` only, when
+  an answer already streamed is withdrawn: ``data`` is the decision plus ``retracted_text``
+  (what was streamed); the replacement is ``data["answer"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+
+FLAGGED_EVENT = "logtoku_flagged"
+RETRACTED_EVENT = "logtoku_retracted"
+
+logger = logging.getLogger("langchain_logtoku")
+
+
+@dataclass(frozen=True)
+class FlaggedAnswer:
+    """One answer the guard did not simply pass.
+
+    ``reliability``: the response score the policy read (higher = more reliable; ``None``
+    when undefined). ``draft``: what the model answered on the last attempt; ``answer``: what
+    the guard returned (a disclaimer added, an abstention, the pending-review message...).
+    ``run_id``: the guard's run; ``decision``: the full event payload.
+    """
+
+    run_id: UUID
+    action: str
+    rule: str | None
+    reason: str
+    reliability: float | None
+    question: str
+    answer: str
+    draft: str
+    trace_id: str
+    review_id: int | None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    decision: Mapping[str, Any] = field(default_factory=dict)
+
+
+class FlaggedAnswerHandler(BaseCallbackHandler):
+    """Collects the guard's flagged answers; optionally logs them and writes them to an audit store.
+
+    Args:
+        store: an :class:`~logtoku_guard.audit.AuditStore`; each flagged decision that the
+            guard did not record itself (a guard without ``store=``) is written there.
+        log_level: log each flagged answer on the ``langchain_logtoku`` logger at this level
+            (``None``: do not log).
+        on_flagged: called with each :class:`FlaggedAnswer` (e.g. to page someone).
+
+    Attach it like any handler: ``chain.invoke(x, config={"callbacks": [handler]})``; read
+    :attr:`flagged`.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Any = None,
+        log_level: int | None = logging.INFO,
+        on_flagged: Callable[[FlaggedAnswer], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.log_level = log_level
+        self.on_flagged = on_flagged
+        self._lock = threading.Lock()
+        self._flagged: list[FlaggedAnswer] = []
+
+    @property
+    def flagged(self) -> list[FlaggedAnswer]:
+        """The flagged answers seen so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._flagged)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._flagged.clear()
+
+    def on_custom_event(
+        self,
+        name: str,
+        data: Any,
+        *,
+        run_id: UUID,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if name != FLAGGED_EVENT or not isinstance(data, Mapping):
+            return
+        item = FlaggedAnswer(
+            run_id=run_id,
+            action=str(data.get("action")),
+            rule=data.get("rule"),
+            reason=str(data.get("reason", "")),
+            reliability=data.get("reliability"),
+            question=str(data.get("question", "")),
+            answer=str(data.get("answer", "")),
+            draft=str(data.get("draft", "")),
+            trace_id=str(data.get("trace_id", "")),
+            review_id=data.get("review_id"),
+            tags=tuple(tags or ()),
+            metadata=dict(metadata or {}),
+            decision=dict(data),
+        )
+        with self._lock:
+            self._flagged.append(item)
+        if self.log_level is not None:
+            logger.log(
+                self.log_level,
+                "flagged answer: action=%s rule=%s reliability=%s trace=%s: %s",
+                item.action,
+                item.rule,
+                item.reliability,
+                item.trace_id,
+                item.reason,
+            )
+        if self.store is not None and not data.get("recorded"):
+            self._record(item)
+        if self.on_flagged is not None:
+            self.on_flagged(item)
+
+    def _record(self, item: FlaggedAnswer) -> None:
+        from logtoku_guard.audit import AuditRecord
+
+        d = item.decision
+        self.store.record(
+            AuditRecord(
+                trace_id=item.trace_id,
+                model=str(d.get("model", "")),
+                policy_name=str(d.get("policy", "")),
+                policy_version=str(d.get("policy_version", "")),
+                prompt=item.question,
+                answer=item.draft,
+                action=item.action,
+                reason=item.reason,
+                rule=item.rule,
+                reliability=item.reliability,
+                attempts=int(d.get("attempts", 1)),
+                stats=dict(d.get("stats") or {}),
+            )
+        )

@@ -1,0 +1,454 @@
+"""``ChatLogTokU``: a LangChain chat model over a core backend, every token scored with LogTokU.
+
+The model, the decoding and the maths are the core's (:mod:`logtoku_guard`); this class only
+maps LangChain messages and call arguments onto a core backend and writes the scores into
+the message metadata:
+
+- ``response_metadata["logtoku"]``: ``{"tokens": [{token, id, au, eu, quadrant, logprob}],
+  reliability, reliability_mean, quadrant_shares, k, evidence, top_n, n_tokens, thresholds}``.
+- ``response_metadata["logprobs"]`` (when ``logprobs=True`` or ``top_logprobs=n``): the
+  OpenAI format ``{"content": [{token, logprob, bytes, top_logprobs}]}``.
+- ``usage_metadata``, ``response_metadata["model_name"]`` and ``["finish_reason"]``.
+
+Streaming and merging. LangChain adds streamed chunks with ``merge_dicts``: strings are
+concatenated, ints summed, lists concatenated, and two different floats under one key
+raise. So each streamed chunk carries only its own token, as one-item lists
+(``{"logtoku": {"tokens": [item]}, "logprobs": {"content": [item]}}``), and a final empty
+chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_name``,
+``finish_reason`` and ``usage_metadata``. The aggregated stream therefore ends with exactly
+the metadata of :meth:`invoke`. Consumers that keep only the last chunk's metadata (the
+``stream_events(version="v3")`` protocol) see the summary but not the per-token lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+
+from langchain_logtoku import _convert
+from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
+
+_CALL_ARGS = frozenset({"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"})
+_TOOL_ARGS = frozenset({"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"})
+_BUILD_FIELDS = ("model", "device", "dtype", "cache_dir")
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class _CoreSink:
+    """Receives the core objects of one chat-model call (used by ``LogTokUGuard``).
+
+    LangChain messages carry JSON metadata only; the guard needs the core
+    :class:`~logtoku_guard.types.Generation` (raw top-K logits included) to apply the policy.
+    A sink set in :data:`_SINK` around a call gets each streamed token and the finished
+    generation, without putting Python objects into traced metadata.
+    """
+
+    tokens: list[TokenScore] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+    finalizers: list[Callable[[], Generation]] = field(default_factory=list)
+    cancels: list[Callable[[], None]] = field(default_factory=list)
+
+
+_SINK: ContextVar[_CoreSink | None] = ContextVar("langchain_logtoku_core_sink", default=None)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The settings of one call: fields overridden by per-call arguments, validated."""
+
+    options: DecodingOptions
+    k: int
+    backend_k: int
+    logprobs: bool
+    top_logprobs: int
+
+
+class ChatLogTokU(BaseChatModel):
+    """A local chat model whose every token carries LogTokU aleatoric (AU) and epistemic (EU) uncertainty.
+
+    Args:
+        backend: a core backend (:class:`~logtoku_guard.backends.transformers.TransformersBackend`,
+            :class:`~logtoku_guard.backends.fake.ScriptedBackend`, ...). Default: one built on
+            first use from ``model``/``top_k``/``evidence``/``device``/``dtype``/``cache_dir``.
+        model: ``None`` for the embedded SmolLM2-135M-Instruct, a local folder, a ``.gguf`` file,
+            or a Hugging Face id already in the local cache (nothing is downloaded).
+        top_k: K, the number of top raw logits LogTokU reads per token (not sampling top-k;
+            decoding is greedy unless ``temperature > 0``). Builds the backend with this K; with
+            a given backend it may be smaller than the backend's K (the stored logits are
+            re-scored). A per-call ``top_k`` works the same way. Default: the backend's K (2).
+        evidence: ``"clamped"`` (default) or ``"raw"`` (builds the backend).
+        device, dtype, cache_dir: where and how a built backend loads the model.
+        temperature: 0 = greedy (default); ``top_p``: nucleus sampling when ``temperature > 0``.
+        max_tokens: new tokens at most (default 256). seed: sampling seed.
+        stop: stop strings (cut from the answer, ``finish_reason="stop"``).
+        logprobs, top_logprobs: add OpenAI-format ``response_metadata["logprobs"]``;
+            ``top_logprobs`` (0-20) must not exceed the backend's K, the logits it stores.
+        logtoku_profile: the model's calibration profile, for token quadrants; ``"auto"``
+            (default) loads the saved profile of this model when there is one, ``None`` never.
+        streaming: stream by default inside chains (LangChain's standard flag).
+        timeout, max_retries, api_key: accepted for compatibility with LangChain's standard
+            chat-model parameters; a local model makes no network calls, so they have no effect.
+            Any other unknown keyword is an error.
+
+    Every per-call keyword (``invoke(..., temperature=0.7, max_tokens=32, seed=1, top_k=2,
+    top_p=0.9, logprobs=True, top_logprobs=2)``) overrides its field for that call; any other
+    keyword is an error. Tool calling is not supported (the 135M model cannot call tools):
+    ``bind_tools`` raises ``NotImplementedError`` and tool messages are refused.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    backend: Any = Field(default=None, exclude=True, repr=False)
+    model: str | None = None
+    top_k: int | None = None
+    evidence: Literal["clamped", "raw"] = "clamped"
+    device: str = "auto"
+    dtype: str = "auto"
+    cache_dir: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    logtoku_profile: ModelProfile | Literal["auto"] | None = Field(default="auto", exclude=True, repr=False)
+    streaming: bool = False
+    timeout: float | None = None
+    max_retries: int | None = None
+    api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+
+    _built: Any = PrivateAttr(default=None)
+    _build_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _thresholds: dict[int, QuadrantThresholds | None] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _validate(self) -> ChatLogTokU:
+        from logtoku_guard.backends.base import Backend
+
+        if self.backend is not None:
+            if not isinstance(self.backend, Backend):
+                msg = (
+                    f"backend must be a logtoku_guard backend (model_name, k, generate, stream, batch), "
+                    f"got {type(self.backend).__name__}; e.g. TransformersBackend() or ScriptedBackend(...)"
+                )
+                raise ConfigurationError(msg)
+            given = [
+                name for name in _BUILD_FIELDS if name in self.model_fields_set and getattr(self, name) not in (None, "auto")
+            ]
+            if given:
+                msg = f"pass either backend=... or {given} to build one, not both"
+                raise ConfigurationError(msg)
+            backend_evidence = getattr(self.backend, "evidence", "clamped")
+            if "evidence" in self.model_fields_set and self.evidence != backend_evidence:
+                msg = f"evidence={self.evidence!r} but the backend scores with {backend_evidence!r}; drop evidence="
+                raise ConfigurationError(msg)
+        if self.top_k is not None:
+            validate_k(self.top_k)
+            if self.backend is not None and self.top_k > self.backend.k:
+                msg = f"top_k={self.top_k} exceeds the backend's K={self.backend.k}; build the backend with k >= {self.top_k}"
+                raise ConfigurationError(msg)
+        DecodingOptions(
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop or ()),
+        )
+        if self.top_logprobs is not None:
+            self._check_top_logprobs(self.top_logprobs, self._configured_k())
+        return self
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def _llm_type(self) -> str:
+        return "logtoku-chat"
+
+    @property
+    def model_name(self) -> str:
+        """The model's name (without loading it)."""
+        if self.backend is not None:
+            return str(self.backend.model_name)
+        if self._built is not None:
+            return str(self._built.model_name)
+        if self.model is None or self.model in EMBEDDED_ALIASES:
+            return EMBEDDED_MODEL
+        return str(self.model)
+
+    @property
+    def scoring_evidence(self) -> str:
+        """The evidence mode of the scores (``clamped`` or ``raw``)."""
+        if self.backend is not None:
+            return str(getattr(self.backend, "evidence", "clamped"))
+        return self.evidence
+
+    def _configured_k(self) -> int:
+        """The backend's K, without loading it."""
+        if self.backend is not None:
+            return int(self.backend.k)
+        return self.top_k if self.top_k is not None else DEFAULT_K
+
+    @property
+    def scoring_k(self) -> int:
+        """K used for AU/EU by default (the ``top_k`` field, else the backend's K)."""
+        return self.top_k if self.top_k is not None else self._configured_k()
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "top_k": self.scoring_k,
+            "evidence": self.scoring_evidence,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider=self._provider(),
+            ls_model_name=model if isinstance(model, str) else self.model_name,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        stops = stop if stop is not None else self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    def _provider(self) -> str:
+        backend = self.backend if self.backend is not None else self._built
+        if backend is None or type(backend).__name__ == "TransformersBackend":
+            return "huggingface"
+        return "logtoku"
+
+    # -- the backend ---------------------------------------------------------------------
+    @property
+    def core_backend(self) -> Any:
+        """The core backend (built and loaded on first use when none was given)."""
+        if self.backend is not None:
+            return self.backend
+        with self._build_lock:
+            if self._built is None:
+                from logtoku_guard.backends.transformers import TransformersBackend
+
+                self._built = TransformersBackend(
+                    self.model,
+                    k=self._configured_k(),
+                    evidence=self.evidence,
+                    device=self.device,
+                    dtype=self.dtype,
+                    cache_dir=self.cache_dir,
+                )
+            return self._built
+
+    def quadrant_thresholds(self, k: int | None = None) -> QuadrantThresholds | None:
+        """AU/EU quadrant thresholds (the medians of the calibration profile), or None without one."""
+        k = self.scoring_k if k is None else k
+        if k not in self._thresholds:
+            profile = self.logtoku_profile
+            if profile == "auto":
+                profile = load_profile_for(self.model_name, k, self.scoring_evidence, self.cache_dir)
+            ok = isinstance(profile, ModelProfile) and (profile.model, profile.k, profile.evidence) == (
+                self.model_name,
+                k,
+                self.scoring_evidence,
+            )
+            self._thresholds[k] = profile.quadrant_thresholds() if ok else None  # type: ignore[union-attr]
+        return self._thresholds[k]
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids from the model's own tokenizer (when the backend has one)."""
+        tokenizer = getattr(self.core_backend, "tokenizer", None)
+        if tokenizer is None or self.custom_get_token_ids is not None:
+            return super().get_token_ids(text)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- per-call settings ---------------------------------------------------------------
+    @staticmethod
+    def _check_top_logprobs(n: Any, k: int) -> int:
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+            msg = f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {n!r}"
+            raise ConfigurationError(msg)
+        if n > k:
+            msg = (
+                f"top_logprobs={n} but only the K={k} largest logits are kept per token; "
+                f"build the model with top_k >= {n} (e.g. ChatLogTokU(top_k={n}))"
+            )
+            raise ConfigurationError(msg)
+        return n
+
+    def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
+        unknown = set(kwargs) - _CALL_ARGS
+        if unknown & _TOOL_ARGS:
+            msg = f"ChatLogTokU does not support tool calling (got {sorted(unknown & _TOOL_ARGS)}): the model cannot call tools"
+            raise NotImplementedError(msg)
+        if unknown:
+            msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {sorted(_CALL_ARGS - {'stream'})} and stop"
+            raise ConfigurationError(msg)
+        model = kwargs.get("model")
+        if model is not None and model != self.model_name:
+            msg = (
+                f"this ChatLogTokU serves {self.model_name!r}; model={model!r} per call is not supported: "
+                "create another ChatLogTokU(model=...)"
+            )
+            raise ConfigurationError(msg)
+        stops = self.stop if stop is None else stop
+        options = DecodingOptions(
+            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            top_p=kwargs.get("top_p", self.top_p),
+            seed=kwargs.get("seed", self.seed),
+            stop=tuple(stops or ()),
+        )
+        backend_k = int(self.core_backend.k)
+        k = kwargs.get("top_k", self.top_k)
+        k = backend_k if k is None else validate_k(k)
+        if k > backend_k:
+            msg = f"top_k={k} exceeds the backend's K={backend_k}; build the model with top_k >= {k}"
+            raise ConfigurationError(msg)
+        top_lp = kwargs.get("top_logprobs", self.top_logprobs)
+        logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
+        return _Call(
+            options=options,
+            k=k,
+            backend_k=backend_k,
+            logprobs=logprobs,
+            top_logprobs=0 if top_lp is None else self._check_top_logprobs(top_lp, backend_k),
+        )
+
+    def _rescored(self, token: TokenScore, call: _Call) -> TokenScore:
+        if call.k == call.backend_k:
+            return token
+        r = rescore([token.top_logits], k=call.k, evidence=self.scoring_evidence)  # type: ignore[arg-type]
+        return dataclasses.replace(token, au=float(r.au[0]), eu=float(r.eu[0]))
+
+    def _finished(self, generation: Generation, call: _Call) -> Generation:
+        if call.k == call.backend_k:
+            return generation
+        return dataclasses.replace(generation, tokens=tuple(self._rescored(t, call) for t in generation.tokens), k=call.k)
+
+    def _decoder(self) -> Callable[[int], str]:
+        tokenizer = getattr(self.core_backend, "tokenizer", None)
+        if tokenizer is None:
+            return lambda i: f"<id {i}>"
+        return lambda i: str(tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    # -- metadata ------------------------------------------------------------------------
+    def _token_metadata(self, token: TokenScore, call: _Call, decode: Callable[[int], str]) -> dict[str, Any]:
+        meta: dict[str, Any] = {"logtoku": {"tokens": [_convert.token_item(token, self.quadrant_thresholds(call.k))]}}
+        if call.logprobs:
+            meta["logprobs"] = {"content": [_convert.logprob_item(token, call.top_logprobs, decode)]}
+        return meta
+
+    def _final_metadata(self, generation: Generation, call: _Call, *, with_tokens: bool) -> dict[str, Any]:
+        thresholds = self.quadrant_thresholds(call.k)
+        logtoku = _convert.summary(generation, thresholds)
+        meta: dict[str, Any] = {"model_name": generation.model, "finish_reason": generation.finish_reason}
+        if with_tokens:
+            logtoku = {"tokens": [_convert.token_item(t, thresholds) for t in generation.tokens], **logtoku}
+        meta["logtoku"] = logtoku
+        if call.logprobs and with_tokens:
+            decode = self._decoder()
+            meta["logprobs"] = {"content": [_convert.logprob_item(t, call.top_logprobs, decode) for t in generation.tokens]}
+        if generation.stop_sequence is not None:
+            meta["stop_sequence"] = generation.stop_sequence
+        return meta
+
+    def response_metadata_for(self, generation: Generation, **kwargs: Any) -> dict[str, Any]:
+        """The ``response_metadata`` :meth:`invoke` gives for ``generation`` (``kwargs`` as per call)."""
+        return self._final_metadata(generation, self._call(None, kwargs), with_tokens=True)
+
+    # -- generation ----------------------------------------------------------------------
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call = self._call(stop, kwargs)
+        prompt = _convert.to_core_messages(messages)
+        generation = self._finished(self.core_backend.generate(prompt, call.options), call)
+        sink = _SINK.get()
+        if sink is not None:
+            sink.tokens.extend(generation.tokens)
+            sink.generations.append(generation)
+        message = AIMessage(
+            content=generation.text,
+            response_metadata=self._final_metadata(generation, call, with_tokens=True),
+            usage_metadata=_convert.usage(generation),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        call = self._call(stop, kwargs)
+        prompt = _convert.to_core_messages(messages)
+        sink = _SINK.get()
+        decode = self._decoder()
+        stream = self.core_backend.stream(prompt, call.options)
+
+        def finalize() -> Generation:
+            stream.close()
+            return self._finished(stream.generation, call)
+
+        if sink is not None:
+            sink.finalizers.append(finalize)
+            sink.cancels.append(stream.close)
+        emitted = 0
+        try:
+            with stream:
+                for core_token in stream:
+                    token = self._rescored(core_token, call)
+                    emitted += 1
+                    if sink is not None:
+                        sink.tokens.append(token)
+                    yield ChatGenerationChunk(
+                        message=AIMessageChunk(content=token.text, response_metadata=self._token_metadata(token, call, decode))
+                    )
+            generation = self._finished(stream.generation, call)
+        except BaseException:  # closed early (GeneratorExit) or failed: hand over what was generated
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.generations.append(finalize())
+            raise
+        if sink is not None:
+            sink.generations.append(generation)
+        meta = self._final_metadata(generation, call, with_tokens=False)
+        if emitted == 0:  # nothing streamed: the lists must still exist in the aggregate
+            meta["logtoku"] = {"tokens": [], **meta["logtoku"]}
+            if call.logprobs:
+                meta["logprobs"] = {"content": []}
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                response_metadata=meta,
+                usage_metadata=_convert.usage(generation),
+                chunk_position="last",
+            )
+        )

@@ -1,0 +1,480 @@
+"""``LogTokUGuard``: the core :class:`~logtoku_guard.guard.Guard` as a LangChain Runnable.
+
+The policy, the statistics and the actions are the core's; this module only feeds the core
+guard from LangChain inputs and makes every step a traced run:
+
+- each generation is a call of the :class:`~langchain_logtoku.ChatLogTokU` (a child chat-model
+  run, with the guard's callbacks, tags and metadata);
+- the ``retrieve`` route calls the LangChain retriever with the child config (a child
+  retriever run);
+- the guard's own run gets the decision as its output (``response_metadata["logtoku_guard"]``)
+  and, for every route other than a plain pass, the custom event ``logtoku_flagged``.
+
+Tags and metadata of a run are fixed when it starts, before the decision exists. So the
+decision travels in the output and in the custom event; in addition, tracers attached to the
+run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get the tag ``logtoku:<action>``
+and the metadata ``logtoku.action``, ``logtoku.reliability`` and ``logtoku.rule`` added to the
+guard's run before it ends, so the run can be filtered by them once it is posted.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import operator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from langchain_core.callbacks import CallbackManagerForChainRun, dispatch_custom_event
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, convert_to_messages
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import run_in_executor
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from langchain_logtoku import _convert
+from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT
+from langchain_logtoku.chat_models import _SINK, ChatLogTokU, _CoreSink
+from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.errors import ConfigurationError, InvalidPromptError, LogTokUError
+from logtoku_guard.guard import Guard, GuardRejectedError, GuardResult
+from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.types import ChatMessage as CoreMessage
+from logtoku_guard.types import DecodingOptions, Generation, Prompt, to_messages
+from logtoku_guard.uncertainty import DEFAULT_TOP_N
+
+StreamMode = Literal["buffer", "retract"]
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    messages: list[CoreMessage]
+    question: str | None  # the bare question, when the input named it (dict input)
+
+
+class _TracedBackend:
+    """The core backend protocol over the chat model: every generation is a traced chat-model run.
+
+    The core guard needs :class:`~logtoku_guard.types.Generation` objects (raw top-K logits
+    included), which LangChain messages do not carry; the chat model hands them over through
+    a sink set around each call (see ``chat_models._SINK``). Decoding settings are the chat
+    model's fields and the guard call's keywords; the core guard's own options are not used.
+    """
+
+    def __init__(self, llm: ChatLogTokU, config: RunnableConfig, llm_kwargs: Mapping[str, Any]) -> None:
+        self.llm = llm
+        self.config = config
+        self.llm_kwargs = dict(llm_kwargs)
+        self.generations: list[Generation] = []
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    @property
+    def k(self) -> int:
+        return self.llm.scoring_k
+
+    @property
+    def evidence(self) -> str:
+        return self.llm.scoring_evidence
+
+    @property
+    def top_n(self) -> int:
+        return int(getattr(self.llm.core_backend, "top_n", DEFAULT_TOP_N))
+
+    def _take(self, sink: _CoreSink) -> Generation:
+        if sink.generations:
+            generation = sink.generations[-1]
+        elif sink.finalizers:
+            generation = sink.finalizers[-1]()
+        else:
+            msg = (
+                "the chat model returned an answer without token scores (an LLM cache hit?); "
+                "LogTokUGuard needs fresh generations: create the model with ChatLogTokU(cache=False)"
+            )
+            raise LogTokUError(msg)
+        self.generations.append(generation)
+        return generation
+
+    def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation:
+        messages = _convert.to_langchain_messages(to_messages(prompt))
+        sink = _CoreSink()
+        token = _SINK.set(sink)
+        try:
+            self.llm.invoke(messages, config=self.config, **self.llm_kwargs)
+        finally:
+            _SINK.reset(token)
+        return self._take(sink)
+
+    def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]:
+        return [self.generate(p, options) for p in prompts]
+
+    def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream:
+        messages = _convert.to_langchain_messages(to_messages(prompt))
+        sink = _CoreSink()
+        chunks: Any = self.llm.stream(messages, config=self.config, **self.llm_kwargs)  # a generator: closed on cancel
+        done = object()
+
+        def step(fn: Any, *args: Any) -> Any:
+            token = _SINK.set(sink)
+            try:
+                return fn(*args)
+            finally:
+                _SINK.reset(token)
+
+        def tokens() -> Iterator[Any]:
+            seen = 0
+            while True:
+                chunk = step(next, chunks, done)
+                yield from sink.tokens[seen:]
+                seen = len(sink.tokens)
+                if chunk is done:
+                    return
+
+        def cancel() -> None:
+            if not sink.cancels:  # the chat model has not started: nothing to stop
+                step(chunks.close)
+                return
+            for stop in sink.cancels:  # stop generating, then let the chat-model run end normally
+                stop()
+            step(collections.deque, chunks, 0)
+
+        def result() -> Generation:
+            step(chunks.close)
+            return self._take(sink)
+
+        return TokenStream(tokens(), result, cancel)
+
+
+def _passages(context: Any) -> list[str]:
+    items = [context] if isinstance(context, (str, BaseMessage)) or not isinstance(context, Sequence) else list(context)
+    out = []
+    for item in items:
+        for attr in ("page_content", "text", "content"):
+            value = getattr(item, attr, None)
+            if isinstance(value, str):
+                out.append(value)
+                break
+        else:
+            if not isinstance(item, str):
+                msg = f"context items must be strings or Documents, got {type(item).__name__}: {item!r:.80}"
+                raise InvalidPromptError(msg)
+            out.append(item)
+    return [p for p in out if p.strip()]
+
+
+def _flat(decision: Mapping[str, Any]) -> dict[str, Any]:
+    """The decision as flat, scalar run metadata (OpenTelemetry-friendly)."""
+    return {
+        "logtoku.action": decision["action"],
+        "logtoku.reliability": decision["reliability"],
+        "logtoku.rule": decision["rule"],
+    }
+
+
+def _annotate_run(run_manager: CallbackManagerForChainRun, decision: Mapping[str, Any]) -> None:
+    """Add the decision's tag and metadata to this run in every attached tracer (before it ends)."""
+    from langchain_core.tracers.base import BaseTracer
+
+    for handler in run_manager.handlers:
+        if isinstance(handler, BaseTracer):
+            run = handler.run_map.get(str(run_manager.run_id))
+            if run is not None:
+                run.tags = [*(run.tags or []), f"logtoku:{decision['action']}"]
+                run.extra.setdefault("metadata", {}).update(_flat(decision))
+
+
+def _json(value: Any) -> Any:
+    return _convert.json_float(value) if isinstance(value, float) else value
+
+
+class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
+    """Answer with a :class:`ChatLogTokU`, then pass, warn, retrieve, abstain, ask a human or raise.
+
+    ``LogTokUGuard(llm=ChatLogTokU(), policy=Policy.from_file("policy.yaml"), retriever=...,
+    store=AuditStore("audit.db"))`` composes with ``|``: ``prompt | guard``,
+    ``{"context": retriever, "question": RunnablePassthrough()} | prompt | guard``.
+
+    Args:
+        llm: the chat model (its backend, decoding fields and calibration are used).
+        policy: a core :class:`~logtoku_guard.policy.Policy` (default: the quantile
+            :func:`~logtoku_guard.policy.default_policy`, which needs a profile).
+        retriever: for the ``retrieve`` route: any LangChain ``BaseRetriever`` (or Runnable
+            from a query string to documents or strings), traced as a child run; or a core
+            retriever (``.retrieve(query)`` or a callable).
+        store: a core :class:`~logtoku_guard.audit.AuditStore`: every decision is recorded and
+            ``human_review`` answers wait in its queue.
+        profile: the model's :class:`~logtoku_guard.calibration.ModelProfile` for quantile
+            thresholds; ``"auto"`` (default) loads the saved profile of the model, if any.
+        stream_mode: ``"buffer"`` (default): ``stream()`` yields the answer once decided, as
+            one chunk. ``"retract"``: tokens are streamed as generated; when the decision
+            withdraws them (abstain, review, a regenerated answer, raise) the custom event
+            ``logtoku_retracted`` fires and the last chunk carries the replacement answer,
+            so discard what was shown on that event (the aggregated stream then holds both;
+            ``response_metadata["logtoku_guard"]["answer"]`` is always the final answer).
+        system: a system message put before every prompt that has none.
+
+    Input: a string, a list of messages, a ``PromptValue`` or a dict with ``"question"`` and
+    optionally ``"context"`` (documents or strings, e.g. from a retriever step; they are put
+    into the policy's ``retrieve.context_template``). With a dict the retrieval query is the
+    bare question; otherwise it is the last human message. Output: an ``AIMessage`` whose
+    ``response_metadata`` holds the final generation's ``logtoku`` scores and the decision
+    under ``"logtoku_guard"``: action, route, rule, reason, reliability, attempts, review_id,
+    trace_id, checks, stats, stopped_early, policy, policy_version, model, question, answer,
+    draft (the model's last answer), passages, recorded. Keyword arguments of
+    ``invoke``/``stream`` (``max_tokens=``, ``temperature=``...) go to every chat-model call.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    llm: ChatLogTokU
+    policy: Policy = Field(default_factory=default_policy)
+    retriever: Any = None
+    store: Any = None
+    profile: ModelProfile | Literal["auto"] | None = "auto"
+    stream_mode: StreamMode = "buffer"
+    system: str | None = None
+
+    _profile: list[ModelProfile | None] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _validate(self) -> LogTokUGuard:
+        r = self.retriever
+        if r is not None and not (isinstance(r, Runnable) or callable(r) or hasattr(r, "retrieve")):
+            msg = (
+                f"retriever must be a LangChain retriever/Runnable, an object with .retrieve(query) or a callable, got {r!r:.80}"
+            )
+            raise ConfigurationError(msg)
+        self._core_guard(_TracedBackend(self.llm, {}, {}), {}, None)  # the core validates policy, profile and store
+        return self
+
+    # -- building the core guard -------------------------------------------------------------
+    def resolved_profile(self) -> ModelProfile | None:
+        """The profile in use (``"auto"`` resolved once: the saved profile of the model, or None)."""
+        if not self._profile:
+            profile = self.profile
+            if profile == "auto":
+                llm = self.llm
+                profile = load_profile_for(llm.model_name, llm.scoring_k, llm.scoring_evidence, llm.cache_dir)
+            self._profile.append(profile)
+        return self._profile[0]
+
+    def _core_guard(self, backend: _TracedBackend, config: RunnableConfig, question: str | None) -> Guard:
+        return Guard(
+            backend,
+            self.policy,
+            retriever=self._retriever(config, question),
+            store=self.store,
+            profile=self.resolved_profile(),
+            system=self.system,
+        )
+
+    def _retriever(self, config: RunnableConfig, question: str | None) -> Any:
+        r = self.retriever
+        if r is None:
+            return None
+        if isinstance(r, Runnable):
+            return lambda query: r.invoke(question or query, config=config)
+        if question is None:
+            return r
+        fn = r.retrieve if hasattr(r, "retrieve") else r
+        return lambda _query: fn(question)
+
+    def _prompt(self, value: Any) -> _Prompt:
+        if isinstance(value, Mapping):
+            question = value.get("question")
+            if not isinstance(question, str):
+                msg = f"a dict input needs a 'question' string (and optionally 'context'), got keys {sorted(value)}"
+                raise InvalidPromptError(msg)
+            passages = _passages(value["context"]) if value.get("context") is not None else []
+            if not passages:
+                return _Prompt([CoreMessage("user", question)], question)
+            text = self.policy.retrieve.context_template.format(context="\n\n".join(passages), question=question)
+            return _Prompt([CoreMessage("user", text)], question)
+        if isinstance(value, str):
+            return _Prompt([CoreMessage("user", value)], None)
+        if isinstance(value, PromptValue):
+            messages = value.to_messages()
+        elif isinstance(value, BaseMessage):
+            messages = [value]
+        elif isinstance(value, Sequence):
+            messages = convert_to_messages(value)
+        else:
+            msg = (
+                f"LogTokUGuard takes a string, a list of messages, a PromptValue or a dict with 'question', "
+                f"got {type(value).__name__}"
+            )
+            raise InvalidPromptError(msg)
+        return _Prompt(_convert.to_core_messages(messages), None)
+
+    # -- the decision ----------------------------------------------------------------------------
+    def _decision(self, result: GuardResult, prompt: _Prompt) -> dict[str, Any]:
+        g = result.generation
+        d = result.decision
+        question = prompt.question or [m.content for m in prompt.messages if m.role == "user"][-1]
+        return {
+            "action": result.action,
+            "route": [a.decision.action for a in result.attempts],
+            "rule": d.rule,
+            "reason": d.reason,
+            "reliability": _convert.json_float(result.reliability),
+            "attempts": len(result.attempts),
+            "review_id": result.review_id,
+            "trace_id": result.trace_id,
+            "checks": [{k: _json(v) for k, v in c.__dict__.items()} for c in d.checks],
+            "stats": d.stats.as_dict(),
+            "stopped_early": result.stopped_early,
+            "policy": result.policy_name,
+            "policy_version": result.policy_version,
+            "model": g.model,
+            "question": question,
+            "answer": result.answer,
+            "draft": g.text,
+            "passages": len(result.attempts[-1].passages),
+            "recorded": self.store is not None,
+        }
+
+    def _report(
+        self,
+        result: GuardResult,
+        prompt: _Prompt,
+        backend: _TracedBackend,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AIMessage:
+        """Annotate the run, fire ``logtoku_flagged`` when not a plain pass, and build the answer."""
+        decision = self._decision(result, prompt)
+        _annotate_run(run_manager, decision)
+        if result.action != "pass" or len(result.attempts) > 1:
+            dispatch_custom_event(FLAGGED_EVENT, {**decision, **_flat(decision)}, config=config)
+        n_in = sum(g.prompt_tokens for g in backend.generations)
+        n_out = sum(len(g.tokens) for g in backend.generations)
+        metadata = self.llm.response_metadata_for(result.generation, **backend.llm_kwargs)
+        return AIMessage(
+            content=result.answer,
+            response_metadata={**metadata, "logtoku_guard": decision},
+            usage_metadata=UsageMetadata(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out),
+        )
+
+    # -- Runnable --------------------------------------------------------------------------------
+    @property
+    def OutputType(self) -> type[AIMessage]:
+        return AIMessage
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        return self._call_with_config(self._invoke, input, config, **kwargs)
+
+    def _invoke(self, value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig, **kwargs: Any) -> AIMessage:
+        prompt = self._prompt(value)
+        backend = _TracedBackend(self.llm, config, kwargs)
+        guard = self._core_guard(backend, config, prompt.question)
+        try:
+            result = guard.run(prompt.messages)
+        except GuardRejectedError as exc:
+            self._report(exc.result, prompt, backend, run_manager, config)
+            raise
+        return self._report(result, prompt, backend, run_manager, config)
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
+        chunks = self._transform_stream_with_config(iter([input]), self._stream, config, **kwargs)
+        yield from cast("Iterator[AIMessageChunk]", chunks)  # closing this stream closes the run's
+
+    def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
+        chunks = self._transform_stream_with_config(input, self._stream, config, **kwargs)
+        yield from cast("Iterator[AIMessageChunk]", chunks)  # closing this stream closes the run's
+
+    async def astream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        """:meth:`stream` in worker threads (generation is CPU/GPU bound and synchronous)."""
+        iterator: Any = self.stream(input, config, **kwargs)
+        done = object()
+        try:
+            while True:
+                chunk = await run_in_executor(config, next, iterator, done)
+                if chunk is done:
+                    break
+                yield cast("AIMessageChunk", chunk)
+        finally:
+            iterator.close()
+
+    async def atransform(
+        self,
+        input: AsyncIterator[Any],
+        config: RunnableConfig | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        items = [item async for item in input]
+        async for chunk in self.astream(_join(items), config, **kwargs):
+            yield chunk
+
+    def _stream(
+        self,
+        values: Iterator[Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        prompt = self._prompt(_join(list(values)))
+        backend = _TracedBackend(self.llm, config, kwargs)
+        guard = self._core_guard(backend, config, prompt.question)
+        retract = self.stream_mode == "retract"
+        thresholds = self.llm.quadrant_thresholds() if retract else None
+        streamed: list[str] = []
+        guarded = guard.stream(prompt.messages)
+        try:
+            for token in guarded:
+                if retract:
+                    streamed.append(token.text)
+                    item = _convert.token_item(token, thresholds)
+                    yield AIMessageChunk(content=token.text, response_metadata={"logtoku": {"tokens": [item]}})
+            result = guarded.result
+        except GuardRejectedError as exc:
+            message = self._report(exc.result, prompt, backend, run_manager, config)
+            if retract and streamed:
+                self._retracted(message, "".join(streamed), config)
+            raise
+        message = self._report(result, prompt, backend, run_manager, config)
+        if not retract:
+            yield AIMessageChunk(
+                content=message.content,
+                response_metadata=message.response_metadata,
+                usage_metadata=message.usage_metadata,
+                chunk_position="last",
+            )
+            return
+        text = "".join(streamed)
+        answer = str(message.content)
+        if answer.startswith(text):  # passed (or a disclaimer appended): nothing to withdraw
+            tail, retracted = answer[len(text) :], False
+        else:
+            tail, retracted = answer, True
+            self._retracted(message, text, config)
+        meta = dict(message.response_metadata)
+        meta["logtoku"] = {k: v for k, v in meta["logtoku"].items() if k != "tokens"}  # tokens came per chunk
+        meta.pop("logprobs", None)
+        meta["logtoku_guard"] = {**meta["logtoku_guard"], "retracted": retracted}
+        yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
+
+    @staticmethod
+    def _retracted(message: AIMessage, text: str, config: RunnableConfig) -> None:
+        decision = message.response_metadata["logtoku_guard"]
+        dispatch_custom_event(RETRACTED_EVENT, {**decision, **_flat(decision), "retracted_text": text}, config=config)
+
+
+def _join(items: list[Any]) -> Any:
+    """The whole input of a transform: the chunks added up (the last one when they cannot be)."""
+    if not items:
+        msg = "LogTokUGuard got no input"
+        raise InvalidPromptError(msg)
+    try:
+        return functools.reduce(operator.add, items)
+    except TypeError:
+        return items[-1]

@@ -1,0 +1,650 @@
+"""``LogTokUQueryEngine``: a retrieval query engine that knows when to say "I don't know".
+
+It wraps a retriever query engine (``index.as_query_engine(...)``) and runs the core
+:class:`~logtoku_guard.policy.Policy` on the LogTokU scores of the answer it synthesised::
+
+    retrieve -> synthesise (LogTokULLM, scores captured) -> decide -> act -> record -> event
+
+Actions (from the policy): ``pass``; ``warn`` (adds the disclaimer); ``retrieve`` (re-query with
+more context: a copy of the retriever with a larger ``similarity_top_k``, or the
+``retry_query_engines`` you give, at most ``policy.retrieve.max_attempts`` times, then the
+``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
+``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
+(:class:`~logtoku_guard.guard.GuardRejectedError`).
+
+The scores come through :func:`~llama_index.llms.logtoku.capture.capture_generations`, because
+the synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
+
+Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
+and the spans opened to act on it are tagged ``logtoku.action``/``logtoku.rule``/``logtoku.attempt``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from collections.abc import AsyncGenerator, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.response.schema import RESPONSE_TYPE, AsyncStreamingResponse, Response, StreamingResponse
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.dispatcher import active_instrument_tags, instrument_tags
+from llama_index.core.prompts.mixin import PromptMixinType
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.settings import Settings
+
+from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.guard import Attempt, Guard, GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.policy import Decision, Policy
+from logtoku_guard.stats import ResponseStats
+from logtoku_guard.types import Generation
+
+from .base import LogTokULLM
+from .capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
+from .events import LogTokUDecisionEvent
+
+dispatcher = get_dispatcher(__name__)
+
+StreamMode = Literal["live", "after_decision"]
+
+
+@dataclass
+class _Run:
+    """The state of one guarded query."""
+
+    query: str
+    start: float = field(default_factory=time.perf_counter)
+    attempts: list[Attempt] = field(default_factory=list)
+    nodes: list[list[NodeWithScore]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    generation_s: float = 0.0
+    retrieval_s: float = 0.0
+    decision_s: float = 0.0
+    stopped_early: bool = False
+
+
+def _text(response: RESPONSE_TYPE) -> str:
+    """The full text of a (possibly streaming) synchronous response."""
+    if isinstance(response, StreamingResponse):
+        return "".join(response.response_gen) if response.response_txt is None else response.response_txt
+    if isinstance(response, AsyncStreamingResponse):
+        msg = "an async streaming response reached the synchronous path; use aquery() with an async streaming engine"
+        raise LogTokUError(msg)
+    return str(response.response or "")
+
+
+class LogTokUQueryEngine(BaseQueryEngine):
+    """Guard a retrieval query engine with LogTokU uncertainty and a core policy.
+
+    Args:
+        query_engine: a retriever query engine (what ``index.as_query_engine(llm=LogTokULLM(...))``
+            returns): it must offer ``retrieve()`` and ``synthesize()``. Or pass ``retriever``.
+        retriever: build ``RetrieverQueryEngine.from_args(retriever, llm=llm, streaming=streaming)``.
+        llm: the :class:`LogTokULLM` the engine's synthesiser uses (default ``Settings.llm``);
+            its backend names the model the profile must match.
+        policy, profile, store: as for :class:`~logtoku_guard.guard.Guard` (default policy:
+            quantiles of the model's profile; when ``profile`` is None and the policy needs one,
+            the saved profile of the model is loaded, as ``logtoku-guard ask`` does).
+        retry_query_engines: the engines used for re-queries (attempt ``i`` uses item
+            ``min(i, len) - 1``). Default: copies of the engine whose retriever's
+            ``similarity_top_k`` grows by ``retry_top_k_step`` (default
+            ``policy.retrieve.passages``) per attempt; none when the retriever has no
+            ``similarity_top_k`` (then ``retrieve`` falls back at once).
+        stream_mode: for a streaming engine: ``"live"`` streams the first answer's tokens as
+            they are generated (an ``early_stop`` rule can cut generation short); when the
+            decision changes the answer, the stream goes on with ``"\\n\\n"`` and the change
+            (the disclaimer, the re-queried answer, or the abstain/review message).
+            ``"after_decision"`` streams nothing until the decision is made, then the final
+            answer. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
+            ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
+            has been read to the end.
+
+    The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
+    checks, statistics, per-token scores, trace and review ids, attempts with their source
+    nodes); ``metadata["logtoku_result"]`` the typed :class:`~logtoku_guard.guard.GuardResult`;
+    ``source_nodes`` the nodes of the final attempt.
+    """
+
+    def __init__(
+        self,
+        query_engine: BaseQueryEngine | None = None,
+        *,
+        retriever: BaseRetriever | None = None,
+        llm: LogTokULLM | None = None,
+        policy: Policy | None = None,
+        profile: Any = None,
+        store: Any = None,
+        retry_query_engines: Sequence[BaseQueryEngine] | None = None,
+        retry_top_k_step: int | None = None,
+        streaming: bool = False,
+        stream_mode: StreamMode = "live",
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        llm = _resolve_llm(llm)
+        if (query_engine is None) == (retriever is None):
+            msg = "pass either query_engine=index.as_query_engine(...) or retriever=index.as_retriever(...), not both or neither"
+            raise ConfigurationError(msg)
+        if query_engine is None:
+            from llama_index.core.query_engine import RetrieverQueryEngine
+
+            query_engine = RetrieverQueryEngine.from_args(cast(BaseRetriever, retriever), llm=llm, streaming=streaming)
+        if type(query_engine).retrieve is BaseQueryEngine.retrieve or type(query_engine).synthesize is BaseQueryEngine.synthesize:
+            msg = (
+                f"{type(query_engine).__name__} has no retrieve()/synthesize(), which the guard needs to re-query and score; "
+                "wrap index.as_query_engine(...) (a RetrieverQueryEngine) or pass retriever=..."
+            )
+            raise ConfigurationError(msg)
+        if stream_mode not in ("live", "after_decision"):
+            msg = f"stream_mode must be 'live' or 'after_decision', got {stream_mode!r}"
+            raise ConfigurationError(msg)
+        if retry_top_k_step is not None and (
+            isinstance(retry_top_k_step, bool) or not isinstance(retry_top_k_step, int) or retry_top_k_step < 1
+        ):
+            msg = f"retry_top_k_step must be a positive integer, got {retry_top_k_step!r}"
+            raise ConfigurationError(msg)
+        self._llm = llm
+        backend = llm.backend
+        if profile is None and policy_uses_quantiles(policy):
+            from logtoku_guard.calibration import load_profile_for
+
+            profile = load_profile_for(backend.model_name, backend.k, getattr(backend, "evidence", "clamped"), llm.cache_dir)
+        self._guard = Guard(backend, policy, store=store, profile=profile)
+        self._engine = query_engine
+        self._retries = list(retry_query_engines) if retry_query_engines is not None else self._auto_retries(retry_top_k_step)
+        self._stream_mode: StreamMode = stream_mode
+        super().__init__(callback_manager=callback_manager or getattr(query_engine, "callback_manager", None))
+
+    @classmethod
+    def from_index(
+        cls,
+        index: Any,
+        *,
+        llm: LogTokULLM | None = None,
+        similarity_top_k: int = 2,
+        streaming: bool = False,
+        **kwargs: Any,
+    ) -> LogTokUQueryEngine:
+        """Guard ``index.as_query_engine(llm=llm, similarity_top_k=..., streaming=...)``."""
+        llm = _resolve_llm(llm)
+        engine = index.as_query_engine(llm=llm, similarity_top_k=similarity_top_k, streaming=streaming)
+        return cls(engine, llm=llm, **kwargs)
+
+    # -- public properties ----------------------------------------------------------------
+    @property
+    def guard(self) -> Guard:
+        """The core guard whose policy, profile and store this engine uses."""
+        return self._guard
+
+    @property
+    def policy(self) -> Policy:
+        return self._guard.policy
+
+    @property
+    def query_engine(self) -> BaseQueryEngine:
+        return self._engine
+
+    @property
+    def retry_query_engines(self) -> list[BaseQueryEngine]:
+        return list(self._retries)
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {"query_engine": self._engine}
+
+    # -- query ----------------------------------------------------------------------------
+    @dispatcher.span
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        run = _Run(query_bundle.query_str)
+        engine: BaseQueryEngine | None
+        nodes = self._retrieve(run, self._engine, query_bundle)
+        capture, response = self._synthesize(run, self._engine, query_bundle, nodes)
+        if isinstance(response, StreamingResponse) and self._stream_mode == "live":
+            out = StreamingResponse(response_gen=_sync_iter([]), source_nodes=list(nodes), metadata={})
+            out.response_gen = self._live(run, query_bundle, nodes, capture, response, out)
+            return out
+        while True:
+            decision = self._judge(run, nodes, capture, _text(response), response)
+            engine, decision = self._plan(run, decision)
+            if engine is None:
+                break
+            found = self._requery(run, decision, engine, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+        result = self._act(run, decision)
+        if isinstance(response, StreamingResponse):  # stream_mode == "after_decision"
+            return StreamingResponse(response_gen=_sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
+        return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
+
+    @dispatcher.span
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        run = _Run(query_bundle.query_str)
+        nodes = await self._aretrieve(run, self._engine, query_bundle)
+        capture, response = await self._asynthesize(run, self._engine, query_bundle, nodes)
+        streaming = isinstance(response, (StreamingResponse, AsyncStreamingResponse))
+        if streaming and self._stream_mode == "live":
+            out = AsyncStreamingResponse(response_gen=_empty_async(), source_nodes=list(nodes), metadata={})
+            out.response_gen = self._alive(run, query_bundle, nodes, capture, response, out)
+            return out
+        while True:
+            decision = self._judge(run, nodes, capture, await _atext(response), response)
+            engine, decision = self._plan(run, decision)
+            if engine is None:
+                break
+            found = await self._arequery(run, decision, engine, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+        result = self._act(run, decision)
+        if streaming:
+            return AsyncStreamingResponse(
+                response_gen=_async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
+            )
+        return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
+
+    # -- live streaming ---------------------------------------------------------------------
+    def _live(
+        self,
+        run: _Run,
+        query_bundle: QueryBundle,
+        nodes: list[NodeWithScore],
+        capture: GenerationCapture,
+        response: RESPONSE_TYPE,
+        out: StreamingResponse,
+    ) -> Generator[str, None, None]:
+        while True:
+            text = ""
+            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([_text(response)])
+            for piece in pieces:
+                text += piece
+                yield piece
+                self._watch(run, capture)
+            decision = self._judge(run, nodes, capture, text, response)
+            engine, decision = self._plan(run, decision)
+            if engine is None:
+                break
+            found = self._requery(run, decision, engine, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+            yield "\n\n"
+        result = self._act(run, decision)
+        out.source_nodes[:] = run.nodes[-1]
+        out.metadata = run.metadata
+        yield from _tail(run.texts[-1], result.answer)
+
+    async def _alive(
+        self,
+        run: _Run,
+        query_bundle: QueryBundle,
+        nodes: list[NodeWithScore],
+        capture: GenerationCapture,
+        response: RESPONSE_TYPE,
+        out: AsyncStreamingResponse,
+    ) -> AsyncGenerator[str, None]:
+        while True:
+            text = ""
+            async for piece in _apieces(response):
+                text += piece
+                yield piece
+                self._watch(run, capture)
+            decision = self._judge(run, nodes, capture, text, response)
+            engine, decision = self._plan(run, decision)
+            if engine is None:
+                break
+            found = await self._arequery(run, decision, engine, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+            yield "\n\n"
+        result = self._act(run, decision)
+        out.source_nodes[:] = run.nodes[-1]
+        out.metadata = run.metadata
+        for piece in _tail(run.texts[-1], result.answer):
+            yield piece
+
+    def _watch(self, run: _Run, capture: GenerationCapture) -> None:
+        """Stop the generation being streamed as soon as an ``early_stop`` rule fires on its prefix."""
+        guard = self._guard
+        if run.stopped_early or not any(r.early_stop for r in guard.policy.rules) or not capture.live_tokens:
+            return
+        stats = ResponseStats.from_tokens(
+            list(capture.live_tokens), guard.backend_top_n(), guard.quadrants, guard.policy.first_tokens
+        )
+        if guard.policy.decide(stats, guard.profile, only_early_stop=True).rule is not None and capture.cancel_stream():
+            run.stopped_early = True
+
+    # -- steps ------------------------------------------------------------------------------
+    def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        t = time.perf_counter()
+        nodes = list(engine.retrieve(query_bundle))
+        run.retrieval_s += time.perf_counter() - t
+        return nodes
+
+    async def _aretrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        t = time.perf_counter()
+        nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+        run.retrieval_s += time.perf_counter() - t
+        return nodes
+
+    def _synthesize(
+        self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
+    ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
+        t = time.perf_counter()
+        with capture_generations() as capture:  # the LLM reads it when called; a stream reports later
+            response = engine.synthesize(query_bundle, nodes)
+        if isinstance(response, StreamingResponse) and response.response_gen is not None:
+            response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
+        run.generation_s += time.perf_counter() - t
+        return capture, response
+
+    async def _asynthesize(
+        self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
+    ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
+        t = time.perf_counter()
+        with capture_generations() as capture:
+            response = await engine.asynthesize(query_bundle, nodes)
+        if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
+            response.response_gen = captured_aiter(response.response_gen, capture)
+        elif isinstance(response, StreamingResponse) and response.response_gen is not None:
+            response.response_gen = captured_iter(response.response_gen, capture)
+        run.generation_s += time.perf_counter() - t
+        return capture, response
+
+    def _judge(
+        self, run: _Run, nodes: list[NodeWithScore], capture: GenerationCapture, text: str, response: RESPONSE_TYPE
+    ) -> Decision:
+        """Score the attempt just made and record it in ``run``."""
+        generation = capture.last
+        t = time.perf_counter()
+        if generation is None:
+            if nodes:
+                msg = (
+                    "the wrapped query engine answered without a LogTokU generation: build it with llm=LogTokULLM(...) "
+                    "(or set Settings.llm) so the guard can read the token scores"
+                )
+                raise LogTokUError(msg)
+            generation = Generation(
+                model=self._guard.backend.model_name, prompt=run.query, text=text, tokens=(), finish_reason="stop"
+            )
+            base = self._guard.decide(generation)
+            decision = replace(
+                base, action=self.policy.retrieve.fallback, rule=None, reason="the retriever found no context to answer from"
+            )
+        else:
+            if generation.model != self._guard.backend.model_name:
+                msg = (
+                    f"the answer came from model {generation.model!r} but the guard scores {self._guard.backend.model_name!r}; "
+                    "give LogTokUQueryEngine the same LogTokULLM as the wrapped query engine"
+                )
+                raise ConfigurationError(msg)
+            decision = self._guard.decide(generation)
+            if run.attempts and decision.action != "retrieve":
+                decision = replace(decision, reason=f"after retrieval: {decision.reason}")
+        run.decision_s += time.perf_counter() - t
+        run.attempts.append(Attempt(generation, decision, tuple(n.node.get_content() for n in nodes)))
+        run.nodes.append(list(nodes))
+        run.texts.append(text)
+        run.metadata = dict(getattr(response, "metadata", None) or {})
+        return decision
+
+    def _plan(self, run: _Run, decision: Decision) -> tuple[BaseQueryEngine | None, Decision]:
+        """The engine to re-query with, or None and the decision to act on."""
+        if decision.action != "retrieve":
+            return None, decision
+        settings = self.policy.retrieve
+        done = len(run.attempts) - 1
+        if done >= settings.max_attempts:
+            why = f"still uncertain after {settings.max_attempts} retrieval attempt(s): {decision.reason}"
+            return None, replace(decision, action=settings.fallback, reason=why)
+        if not self._retries:
+            why = "no re-query engine (the retriever has no similarity_top_k; pass retry_query_engines=...)"
+            run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
+            return None, replace(decision, action=settings.fallback, reason=f"{decision.reason}; {why}")
+        return self._retries[min(done, len(self._retries) - 1)], decision
+
+    def _fresh(self, run: _Run, decision: Decision, nodes: list[NodeWithScore]) -> Decision | None:
+        """None when ``nodes`` bring new context; else the fallback decision."""
+        seen = {n.node.node_id for attempt in run.nodes for n in attempt}
+        if any(n.node.node_id not in seen for n in nodes):
+            return None
+        why = "the re-query found no new context"
+        run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
+        return replace(decision, action=self.policy.retrieve.fallback, reason=f"{decision.reason}; {why}")
+
+    def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
+        return {
+            **active_instrument_tags.get(),
+            "logtoku.action": decision.action,
+            "logtoku.rule": decision.rule,
+            "logtoku.attempt": len(run.attempts),
+        }
+
+    def _requery(
+        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
+    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
+        with instrument_tags(self._tags(run, decision)):
+            self._emit(run, decision, final=False)
+            return self._retry(run, decision, engine, query_bundle)
+
+    @dispatcher.span
+    def _retry(
+        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
+    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
+        nodes = self._retrieve(run, engine, query_bundle)
+        fallback = self._fresh(run, decision, nodes)
+        if fallback is not None:
+            return fallback
+        capture, response = self._synthesize(run, engine, query_bundle, nodes)
+        return nodes, capture, response
+
+    async def _arequery(
+        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
+    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
+        with instrument_tags(self._tags(run, decision)):
+            self._emit(run, decision, final=False)
+            return await self._aretry(run, decision, engine, query_bundle)
+
+    @dispatcher.span
+    async def _aretry(
+        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
+    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
+        nodes = await self._aretrieve(run, engine, query_bundle)
+        fallback = self._fresh(run, decision, nodes)
+        if fallback is not None:
+            return fallback
+        capture, response = await self._asynthesize(run, engine, query_bundle, nodes)
+        return nodes, capture, response
+
+    def _act(self, run: _Run, decision: Decision) -> GuardResult:
+        with instrument_tags(self._tags(run, decision)):
+            return self._apply(run, decision)
+
+    @dispatcher.span
+    def _apply(self, run: _Run, decision: Decision) -> GuardResult:
+        """Build the answer for the final action, record it, announce it (tagged span)."""
+        guard = self._guard
+        policy = guard.policy
+        text = run.texts[-1]
+        action = decision.action
+        if action in ("pass", "raise"):
+            answer = text
+        elif action == "warn":
+            answer = f"{text}\n\n{policy.warn.disclaimer}"
+        elif action == "abstain":
+            answer = policy.abstain.message
+        else:
+            answer = policy.human_review.message
+        result = GuardResult(
+            answer=answer,
+            action=action,
+            decision=decision,
+            attempts=tuple(run.attempts),
+            trace_id=uuid.uuid4().hex,
+            timings=GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s),
+            stopped_early=run.stopped_early,
+            policy_name=policy.name,
+            policy_version=policy.version,
+        )
+        if guard.store is not None:
+            result = self._record(run, result)
+        payload = result.to_dict(guard.quadrants)
+        payload["source_nodes"] = [{"node_id": n.node.node_id, "score": n.score} for n in run.nodes[-1]]
+        payload["attempt_log"] = [
+            {
+                "attempt": i,
+                "action": a.decision.action,
+                "rule": a.decision.rule,
+                "reliability": _finite(a.generation.score.reliability),
+                "source_node_ids": [n.node.node_id for n in nodes],
+                "retrieval_error": a.retrieval_error,
+            }
+            for i, (a, nodes) in enumerate(zip(run.attempts, run.nodes), 1)
+        ]
+        run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
+        self._emit(run, decision, final=True, result=result)
+        if action == "raise":
+            raise GuardRejectedError(result)
+        return result
+
+    def _record(self, run: _Run, result: GuardResult) -> GuardResult:
+        from logtoku_guard.audit import AuditRecord
+
+        g = result.generation
+        record = AuditRecord(
+            trace_id=result.trace_id,
+            model=g.model,
+            policy_name=result.policy_name,
+            policy_version=result.policy_version,
+            prompt=run.query,
+            answer=result.answer,
+            action=result.action,
+            reason=result.decision.reason,
+            rule=result.decision.rule,
+            reliability=_finite(g.score.reliability),
+            attempts=len(result.attempts),
+            tokens=[t.to_dict(self._guard.quadrants) for t in g.tokens],
+            stats=result.decision.stats.as_dict(),
+            timings=dict(result.timings.__dict__),
+        )
+        if result.action == "human_review":
+            item = self._guard.store.record_for_review(record)
+            return replace(result, review_id=item.id, answer=result.answer.format(review_id=item.id))
+        self._guard.store.record(record)
+        return result
+
+    def _emit(self, run: _Run, decision: Decision, *, final: bool, result: GuardResult | None = None) -> None:
+        generation = run.attempts[-1].generation
+        dispatcher.event(
+            LogTokUDecisionEvent(
+                query=run.query,
+                action=decision.action,
+                rule=decision.rule,
+                reason=decision.reason,
+                attempt=len(run.attempts),
+                final=final,
+                reliability=_finite(generation.score.reliability),
+                model=generation.model,
+                policy_name=self.policy.name,
+                policy_version=self.policy.version,
+                source_node_ids=[n.node.node_id for n in run.nodes[-1]],
+                stats=decision.stats.as_dict(),
+                answer=result.answer if result is not None else None,
+                trace_id=result.trace_id if result is not None else None,
+                review_id=result.review_id if result is not None else None,
+                stopped_early=run.stopped_early,
+                decision=decision,
+                result=result,
+            )
+        )
+
+    def _auto_retries(self, step: int | None) -> list[BaseQueryEngine]:
+        engine: Any = self._engine
+        retriever: Any = getattr(engine, "retriever", None)
+        top_k = getattr(retriever, "similarity_top_k", None)
+        if not isinstance(top_k, int) or not hasattr(engine, "with_retriever"):
+            return []
+        step = step or self.policy.retrieve.passages
+        engines = []
+        for i in range(1, self.policy.retrieve.max_attempts + 1):
+            wider = copy.copy(retriever)  # never change the caller's retriever
+            wider.similarity_top_k = top_k + step * i
+            engines.append(engine.with_retriever(wider))
+        return engines
+
+
+def _tail(streamed: str, answer: str) -> list[str]:
+    """What to stream after ``streamed`` so the reader ends with ``answer``."""
+    if answer == streamed:
+        return []
+    if answer.startswith(streamed):
+        return [answer[len(streamed) :]]
+    return ["\n\n", answer]
+
+
+def _finite(x: float) -> float | None:
+    import math
+
+    return x if math.isfinite(x) else None
+
+
+def policy_uses_quantiles(policy: Policy | None) -> bool:
+    from logtoku_guard.policy import default_policy
+
+    return (policy or default_policy()).uses_quantiles()
+
+
+def _resolve_llm(llm: LogTokULLM | None) -> LogTokULLM:
+    found: Any = llm
+    if found is None:
+        try:
+            found = Settings.llm
+        except Exception:  # the default LLM cannot be resolved (e.g. no OpenAI package)
+            found = None
+    if not isinstance(found, LogTokULLM):
+        msg = (
+            f"LogTokUQueryEngine needs a LogTokULLM (to read the token scores), got {type(found).__name__}; "
+            "pass llm=LogTokULLM(...) or set Settings.llm = LogTokULLM(...)"
+        )
+        raise ConfigurationError(msg)
+    return found
+
+
+async def _atext(response: RESPONSE_TYPE) -> str:
+    if isinstance(response, AsyncStreamingResponse):
+        return "".join([piece async for piece in response.async_response_gen()])
+    return _text(response)
+
+
+async def _apieces(response: RESPONSE_TYPE) -> AsyncGenerator[str, None]:
+    if isinstance(response, AsyncStreamingResponse):
+        async for piece in response.async_response_gen():
+            yield piece
+    elif isinstance(response, StreamingResponse):
+        for piece in response.response_gen:
+            yield piece
+    else:
+        yield _text(response)
+
+
+async def _empty_async() -> AsyncGenerator[str, None]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+def _sync_iter(items: Sequence[str]) -> Generator[str, None, None]:
+    yield from items
+
+
+async def _async_iter(items: Sequence[str]) -> AsyncGenerator[str, None]:
+    for item in items:
+        yield item

@@ -1,0 +1,119 @@
+"""LangChain's shared standard tests (``langchain-tests``) for ChatLogTokU.
+
+What the embedded SmolLM2-135M-Instruct cannot do is switched off through the suites' own
+properties, never by skipping tests by hand:
+
+- ``has_tool_calling = False`` (and so ``has_tool_choice``, ``has_structured_output``): the
+  135M model cannot produce tool calls; ``bind_tools`` is not implemented.
+- ``supports_json_mode = False``: no constrained JSON decoding.
+- image, audio, video, PDF and Anthropic-format inputs: a text-only model.
+- ``supports_model_override = False``: one ChatLogTokU serves one loaded model; a per-call
+  ``model=`` naming another is refused (traces still honour it in ``_get_ls_params``).
+- ``returns_usage_metadata`` stays True (prompt and answer token counts are reported).
+
+The unit suite never loads the model (the default backend is built lazily). The integration
+suite runs on the embedded model, shared with the other slow tests, with ``max_tokens=24``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+pytest.importorskip("langchain_tests")
+
+from langchain_logtoku import ChatLogTokU
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+# The suites hold sync and async tests; pytest-asyncio runs the async ones (strict mode).
+_ASYNC = [
+    pytest.mark.asyncio,
+    pytest.mark.filterwarnings("ignore:The test <Function .*> is marked with '@pytest.mark.asyncio' but it is not an async"),
+]
+
+
+class _Capabilities:
+    """The suites' switches for what the model cannot do."""
+
+    @property
+    def chat_model_class(self) -> type[ChatLogTokU]:
+        return ChatLogTokU
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return False
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_audio_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_video_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_model_override(self) -> bool:
+        return False
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+class TestChatLogTokUUnit(_Capabilities, ChatModelUnitTests):
+    pytestmark = _ASYNC
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "smollm2-135m-instruct", "device": "cpu"}
+
+
+class TestChatLogTokUIntegration(_Capabilities, ChatModelIntegrationTests):
+    pytestmark: ClassVar[list[Any]] = [pytest.mark.slow, *_ASYNC]
+    _backend: Any = None
+
+    @pytest.fixture(autouse=True)
+    def _shared_backend(self, embedded_backend: Any) -> None:
+        type(self)._backend = embedded_backend
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"backend": self._backend, "max_tokens": 24}
