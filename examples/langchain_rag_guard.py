@@ -31,8 +31,8 @@ from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_logtoku import ChatLogTokU, FlaggedAnswerHandler, LogTokUGuard
 
+from langchain_logtoku import ChatLogTokU, FlaggedAnswerHandler, LogTokUGuard
 from logtoku_guard import Policy
 
 CORPUS = [

@@ -24,8 +24,8 @@ import sys
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_logtoku import RETRACTED_EVENT, ChatLogTokU, LogTokUGuard
 
+from langchain_logtoku import RETRACTED_EVENT, ChatLogTokU, LogTokUGuard
 from logtoku_guard import Policy
 
 COLORS = {"I": "\033[31m", "II": "\033[33m", "III": "\033[32m", "IV": "\033[36m", "high": "\033[31m", "low": "\033[32m"}

@@ -22,9 +22,9 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
 from llama_index.embeddings.logtoku_minilm import MiniLMEmbedding
 from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
-
 from logtoku_guard import Policy, TransformersBackend, load_profile_for
 
 CORPUS = [

@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("langchain_core")
 
 from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_logtoku import ChatLogTokU
 from pydantic import ValidationError
 
+from langchain_logtoku import ChatLogTokU
 from logtoku_guard import ConfigurationError, InvalidPromptError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.types import DecodingOptions

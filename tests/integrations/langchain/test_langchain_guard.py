@@ -22,9 +22,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnablePassthrough
 from langchain_core.tracers.base import BaseTracer
 from langchain_core.tracers.schemas import Run
-from langchain_logtoku import FLAGGED_EVENT, RETRACTED_EVENT, ChatLogTokU, FlaggedAnswerHandler, LogTokUGuard
 from pydantic import ValidationError
 
+from langchain_logtoku import FLAGGED_EVENT, RETRACTED_EVENT, ChatLogTokU, FlaggedAnswerHandler, LogTokUGuard
 from logtoku_guard import AuditStore, GuardRejectedError, InvalidPromptError, Policy, ScriptedAnswer, ScriptedBackend
 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
@@ -417,10 +417,11 @@ test_async_invoke_stream_and_events = pytest.mark.asyncio(test_async_invoke_stre
 # -- LangGraph -------------------------------------------------------------------------------
 def test_langgraph_review_node_interrupts_for_a_verdict(tmp_path: Any) -> None:
     pytest.importorskip("langgraph")
-    from langchain_logtoku import human_review_node
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.types import Command
+
+    from langchain_logtoku import human_review_node
 
     store = AuditStore(tmp_path / "audit.db")
     guard = make_guard("human_review", store=store)

@@ -23,9 +23,10 @@ import pytest
 
 pytest.importorskip("langchain_tests")
 
-from langchain_logtoku import ChatLogTokU
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_logtoku import ChatLogTokU
 
 # The suites hold sync and async tests; pytest-asyncio runs the async ones (strict mode).
 _ASYNC = [

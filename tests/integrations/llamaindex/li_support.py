@@ -23,8 +23,8 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.span.simple import SimpleSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
-from llama_index.llms.logtoku import LogTokUDecisionEvent
 
+from llama_index.llms.logtoku import LogTokUDecisionEvent
 from logtoku_guard import Policy, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.types import ChatMessage
 

@@ -21,9 +21,9 @@ pytest.importorskip("llama_index.core")
 from li_support import decisions, spans, tagged  # noqa: F401 - fixtures
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.response.schema import Response, StreamingResponse
+
 from llama_index.embeddings.logtoku_minilm import MiniLMEmbedding
 from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
-
 from logtoku_guard import DecodingOptions, Policy
 from logtoku_guard.backends.transformers import TransformersBackend
 from logtoku_guard.stats import ResponseStats

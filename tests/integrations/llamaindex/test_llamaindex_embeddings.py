@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("llama_index.core")
 
 from llama_index.embeddings.logtoku_minilm import MiniLMEmbedding, packaged_model_dir
-
 from logtoku_guard import ConfigurationError
 
 pytestmark = pytest.mark.skipif(

@@ -22,8 +22,8 @@ from llama_index.core.instrumentation.events.llm import (
     LLMPredictEndEvent,
 )
 from llama_index.core.prompts import PromptTemplate
-from llama_index.llms.logtoku import LogTokULLM, capture_generations
 
+from llama_index.llms.logtoku import LogTokULLM, capture_generations
 from logtoku_guard import ConfigurationError, Generation, InvalidPromptError, ScriptedBackend
 
 PIECES = ("Paris", " is", " the", " capital", ".")

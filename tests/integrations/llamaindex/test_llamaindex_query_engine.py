@@ -18,8 +18,8 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Respon
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import CustomQueryEngine
-from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
 
+from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
 from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, GuardResult, LogTokUError
 from logtoku_guard.calibration import build_profile
 
