@@ -266,12 +266,36 @@ class Guard:
         retrieval_s: float,
         stopped_early: bool,
     ) -> GuardResult:
-        generation = attempts[-1].generation
+        question = [m.content for m in messages if m.role == "user"][-1]
+        timings = GuardTimings(time.perf_counter() - start, gen_s, decision_s, retrieval_s)
+        result = self.conclude(question, decision, attempts, timings, stopped_early=stopped_early)
+        if result.action == "raise":
+            raise GuardRejectedError(result)
+        return result
+
+    def conclude(
+        self,
+        question: str,
+        decision: Decision,
+        attempts: Sequence[Attempt],
+        timings: GuardTimings,
+        *,
+        stopped_early: bool = False,
+        text: str | None = None,
+    ) -> GuardResult:
+        """Turn a final decision into the answer to return, and record it in the store.
+
+        The one place where actions become answers: adapters that run their own
+        generate/retrieve loop (LlamaIndex query engines) call it too. ``text`` overrides the
+        last generation's text as the draft answer. Never raises for the ``raise`` action:
+        the caller does, once it has emitted its own events.
+        """
+        draft = attempts[-1].generation.text if text is None else text
         action = decision.action
         if action in ("pass", "raise"):
-            answer = generation.text
+            answer = draft
         elif action == "warn":
-            answer = f"{generation.text}\n\n{self.policy.warn.disclaimer}"
+            answer = f"{draft}\n\n{self.policy.warn.disclaimer}"
         elif action == "abstain":
             answer = self.policy.abstain.message
         else:  # human_review: message completed once the review id is known
@@ -282,18 +306,16 @@ class Guard:
             decision=decision,
             attempts=tuple(attempts),
             trace_id=uuid.uuid4().hex,
-            timings=GuardTimings(time.perf_counter() - start, gen_s, decision_s, retrieval_s),
+            timings=timings,
             stopped_early=stopped_early,
             policy_name=self.policy.name,
             policy_version=self.policy.version,
         )
         if self.store is not None:
-            result = self._record(messages, result)
-        if action == "raise":
-            raise GuardRejectedError(result)
+            result = self._record(question, draft, result)
         return result
 
-    def _record(self, messages: list[ChatMessage], result: GuardResult) -> GuardResult:
+    def _record(self, question: str, draft: str, result: GuardResult) -> GuardResult:
         from logtoku_guard.audit import AuditRecord
 
         g = result.generation
@@ -302,8 +324,8 @@ class Guard:
             model=g.model,
             policy_name=result.policy_name,
             policy_version=result.policy_version,
-            prompt=[m.content for m in messages if m.role == "user"][-1],
-            answer=g.text,
+            prompt=question,
+            answer=draft,
             action=result.action,
             reason=result.decision.reason,
             rule=result.decision.rule,

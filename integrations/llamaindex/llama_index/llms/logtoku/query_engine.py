@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
@@ -473,30 +472,11 @@ class LogTokUQueryEngine(BaseQueryEngine):
     def _apply(self, run: _Run, decision: Decision) -> GuardResult:
         """Build the answer for the final action, record it, announce it (tagged span)."""
         guard = self._guard
-        policy = guard.policy
-        text = run.texts[-1]
-        action = decision.action
-        if action in ("pass", "raise"):
-            answer = text
-        elif action == "warn":
-            answer = f"{text}\n\n{policy.warn.disclaimer}"
-        elif action == "abstain":
-            answer = policy.abstain.message
-        else:
-            answer = policy.human_review.message
-        result = GuardResult(
-            answer=answer,
-            action=action,
-            decision=decision,
-            attempts=tuple(run.attempts),
-            trace_id=uuid.uuid4().hex,
-            timings=GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s),
-            stopped_early=run.stopped_early,
-            policy_name=policy.name,
-            policy_version=policy.version,
+        timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
+        result = guard.conclude(
+            run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1]
         )
-        if guard.store is not None:
-            result = self._record(run, result)
+        action = result.action
         payload = result.to_dict(guard.quadrants)
         payload["source_nodes"] = [{"node_id": n.node.node_id, "score": n.score} for n in run.nodes[-1]]
         payload["attempt_log"] = [
@@ -514,32 +494,6 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self._emit(run, decision, final=True, result=result)
         if action == "raise":
             raise GuardRejectedError(result)
-        return result
-
-    def _record(self, run: _Run, result: GuardResult) -> GuardResult:
-        from logtoku_guard.audit import AuditRecord
-
-        g = result.generation
-        record = AuditRecord(
-            trace_id=result.trace_id,
-            model=g.model,
-            policy_name=result.policy_name,
-            policy_version=result.policy_version,
-            prompt=run.query,
-            answer=result.answer,
-            action=result.action,
-            reason=result.decision.reason,
-            rule=result.decision.rule,
-            reliability=_finite(g.score.reliability),
-            attempts=len(result.attempts),
-            tokens=[t.to_dict(self._guard.quadrants) for t in g.tokens],
-            stats=result.decision.stats.as_dict(),
-            timings=dict(result.timings.__dict__),
-        )
-        if result.action == "human_review":
-            item = self._guard.store.record_for_review(record)
-            return replace(result, review_id=item.id, answer=result.answer.format(review_id=item.id))
-        self._guard.store.record(record)
         return result
 
     def _emit(self, run: _Run, decision: Decision, *, final: bool, result: GuardResult | None = None) -> None:
