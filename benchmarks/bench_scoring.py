@@ -57,6 +57,7 @@ from typing import Any
 TARGET_OVERHEAD = 0.02
 AIM_OVERHEAD = 0.01
 TARGET_BYTES_PER_TOKEN = 1024
+UNSTABLE_SPREAD = 0.10  # (max - min) / median of one path's repeats above this: timings not trustworthy
 
 PROMPTS = [
     "Tell me a long story about a cat who learns to sail.",
@@ -80,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mem-tokens",
         default="32,128",
         help="two token counts for the memory-growth check, batch 1 (default 32,128)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads(N) first (default: leave torch's default; 1 helps on a shared, busy machine)",
     )
     p.add_argument("--skip-cold", action="store_true", help="do not time the cold load (GGUF conversion)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
@@ -128,6 +135,14 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def loadavg() -> str | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return None
+
+
 def rss_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -152,7 +167,7 @@ def live_tensors() -> tuple[int, int, list[tuple[int, ...]]]:
                 continue
             storage = obj.untyped_storage()
             key = (str(obj.device), storage.data_ptr())
-        except Exception:  # noqa: BLE001 - exotic tensor subclasses: not ours
+        except Exception:  # exotic tensor subclasses: not ours
             continue
         if key in seen or key[1] == 0:
             continue
@@ -335,7 +350,7 @@ def bench_speed(bench: Bench, n: int, repeats: int, batch_sizes: list[int]) -> l
         prompts = bench.prompts(bs)
         enc = bench.encode(prompts)
 
-        def run(path: str) -> tuple[float, Any]:
+        def run(path: str, enc: Any = enc, prompts: list[str] = prompts) -> tuple[float, Any]:
             if path == "plain":
                 return bench.plain(enc, cfg)
             if path == "hook":
@@ -357,11 +372,14 @@ def bench_speed(bench: Bench, n: int, repeats: int, batch_sizes: list[int]) -> l
             elif ids != ref:
                 mismatches.append(f"{path}: token ids differ from plain")
         times: dict[str, list[float]] = {p: [] for p in paths}
+        cpu: dict[str, list[float]] = {p: [] for p in paths}  # process CPU time, all threads: less hurt by other load
         for r in range(repeats):
             order = paths[r % 3 :] + paths[: r % 3]  # rotate so no path always runs first
             for path in order:
                 gc.collect()
+                c0 = time.process_time()
                 t, _ = run(path)
+                cpu[path].append(time.process_time() - c0)
                 times[path].append(t)
         entry: dict[str, Any] = {"batch": bs, "tokens": n, "prompt_tokens_padded": int(enc["input_ids"].shape[1])}
         for path in paths:
@@ -371,14 +389,19 @@ def bench_speed(bench: Bench, n: int, repeats: int, batch_sizes: list[int]) -> l
                 "ms_per_step_median": statistics.median(ms),
                 "ms_per_step_min": min(ms),
                 "ms_per_row_token_median": statistics.median(ms) / bs,
+                "spread": (max(ms) - min(ms)) / statistics.median(ms),
+                "cpu_ms_per_step_all": [1000 * c / n for c in cpu[path]],
+                "cpu_ms_per_step_median": statistics.median(1000 * c / n for c in cpu[path]),
             }
         for path in ("hook", "api"):
             entry[f"{path}_overhead_median"] = entry[path]["ms_per_step_median"] / entry["plain"]["ms_per_step_median"] - 1
             entry[f"{path}_overhead_min"] = entry[path]["ms_per_step_min"] / entry["plain"]["ms_per_step_min"] - 1
-            entry[f"{path}_overhead_paired_median"] = statistics.median(
-                s / p - 1 for s, p in zip(times[path], times["plain"])
+            entry[f"{path}_overhead_paired_median"] = statistics.median(s / p - 1 for s, p in zip(times[path], times["plain"]))
+            entry[f"{path}_cpu_overhead_median"] = (
+                entry[path]["cpu_ms_per_step_median"] / entry["plain"]["cpu_ms_per_step_median"] - 1
             )
         entry["check"] = "ok" if not mismatches else "; ".join(mismatches)
+        entry["unstable"] = max(entry[p]["spread"] for p in paths) > UNSTABLE_SPREAD
         results.append(entry)
     return results
 
@@ -527,16 +550,25 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"platform          {m['platform']} ({m['machine']})")
     print(f"cpu               {m['cpu_model']}; cpu_count={m['cpu_count']} affinity={m['cpu_affinity']}")
     print(f"python / torch    {m['python']} / torch {m['torch']} / transformers {m['transformers']}; cuda={m['cuda']}")
-    print(f"torch threads     {m['torch_threads']} (interop {m['torch_interop_threads']}; default, not changed)")
+    how = "default, not changed" if report["args"]["threads"] is None else "set by --threads"
+    print(f"torch threads     {m['torch_threads']} (interop {m['torch_interop_threads']}; {how})")
     print(f"command           {report['command']}")
+    print(f"load average      {report['loadavg_start']} at start, {report['loadavg_end']} at end (1/5/15 min)")
+    if report["busy"]:
+        print("WARNING           other processes kept the CPU busy (load average above the core count): timings are noisy")
     print(f"model             {report['model']} on {report['device']}, k={report['k']}, vocab={report['vocab']}")
     print(f"model load        {report['first_load_s']:.2f} s (first load in this process, from {report['first_load_from']})")
     print()
     a = report["args"]
     print(f"== 1. time per token, greedy, exactly {a['tokens']} new tokens, {a['repeats']} repeats interleaved after 1 warm-up")
-    print("   plain = model.generate; hook = same call + LogTokU hook/criterion; api = backend.batch() (template, tokenize, Generation)")
+    print("   plain = model.generate; hook = same call + LogTokU hook/criterion;")
+    print("   api = backend.batch() (chat template, tokenize, generate with hook/criterion, build Generation)")
     print("   ms/step = wall time of the whole call (prefill included) / new tokens; one step = one token for every row")
-    hdr = f"{'batch':>5} {'path':>6} {'ms/step med':>12} {'ms/step min':>12} {'ms/tok/row':>11} {'ovh med':>9} {'ovh min':>9} {'ovh paired':>11}"
+    print("   ovh = scored/plain - 1 (median of each, min of each, median of the per-repeat ratios); spread = (max-min)/median")
+    hdr = (
+        f"{'batch':>5} {'path':>6} {'ms/step med':>12} {'ms/step min':>12} {'ms/tok/row':>11} "
+        f"{'ovh med':>9} {'ovh min':>9} {'ovh paired':>11} {'spread':>7}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for e in report["speed"]:
@@ -545,12 +577,20 @@ def print_report(report: dict[str, Any]) -> None:
             if path == "plain":
                 ovh = f"{'':>9} {'':>9} {'':>11}"
             else:
-                ovh = f"{pct(e[path + '_overhead_median']):>9} {pct(e[path + '_overhead_min']):>9} {pct(e[path + '_overhead_paired_median']):>11}"
+                ovh = (
+                    f"{pct(e[path + '_overhead_median']):>9} {pct(e[path + '_overhead_min']):>9} "
+                    f"{pct(e[path + '_overhead_paired_median']):>11}"
+                )
             print(
                 f"{e['batch']:>5} {path:>6} {d['ms_per_step_median']:>12.2f} {d['ms_per_step_min']:>12.2f} "
-                f"{d['ms_per_row_token_median']:>11.2f} {ovh}"
+                f"{d['ms_per_row_token_median']:>11.2f} {ovh} {100 * d['spread']:>6.1f}%"
             )
         print(f"{'':>5} check: {e['check']} (prompt padded to {e['prompt_tokens_padded']} tokens)")
+        if e["unstable"]:
+            print(
+                f"{'':>5} WARNING: repeats spread over {100 * UNSTABLE_SPREAD:.0f}% of the median: the machine was busy "
+                "or throttled; rerun before trusting these ratios"
+            )
     print("ratios (scored/plain - 1), target <= 2% (aim 1%):")
     for e in report["speed"]:
         for path in ("hook", "api"):
@@ -558,11 +598,19 @@ def print_report(report: dict[str, Any]) -> None:
                 f"  batch {e['batch']:>2} {path:>4}: median {pct(e[path + '_overhead_median'])}, "
                 f"min-based {pct(e[path + '_overhead_min'])}, paired median {pct(e[path + '_overhead_paired_median'])}"
                 f"  -> {verdict(e[path + '_overhead_median'])} (median)"
+                + (" [UNRELIABLE: noisy repeats]" if e["unstable"] else "")
+            )
+            print(
+                f"  {'':>8} {'':>4}  CPU time (all threads): {e[path]['cpu_ms_per_step_median']:.2f} vs "
+                f"{e['plain']['cpu_ms_per_step_median']:.2f} ms/step, median {pct(e[path + '_cpu_overhead_median'])}"
             )
     print()
     mem = report["memory"]
     print("== 2. memory, batch 1 (scored = backend.batch(); plain = model.generate), target < 1 KB/token")
-    hdr = f"{'tokens':>6} {'retained/tok':>13} {'graph/tok':>11} {'peak extra':>12} {'peak xtra/tok':>14} {'tensor B/step':>14} {'left tensors':>13} {'RSS delta':>12}"
+    hdr = (
+        f"{'tokens':>6} {'retained/tok':>13} {'graph/tok':>11} {'peak extra':>12} {'peak xtra/tok':>14} "
+        f"{'tensor B/step':>14} {'left tensors':>13} {'RSS delta':>12}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in mem["runs"]:
@@ -598,7 +646,8 @@ def print_report(report: dict[str, Any]) -> None:
         "  vocabulary-sized tensors: "
         + (
             "none kept per step (live tensor bytes inside generate grow no faster than plain, "
-            f"{runs[0]['in_generate_extra_vocab_sized_tensors_at_last_step']}/{runs[1]['in_generate_extra_vocab_sized_tensors_at_last_step']} extra "
+            f"{runs[0]['in_generate_extra_vocab_sized_tensors_at_last_step']}/"
+            f"{runs[1]['in_generate_extra_vocab_sized_tensors_at_last_step']} extra "
             "vocab-sized tensors at the last step, none left after the run, the Generation holds no tensor)"
             if mem["no_vocab_sized_tensor_kept"]
             else "WARNING: tensor memory grows with steps (see figures)"
@@ -619,7 +668,11 @@ def print_report(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_all = time.perf_counter()
-    import torch  # noqa: F401 - imported before timing anything
+    load_start = loadavg()
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.embedded import embedded_cache_dir, is_cached
@@ -648,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_sizes": args.batch_sizes,
             "mem_tokens": args.mem_tokens,
             "skip_cold": args.skip_cold,
+            "threads": args.threads,
         },
         "model": backend.model_name,
         "device": str(backend.device),
@@ -667,6 +721,14 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     report["load"] = bench_load(args.skip_cold)
     report["total_s"] = time.perf_counter() - t_all
+    report["loadavg_start"] = load_start
+    report["loadavg_end"] = loadavg()
+    ncpu = os.cpu_count() or 1
+    # At start the load is other processes'; at end it includes this one (about torch_threads + 1).
+    load_end = report["loadavg_end"]
+    start_busy = load_start is not None and float(load_start.split()[0]) > ncpu
+    end_busy = load_end is not None and float(load_end.split()[0]) > 2 * ncpu + 1
+    report["busy"] = start_busy or end_busy
     print_report(report)
     if args.json:
         with open(args.json, "w") as f:

@@ -359,6 +359,16 @@ review_app = typer.Typer(help="The human-review queue: list, show, claim, approv
 audit_app = typer.Typer(help="The audit trail of guard decisions: tail, export, purge.", no_args_is_help=True)
 app.add_typer(review_app, name="review")
 app.add_typer(audit_app, name="audit")
+
+
+def _register_eval() -> None:
+    """``logtoku-guard eval ...`` (benchmarks); its module imports only typer and rich at start."""
+    from logtoku_guard.evaluation.cli import eval_app
+
+    app.add_typer(eval_app, name="eval")
+
+
+_register_eval()
 ReviewerOpt = Annotated[str, typer.Option("--reviewer", "-r", help="Who decides (recorded with the verdict).")]
 
 

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex"
+extras="embedded,langchain,llamaindex,eval"
 [[ "${1:-}" == "--dev" ]] && extras="${extras},dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"

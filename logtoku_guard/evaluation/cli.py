@@ -1,0 +1,335 @@
+"""``logtoku-guard eval ...``: the benchmark commands (typer).
+
+Only typer and rich are imported here; numpy, torch, transformers and matplotlib are
+imported inside the commands, so registering this sub-app costs nothing at CLI start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+eval_app = typer.Typer(
+    help="Benchmarks: TruthfulQA and NQ-open response reliability, GoEmotions dynamic decoding.",
+    no_args_is_help=True,
+)
+out = Console()
+err = Console(stderr=True)
+
+ModelOpt = Annotated[
+    str, typer.Option(help="Model under test: the embedded default, a local folder, a .gguf file or a cached hub id.")
+]
+LimitOpt = Annotated[int | None, typer.Option(help="Evaluate only the first N questions (default: all).")]
+CacheDirOpt = Annotated[
+    Path, typer.Option(help="Generation cache folder (JSONL per model, dataset, K stored, decoding); resumable.")
+]
+OutDirOpt = Annotated[Path, typer.Option(help="Where the markdown, JSON and PNG results are written.")]
+DataDirOpt = Annotated[Path | None, typer.Option(help="Shared datasets folder (default: $LOGTOKU_GUARD_DATA or ../shared/data).")]
+ModelCacheOpt = Annotated[
+    Path | None, typer.Option(help="Cache of the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache).")
+]
+DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
+BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples for the confidence intervals.")]
+JudgeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--judge",
+        help="Judge (repeatable; the first is the primary one for plots): rouge, embedding, llm. BLEURT is unavailable offline.",
+    ),
+]
+
+
+def _model_name(model: str) -> str:
+    from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
+
+    return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
+
+
+def _backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> Callable[[], Any]:
+    def load() -> Any:
+        from logtoku_guard.cli import load_backend
+
+        return load_backend(model, k, device, "auto", cache_dir)
+
+    return load
+
+
+def _progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int], None]]:
+    def make(stage: str, total: int, done: int) -> Callable[[int], None]:
+        task = progress.add_task(stage, total=total, completed=done)
+        return lambda n: progress.advance(task, n)
+
+    return make
+
+
+def _progress() -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+    )
+
+
+def _judges(names: list[str], judge_model: str | None, device: str, model_cache: Path | None) -> tuple[list[Any], Any]:
+    from logtoku_guard.evaluation.judges import EmbeddingJudge, LLMJudge, MatchJudge, RougeJudge, TransformerEmbedder
+
+    judges: list[Any] = []
+    embedder = None
+    for name in names:
+        if name == "rouge":
+            judges.append(RougeJudge())
+        elif name == "match":
+            judges.append(MatchJudge())
+        elif name == "embedding":
+            embedder = embedder or TransformerEmbedder()
+            judges.append(EmbeddingJudge(embedder))
+        elif name == "llm":
+            if not judge_model:
+                msg = "--judge llm needs --judge-model (a local model bigger than the one under test)"
+                raise typer.BadParameter(msg)
+            judges.append(LLMJudge(_backend_loader(judge_model, 2, device, model_cache)()))
+        elif name == "bleurt":
+            msg = "BLEURT is not available offline (its checkpoints download at run time; TensorFlow); use rouge or embedding"
+            raise typer.BadParameter(msg)
+        else:
+            msg = f"unknown judge {name!r}; use rouge, embedding or llm"
+            raise typer.BadParameter(msg)
+    return judges, embedder
+
+
+def _run_qa(
+    dataset: str,
+    items: list[Any],
+    default_judges: list[str],
+    *,
+    model: str,
+    judge: list[str] | None,
+    judge_model: str | None,
+    samples_limit: int,
+    n_samples: int,
+    temperature: float,
+    batch_size: int,
+    cache_dir: Path,
+    out_dir: Path,
+    n_boot: int,
+    seed: int,
+    plots: bool,
+    device: str,
+    model_cache: Path | None,
+) -> None:
+    from logtoku_guard.evaluation.generate import K_STORED, SamplingSpec
+    from logtoku_guard.evaluation.judges import MINILM_PACKAGE, TransformerEmbedder
+    from logtoku_guard.evaluation.qa import QAConfig, run_qa
+
+    names = judge or default_judges
+    judges, embedder = _judges(names, judge_model, device, model_cache)
+    if samples_limit and embedder is None:
+        import importlib.util
+
+        if importlib.util.find_spec(MINILM_PACKAGE) is not None:
+            embedder = TransformerEmbedder()  # for the semantic-entropy stand-in
+    config = QAConfig(
+        dataset=dataset,
+        cache_dir=cache_dir,
+        out_dir=out_dir,
+        samples_limit=samples_limit,
+        sampling=SamplingSpec(n=n_samples, temperature=temperature, seed=seed),
+        batch_size=batch_size,
+        n_boot=n_boot,
+        seed=seed,
+        plots=plots,
+    )
+    with _progress() as progress:
+        result = run_qa(
+            items,
+            _model_name(model),
+            _backend_loader(model, K_STORED, device, model_cache),
+            judges,
+            config,
+            embedder=embedder,
+            on_progress=_progress_factory(progress),
+        )
+    for report in result.reports:
+        typer.echo(report.to_markdown())
+    err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+@eval_app.command()
+def truthfulqa(
+    model: ModelOpt = "smollm2-135m-instruct",
+    limit: LimitOpt = None,
+    path: Annotated[Path | None, typer.Option(help="TruthfulQA.csv (default: <data-dir>/truthfulqa/TruthfulQA.csv).")] = None,
+    data_dir: DataDirOpt = None,
+    judge: JudgeOpt = None,
+    judge_model: Annotated[str | None, typer.Option(help="Local model for --judge llm.")] = None,
+    samples_limit: Annotated[
+        int, typer.Option(help="Sampling baselines on the first N evaluated questions (0 = none; full set: a large N).")
+    ] = 50,
+    n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of the sampling baselines.")] = 0.5,
+    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    cache_dir: CacheDirOpt = Path("results/cache"),
+    out_dir: OutDirOpt = Path("results"),
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """TruthfulQA response reliability (spec section 7): AUROC/AUPRC/PRR/AURC of every method."""
+    from logtoku_guard.errors import LogTokUError
+    from logtoku_guard.evaluation.datasets import load_truthfulqa
+
+    try:
+        items = load_truthfulqa(path, data_dir=data_dir, limit=limit)
+        _run_qa(
+            "truthfulqa",
+            items,
+            ["rouge", "embedding"],
+            model=model,
+            judge=judge,
+            judge_model=judge_model,
+            samples_limit=samples_limit,
+            n_samples=n_samples,
+            temperature=temperature,
+            batch_size=batch_size,
+            cache_dir=cache_dir,
+            out_dir=out_dir,
+            n_boot=n_boot,
+            seed=seed,
+            plots=plots,
+            device=device,
+            model_cache=model_cache,
+        )
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+
+
+@eval_app.command("nq-open")
+def nq_open(
+    model: ModelOpt = "smollm2-135m-instruct",
+    limit: LimitOpt = None,
+    path: Annotated[Path | None, typer.Option(help="NQ-open JSONL (default: <data-dir>/nq_open/NQ-open.dev.jsonl).")] = None,
+    data_dir: DataDirOpt = None,
+    samples_limit: Annotated[int, typer.Option(help="Sampling baselines on the first N questions (0 = none).")] = 0,
+    n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.5,
+    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    cache_dir: CacheDirOpt = Path("results/cache"),
+    out_dir: OutDirOpt = Path("results"),
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
+    from logtoku_guard.errors import LogTokUError
+    from logtoku_guard.evaluation.datasets import load_nq_open
+
+    try:
+        items = load_nq_open(path, data_dir=data_dir, limit=limit)
+        _run_qa(
+            "nq-open",
+            items,
+            ["match"],
+            model=model,
+            judge=["match"],
+            judge_model=None,
+            samples_limit=samples_limit,
+            n_samples=n_samples,
+            temperature=temperature,
+            batch_size=batch_size,
+            cache_dir=cache_dir,
+            out_dir=out_dir,
+            n_boot=n_boot,
+            seed=seed,
+            plots=plots,
+            device=device,
+            model_cache=model_cache,
+        )
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+
+
+@eval_app.command("dynamic-decoding")
+def dynamic_decoding(
+    model: ModelOpt = "smollm2-135m-instruct",
+    limit: Annotated[int | None, typer.Option(help="First N comments of each split (dev and test).")] = None,
+    data_dir: DataDirOpt = None,
+    taxonomy: Annotated[
+        str, typer.Option(help="Labels: 'goemotions' (the 28 labels) or 'ekman' (their 7-way Ekman grouping).")
+    ] = "goemotions",
+    batch_size: Annotated[int, typer.Option(help="Comments per forward pass.")] = 16,
+    cache_dir: CacheDirOpt = Path("results/cache"),
+    out_dir: OutDirOpt = Path("results"),
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """GoEmotions (spec section 6): add a second label when u = EU/AU is low; tuned on dev, reported on test."""
+    import json
+
+    import numpy as np
+
+    from logtoku_guard.errors import LogTokUError
+    from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions
+    from logtoku_guard.evaluation.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
+
+    if taxonomy not in ("goemotions", "ekman"):
+        msg = f"--taxonomy must be 'goemotions' or 'ekman', got {taxonomy!r}"
+        raise typer.BadParameter(msg)
+    try:
+        names = load_emotion_names(data_dir)
+        splits = {s: load_goemotions(s, data_dir=data_dir, limit=limit) for s in ("dev", "test")}
+        if taxonomy == "ekman":
+            fine = names
+            for s in splits:
+                names, splits[s] = to_ekman(splits[s], fine)
+        name = _model_name(model)
+        caches = {s: label_cache(cache_dir, name, s, names) for s in splits}
+        backend = None
+        logits = {}
+        with _progress() as progress:
+            make = _progress_factory(progress)
+            for s, items in splits.items():
+                missing = [it for it in items if it.id not in caches[s]]
+                if missing and backend is None:
+                    backend = _backend_loader(model, 2, device, model_cache)()
+                if missing:
+                    progress_fn = make(f"goemotions {s}", len(items), len(items) - len(missing))
+                    collect_label_logits(backend, missing, names, caches[s], batch_size=batch_size, on_progress=progress_fn)
+                logits[s] = np.array([r.logits for r in caches[s].records([it.id for it in items])])
+        results = evaluate_rules(
+            logits["dev"], [it.labels for it in splits["dev"]], logits["test"], [it.labels for it in splits["test"]]
+        )
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+    md = f"Labels: {taxonomy} ({len(names)}: {', '.join(names)}).\n\n" + rules_markdown(
+        results, len(splits["dev"]), len(splits["test"]), name
+    )
+    stem = "goemotions" if taxonomy == "goemotions" else "goemotions-ekman"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.md").write_text(md + "\n", encoding="utf-8")
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps(
+            {"model": name, "n_dev": len(splits["dev"]), "n_test": len(splits["test"]), "rules": [r.to_json() for r in results]},
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
+    typer.echo(md)
+    err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)

@@ -1,0 +1,160 @@
+"""Dataset loaders, read in place from the shared data folder (never copied into the project).
+
+* TruthfulQA (Lin et al. 2022): ``truthfulqa/TruthfulQA.csv`` (starts with a BOM: ``utf-8-sig``).
+* NQ-open (Kwiatkowski et al. 2019; Lee et al. 2019): ``nq_open/NQ-open.dev.jsonl``.
+* GoEmotions (Demszky et al. 2020): ``goemotions/{dev,test}.tsv`` and ``emotions.txt``.
+
+The folder is :func:`logtoku_guard.calibration.shared_data_dir` (``$LOGTOKU_GUARD_DATA`` or
+``../shared/data``) unless a path is given. A missing file raises
+:class:`DatasetUnavailableError` naming the path and the fix, so callers (and tests) can
+skip clearly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from logtoku_guard.errors import ConfigurationError
+
+TRUTHFULQA_FILE = Path("truthfulqa") / "TruthfulQA.csv"
+NQ_OPEN_FILE = Path("nq_open") / "NQ-open.dev.jsonl"
+GOEMOTIONS_DIR = Path("goemotions")
+
+
+class DatasetUnavailableError(ConfigurationError):
+    """A dataset file is not where it should be (the message names the path and the fix)."""
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """One question with its references.
+
+    ``correct``: acceptable answers (TruthfulQA: best answer first, then the correct ones;
+    NQ-open: the short gold answers). ``incorrect``: known wrong answers (TruthfulQA only).
+    """
+
+    id: str
+    question: str
+    correct: tuple[str, ...]
+    incorrect: tuple[str, ...] = ()
+    category: str = ""
+
+
+@dataclass(frozen=True)
+class EmotionItem:
+    """One GoEmotions comment and its gold label ids (0..27; 27 = neutral)."""
+
+    id: str
+    text: str
+    labels: tuple[int, ...]
+
+
+def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The shared data folder (given, ``$LOGTOKU_GUARD_DATA`` or ``../shared/data``)."""
+    from logtoku_guard.calibration import shared_data_dir
+
+    root = Path(data_dir) if data_dir is not None else shared_data_dir()
+    if root is None or not root.is_dir():
+        msg = (
+            f"the shared datasets folder was not found ({str(root) if root else '../shared/data'}); "
+            "set $LOGTOKU_GUARD_DATA or pass --data-dir"
+        )
+        raise DatasetUnavailableError(msg)
+    return root
+
+
+def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] | None, default: Path) -> Path:
+    p = Path(path) if path is not None else data_root(data_dir) / default
+    if not p.is_file():
+        msg = f"dataset file {str(p)!r} does not exist; set $LOGTOKU_GUARD_DATA, pass --data-dir, or give the file path"
+        raise DatasetUnavailableError(msg)
+    return p
+
+
+def _split_answers(field: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in field.split(";") if a.strip())
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        msg = f"limit must be a positive integer or None (all), got {limit!r}"
+        raise ConfigurationError(msg)
+
+
+def load_truthfulqa(
+    path: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None
+) -> list[QAItem]:
+    """The 817 TruthfulQA generation questions, in file order (``limit``: the first N).
+
+    Ids are ``tqa-<row>`` (0-based). ``correct`` = best answer + correct answers (deduplicated,
+    order kept), as in the paper's BLEURT protocol.
+    """
+    _check_limit(limit)
+    p = _file(path, data_dir, TRUTHFULQA_FILE)
+    items = []
+    with open(p, encoding="utf-8-sig", newline="") as fh:
+        for i, row in enumerate(csv.DictReader(fh)):
+            correct = tuple(dict.fromkeys([row["Best Answer"].strip(), *_split_answers(row["Correct Answers"])]))
+            items.append(
+                QAItem(
+                    id=f"tqa-{i}",
+                    question=row["Question"].strip(),
+                    correct=tuple(c for c in correct if c),
+                    incorrect=_split_answers(row["Incorrect Answers"]),
+                    category=row.get("Category", "") or "",
+                )
+            )
+            if limit is not None and len(items) >= limit:
+                break
+    return items
+
+
+def load_nq_open(
+    path: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None
+) -> list[QAItem]:
+    """NQ-open dev questions (3610) in file order; ids ``nq-<line>``; a ``?`` is appended."""
+    _check_limit(limit)
+    p = _file(path, data_dir, NQ_OPEN_FILE)
+    items = []
+    with open(p, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            q = str(obj["question"]).strip()
+            items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=tuple(obj["answer"])))
+            if limit is not None and len(items) >= limit:
+                break
+    return items
+
+
+def load_emotion_names(data_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """The 28 GoEmotions label names in id order (27 = neutral)."""
+    p = _file(None, data_dir, GOEMOTIONS_DIR / "emotions.txt")
+    return [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_goemotions(split: str, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[EmotionItem]:
+    """GoEmotions ``dev`` or ``test`` (``text<TAB>ids<TAB>comment id``), in file order."""
+    if split not in ("dev", "test", "train"):
+        msg = f"GoEmotions split must be 'dev' or 'test', got {split!r}"
+        raise ConfigurationError(msg)
+    _check_limit(limit)
+    p = _file(None, data_dir, GOEMOTIONS_DIR / f"{split}.tsv")
+    items = []
+    with open(p, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 2:
+                continue
+            labels = tuple(int(x) for x in parts[1].split(",") if x.strip())
+            items.append(
+                EmotionItem(id=parts[2] if len(parts) > 2 and parts[2] else f"{split}-{i}", text=parts[0], labels=labels)
+            )
+            if limit is not None and len(items) >= limit:
+                break
+    return items
