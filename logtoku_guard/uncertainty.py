@@ -209,6 +209,21 @@ def log_softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return log_probs, entropy
 
 
+def logsumexp_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logsumexp`` and softmax entropy (nats) of raw logits ``(..., V)``, in few passes.
+
+    The chosen token's log-probability is then ``logit - logsumexp``: no vocabulary-sized
+    log-softmax has to be materialised or kept. Masked (-inf) logits contribute 0.
+    """
+    import torch
+
+    z = _as_float(logits)
+    lse = torch.logsumexp(z, dim=-1)
+    p = torch.exp(z - lse.unsqueeze(-1))
+    entropy = lse - (p * z).nansum(dim=-1)  # 0 * -inf = NaN for masked tokens: skipped
+    return lse, entropy
+
+
 class Quadrant(str, enum.Enum):
     """The four AU/EU quadrants of the paper (I and II are the unreliable ones)."""
 

@@ -667,3 +667,17 @@ def test_rescore_other_errors() -> None:
         rescore([[1.0], [2.0]])  # one stored logit per token
     with pytest.raises(ConfigurationError, match="'bogus'"):
         rescore(STORED, evidence="bogus")  # type: ignore[arg-type]
+
+
+def test_logsumexp_entropy_matches_the_full_log_softmax() -> None:
+    from logtoku_guard.uncertainty import logsumexp_entropy
+
+    torch.manual_seed(0)
+    z = torch.randn(3, 50, dtype=torch.float64) * 4
+    z[1, :10] = -math.inf  # masked vocabulary entries
+    lse, entropy = logsumexp_entropy(z)
+    log_probs, ref_entropy = log_softmax_stats(z)
+    assert torch.allclose(entropy, ref_entropy, atol=1e-10)
+    chosen = torch.tensor([3, 20, 7])
+    assert torch.allclose(z.gather(-1, chosen[:, None]).squeeze(-1) - lse, log_probs.gather(-1, chosen[:, None]).squeeze(-1))
+    assert torch.isfinite(entropy).all()

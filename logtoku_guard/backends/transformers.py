@@ -45,7 +45,7 @@ from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
     EvidenceMode,
-    log_softmax_stats,
+    logsumexp_entropy,
     logtoku,
     validate_evidence,
     validate_k,
@@ -378,7 +378,8 @@ class _Pending:
     ids: torch.Tensor
     au: torch.Tensor
     eu: torch.Tensor
-    log_probs: torch.Tensor
+    logits: torch.Tensor  # this step's raw row, kept only until the token is chosen
+    lse: torch.Tensor
     entropy: torch.Tensor
 
 
@@ -431,8 +432,8 @@ class _StepRecorder:
         logits = output.logits[:, -1, :].float()
         values, ids = logits.topk(self.k, dim=-1)
         au, eu = logtoku(values, self.evidence)
-        log_probs, entropy = log_softmax_stats(logits)
-        self.pending = _Pending(values, ids, au, eu, log_probs, entropy)
+        lse, entropy = logsumexp_entropy(logits)
+        self.pending = _Pending(values, ids, au, eu, logits, lse, entropy)
 
     # StoppingCriteria protocol: called once per step, right after the token is chosen.
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -446,7 +447,8 @@ class _StepRecorder:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.start
         chosen = input_ids[:, -1]
-        logprob = pending.log_probs.gather(-1, chosen[:, None].to(pending.log_probs.device)).squeeze(-1)
+        chosen_logit = pending.logits.gather(-1, chosen[:, None].to(pending.logits.device)).squeeze(-1)
+        logprob = chosen_logit - pending.lse
         values = pending.values.tolist()
         top_ids = pending.ids.tolist()
         au = pending.au.tolist()
