@@ -198,14 +198,9 @@ def log_softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     Returns ``(log_probs (..., V), entropy (...))``; the probability and entropy baselines of
     the spec read the chosen token's log-prob and the entropy from these.
     """
-    import torch
-
     z = _as_float(logits)
-    log_probs = torch.log_softmax(z, dim=-1)
-    probs = log_probs.exp()
-    # 0 * -inf (masked tokens) is NaN: those terms contribute 0 to the entropy.
-    plogp = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
-    entropy = -plogp.sum(dim=-1)
+    lse, entropy = logsumexp_entropy(z)
+    log_probs = z - lse.unsqueeze(-1)
     return log_probs, entropy
 
 
