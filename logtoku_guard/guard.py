@@ -228,11 +228,7 @@ class Guard:
                 decision = replace(decision, action=retrieve.fallback, reason=f"{decision.reason}; {why}")
                 attempts[-1] = replace(attempts[-1], retrieval_error=why)
                 break
-            context = "\n\n".join(passages)
-            augmented = [
-                *messages[:-1],
-                ChatMessage("user", retrieve.context_template.format(context=context, question=question)),
-            ]
+            augmented = [*messages[:-1], ChatMessage("user", retrieve.prompt(question, passages))]
             t = time.perf_counter()
             generation = self.backend.generate(augmented, self.options)
             gen_s += time.perf_counter() - t

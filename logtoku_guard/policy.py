@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -155,6 +155,10 @@ class RetrieveSettings(_Strict):
                 msg = f"context_template must contain {name}, got {v!r}"
                 raise ValueError(msg)
         return v
+
+    def prompt(self, question: str, passages: Sequence[str]) -> str:
+        """The retrieval-augmented user turn: the passages (blank-line separated) and the question."""
+        return self.context_template.format(context="\n\n".join(passages), question=question)
 
 
 class WarnSettings(_Strict):

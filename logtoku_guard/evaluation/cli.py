@@ -333,3 +333,91 @@ def dynamic_decoding(
     )
     typer.echo(md)
     err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
+
+
+def _budgets(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        msg = f"--budgets must be comma-separated shares in [0, 1] such as 0,0.1,0.3,1, got {text!r}"
+        raise typer.BadParameter(msg) from exc
+    if not values or any(not 0.0 <= b <= 1.0 for b in values):
+        msg = f"--budgets must be comma-separated shares in [0, 1] such as 0,0.1,0.3,1, got {text!r}"
+        raise typer.BadParameter(msg)
+    return values
+
+
+@eval_app.command("guard")
+def guard_end_to_end(
+    model: ModelOpt = "smollm2-135m-instruct",
+    limit: LimitOpt = None,
+    path: Annotated[Path | None, typer.Option(help="NQ-open JSONL (default: <data-dir>/nq_open/NQ-open.dev.jsonl).")] = None,
+    data_dir: DataDirOpt = None,
+    coverage: Annotated[
+        float, typer.Option(help="Share of the evaluated questions whose own Q/A entry is in the knowledge base.")
+    ] = 0.7,
+    passages: Annotated[int, typer.Option(help="Passages retrieved per question (the policy's retrieve.passages).")] = 4,
+    budgets: Annotated[
+        str, typer.Option(help="Retrieval budgets (shares of questions) for the table, comma-separated.")
+    ] = "0,0.1,0.2,0.3,0.5,0.7,1",
+    live: Annotated[int, typer.Option(help="Run the real Guard on the first N questions to check the replay (0 = no).")] = 100,
+    live_budget: Annotated[float, typer.Option(help="Retrieval budget of the live check's LogTokU guard.")] = 0.3,
+    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    cache_dir: CacheDirOpt = Path("results/cache"),
+    out_dir: OutDirOpt = Path("results"),
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the knowledge base's coverage draw.")] = 0,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the accuracy-budget PNG (needs matplotlib).")] = True,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """The guard end to end on NQ-open with a FAQ knowledge base: accuracy vs retrievals spent.
+
+    Never/always retrieve, and guards that retrieve when LogTokU, entropy or probability
+    reliability is low, at matched retrieval budgets (replayed from cached closed-book and
+    retrieval answers), plus a live run of the real Guard on the first questions.
+    """
+    from logtoku_guard.errors import LogTokUError
+    from logtoku_guard.evaluation.datasets import load_nq_open
+    from logtoku_guard.evaluation.generate import K_STORED
+    from logtoku_guard.evaluation.rag import GuardEvalConfig, run_guard_eval
+    from logtoku_guard.policy import RetrieveSettings
+
+    chosen = _budgets(budgets)
+    if limit is not None and limit < 1:
+        msg = f"--limit must be a positive number of questions, got {limit!r}"
+        raise typer.BadParameter(msg)
+    if passages < 1:
+        msg = f"--passages must be at least 1, got {passages!r}"
+        raise typer.BadParameter(msg)
+    try:
+        config = GuardEvalConfig(
+            cache_dir=cache_dir,
+            out_dir=out_dir,
+            coverage=coverage,
+            kb_seed=seed,
+            settings=RetrieveSettings(passages=passages),
+            budgets=chosen,
+            batch_size=batch_size,
+            n_boot=n_boot,
+            seed=seed,
+            live=live,
+            live_budget=live_budget,
+            plots=plots,
+        )
+        pool = load_nq_open(path, data_dir=data_dir)
+        items = pool[:limit] if limit is not None else pool
+        with _progress() as progress:
+            result = run_guard_eval(
+                items,
+                pool,
+                _model_name(model),
+                _backend_loader(model, K_STORED, device, model_cache),
+                config,
+                live_backend=_backend_loader(model, 2, device, model_cache),
+                on_progress=_progress_factory(progress),
+            )
+    except LogTokUError as exc:
+        raise _fail(exc) from exc
+    typer.echo(result.report.to_markdown())
+    err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)

@@ -24,7 +24,7 @@ from logtoku_guard.evaluation.cache import (
     JsonlCache,
 )
 from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.types import DecodingOptions, Generation
+from logtoku_guard.types import DecodingOptions, Generation, Prompt
 
 PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"
 K_STORED = 5
@@ -141,11 +141,14 @@ def run_greedy(
     spec: GreedySpec | None = None,
     batch_size: int = 8,
     on_progress: ProgressFn | None = None,
+    prompt_for: Callable[[QAItem], Prompt] | None = None,
 ) -> list[CachedGeneration]:
     """Generate the greedy answers missing from ``cache`` (in batches), append them, return all.
 
     ``backend`` is any :class:`~logtoku_guard.backends.base.Backend` whose ``k`` equals the
-    cache's ``k_stored`` (``TransformersBackend(k=5)`` for the default cache).
+    cache's ``k_stored`` (``TransformersBackend(k=5)`` for the default cache). ``prompt_for``
+    builds each question's prompt (default: the cache's template around the question); a
+    custom one must be what the cache's ``prompt_template`` names, or the cache lies.
     """
     spec = spec or GreedySpec()
     if getattr(backend, "k", None) != cache.meta.k_stored:
@@ -161,9 +164,10 @@ def run_greedy(
     todo = [it for it in items if it.id not in done]
     options = spec.options()
     template = cache.meta.prompt_template
+    build = prompt_for or (lambda it: qa_prompt(it.question, template))
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
-        generations = backend.batch([qa_prompt(it.question, template) for it in chunk], options)
+        generations = backend.batch([build(it) for it in chunk], options)
         cache.append(to_cached(it, g) for it, g in zip(chunk, generations))
         if on_progress is not None:
             on_progress(len(chunk))

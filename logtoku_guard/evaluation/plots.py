@@ -2,6 +2,7 @@
 
 * ROC curves of chosen methods;
 * risk-coverage curves (error rate of the kept answers vs share kept);
+* accuracy against retrieval budget of the end-to-end guards;
 * AU/EU scatter of the answers (mean token AU vs mean token EU, K = 2, clamped), coloured by
   correctness, with the quadrant lines at the medians over the answers.
 """
@@ -87,6 +88,23 @@ def plot_au_eu(
     ax.set(xlabel="mean token AU (K=2)", ylabel="mean token EU (K=2)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="center right")
+    return _save(fig, path)
+
+
+def plot_budget_curves(
+    path: str | Path,
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    title: str,
+) -> Path:
+    """Accuracy against retrieval budget (share of questions sent to retrieval), one line per guard."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=90)
+    for name, (budget, accuracy) in curves.items():
+        style = ":" if name in ("random", "oracle") else "-"
+        ax.plot(budget, 100 * accuracy, style, label=name, lw=1.4)
+    ax.set(xlabel="retrieval budget (share of questions retrieved)", ylabel="accuracy of final answers (%)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 

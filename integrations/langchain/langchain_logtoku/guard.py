@@ -293,7 +293,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             passages = _passages(value["context"]) if value.get("context") is not None else []
             if not passages:
                 return _Prompt([CoreMessage("user", question)], question)
-            text = self.policy.retrieve.context_template.format(context="\n\n".join(passages), question=question)
+            text = self.policy.retrieve.prompt(question, passages)
             return _Prompt([CoreMessage("user", text)], question)
         if isinstance(value, str):
             return _Prompt([CoreMessage("user", value)], None)
