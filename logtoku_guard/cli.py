@@ -6,6 +6,7 @@ tokens, tables and the spinner while a model loads or converts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.errors import LogTokUError
+from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.types import DecodingOptions, DynamicTemperature, Generation, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, Quadrant, QuadrantThresholds, validate_k
 
@@ -78,18 +79,99 @@ def load_backend(
         )
 
 
-def _thresholds(generation: Generation, au: float | None, eu: float | None) -> QuadrantThresholds:
-    if au is not None and eu is not None:
-        return QuadrantThresholds(au, eu, source="command line")
+def _cli_thresholds(au: float | None, eu: float | None) -> QuadrantThresholds | None:
+    """``--au-threshold/--eu-threshold``: both or neither (checked before any model loads)."""
     if (au is None) != (eu is None):
         msg = "give both --au-threshold and --eu-threshold, or neither"
         raise typer.BadParameter(msg)
+    if au is None or eu is None:
+        return None
+    return QuadrantThresholds(au, eu, source="command line")
+
+
+def _thresholds(generation: Generation, au: float | None, eu: float | None) -> QuadrantThresholds:
+    """Thresholds from the command line, else the median of this answer's own tokens (uncalibrated)."""
+    given = _cli_thresholds(au, eu)
+    if given is not None:
+        return given
     tokens = generation.tokens
     if not tokens:
         return QuadrantThresholds(0.0, 0.0, source="no tokens")
     return QuadrantThresholds.from_quantile(
         [t.au for t in tokens], [t.eu for t in tokens], 0.5, source="median of this answer (uncalibrated)"
     )
+
+
+def _calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = None) -> str:
+    extra = "" if evidence == "clamped" else f" --evidence {evidence}"
+    dest = f" --out {out_path}" if out_path is not None else ""
+    return f"`logtoku-guard calibrate --model {model} --top-k {k}{extra}{dest}`"
+
+
+def _read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
+    """An explicit ``--profile``, read before any model loads so a bad path fails at once."""
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import ModelProfile
+
+    if not path.is_file():
+        msg = (
+            f"--profile {str(path)!r} does not exist; write it with {_calibrate_hint(model, k, evidence, path)}, "
+            "or leave out --profile to use the saved profile of --model"
+        )
+        raise ConfigurationError(msg)
+    try:
+        return ModelProfile.load(path)
+    except (ValidationError, OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ValidationError):
+            e = exc.errors()[0]
+            first = f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+        else:
+            first = str(exc)
+        msg = (
+            f"--profile {str(path)!r} is not a model profile ({first}); "
+            f"give a file written by {_calibrate_hint(model, k, evidence)}"
+        )
+        raise ConfigurationError(msg) from exc
+
+
+def _profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
+    """The profile for ``backend`` and its path, shared by ``score`` and ``ask``; never calibrates.
+
+    ``--profile`` (which must match the backend's model, K and evidence mode), else the saved
+    profile of the model, else ``(None, None)``.
+    """
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import load_profile_for, profile_path
+
+    model, k, evidence = backend.model_name, backend.k, backend.evidence
+    if explicit is not None:
+        try:
+            explicit.check_matches(model, k, evidence)
+        except ConfigurationError as exc:
+            msg = f"--profile {str(explicit_path)!r}: {exc}, or leave out --profile to use the saved profile of --model"
+            raise ConfigurationError(msg) from exc
+        return explicit, explicit_path
+    path = profile_path(model, k, evidence, cache_dir)
+    try:
+        found = load_profile_for(model, k, evidence, cache_dir)
+    except (ValidationError, OSError, UnicodeDecodeError) as exc:
+        msg = (
+            f"the saved profile {str(path)!r} cannot be read ({exc.__class__.__name__}); "
+            f"remake it with {_calibrate_hint(model, k, evidence)}"
+        )
+        raise ConfigurationError(msg) from exc
+    return (found, path) if found is not None else (None, None)
+
+
+def _profile_thresholds(profile: Any, path: Path | None) -> QuadrantThresholds:
+    """Quadrant thresholds of ``profile`` at the default policy's quadrant quantiles (as ``ask`` uses)."""
+    from logtoku_guard.policy import default_policy
+
+    q = default_policy().quadrants
+    t = profile.quadrant_thresholds(q.au_quantile, q.eu_quantile)
+    return dataclasses.replace(t, source=f"profile {path} (AU q{q.au_quantile:g}, EU q{q.eu_quantile:g})")
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -160,20 +242,32 @@ def score(
     ] = "clamped",
     top_n: Annotated[int, typer.Option(help="Least reliable tokens averaged into the response reliability.")] = DEFAULT_TOP_N,
     au_threshold: Annotated[
-        float | None, typer.Option(help="AU threshold for quadrants (default: median of this answer).")
+        float | None,
+        typer.Option(help="AU threshold for quadrants (default: from the model's profile, else median of this answer)."),
     ] = None,
     eu_threshold: Annotated[
-        float | None, typer.Option(help="EU threshold for quadrants (default: median of this answer).")
+        float | None,
+        typer.Option(help="EU threshold for quadrants (default: from the model's profile, else median of this answer)."),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Model profile JSON for the quadrant thresholds (default: the saved profile of --model, if any)."),
     ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the coloured view.")] = False,
 ) -> None:
-    """Answer PROMPT and show every token's AU/EU, its quadrant and the response reliability."""
+    """Answer PROMPT and show every token's AU/EU, its quadrant and the response reliability.
+
+    Quadrant thresholds: --au-threshold/--eu-threshold, else the model's profile (--profile or
+    the one `logtoku-guard calibrate` saved), else the median of this answer (uncalibrated).
+    """
+    given = _cli_thresholds(au_threshold, eu_threshold)
     try:
         to_messages(prompt, system)  # fail on a bad prompt before spending seconds on loading
         validate_k(top_k)
+        explicit = _read_profile(profile, model, top_k, evidence) if profile else None
         options = DecodingOptions(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -183,13 +277,17 @@ def score(
             dynamic=DynamicTemperature(t_max=t_max, t_min=t_min) if dynamic else None,
         )
         backend = load_backend(model, top_k, device, dtype, cache_dir, evidence, top_n)
+        prof, prof_path = _profile_for(backend, explicit, profile, cache_dir) if given is None or explicit else (None, None)
+        thresholds = given or (_profile_thresholds(prof, prof_path) if prof is not None else None)
         generation = backend.generate(prompt, options, system=system)
     except LogTokUError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from exc
-    thresholds = _thresholds(generation, au_threshold, eu_threshold)
+        raise _fail(exc) from exc
+    if thresholds is None:
+        thresholds = _thresholds(generation, None, None)
     if as_json:
-        print_json(generation.to_dict(thresholds))
+        data = generation.to_dict(thresholds)
+        data["profile"] = str(prof_path) if prof is not None and given is None else None
+        print_json(data)
     else:
         render_generation(generation, thresholds)
 
@@ -301,7 +399,7 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
-    from logtoku_guard.calibration import ModelProfile, default_calibration_prompts, load_profile_for, profile_path
+    from logtoku_guard.calibration import default_calibration_prompts, profile_path
     from logtoku_guard.guard import Guard, GuardRejectedError
     from logtoku_guard.policy import Policy, default_policy
     from logtoku_guard.retrieval import KeywordRetriever
@@ -312,12 +410,9 @@ def ask(
         rules = Policy.from_file(policy) if policy else default_policy()
         retriever = KeywordRetriever.from_file(context_file) if context_file else None
         audit = _open_store(store, cache_dir)
+        explicit = _read_profile(profile, model, top_k, "clamped") if profile else None
         backend = load_backend(model, top_k, device, dtype, cache_dir)
-        prof = (
-            ModelProfile.load(profile)
-            if profile
-            else load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
-        )
+        prof, _ = _profile_for(backend, explicit, profile, cache_dir)
         if prof is None and (rules.uses_quantiles() or rules.rules):
             err.print(
                 f"No profile for {backend.model_name} yet: calibrating once on {calibration_size} questions "

@@ -1,15 +1,22 @@
-"""The review and audit commands on a store filled by a guard over scripted logits (no model)."""
+"""The CLI over scripted logits (no model): review and audit on a guard-filled store; score's thresholds."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
-from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBackend
+from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBackend, cli
+from logtoku_guard.calibration import ModelProfile, calibrate, profile_path
 from logtoku_guard.cli import app
+from logtoku_guard.errors import LogTokUError
+from logtoku_guard.types import DecodingOptions, to_messages
+from logtoku_guard.uncertainty import QuadrantThresholds
 
 runner = CliRunner()
 LOST = ScriptedAnswer(["Zorg", " Q"], [[0.6, 0.5], [0.5, 0.4]])
@@ -92,3 +99,168 @@ def test_ask_rejects_a_bad_policy_before_loading_a_model(tmp_path: Path) -> None
     assert res.exit_code == 2 and "a.db" in res.output
     res = invoke("ask", "  ")
     assert res.exit_code == 2 and "prompt is empty" in res.output
+
+
+# -- score: where the quadrant thresholds come from --------------------------------------------
+ANSWER = ScriptedAnswer(
+    ["The", " capital", " is", " Paris", "."],
+    [[9.0, 1.0, 0.5], [3.0, 2.5, 0.1], [12.0, 0.5, 0.4], [1.2, 1.1, 1.0], [6.0, 5.0, 2.0]],
+)
+# The JSON keys `score --json` printed before profiles were used: all must stay.
+SCORE_KEYS = {"model", "prompt", "answer", "reliability", "reliability_mean", "finish_reason", "k", "evidence", "top_n"}
+SCORE_KEYS |= {"thresholds", "tokens", "timings", "prompt_tokens"}
+
+
+class CliBackend(ScriptedBackend):
+    """A scripted backend with what the CLI reads from a TransformersBackend (evidence, system=)."""
+
+    @property
+    def evidence(self) -> str:
+        return self._evidence
+
+    def generate(self, prompt: Any, options: DecodingOptions | None = None, system: str | None = None) -> Any:
+        return super().generate(to_messages(prompt, system), options)
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
+    """Replace model loading by a scripted backend named after --model; records each load."""
+    calls: list[tuple[str, int, str]] = []
+
+    def fake_load(model: str, k: int, device: str, dtype: str, cache_dir: Any, evidence: str = "clamped", top_n: int = 25) -> Any:
+        calls.append((model, k, evidence))
+        return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cli, "load_backend", fake_load)
+    # Wide consoles: rich would otherwise fold long temporary paths across lines.
+    monkeypatch.setattr(cli, "out", Console(width=1000))
+    monkeypatch.setattr(cli, "err", Console(width=1000, stderr=True))
+    return calls
+
+
+def make_profile(model: str = "fake", k: int = 2, evidence: str = "clamped") -> ModelProfile:
+    rng = random.Random(0)
+    answers = [
+        ScriptedAnswer([f"w{i}" for i in range(6)], [[rng.uniform(0, 12) for _ in range(3)] for _ in range(6)]) for _ in range(10)
+    ]
+    backend = ScriptedBackend(answers, k=k, evidence=evidence, model_name=model)  # type: ignore[arg-type]
+    return calibrate(backend, [f"question {i}?" for i in range(10)])
+
+
+def score_json(*args: str) -> dict[str, Any]:
+    res = invoke("score", "What is the capital of France?", "--model", "fake", "--json", *args)
+    assert res.exit_code == 0, res.output
+    data: dict[str, Any] = json.loads(res.stdout)
+    assert set(data) >= SCORE_KEYS
+    return data
+
+
+def answer_median() -> QuadrantThresholds:
+    tokens = CliBackend([ANSWER]).generate("q").tokens
+    return QuadrantThresholds.from_quantile([t.au for t in tokens], [t.eu for t in tokens], 0.5)
+
+
+def test_score_uses_the_saved_profile_of_the_model(tmp_path: Path, loads: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = make_profile()
+    path = profile.save(profile_path("fake", 2, "clamped", tmp_path))
+    expected = profile.quadrant_thresholds(0.5, 0.5)
+    median = answer_median()
+    assert (expected.au, expected.eu) != (median.au, median.eu)  # otherwise the test could not tell them apart
+
+    data = score_json("--cache-dir", str(tmp_path))
+    th = data["thresholds"]
+    assert (th["au"], th["eu"]) == (expected.au, expected.eu)
+    assert th["source"].startswith(f"profile {path}") and "uncalibrated" not in th["source"]
+    assert data["profile"] == str(path)
+    tokens = CliBackend([ANSWER]).generate("q").tokens
+    assert [t["quadrant"] for t in data["tokens"]] == [expected.classify(t.au, t.eu).value for t in tokens]
+
+    res = invoke("score", "What is the capital of France?", "--model", "fake", "--cache-dir", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert f"AU > {expected.au:.4f}, EU > {expected.eu:.4f} (profile {path}" in res.output
+
+    # The quantiles are the default policy's quadrant settings, not a constant 0.5.
+    from logtoku_guard import policy as policy_module
+
+    skewed = Policy.from_dict({"name": "default", "quadrants": {"au_quantile": 0.9, "eu_quantile": 0.2}})
+    monkeypatch.setattr(policy_module, "default_policy", lambda: skewed)
+    th = score_json("--cache-dir", str(tmp_path))["thresholds"]
+    assert (th["au"], th["eu"]) == (profile.quadrant_thresholds(0.9, 0.2).au, profile.quadrant_thresholds(0.9, 0.2).eu)
+    assert "AU q0.9, EU q0.2" in th["source"]
+
+    # Another K or evidence mode has its own profile: none saved for it, so uncalibrated.
+    assert "uncalibrated" in score_json("--cache-dir", str(tmp_path), "--top-k", "3")["thresholds"]["source"]
+    assert "uncalibrated" in score_json("--cache-dir", str(tmp_path), "--evidence", "raw")["thresholds"]["source"]
+
+
+def test_score_explicit_profile_path(tmp_path: Path, loads: list[Any]) -> None:
+    profile = make_profile()
+    path = profile.save(tmp_path / "elsewhere" / "mine.json")
+    data = score_json("--cache-dir", str(tmp_path / "empty-cache"), "--profile", str(path))
+    expected = profile.quadrant_thresholds()
+    assert (data["thresholds"]["au"], data["thresholds"]["eu"]) == (expected.au, expected.eu)
+    assert data["profile"] == str(path) and str(path) in data["thresholds"]["source"]
+
+
+def test_score_command_line_thresholds_win_over_the_profile(tmp_path: Path, loads: list[Any]) -> None:
+    path = make_profile().save(profile_path("fake", 2, "clamped", tmp_path))
+    for extra in ([], ["--profile", str(path)]):
+        data = score_json("--cache-dir", str(tmp_path), "--au-threshold", "0.3", "--eu-threshold", "0.2", *extra)
+        assert data["thresholds"] == {"au": 0.3, "eu": 0.2, "source": "command line"}
+        assert data["profile"] is None
+        tokens = CliBackend([ANSWER]).generate("q").tokens
+        assert [t["quadrant"] for t in data["tokens"]] == [
+            QuadrantThresholds(0.3, 0.2).classify(t.au, t.eu).value for t in tokens
+        ]
+    loads.clear()
+    res = invoke("score", "hi", "--model", "fake", "--cache-dir", str(tmp_path), "--au-threshold", "0.3")
+    assert res.exit_code == 2 and "--eu-threshold" in res.output and loads == []
+
+
+def test_score_without_a_profile_is_uncalibrated(tmp_path: Path, loads: list[Any]) -> None:
+    data = score_json("--cache-dir", str(tmp_path))
+    median = answer_median()
+    assert data["thresholds"] == {"au": median.au, "eu": median.eu, "source": "median of this answer (uncalibrated)"}
+    assert data["profile"] is None
+    assert not (tmp_path / "profiles").exists()  # score never calibrates
+    res = invoke("score", "What is the capital of France?", "--model", "fake", "--cache-dir", str(tmp_path))
+    assert res.exit_code == 0 and "(median of this answer (uncalibrated))" in res.output
+
+
+def test_score_bad_profile_is_a_clear_error(tmp_path: Path, loads: list[Any]) -> None:
+    def fails(*args: str) -> str:
+        res = invoke("score", "What is the capital of France?", "--model", "fake", "--cache-dir", str(tmp_path), *args)
+        assert res.exit_code == 2, res.output
+        assert "Traceback" not in res.output and not isinstance(res.exception, LogTokUError)
+        return " ".join(res.output.split())
+
+    missing = tmp_path / "no" / "such.json"
+    msg = fails("--profile", str(missing))
+    assert f"--profile '{missing}' does not exist" in msg and "logtoku-guard calibrate --model fake --top-k 2" in msg
+    assert loads == []  # failed before loading the model
+
+    other = make_profile(model="other-model").save(tmp_path / "other.json")
+    msg = fails("--profile", str(other))
+    assert str(other) in msg and "'other-model'" in msg and "'fake'" in msg and "logtoku-guard calibrate --model fake" in msg
+    wrong_k = make_profile(k=3).save(tmp_path / "k3.json")
+    assert "k=3" in fails("--profile", str(wrong_k))
+
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    msg = fails("--profile", str(garbage))
+    assert f"--profile '{garbage}' is not a model profile" in msg and "calibrate" in msg
+
+    broken = profile_path("fake", 2, "clamped", tmp_path)
+    broken.parent.mkdir(parents=True)
+    broken.write_text("[]")
+    msg = fails()
+    assert str(broken) in msg and "remake it with" in msg
+
+
+def test_ask_checks_an_explicit_profile_before_loading_a_model(tmp_path: Path, loads: list[Any]) -> None:
+    missing = tmp_path / "none.json"
+    res = invoke("ask", "hi", "--profile", str(missing), "--store", str(tmp_path / "a.db"))
+    assert res.exit_code == 2 and str(missing) in " ".join(res.output.split()) and loads == []
+    other = make_profile(model="other-model").save(tmp_path / "other.json")
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(other), "--store", str(tmp_path / "a.db"))
+    assert res.exit_code == 2 and "'other-model'" in res.output and str(other) in res.output
