@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import random
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import CORPUS, make_model, make_tokenizer
 
 from logtoku_guard import (
     ConfigurationError,
@@ -21,7 +24,7 @@ from logtoku_guard import (
     PromptTooLongError,
     logtoku,
 )
-from logtoku_guard.backends.transformers import NoChatTemplateWarning, TransformersBackend
+from logtoku_guard.backends.transformers import _MAX_PENDING, NoChatTemplateWarning, TransformersBackend, _Detokenizer
 
 QUESTION = "What is the capital of France?"
 
@@ -268,3 +271,152 @@ def test_loads_a_local_folder(tiny_tokenizer: Any, tmp_path: Path) -> None:
         QUESTION, DecodingOptions(max_new_tokens=5)
     )
     assert [t.id for t in ours.tokens] == [t.id for t in theirs.tokens]
+
+
+# -- incremental detokenization -----------------------------------------------------------------
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+
+def whole_answer_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The reference: each step decodes the whole answer so far and emits what is new (O(n) per step)."""
+    decoded, pieces = "", []
+    for n in range(1, len(ids) + 1):
+        text = decode(tokenizer, ids[:n])
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: held back
+            pieces.append("")
+            continue
+        pieces.append(text[len(decoded) :])
+        decoded = text
+    return pieces
+
+
+def incremental_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    detokenizer = _Detokenizer()
+    return [detokenizer.step(tokenizer, i) for i in ids]
+
+
+def sentencepiece_tokenizer() -> Any:
+    """A Llama-2-style tokenizer: ``▁`` word prefixes, byte fallback, and a decoder that strips the
+    leading space of the first token it decodes, so a token's text depends on the token before."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):  # byte-fallback tokens: ordinary (not special) tokens, as in Llama's vocabulary
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="</s>", bos_token="<s>", unk_token="<unk>"
+    )
+
+
+MULTIBYTE = "naïve café déjà 日本語 🙂 ✓ Ωμέγα 🇫🇷 "
+
+
+def test_incremental_pieces_equal_whole_answer_decoding_on_byte_level_bpe(tiny_tokenizer: Any) -> None:
+    """Byte-level BPE: random ids (lone bytes give invalid or split UTF-8, special tokens are
+    skipped) and real multi-byte text split across tokens; every piece equals the reference's."""
+    rng = random.Random(0)
+    text_ids = tiny_tokenizer(MULTIBYTE * 3, add_special_tokens=False)["input_ids"]
+    assert any("\ufffd" in decode(tiny_tokenizer, [i]) for i in text_ids), "no character split across tokens"
+    specials = tiny_tokenizer.all_special_ids
+    held = released_after_hold = 0
+    for _ in range(300):
+        ids: list[int] = []
+        while len(ids) < rng.randint(1, 60):
+            roll = rng.random()
+            if roll < 0.4:
+                ids.append(rng.randrange(len(tiny_tokenizer)))
+            elif roll < 0.5:
+                ids.append(rng.choice(specials))
+            else:
+                start = rng.randrange(len(text_ids))
+                ids.extend(text_ids[start : start + rng.randint(1, 8)])
+        pieces = incremental_pieces(tiny_tokenizer, ids)
+        assert pieces == whole_answer_pieces(tiny_tokenizer, ids), ids
+        whole = decode(tiny_tokenizer, ids)
+        if whole.endswith("\ufffd"):  # the answer ends inside a character: its bytes are still held
+            assert whole.startswith("".join(pieces))
+        else:
+            assert "".join(pieces) == whole
+        held += pieces.count("")
+        released_after_hold += sum(1 for a, b in itertools.pairwise(pieces) if a == "" and b)
+    assert held > 100 and released_after_hold > 100  # the held-back path was exercised
+
+
+def test_incremental_pieces_keep_the_context_a_sentencepiece_decoder_needs() -> None:
+    """Decoding a token alone would drop its leading space ("▁The" -> "The"): the window keeps
+    already emitted tokens as context, so pieces still equal the whole-answer reference."""
+    tok = sentencepiece_tokenizer()
+    word_ids = [i for i in range(len(tok)) if i not in tok.all_special_ids and not tok.convert_ids_to_tokens(i).startswith("<0x")]
+    text_ids = tok(MULTIBYTE, add_special_tokens=False)["input_ids"]
+    assert any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in text_ids), "no byte-fallback tokens"
+    rng = random.Random(1)
+    for _ in range(200):
+        ids: list[int] = []
+        while len(ids) < rng.randint(1, 40):
+            roll = rng.random()
+            if roll < 0.5:
+                ids.append(rng.choice(word_ids))
+            elif roll < 0.6:
+                ids.append(rng.choice(tok.all_special_ids))
+            else:  # whole words only: byte-fallback groups decode as a unit, split ones are not comparable
+                words = tok(MULTIBYTE.split()[rng.randrange(len(MULTIBYTE.split()))], add_special_tokens=False)
+                ids.extend(words["input_ids"])
+        pieces = incremental_pieces(tok, ids)
+        assert pieces == whole_answer_pieces(tok, ids), ids
+        assert "".join(pieces) == decode(tok, ids)
+    lone = [decode(tok, [i]) for i in tok("The capital of France", add_special_tokens=False)["input_ids"]]
+    assert "".join(lone) != "The capital of France", "decoding tokens one by one would have been enough"
+
+
+def test_runs_without_text_are_flushed_so_the_window_stays_bounded(tiny_tokenizer: Any) -> None:
+    """Invalid UTF-8 (lone continuation bytes) and skipped special tokens give no complete text
+    for many steps: they are flushed after _MAX_PENDING tokens instead of widening the window."""
+    continuation = next(i for i in range(len(tiny_tokenizer)) if tiny_tokenizer.convert_ids_to_tokens(i) == "\u0140")  # byte 0x80
+    word = tiny_tokenizer("The capital", add_special_tokens=False)["input_ids"]
+    ids = word + [continuation] * 100 + word + [tiny_tokenizer.eos_token_id] * 100 + word
+    sizes: list[int] = []
+
+    class Counting:
+        def decode(self, ids: list[int], **kwargs: Any) -> str:
+            sizes.append(len(ids))
+            return str(tiny_tokenizer.decode(ids, **kwargs))
+
+    pieces = incremental_pieces(Counting(), ids)
+    assert "".join(pieces) == decode(tiny_tokenizer, ids) == "The capital" + "\ufffd" * 100 + "The capital" * 2
+    assert max(sizes) <= 2 * _MAX_PENDING + 2
+
+
+def test_detokenization_work_per_step_does_not_grow_with_the_answer(tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids decoded per generated token stay constant from a short to a long answer (the whole-answer
+    decode needed about n/2 per token: O(n^2) in all), and the answer text is unchanged."""
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    backend = TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer)
+    real_decode = tiny_tokenizer.decode
+    sizes: list[int] = []
+
+    def counting_decode(ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(ids))
+        return real_decode(ids, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_tokenizer, "decode", counting_decode)
+    per_token = {}
+    for n in (40, 400):
+        model.generation_config.min_new_tokens = n  # EOS masked: exactly n tokens
+        sizes.clear()
+        g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=n))
+        assert len(g.tokens) == n
+        per_token[n] = sum(sizes) / n
+        assert max(sizes) <= 2 * _MAX_PENDING + 2
+        whole = decode(tiny_tokenizer, [t.id for t in g.tokens])
+        assert g.text == whole or (whole.endswith("\ufffd") and whole.startswith(g.text))
+    assert per_token[400] <= 1.5 * per_token[40] + 1, per_token

@@ -5,9 +5,9 @@ at every decoding step, *before* any logits processor (repetition penalty, tempe
 top-k/p...) touches them, and keeps only what LogTokU needs: the top-K values and ids, AU,
 EU, the full-softmax entropy and, for one step only, the log-softmax row from which the
 chosen token's log-probability is read. A stopping criterion (called once per step, right
-after the token is chosen) pairs the chosen token with that step's scores, detokenizes it,
-handles stop strings and streams the token out. Memory therefore grows with steps x K,
-never with steps x vocabulary.
+after the token is chosen) pairs the chosen token with that step's scores, detokenizes it
+(incrementally: a short window of ids, never the whole answer), handles stop strings and
+streams the token out. Memory therefore grows with steps x K, never with steps x vocabulary.
 """
 
 from __future__ import annotations
@@ -383,12 +383,60 @@ class _Pending:
     entropy: torch.Tensor
 
 
+_MAX_PENDING = 16
+"""Tokens a row may hold back without new text before they are flushed as they decode.
+
+A UTF-8 character spans at most 4 bytes, so byte-level tokens hold text back for at most 3
+steps; only invalid UTF-8 or a long run of skipped special tokens reaches this bound, which
+keeps the decoded window, hence each step's work, independent of the answer's length. The
+flush renders incomplete bytes as U+FFFD: only a valid character whose bytes straddle it
+(after 16 tokens of invalid UTF-8) could come out differently from a whole-answer decode.
+"""
+
+
+@dataclass
+class _Detokenizer:
+    """Incremental detokenization of one row: each token's text piece in bounded work per step.
+
+    Decoding the whole answer at every step and diffing it with the previous text costs O(n)
+    per step, O(n^2) per answer. As in transformers' ``TextStreamer`` and vLLM's detokenizer,
+    only a window of ``ids`` is decoded: ``ids[prefix_offset:read_offset]`` is text already
+    emitted, kept as context because a decoder's output depends on the neighbouring tokens
+    (SentencePiece drops the leading space of the first token it decodes; byte-level BPE splits
+    a character's UTF-8 bytes across tokens), and ``ids[read_offset:]`` is not emitted yet. The
+    new piece is what decoding ``ids[prefix_offset:]`` adds to decoding
+    ``ids[prefix_offset:read_offset]``; since a window always starts where a complete
+    character ended, that is the text a whole-answer decode adds at this step.
+    """
+
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def step(self, tokenizer: Any, token_id: int) -> str:
+        """Append ``token_id`` and return the text it completes ("" while it completes none)."""
+        self.ids.append(token_id)
+        start, read = self.prefix_offset, self.read_offset
+        prefix_text = _decode(tokenizer, self.ids[start:read]) if read > start else ""
+        text = _decode(tokenizer, self.ids[start:])
+        # A trailing U+FFFD is an incomplete UTF-8 character: its bytes come with a later token.
+        complete = len(text) > len(prefix_text) and not text.endswith("\ufffd")
+        if not complete and len(self.ids) - read <= _MAX_PENDING:
+            return ""
+        self.prefix_offset, self.read_offset = read, len(self.ids)
+        # A decoder that rewrites earlier text: only what goes past the emitted text is new.
+        return text[len(prefix_text) :]
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+
 @dataclass
 class _Row:
     """Decoding state of one batch row."""
 
-    ids: list[int] = field(default_factory=list)
-    decoded: str = ""
+    detokenizer: _Detokenizer = field(default_factory=_Detokenizer)
     held: list[TokenScore] = field(default_factory=list)
     tokens: list[TokenScore] = field(default_factory=list)
     done: bool = False
@@ -469,7 +517,7 @@ class _StepRecorder:
                 continue
             if not all(map(_finite, values[b])):
                 raise NonFiniteLogitsError(self.step, b, values[b])
-            piece = self._detokenize(row, token_id)
+            piece = row.detokenizer.step(self.tokenizer, token_id)
             token = TokenScore(
                 index=len(row.tokens) + len(row.held),
                 id=token_id,
@@ -492,23 +540,6 @@ class _StepRecorder:
                     self._close(b, row, "cancelled")
             done = [True] * len(self.rows)
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    def _detokenize(self, row: _Row, token_id: int) -> str:
-        row.ids.append(token_id)
-        text = self.tokenizer.decode(row.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 character: its bytes arrive with a later token
-        if text.startswith(row.decoded):
-            piece = text[len(row.decoded) :]
-        else:  # a tokenizer that rewrites earlier text: emit only what is new
-            common = 0
-            for a, c in zip(text, row.decoded):
-                if a != c:
-                    break
-                common += 1
-            piece = text[max(common, len(row.decoded)) :] if len(text) > len(row.decoded) else ""
-        row.decoded = text
-        return piece
 
     def _release(self, b: int, row: _Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""
