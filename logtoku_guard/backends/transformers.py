@@ -3,11 +3,12 @@
 How the raw logits are captured: a forward hook on the model reads ``outputs.logits[:, -1]``
 at every decoding step, *before* any logits processor (repetition penalty, temperature,
 top-k/p...) touches them, and keeps only what LogTokU needs: the top-K values and ids, AU,
-EU, the full-softmax entropy and, for one step only, the log-softmax row from which the
-chosen token's log-probability is read. A stopping criterion (called once per step, right
-after the token is chosen) pairs the chosen token with that step's scores, detokenizes it
-(incrementally: a short window of ids, never the whole answer), handles stop strings and
-streams the token out. Memory therefore grows with steps x K, never with steps x vocabulary.
+EU, the full-softmax entropy and its log-normaliser and, for one step only, the raw row
+from which the chosen token's log-probability is read (its logit minus the normaliser). A
+stopping criterion (called once per step, right after the token is chosen) pairs the chosen
+token with that step's scores, detokenizes it (incrementally: a short window of ids, never
+the whole answer), handles stop strings and streams the token out. Memory therefore grows
+with steps x K, never with steps x vocabulary.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Data flow: dataset items -> cached greedy answers with raw top-5 logits (+ sampled answers
 on a subset) -> judges label them -> each method's reliability, re-scored from the cache ->
-AUROC / AUPRC / PRR / risk-coverage with bootstrap intervals -> markdown, JSON, PNG.
+AUROC / AUPRC / PRR / risk-coverage with bootstrap intervals -> markdown, JSON, PNG. The
+guard end to end (:mod:`~logtoku_guard.evaluation.rag`) replays retrieval guards at matched
+budgets from cached closed-book and retrieval-augmented answers.
 
 Framework-free: numpy for the maths; torch/transformers only where a model runs (generation,
 the MiniLM embedding judge); matplotlib (extra ``eval``) only for plots. Names are resolved
@@ -70,6 +72,15 @@ _EXPORTS = {
     "QAConfig": "qa",
     "run_qa": "qa",
     "evaluate": "qa",
+    # the guard end to end
+    "GuardEvalConfig": "rag",
+    "KnowledgeBase": "rag",
+    "RagSetup": "rag",
+    "Replay": "rag",
+    "build_knowledge_base": "rag",
+    "evaluate_guard": "rag",
+    "live_check": "rag",
+    "run_guard_eval": "rag",
 }
 
 __all__ = sorted(_EXPORTS)
