@@ -473,9 +473,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         """Build the answer for the final action, record it, announce it (tagged span)."""
         guard = self._guard
         timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
-        result = guard.conclude(
-            run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1]
-        )
+        result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
         action = result.action
         payload = result.to_dict(guard.quadrants)
         payload["source_nodes"] = [{"node_id": n.node.node_id, "score": n.score} for n in run.nodes[-1]]
