@@ -10,6 +10,7 @@ can then say "flag the top 10% of max EU" (``{quantile: 0.9}``).
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -57,19 +58,30 @@ class ModelProfile(BaseModel):
         if not 0.0 <= q <= 1.0:
             msg = f"quantile {q!r} must be in [0, 1], e.g. 0.9 for the top 10%"
             raise ConfigurationError(msg)
-        if stat == "token_au":
-            grid = self.token_au
-        elif stat == "token_eu":
-            grid = self.token_eu
-        elif stat in self.stats:
-            grid = self.stats[stat]
-        else:
-            msg = f"the profile of {self.model!r} has no statistic {stat!r}; known: {sorted(self.stats)} + token_au, token_eu"
-            raise ConfigurationError(msg)
+        grid = self._grid(stat)
         pos = q * (GRID - 1)
         lo = math.floor(pos)
         hi = min(lo + 1, GRID - 1)
         return grid[lo] + (grid[hi] - grid[lo]) * (pos - lo)
+
+    def percentile(self, stat: str, value: float) -> float:
+        """Share of the calibration set at or below ``value`` of ``stat``, in [0, 1] (NaN for NaN).
+
+        The inverse of :meth:`quantile` on the stored grid (linear between grid points; the
+        middle of a run of equal grid values; 0 or 1 outside the grid).
+        """
+        grid = self._grid(stat)
+        if math.isnan(value):
+            return math.nan
+        lo, hi = bisect.bisect_left(grid, value), bisect.bisect_right(grid, value)
+        if hi == 0:
+            return 0.0
+        if lo == GRID:
+            return 1.0
+        if lo < hi:  # equal to grid point(s) lo .. hi-1
+            return (lo + hi - 1) / 2 / (GRID - 1)
+        pos = lo - 1 + (value - grid[lo - 1]) / (grid[lo] - grid[lo - 1])
+        return pos / (GRID - 1)
 
     def quadrant_thresholds(self, au_quantile: float = 0.5, eu_quantile: float = 0.5) -> QuadrantThresholds:
         return QuadrantThresholds(
@@ -77,6 +89,16 @@ class ModelProfile(BaseModel):
             self.quantile("token_eu", eu_quantile),
             source=f"profile of {self.model} (AU q{au_quantile:g}, EU q{eu_quantile:g})",
         )
+
+    def _grid(self, stat: str) -> list[float]:
+        if stat == "token_au":
+            return self.token_au
+        if stat == "token_eu":
+            return self.token_eu
+        if stat in self.stats:
+            return self.stats[stat]
+        msg = f"the profile of {self.model!r} has no statistic {stat!r}; known: {sorted(self.stats)} + token_au, token_eu"
+        raise ConfigurationError(msg)
 
     def check_matches(self, model: str, k: int, evidence: str) -> None:
         """Raise if this profile was made for another model or scoring setup."""

@@ -178,7 +178,19 @@ def _fmt(x: float, digits: int = 4) -> str:
     return "nan" if math.isnan(x) else f"{x:.{digits}f}"
 
 
-def render_generation(generation: Generation, thresholds: QuadrantThresholds) -> None:
+def reliability_percentile(profile: Any, generation: Generation) -> float | None:
+    """Where the answer's reliability falls in the profile's calibration set (0-100), if comparable.
+
+    ``None`` without a profile, or when the profile averaged another number of tokens
+    (``top_n``) into its reliability.
+    """
+    if profile is None or profile.top_n != generation.top_n:
+        return None
+    p = profile.percentile("reliability", generation.score.reliability)
+    return None if math.isnan(p) else 100.0 * p
+
+
+def render_generation(generation: Generation, thresholds: QuadrantThresholds, percentile: float | None = None) -> None:
     """Answer with tokens coloured by quadrant, a per-token table and the reliability."""
     answer = Text()
     for t in generation.tokens:
@@ -211,8 +223,9 @@ def render_generation(generation: Generation, thresholds: QuadrantThresholds) ->
     out.print(table)
     s = generation.score
     out.print(
-        f"Response reliability (top-{s.top_n} mean, higher = more reliable): [bold]{_fmt(s.reliability)}[/]   "
-        f"plain mean: {_fmt(s.reliability_mean)}   tokens: {s.n_tokens}   finish: {generation.finish_reason}"
+        f"Response reliability (top-{s.top_n} mean, higher = more reliable): [bold]{_fmt(s.reliability)}[/]"
+        + (f" (percentile {percentile:.0f} of the model's profile)" if percentile is not None else "")
+        + f"   plain mean: {_fmt(s.reliability_mean)}   tokens: {s.n_tokens}   finish: {generation.finish_reason}"
     )
     out.print(
         f"Quadrant thresholds AU > {thresholds.au:.4f}, EU > {thresholds.eu:.4f} ({thresholds.source}); "
@@ -284,12 +297,14 @@ def score(
         raise _fail(exc) from exc
     if thresholds is None:
         thresholds = _thresholds(generation, None, None)
+    percentile = reliability_percentile(prof, generation)
     if as_json:
         data = generation.to_dict(thresholds)
         data["profile"] = str(prof_path) if prof is not None and given is None else None
+        data["reliability_percentile"] = percentile
         print_json(data)
     else:
-        render_generation(generation, thresholds)
+        render_generation(generation, thresholds, percentile)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -435,11 +450,14 @@ def ask(
             result = exc.result
     except LogTokUError as exc:
         raise _fail(exc) from exc
+    percentile = reliability_percentile(guard.profile, result.generation)
     if as_json:
-        print_json(result.to_dict(guard.quadrants))
+        data = result.to_dict(guard.quadrants)
+        data["reliability_percentile"] = percentile
+        print_json(data)
         return
     thresholds = guard.quadrants or _thresholds(result.generation, None, None)
-    render_generation(result.generation, thresholds)
+    render_generation(result.generation, thresholds, percentile)
     style = {"pass": "green", "warn": "yellow", "retrieve": "cyan", "abstain": "red", "human_review": "magenta", "raise": "red"}
     out.print(
         f"Action: [{style[result.action]}]{result.action}[/] (rule: {result.decision.rule or '-'}; {result.decision.reason}); "

@@ -174,10 +174,13 @@ def test_score_uses_the_saved_profile_of_the_model(tmp_path: Path, loads: list[A
     assert data["profile"] == str(path)
     tokens = CliBackend([ANSWER]).generate("q").tokens
     assert [t["quadrant"] for t in data["tokens"]] == [expected.classify(t.au, t.eu).value for t in tokens]
+    reliability = CliBackend([ANSWER]).generate("q").score.reliability
+    assert data["reliability_percentile"] == pytest.approx(100 * profile.percentile("reliability", reliability))
 
     res = invoke("score", "What is the capital of France?", "--model", "fake", "--cache-dir", str(tmp_path))
     assert res.exit_code == 0, res.output
     assert f"AU > {expected.au:.4f}, EU > {expected.eu:.4f} (profile {path}" in res.output
+    assert f"(percentile {data['reliability_percentile']:.0f} of the model's profile)" in res.output
 
     # The quantiles are the default policy's quadrant settings, not a constant 0.5.
     from logtoku_guard import policy as policy_module
@@ -221,6 +224,7 @@ def test_score_without_a_profile_is_uncalibrated(tmp_path: Path, loads: list[Any
     data = score_json("--cache-dir", str(tmp_path))
     median = answer_median()
     assert data["thresholds"] == {"au": median.au, "eu": median.eu, "source": "median of this answer (uncalibrated)"}
+    assert data["reliability_percentile"] is None
     assert data["profile"] is None
     assert not (tmp_path / "profiles").exists()  # score never calibrates
     res = invoke("score", "What is the capital of France?", "--model", "fake", "--cache-dir", str(tmp_path))
@@ -264,3 +268,15 @@ def test_ask_checks_an_explicit_profile_before_loading_a_model(tmp_path: Path, l
     other = make_profile(model="other-model").save(tmp_path / "other.json")
     res = invoke("ask", "hi", "--model", "fake", "--profile", str(other), "--store", str(tmp_path / "a.db"))
     assert res.exit_code == 2 and "'other-model'" in res.output and str(other) in res.output
+
+
+def test_ask_reports_the_reliability_percentile_of_the_profile(tmp_path: Path, loads: list[Any]) -> None:
+    profile = make_profile()
+    path = profile.save(tmp_path / "p.json")
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    reliability = CliBackend([ANSWER]).generate("q").score.reliability
+    assert data["reliability_percentile"] == pytest.approx(100 * profile.percentile("reliability", reliability))
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"))
+    assert res.exit_code == 0 and f"(percentile {data['reliability_percentile']:.0f} of the model's profile)" in res.output

@@ -153,6 +153,22 @@ def _profile(values: list[float]) -> ModelProfile:
     return build_profile([backend.generate("q") for _ in values], source="test")
 
 
+def test_percentile_inverts_quantile_on_the_profile_grid() -> None:
+    profile = _profile([float(v) for v in range(100)])
+    for q in (0.0, 0.05, 0.1, 0.37, 0.5, 0.9, 1.0):
+        assert profile.percentile("max_eu", profile.quantile("max_eu", q)) == pytest.approx(q, abs=1e-9)
+    grid = profile.stats["max_eu"]
+    assert profile.percentile("max_eu", grid[0] - 1.0) == 0.0 and profile.percentile("max_eu", grid[-1] + 1.0) == 1.0
+    assert math.isnan(profile.percentile("max_eu", math.nan))
+    # a run of equal grid values: the middle of the run
+    flat = _profile([5.0] * 60 + [float(v) for v in range(40)])
+    value = 2 / (5.0 + 2)
+    run = [i for i, v in enumerate(flat.stats["max_eu"]) if v == pytest.approx(value, abs=0)]
+    assert len(run) > 1 and flat.percentile("max_eu", value) == pytest.approx((run[0] + run[-1]) / 2 / 100)
+    with pytest.raises(ConfigurationError, match="no statistic 'nope'"):
+        profile.percentile("nope", 0.5)
+
+
 def test_quantile_thresholds_resolve_against_the_profile(tmp_path: Path) -> None:
     # One-token answers with evidence v: EU = 2 / (v + 2), for v = 0..99.
     profile = _profile([float(v) for v in range(100)])

@@ -34,6 +34,8 @@ ModelCacheOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
 BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples for the confidence intervals.")]
+BatchOpt = Annotated[int, typer.Option(help="Questions per greedy generation batch.")]
+PlotsOpt = Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")]
 JudgeOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -181,12 +183,12 @@ def truthfulqa(
     ] = 50,
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the sampling baselines.")] = 0.5,
-    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    batch_size: BatchOpt = 8,
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
 ) -> None:
@@ -228,12 +230,12 @@ def nq_open(
     samples_limit: Annotated[int, typer.Option(help="Sampling baselines on the first N questions (0 = none).")] = 0,
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.5,
-    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    batch_size: BatchOpt = 8,
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
+    plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
 ) -> None:
@@ -362,12 +364,12 @@ def guard_end_to_end(
     ] = "0,0.1,0.2,0.3,0.5,0.7,1",
     live: Annotated[int, typer.Option(help="Run the real Guard on the first N questions to check the replay (0 = no).")] = 100,
     live_budget: Annotated[float, typer.Option(help="Retrieval budget of the live check's LogTokU guard.")] = 0.3,
-    batch_size: Annotated[int, typer.Option(help="Questions per greedy generation batch.")] = 8,
+    batch_size: BatchOpt = 8,
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the knowledge base's coverage draw.")] = 0,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the accuracy-budget PNG (needs matplotlib).")] = True,
+    plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
 ) -> None:
