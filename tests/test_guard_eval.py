@@ -179,7 +179,9 @@ def test_guard_eval_config_errors(tmp_path: Path) -> None:
         GuardEvalConfig(cache_dir=tmp_path, live_guard="eu")
     with pytest.raises(ConfigurationError, match="live_budget"):
         GuardEvalConfig(cache_dir=tmp_path, live_budget=1.0)
-    items = _items(2)
+    items = _items(4)
+    with pytest.raises(ConfigurationError, match=r"K=2 clamped score.*k=5"):
+        run_guard_eval(items, items, "scripted", ScriptedBackend(_script([]), k=5), GuardEvalConfig(cache_dir=tmp_path, live=2))
     config = GuardEvalConfig(cache_dir=tmp_path, budgets=(0.5, 2.0), live=0)
     with pytest.raises(ConfigurationError, match=r"budgets are shares.*2\.0"):
         run_guard_eval(items, items, "scripted", ScriptedBackend(_script([]), k=5), config)

@@ -328,6 +328,12 @@ def live_check(
         msg = "the live check runs on the first questions of the replay, in order"
         raise ConfigurationError(msg)
     stat = SIGNALS[guard][1]
+    if guard == "logtoku" and (getattr(backend, "k", 2), getattr(backend, "evidence", "clamped")) != (2, "clamped"):
+        msg = (
+            f"the live check of the LogTokU guard replays the K=2 clamped score, but the backend has "
+            f"k={getattr(backend, 'k', None)!r}, evidence={getattr(backend, 'evidence', None)!r}; load it with k=2, clamped"
+        )
+        raise ConfigurationError(msg)
     mask = replay.mask(guard, budget)
     threshold = threshold_for(replay.scores[guard], mask)
     if not math.isfinite(threshold):
