@@ -72,8 +72,8 @@ def test_replay_accuracy_random_and_oracle_hand_computed() -> None:
     assert replay.point("oracle", 0.25).accuracy == 0.75
     assert replay.curve("logtoku", np.array([0.0, 0.25, 0.5, 0.75, 1.0])).tolist() == [0.5, 0.75, 0.75, 0.5, 0.5]
     idx = np.random.default_rng(0).integers(0, 4, size=(200, 4))
-    diff, low, high, p = replay.paired("logtoku", "oracle", 0.25, idx)
-    assert diff == 0.0 and low <= 0.0 <= high and p == 1.0
+    d = replay.paired("logtoku", "oracle", 0.25, idx)
+    assert d.diff == 0.0 and d.low <= 0.0 <= d.high and d.p_value == 1.0
     with_ci = replay.point("logtoku", 0.5, idx)
     assert with_ci.low <= 0.75 <= with_ci.high
     with pytest.raises(ConfigurationError, match="one value per question"):

@@ -206,12 +206,7 @@ def bootstrap_ci(
     s, y = _prepare(scores, labels)
     point = metric(s, y)
     values = np.array([metric(s[i], y[i]) for i in bootstrap_indices(s.size, n_boot, seed)]) if s.size else np.zeros(0)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return Interval(point, math.nan, math.nan, n_boot, 0)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail])
-    return Interval(point, float(low), float(high), n_boot, int(values.size))
+    return percentile_interval(point, values, n_boot, level)
 
 
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -267,7 +262,8 @@ def resampled_metrics(scores: ArrayLike, labels: ArrayLike, counts: np.ndarray) 
     }
 
 
-def _interval(point: float, values: np.ndarray, n_boot: int, level: float) -> Interval:
+def percentile_interval(point: float, values: np.ndarray, n_boot: int, level: float = 0.95) -> Interval:
+    """``point`` with the percentile interval of its resampled ``values`` (non-finite ones dropped)."""
     values = values[np.isfinite(values)]
     if values.size == 0:
         return Interval(point, math.nan, math.nan, n_boot, 0)
@@ -286,7 +282,7 @@ def bootstrap_all(
     _check_boot(n_boot, level)
     s, y = _prepare(scores, labels)
     values = resampled_metrics(s, y, bootstrap_counts(s.size, n_boot, seed))
-    return {name: _interval(fn(s, y), values[name], n_boot, level) for name, fn in METRICS.items()}
+    return {name: percentile_interval(fn(s, y), values[name], n_boot, level) for name, fn in METRICS.items()}
 
 
 def paired_all(
@@ -298,19 +294,7 @@ def paired_all(
     b, _ = _prepare(scores_b, labels)
     counts = bootstrap_counts(a.size, n_boot, seed)
     va, vb = resampled_metrics(a, y, counts), resampled_metrics(b, y, counts)
-    out = {}
-    tail = (1.0 - level) / 2.0
-    for name, fn in METRICS.items():
-        point = fn(a, y) - fn(b, y)
-        diffs = va[name] - vb[name]
-        diffs = diffs[np.isfinite(diffs)]
-        if diffs.size == 0:
-            out[name] = PairedDifference(point, math.nan, math.nan, math.nan, n_boot, 0)
-            continue
-        low, high = np.quantile(diffs, [tail, 1.0 - tail])
-        p = min(1.0, 2.0 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
-        out[name] = PairedDifference(point, float(low), float(high), p, n_boot, int(diffs.size))
-    return out
+    return {name: paired_difference(fn(a, y) - fn(b, y), va[name] - vb[name], n_boot, level) for name, fn in METRICS.items()}
 
 
 def paired_bootstrap(
@@ -333,6 +317,12 @@ def paired_bootstrap(
     b, _ = _prepare(scores_b, labels)
     point = metric(a, y) - metric(b, y)
     diffs = np.array([metric(a[i], y[i]) - metric(b[i], y[i]) for i in bootstrap_indices(a.size, n_boot, seed)])
+    return paired_difference(point, diffs, n_boot, level)
+
+
+def paired_difference(point: float, diffs: np.ndarray, n_boot: int, level: float = 0.95) -> PairedDifference:
+    """``point`` (a difference a - b) with the percentile interval and two-sided p-value of its
+    resampled differences (non-finite ones dropped): twice the smaller share on either side of 0."""
     diffs = diffs[np.isfinite(diffs)]
     if diffs.size == 0:
         return PairedDifference(point, math.nan, math.nan, math.nan, n_boot, 0)

@@ -40,9 +40,9 @@ from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.cache import CachedGeneration, JsonlCache
 from logtoku_guard.evaluation.datasets import QAItem
 from logtoku_guard.evaluation.generate import PROMPT_TEMPLATE, GreedySpec, ProgressFn, greedy_cache, qa_prompt, run_greedy
-from logtoku_guard.evaluation.judges import MatchJudge, normalize_answer
+from logtoku_guard.evaluation.judges import MatchJudge
 from logtoku_guard.evaluation.methods import HEADLINE, single_pass_scores
-from logtoku_guard.evaluation.metrics import bootstrap_indices
+from logtoku_guard.evaluation.metrics import PairedDifference, bootstrap_indices, paired_difference, percentile_interval
 from logtoku_guard.policy import RetrieveSettings
 from logtoku_guard.retrieval import KeywordRetriever
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
@@ -148,6 +148,11 @@ def run_rag(
     return run_greedy(backend, items, cache, spec=spec, batch_size=batch_size, on_progress=on_progress, prompt_for=setup.prompt)
 
 
+def _json_fields(obj: Any) -> dict[str, Any]:
+    """A flat dataclass as JSON: non-finite floats become ``None``."""
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in obj.__dict__.items()}
+
+
 # -- replay --------------------------------------------------------------------------------------------
 def retrieve_mask(scores: np.ndarray, n_retrieve: int) -> np.ndarray:
     """Retrieve for the ``n_retrieve`` lowest finite scores (ties by position); NaN never retrieves."""
@@ -200,7 +205,7 @@ class BudgetPoint:
     threshold: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in self.__dict__.items()}
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)
@@ -228,8 +233,12 @@ class Replay:
             return oracle_mask(self.closed, self.rag, k)
         return retrieve_mask(self.scores[guard], k)
 
+    def final(self, mask: np.ndarray) -> np.ndarray:
+        """Whether each final answer is right: the retrieval answer where ``mask``, else the closed-book one."""
+        return np.where(mask, self.rag, self.closed)
+
     def accuracy(self, mask: np.ndarray) -> float:
-        return float(np.where(mask, self.rag, self.closed).mean()) if self.n else math.nan
+        return float(self.final(mask).mean()) if self.n else math.nan
 
     def random_accuracy(self, budget: float) -> float:
         """Expected accuracy when ``round(b n)`` questions are retrieved uniformly at random."""
@@ -241,11 +250,11 @@ class Replay:
         if guard == "random":
             return BudgetPoint("random", budget, round(budget * self.n), self.random_accuracy(budget))
         mask = self.mask(guard, budget)
-        final = np.where(mask, self.rag, self.closed)
+        final = self.final(mask)
         low = high = math.nan
         if idx is not None and idx.size:
-            boot = final[idx].mean(axis=1)
-            low, high = (float(x) for x in np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2]))
+            ci = percentile_interval(float(final.mean()), final[idx].mean(axis=1), idx.shape[0], level)
+            low, high = ci.low, ci.high
         thr = threshold_for(self.scores[guard], mask) if guard in self.scores else math.nan
         return BudgetPoint(
             guard,
@@ -264,15 +273,10 @@ class Replay:
             return np.array([self.random_accuracy(b) for b in budgets])
         return np.array([self.accuracy(self.mask(guard, b)) for b in budgets])
 
-    def paired(self, a: str, b: str, budget: float, idx: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
-        """Accuracy of ``a`` minus ``b`` at ``budget``: point, bootstrap interval, two-sided p."""
-        fa = np.where(self.mask(a, budget), self.rag, self.closed).astype(float)
-        fb = np.where(self.mask(b, budget), self.rag, self.closed).astype(float)
-        d = fa - fb
-        boot = d[idx].mean(axis=1)
-        low, high = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2])
-        p = min(1.0, 2 * min(float((boot <= 0).mean()), float((boot >= 0).mean())))
-        return float(d.mean()), float(low), float(high), p
+    def paired(self, a: str, b: str, budget: float, idx: np.ndarray, level: float = 0.95) -> PairedDifference:
+        """Accuracy of ``a`` minus ``b`` at ``budget`` on the resamples ``idx``: interval and two-sided p."""
+        d = self.final(self.mask(a, budget)).astype(float) - self.final(self.mask(b, budget)).astype(float)
+        return paired_difference(float(d.mean()), d[idx].mean(axis=1), idx.shape[0], level)
 
 
 # -- live check ----------------------------------------------------------------------------------------
@@ -294,7 +298,7 @@ class LiveCheck:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in self.__dict__.items()}
+        return _json_fields(self)
 
 
 def live_check(
@@ -385,7 +389,7 @@ def live_check(
         same_decision=same_decision,
         same_answer=same_answer,
         accuracy_live=correct / n if n else math.nan,
-        accuracy_replay=float(np.where(mask, replay.rag, replay.closed)[:n].mean()) if n else math.nan,
+        accuracy_replay=float(replay.final(mask)[:n].mean()) if n else math.nan,
         max_score_diff=max(diffs) if diffs else math.nan,
         seconds=time.perf_counter() - start,
     )
@@ -477,11 +481,6 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
 
 
-def _answer_in(context: Sequence[str], item: QAItem) -> bool:
-    text = f" {normalize_answer(' '.join(context))} "
-    return any(f" {g} " in text for g in (normalize_answer(a) for a in item.correct) if g)
-
-
 def evaluate_guard(
     items: Sequence[QAItem],
     closed: Sequence[CachedGeneration],
@@ -519,13 +518,14 @@ def evaluate_guard(
             points.extend(replay.point(g, b, idx) for g in guards)
     areas = {g: float(replay.curve(g).mean()) for g in guards}
     paired = tuple(
-        {"budget": b, "vs": other, **dict(zip(("diff", "low", "high", "p"), replay.paired("logtoku", other, b, idx)))}
+        {"budget": b, "vs": other, **_paired_row(replay.paired("logtoku", other, b, idx))}
         for b in budgets
         if 0.0 < b < 1.0 and n_boot
         for other in ("entropy", "probability")
     )
     covered = np.array([it.id in setup.kb.covered for it in items], dtype=bool)
-    in_context = np.array([_answer_in(setup.passages(it), it) for it in items], dtype=bool)
+    # the nq-match judge applied to the retrieved context: a gold answer in it as whole words
+    in_context = np.array([judge.judge(it, " ".join(setup.passages(it))).correct for it in items], dtype=bool)
     diagnostics = {
         "n": n,
         "closed_accuracy": float(closed_ok.mean()),
@@ -560,6 +560,10 @@ def evaluate_guard(
         ),
     }
     return GuardEvalReport(model, settings, diagnostics, tuple(points), areas, paired), replay
+
+
+def _paired_row(d: PairedDifference) -> dict[str, float]:
+    return {"diff": d.diff, "low": d.low, "high": d.high, "p": d.p_value}
 
 
 def _mean(x: np.ndarray) -> float:
