@@ -1,0 +1,344 @@
+"""The JSON payloads of the library, defined once: token, response summary, decision, guard result.
+
+Every JSON-like form of a score or a decision is built here and nowhere else: the CLI's
+``--json``, the audit record, LangChain ``response_metadata`` and custom events, LlamaIndex
+``additional_kwargs`` and instrumentation events. Readers (callbacks, the LangGraph review node,
+tests) type their reads with these ``TypedDict`` classes instead of ``.get("...")`` on strings.
+
+JSON has no NaN or infinity: every float that is not finite is written as ``None``
+(:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
+quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
+count in no quadrant (the four shares then sum to less than 1). This settles the first round's
+disagreement (one adapter called a NaN token quadrant ``"III"``, another ``None``; shares divided
+by different counts).
+
+Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
+``reliability*`` higher = more reliable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
+
+if TYPE_CHECKING:
+    from logtoku_guard.guard import Attempt, GuardResult
+    from logtoku_guard.policy import Check, Decision
+    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.types import Generation, TokenScore
+
+__all__ = [
+    "AttemptPayload",
+    "CheckPayload",
+    "DecisionPayload",
+    "GenerationPayload",
+    "PolicyPayload",
+    "QuadrantLabel",
+    "ResultPayload",
+    "SummaryPayload",
+    "ThresholdsPayload",
+    "TimingsPayload",
+    "TokenPayload",
+    "attempt_payload",
+    "check_payload",
+    "decision_payload",
+    "generation_payload",
+    "json_float",
+    "quadrant_of",
+    "quadrant_shares",
+    "result_payload",
+    "stats_payload",
+    "summary_payload",
+    "thresholds_payload",
+    "token_payload",
+]
+
+QuadrantLabel = Literal["I", "II", "III", "IV"]
+
+
+def json_float(x: float | None) -> float | None:
+    """``x`` as a Python float, or ``None`` when it is None, NaN or infinite (JSON has neither)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# -- quadrants ---------------------------------------------------------------------------------
+def quadrant_of(token: TokenScore, thresholds: QuadrantThresholds | None) -> Quadrant | None:
+    """The token's quadrant, or ``None`` without thresholds or when its AU or EU is undefined."""
+    if thresholds is None or not (math.isfinite(token.au) and math.isfinite(token.eu)):
+        return None
+    return thresholds.classify(token.au, token.eu)
+
+
+def quadrant_shares(tokens: Sequence[TokenScore], thresholds: QuadrantThresholds | None) -> dict[str, float] | None:
+    """Share of *all* tokens in each quadrant (``None`` without thresholds or without tokens)."""
+    n = len(tokens)
+    if thresholds is None or n == 0:
+        return None
+    counts = dict.fromkeys((q.value for q in Quadrant), 0)
+    for t in tokens:
+        q = quadrant_of(t, thresholds)
+        if q is not None:
+            counts[q.value] += 1
+    return {label: c / n for label, c in counts.items()}
+
+
+# -- payload types -----------------------------------------------------------------------------
+class _TokenRequired(TypedDict):
+    index: int
+    token: str
+    id: int
+    au: float | None
+    eu: float | None
+    quadrant: QuadrantLabel | None
+    logprob: float | None
+    entropy: float | None
+    top_logits: list[float | None]
+
+
+class TokenPayload(_TokenRequired, total=False):
+    """One generated token: its text, id, AU/EU (higher = more uncertain), quadrant, log p,
+    entropy (nats) and the K raw logits (largest first, so anyone can recompute AU/EU).
+    ``temperature`` only under dynamic decoding."""
+
+    temperature: float
+
+
+class ThresholdsPayload(TypedDict):
+    """The quadrant thresholds used and where they came from."""
+
+    au: float
+    eu: float
+    source: str
+
+
+class TimingsPayload(TypedDict):
+    total_s: float
+    first_token_s: float | None
+    tokens_per_s: float | None
+
+
+class SummaryPayload(TypedDict):
+    """The response-level scores of one generation (``reliability*``: higher = more reliable)."""
+
+    model: str
+    reliability: float | None
+    reliability_mean: float | None
+    probability_reliability: float | None
+    entropy_reliability: float | None
+    quadrant_shares: dict[str, float] | None
+    n_tokens: int
+    finish_reason: str
+    k: int
+    evidence: str
+    top_n: int
+    prompt_tokens: int
+    stop_sequence: str | None
+    thresholds: ThresholdsPayload | None
+
+
+class GenerationPayload(SummaryPayload):
+    """A whole generation: what ``logtoku-guard score --json`` prints (summary, text, tokens)."""
+
+    prompt: str
+    answer: str
+    tokens: list[TokenPayload]
+    timings: TimingsPayload
+
+
+class CheckPayload(TypedDict):
+    """One comparison a rule made: ``observed op threshold`` (``observed`` None = undefined)."""
+
+    stat: str
+    op: str
+    threshold: float | None
+    observed: float | None
+    passed: bool
+    quantile: float | None
+
+
+class DecisionPayload(TypedDict):
+    """What the policy decided for one answer, and why (``stats``: every statistic by name)."""
+
+    action: str
+    rule: str | None
+    reason: str
+    checks: list[CheckPayload]
+    stats: dict[str, float | None]
+
+
+class AttemptPayload(TypedDict):
+    """One generation the guard made: its own decision (the route's step), reliability and context."""
+
+    attempt: int
+    action: str
+    rule: str | None
+    reason: str
+    reliability: float | None
+    n_tokens: int
+    passages: int
+    retrieval_error: str | None
+
+
+class PolicyPayload(TypedDict):
+    name: str
+    version: str
+
+
+class ResultPayload(TypedDict):
+    """A guarded answer: ``logtoku-guard ask --json``, LangChain's ``response_metadata["logtoku_guard"]``
+    and LlamaIndex's ``metadata["logtoku"]`` all hold this (adapters may add their own keys).
+
+    ``answer``: what the user gets; ``draft``: the model's last answer before the action;
+    ``route``: every attempt's own decision, in order (``["retrieve", "pass"]`` when retrieval
+    rescued the answer); ``rule``/``reason``/``checks``/``stats``: the final decision's.
+    """
+
+    answer: str
+    draft: str
+    action: str
+    rule: str | None
+    reason: str
+    reliability: float | None
+    attempts: int
+    route: list[AttemptPayload]
+    review_id: int | None
+    trace_id: str
+    stopped_early: bool
+    model: str
+    policy: PolicyPayload
+    checks: list[CheckPayload]
+    stats: dict[str, float | None]
+    tokens: list[TokenPayload]
+    timings: dict[str, float]
+
+
+# -- builders ----------------------------------------------------------------------------------
+def thresholds_payload(thresholds: QuadrantThresholds | None) -> ThresholdsPayload | None:
+    if thresholds is None:
+        return None
+    return ThresholdsPayload(au=thresholds.au, eu=thresholds.eu, source=thresholds.source)
+
+
+def token_payload(token: TokenScore, thresholds: QuadrantThresholds | None = None) -> TokenPayload:
+    """One token's JSON form (quadrant ``None`` without thresholds or when AU/EU is undefined)."""
+    q = quadrant_of(token, thresholds)
+    out = TokenPayload(
+        index=token.index,
+        token=token.text,
+        id=token.id,
+        au=json_float(token.au),
+        eu=json_float(token.eu),
+        quadrant=None if q is None else q.value,
+        logprob=json_float(token.logprob),
+        entropy=json_float(token.entropy),
+        top_logits=[json_float(z) for z in token.top_logits],
+    )
+    if token.temperature is not None:
+        out["temperature"] = token.temperature
+    return out
+
+
+def summary_payload(generation: Generation, thresholds: QuadrantThresholds | None = None) -> SummaryPayload:
+    """The response-level summary of one generation."""
+    s = generation.score
+    return SummaryPayload(
+        model=generation.model,
+        reliability=json_float(s.reliability),
+        reliability_mean=json_float(s.reliability_mean),
+        probability_reliability=json_float(s.probability_reliability),
+        entropy_reliability=json_float(s.entropy_reliability),
+        quadrant_shares=quadrant_shares(generation.tokens, thresholds),
+        n_tokens=len(generation.tokens),
+        finish_reason=generation.finish_reason,
+        k=generation.k,
+        evidence=generation.evidence,
+        top_n=generation.top_n,
+        prompt_tokens=generation.prompt_tokens,
+        stop_sequence=generation.stop_sequence,
+        thresholds=thresholds_payload(thresholds),
+    )
+
+
+def generation_payload(generation: Generation, thresholds: QuadrantThresholds | None = None) -> GenerationPayload:
+    """A whole generation (summary, prompt, answer, tokens, timings): ``score --json``."""
+    summary = summary_payload(generation, thresholds)
+    return GenerationPayload(
+        **summary,
+        prompt=generation.prompt,
+        answer=generation.text,
+        tokens=[token_payload(t, thresholds) for t in generation.tokens],
+        timings=TimingsPayload(**dataclasses.asdict(generation.timings)),  # type: ignore[typeddict-item]
+    )
+
+
+def stats_payload(stats: ResponseStats) -> dict[str, float | None]:
+    """Every response statistic by name (undefined -> ``None``)."""
+    return {f.name: json_float(getattr(stats, f.name)) for f in dataclasses.fields(stats)}
+
+
+def check_payload(check: Check) -> CheckPayload:
+    return CheckPayload(
+        stat=check.stat,
+        op=check.op,
+        threshold=json_float(check.threshold),
+        observed=json_float(check.observed),
+        passed=check.passed,
+        quantile=check.quantile,
+    )
+
+
+def decision_payload(decision: Decision) -> DecisionPayload:
+    return DecisionPayload(
+        action=decision.action,
+        rule=decision.rule,
+        reason=decision.reason,
+        checks=[check_payload(c) for c in decision.checks],
+        stats=stats_payload(decision.stats),
+    )
+
+
+def attempt_payload(number: int, attempt: Attempt) -> AttemptPayload:
+    """Attempt ``number`` (1 = the first answer) with its own decision."""
+    d = attempt.decision
+    return AttemptPayload(
+        attempt=number,
+        action=d.action,
+        rule=d.rule,
+        reason=d.reason,
+        reliability=json_float(attempt.generation.score.reliability),
+        n_tokens=len(attempt.generation.tokens),
+        passages=len(attempt.passages),
+        retrieval_error=attempt.retrieval_error,
+    )
+
+
+def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = None) -> ResultPayload:
+    """A guarded answer with its decision, route and the final generation's tokens."""
+    g = result.generation
+    d = result.decision
+    return ResultPayload(
+        answer=result.answer,
+        draft=g.text,
+        action=result.action,
+        rule=d.rule,
+        reason=d.reason,
+        reliability=json_float(g.score.reliability),
+        attempts=len(result.attempts),
+        route=[attempt_payload(i, a) for i, a in enumerate(result.attempts, 1)],
+        review_id=result.review_id,
+        trace_id=result.trace_id,
+        stopped_early=result.stopped_early,
+        model=g.model,
+        policy=PolicyPayload(name=result.policy_name, version=result.policy_version),
+        checks=[check_payload(c) for c in d.checks],
+        stats=stats_payload(d.stats),
+        tokens=[token_payload(t, thresholds) for t in g.tokens],
+        timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
+    )
