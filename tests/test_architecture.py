@@ -1,0 +1,122 @@
+"""The layout's promises, checked on the source: no import cycle, small modules, one guard loop.
+
+Imports inside functions count (they still tie two modules together); imports under
+``if TYPE_CHECKING:`` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "logtoku_guard"
+INTEGRATIONS = ROOT / "integrations"
+MAX_LINES = 500
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Every ``logtoku_guard`` module that ``path`` imports at run time (any depth, any scope)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m == "logtoku_guard" or m.startswith("logtoku_guard.")}
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        # ``from pkg import mod`` names a module; ``from mod import obj`` names the module only
+        graph[name] = {m for m in _imports(path, name) if m in paths and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_among_core_modules() -> None:
+    graph = _graph()
+    # a package's __init__ re-exports its submodules lazily or eagerly; an edge into a package
+    # __init__ from its own submodule is the usual parent import, not a design cycle
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS], ids=["logtoku_guard", "integrations"])
+def test_no_source_file_over_500_lines(root: Path) -> None:
+    long = {str(p.relative_to(ROOT)): n for p in root.rglob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these modules along their concepts (limit {MAX_LINES} lines): {long}"
+
+
+def test_only_the_core_counts_retrieval_attempts() -> None:
+    offenders = [str(p.relative_to(ROOT)) for p in INTEGRATIONS.rglob("*.py") if "max_attempts" in p.read_text(encoding="utf-8")]
+    assert not offenders, f"the guard loop belongs to logtoku_guard.guard; these adapters count attempts: {offenders}"
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
