@@ -27,6 +27,7 @@ from logtoku_guard.errors import (
     UnknownReviewItemError,
     UnknownTraceError,
 )
+from logtoku_guard.payloads import result_payload, token_payload
 from logtoku_guard.types import TokenScore
 
 NOW = datetime.now(timezone.utc)
@@ -87,7 +88,7 @@ def test_round_trip_keeps_every_field_and_stores_nan_as_null(store: AuditStore) 
         rule="low_reliability",
         reliability=math.nan,
         attempts=3,
-        tokens=[token.to_dict(), {"token": "is", "au": -math.inf, "top_logits": [1.0, math.nan]}],
+        tokens=[dict(token_payload(token)), {"token": "is", "au": -math.inf, "top_logits": [1.0, math.nan]}],
         stats=stats_in,
         timings={"generate_s": 0.8125, "score_s": None},
     )
@@ -108,6 +109,44 @@ def test_round_trip_keeps_every_field_and_stores_nan_as_null(store: AuditStore) 
         raw = conn.exec_driver_sql("SELECT stats, tokens, reliability FROM audit_records").one()
     assert "NaN" not in raw[0] and "NaN" not in raw[1] and "Infinity" not in raw[1]
     assert json.loads(raw[0])["mean_au"] is None and raw[2] is None
+
+
+def test_records_import_without_sqlalchemy() -> None:
+    code = (
+        "import sys, logtoku_guard.audit.records; from logtoku_guard.audit import AuditRecord, ReviewItem; "
+        "print('sqlalchemy' in sys.modules)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "False"
+
+
+def test_from_result_builds_the_record_and_round_trips(store: AuditStore) -> None:
+    from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
+
+    answer = ScriptedAnswer(["Zorg", " Q"], [[0.6, 0.5], [0.5, 0.4]])
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "version": "3",
+            "rules": [{"name": "lost", "when": {"stat": "max_eu", "op": ">", "value": 0.5}, "action": "warn"}],
+        }
+    )
+    guard = Guard(ScriptedBackend([answer], model_name="scripted"), policy)
+    result = guard.run("Who founded Zarnovia?")
+    record = AuditRecord.from_result(result, question="Who founded Zarnovia?", thresholds=guard.quadrants)
+    payload = result_payload(result, guard.quadrants)
+    assert record.trace_id == result.trace_id and record.model == "scripted"
+    assert (record.policy_name, record.policy_version) == ("p", "3")
+    assert record.prompt == "Who founded Zarnovia?"
+    assert record.answer == "Zorg Q" != result.answer  # the draft, before the warn disclaimer
+    assert (record.action, record.rule, record.reason) == ("warn", "lost", result.decision.reason)
+    assert record.reliability == payload["reliability"] and record.attempts == 1
+    assert record.tokens == payload["tokens"] and [t["index"] for t in record.tokens] == [0, 1]
+    assert record.stats == payload["stats"] and record.timings == payload["timings"]
+    assert record.review_id is None
+    assert AuditRecord.from_result(result, question="q", draft="edited").answer == "edited"
+    store.record(record)
+    assert store.get(record.trace_id) == record
 
 
 def test_tail_is_newest_first_and_count(store: AuditStore) -> None:

@@ -1,15 +1,9 @@
-"""The audit store of guard decisions and the human-review queue.
+"""The audit store: guard decisions and the human-review queue, in one database (SQLAlchemy).
 
-Data flow: prompt -> generation -> token AU/EU -> response score -> policy decision -> action
--> **audit** (this module). Every guarded answer becomes one :class:`AuditRecord` (what was
-asked, what was answered, what the policy saw and decided); answers the policy sends to a human
-also get a :class:`ReviewItem` in the review queue, whose life cycle is::
-
-    pending --claim--> claimed --approve/reject--> approved | rejected
-       └──────────────approve/reject (implicit claim)──────┘
-
-A verdict is final. Every transition is one conditional ``UPDATE ... WHERE status IN (...)``
-whose row count is checked, so two reviewers racing on the same item cannot both decide it.
+Stores the :class:`~logtoku_guard.audit.records.AuditRecord` of every guarded answer and the
+:class:`~logtoku_guard.audit.records.ReviewItem` of answers sent to a human. A verdict is final:
+every review transition is one conditional ``UPDATE ... WHERE status IN (...)`` whose row count
+is checked, so two reviewers racing on the same item cannot both decide it.
 
 The schema is SQLAlchemy Core, so the same code runs on a local SQLite file (the default) or on
 a server through a database URL (``postgresql+psycopg://user@host/db``; the driver is the
@@ -25,26 +19,37 @@ start with ``BEGIN IMMEDIATE``, so concurrent writers (threads or processes) que
 from __future__ import annotations
 
 import csv
-import dataclasses
-import json
 import math
-import numbers
 import os
 import threading
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from functools import partial
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
+from logtoku_guard.audit.records import _OPEN, AuditRecord, ReviewItem, ReviewStatus, _check_text, _utcnow
+from logtoku_guard.audit.schema import (
+    _RECORD_FIELDS,
+    _WRITE_OPTION,
+    SCHEMA_VERSION,
+    _configure_sqlite,
+    _item_select,
+    _json_dumps,
+    _meta,
+    _metadata,
+    _record_insert,
+    _record_select,
+    _records,
+    _reviews,
+    _row_to_item,
+    _row_to_record,
+    _UTCDateTime,
+)
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
@@ -54,300 +59,9 @@ from logtoku_guard.errors import (
     UnknownTraceError,
 )
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "AuditRecord",
-    "AuditStore",
-    "ExportFormat",
-    "ReviewItem",
-    "ReviewStatus",
-]
-
-ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
-"""``pending``: waiting for a reviewer; ``claimed``: a reviewer took it; ``approved`` /
-``rejected``: decided (final)."""
+__all__ = ["SCHEMA_VERSION", "AuditStore", "ExportFormat"]
 
 ExportFormat = Literal["jsonl", "csv"]
-
-SCHEMA_VERSION = 1
-"""Version of the tables below; a store written by another version is refused, not altered."""
-
-_OPEN: tuple[ReviewStatus, ...] = ("pending", "claimed")
-_DECIDED: tuple[ReviewStatus, ...] = ("approved", "rejected")
-_WRITE_OPTION = "logtoku_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-class _NotJSONError(Exception):
-    """Internal: a value JSON cannot hold; ``path`` is filled in while unwinding."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.path: list[str] = []
-
-
-_PLAIN = (str, int, bool, type(None))
-
-
-def _json_copy(value: Any) -> Any:
-    # Hot path (every token dict of every record): exact-type checks first, ABCs only as fallback.
-    t = type(value)
-    if t is float:
-        return value if math.isfinite(value) else None
-    if t in _PLAIN:
-        return value
-    if t is dict or isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            try:
-                out[str(k)] = _json_copy(v)
-            except _NotJSONError as e:
-                e.path.append(f"[{k!r}]")
-                raise
-        return out
-    if t is list or t is tuple:
-        items = []
-        for i, v in enumerate(value):
-            try:
-                items.append(_json_copy(v))
-            except _NotJSONError as e:
-                e.path.append(f"[{i}]")
-                raise
-        return items
-    if isinstance(value, numbers.Integral):  # numpy integers
-        return int(value)
-    if isinstance(value, numbers.Real):  # numpy floats
-        x = float(value)
-        return x if math.isfinite(x) else None
-    raise _NotJSONError(value)
-
-
-def _json_safe(value: Any, name: str) -> Any:
-    """A JSON-ready copy of ``value``: non-finite floats become None, numpy scalars Python numbers."""
-    try:
-        return _json_copy(value)
-    except _NotJSONError as e:
-        where = name + "".join(reversed(e.path))
-        msg = (
-            f"{where} is {e.value!r} of type {type(e.value).__name__}, which the audit store cannot save as JSON; "
-            "pass strings, numbers, None, lists and dicts (e.g. TokenScore.to_dict())"
-        )
-        raise ConfigurationError(msg) from None
-
-
-def _check_text(value: Any, name: str, *, empty_ok: bool = True) -> str:
-    if not isinstance(value, str) or (not empty_ok and not value.strip()):
-        kind = "a string" if empty_ok else "a non-empty string"
-        msg = f"{name} must be {kind}, got {value!r}"
-        raise ConfigurationError(msg)
-    return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditRecord:
-    """One guarded answer and the decision taken on it (keyword-only construction).
-
-    ``reliability``: the response score the policy used, higher = more reliable (``None`` when
-    undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
-    included). ``tokens``: one dict per generated token, as ``TokenScore.to_dict()`` makes them.
-    ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
-    name (e.g. ``{"generate_s": 0.8, "score_s": 0.01}``). ``review_id``: the review item of this
-    record, set by the store (:meth:`AuditStore.record_for_review`, :meth:`AuditStore.enqueue`).
-
-    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats`` and
-    ``timings`` become ``None`` here, so a record read back from the store equals the one built.
-    The lists and dicts are copied, never the caller's objects.
-    """
-
-    trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created_at: datetime = field(default_factory=_utcnow)
-    model: str
-    policy_name: str
-    policy_version: str
-    prompt: str
-    answer: str
-    action: str
-    reason: str
-    rule: str | None = None
-    reliability: float | None
-    attempts: int = 1
-    tokens: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, float | None] = field(default_factory=dict)
-    timings: dict[str, float | None] = field(default_factory=dict)
-    review_id: int | None = None
-
-    def __post_init__(self) -> None:
-        trace_id = _check_text(self.trace_id, "trace_id", empty_ok=False)
-        if len(trace_id) > 64:
-            msg = f"trace_id must be at most 64 characters, got {len(trace_id)}: {trace_id!r}; leave it to its default"
-            raise ConfigurationError(msg)
-        if not isinstance(self.created_at, datetime) or self.created_at.tzinfo is None:
-            msg = f"created_at must be a timezone-aware datetime, got {self.created_at!r}; use datetime.now(timezone.utc)"
-            raise ConfigurationError(msg)
-        for name in ("model", "policy_name", "policy_version", "prompt", "answer", "reason"):
-            _check_text(getattr(self, name), name)
-        _check_text(self.action, "action", empty_ok=False)
-        if self.rule is not None:
-            _check_text(self.rule, "rule")
-        reliability = self.reliability
-        if reliability is not None and (isinstance(reliability, bool) or not isinstance(reliability, numbers.Real)):
-            msg = f"reliability must be a float or None, got {self.reliability!r}"
-            raise ConfigurationError(msg)
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 0:
-            msg = f"attempts must be a non-negative integer, got {self.attempts!r}"
-            raise ConfigurationError(msg)
-        if not isinstance(self.tokens, (list, tuple)) or not all(isinstance(t, Mapping) for t in self.tokens):
-            msg = f"tokens must be a list of dicts (TokenScore.to_dict()), got {self.tokens!r:.200}"
-            raise ConfigurationError(msg)
-        for name in ("stats", "timings"):
-            if not isinstance(getattr(self, name), Mapping):
-                msg = f"{name} must be a dict of name -> number, got {getattr(self, name)!r:.200}"
-                raise ConfigurationError(msg)
-        if self.review_id is not None and (isinstance(self.review_id, bool) or not isinstance(self.review_id, int)):
-            msg = f"review_id must be an integer or None, got {self.review_id!r}"
-            raise ConfigurationError(msg)
-        set_ = partial(object.__setattr__, self)
-        set_("created_at", self.created_at.astimezone(timezone.utc))
-        set_("reliability", _json_safe(self.reliability, "reliability"))
-        set_("tokens", _json_safe(self.tokens, "tokens"))
-        set_("stats", _json_safe(self.stats, "stats"))
-        set_("timings", _json_safe(self.timings, "timings"))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``created_at`` as an ISO 8601 string with ``+00:00``)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["created_at"] = self.created_at.isoformat()
-        return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReviewItem:
-    """One answer waiting for (or given) a human verdict.
-
-    ``claimed_by``/``claimed_at``: who took the item and when (also set by an approval or a
-    rejection of a pending item). ``reviewer``/``decided_at``: who gave the verdict and when.
-    ``edited_answer``: the reviewer's corrected answer (approvals only), ``note``: the
-    reviewer's comment (required for a rejection). All times are UTC. ``record``: the decision
-    under review.
-    """
-
-    id: int
-    trace_id: str
-    status: ReviewStatus
-    created_at: datetime
-    claimed_by: str | None
-    claimed_at: datetime | None
-    reviewer: str | None
-    decided_at: datetime | None
-    edited_answer: str | None
-    note: str | None
-    record: AuditRecord
-
-    @property
-    def decided(self) -> bool:
-        """True once approved or rejected (final)."""
-        return self.status in _DECIDED
-
-    @property
-    def final_answer(self) -> str | None:
-        """The answer to deliver: the edited (else original) answer once approved, otherwise None."""
-        if self.status != "approved":
-            return None
-        return self.edited_answer if self.edited_answer is not None else self.record.answer
-
-
-# ----------------------------------------------------------------------------- schema
-
-
-class _UTCDateTime(sa.types.TypeDecorator[datetime]):
-    """Aware UTC datetimes in Python, naive UTC in the database (the same on every backend)."""
-
-    impl = sa.DateTime(timezone=False)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None or value.tzinfo is None:
-            return value
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=timezone.utc)
-
-
-_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
-_metadata = sa.MetaData()
-
-_records = sa.Table(
-    "audit_records",
-    _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("trace_id", sa.String(64), nullable=False, unique=True),
-    sa.Column("created_at", _UTCDateTime(), nullable=False, index=True),
-    sa.Column("model", sa.Text, nullable=False),
-    sa.Column("policy_name", sa.Text, nullable=False),
-    sa.Column("policy_version", sa.Text, nullable=False),
-    sa.Column("prompt", sa.Text, nullable=False),
-    sa.Column("answer", sa.Text, nullable=False),
-    sa.Column("action", sa.String(64), nullable=False, index=True),
-    sa.Column("reason", sa.Text, nullable=False),
-    sa.Column("rule", sa.Text),
-    sa.Column("reliability", sa.Double),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("tokens", _JSON, nullable=False),
-    sa.Column("stats", _JSON, nullable=False),
-    sa.Column("timings", _JSON, nullable=False),
-    sa.Column("review_id", sa.Integer),
-)
-
-_reviews = sa.Table(
-    "review_items",
-    _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("trace_id", sa.String(64), sa.ForeignKey("audit_records.trace_id"), nullable=False, unique=True),
-    sa.Column("status", sa.String(16), nullable=False, index=True),
-    sa.Column("created_at", _UTCDateTime(), nullable=False),
-    sa.Column("claimed_by", sa.Text),
-    sa.Column("claimed_at", _UTCDateTime()),
-    sa.Column("reviewer", sa.Text),
-    sa.Column("decided_at", _UTCDateTime()),
-    sa.Column("edited_answer", sa.Text),
-    sa.Column("note", sa.Text),
-    sa.CheckConstraint("status IN ('pending', 'claimed', 'approved', 'rejected')", name="review_items_status"),
-)
-
-_meta = sa.Table(
-    "audit_meta",
-    _metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-)
-
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(AuditRecord))
-_REVIEW_FIELDS = tuple(f.name for f in dataclasses.fields(ReviewItem) if f.name != "record")
-_item_select = sa.select(
-    *(_reviews.c[name].label(f"r_{name}") for name in _REVIEW_FIELDS),
-    *(_records.c[name].label(f"a_{name}") for name in _RECORD_FIELDS),
-).select_from(_reviews.join(_records, _reviews.c.trace_id == _records.c.trace_id))
-_record_select = sa.select(*(_records.c[name] for name in _RECORD_FIELDS))
-_record_insert = sa.insert(_records)
-
-_json_dumps = partial(json.dumps, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-
-
-def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
-    # Rows were validated and made JSON-safe when written: rebuild without __post_init__'s copies
-    # (the dominant cost of pending() and export otherwise).
-    rec = object.__new__(AuditRecord)
-    for name in _RECORD_FIELDS:
-        object.__setattr__(rec, name, m[prefix + name])
-    return rec
-
-
-def _row_to_item(m: sa.RowMapping) -> ReviewItem:
-    return ReviewItem(**{name: m[f"r_{name}"] for name in _REVIEW_FIELDS}, record=_row_to_record(m, "a_"))
 
 
 def _check_id(item_id: Any) -> int:
@@ -719,26 +433,3 @@ def _refusal(item: ReviewItem, verb: str, reviewer: str) -> str:
         f"cannot {verb} review item {item.id} as {reviewer!r}: its status is {item.status!r} by {item.claimed_by!r} "
         f"(since {when}) and only they may decide it; take another item from pending()"
     )
-
-
-def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
-    """Per-connection pragmas, and our own BEGIN (IMMEDIATE for writes) instead of pysqlite's."""
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # pysqlite would emit BEGIN lazily (and never before a SELECT): take over transactions.
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
-            cursor.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        # IMMEDIATE takes the write lock first (waiting up to busy_timeout), so a write
-        # transaction never fails half-way on a stale read snapshot.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "BEGIN")

@@ -1,0 +1,31 @@
+"""The audit trail of guard decisions and the human-review queue.
+
+:mod:`~logtoku_guard.audit.records`: :class:`AuditRecord` (built by
+:meth:`AuditRecord.from_result`) and :class:`ReviewItem`, plain dataclasses, no SQLAlchemy.
+:mod:`~logtoku_guard.audit.store`: :class:`AuditStore`, the database of records and the review
+queue, over the tables and SQLite settings of :mod:`~logtoku_guard.audit.schema` (SQLAlchemy).
+The store's names are imported on first use, so ``from logtoku_guard.audit import AuditRecord``
+does not import SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard.audit.records import AuditRecord, ReviewItem, ReviewStatus
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.store import SCHEMA_VERSION, AuditStore, ExportFormat
+
+__all__ = ["SCHEMA_VERSION", "AuditRecord", "AuditStore", "ExportFormat", "ReviewItem", "ReviewStatus"]
+
+_STORE_NAMES = frozenset({"SCHEMA_VERSION", "AuditStore", "ExportFormat"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STORE_NAMES:
+        from logtoku_guard.audit import store
+
+        return getattr(store, name)
+    msg = f"module 'logtoku_guard.audit' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -1,0 +1,270 @@
+"""Audit records: one guarded answer and its decision, and a review item (no SQLAlchemy here).
+
+Data flow: prompt -> generation -> token AU/EU -> response score -> policy decision -> action
+-> **audit**. Every guarded answer becomes one :class:`AuditRecord`, built from the guard's
+result by :meth:`AuditRecord.from_result` (the one way; its tokens, statistics and timings are
+the JSON payloads of :mod:`logtoku_guard.payloads`). Answers the policy sends to a human also
+get a :class:`ReviewItem`, whose life cycle is::
+
+    pending --claim--> claimed --approve/reject--> approved | rejected
+       └──────────────approve/reject (implicit claim)──────┘
+
+This module needs only the standard library and the payload schema, so a guard or an adapter
+can build records without SQLAlchemy; the database lives in :mod:`logtoku_guard.audit.store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import json_float, stats_payload, token_payload
+
+if TYPE_CHECKING:
+    from logtoku_guard.guard import GuardResult
+    from logtoku_guard.uncertainty import QuadrantThresholds
+
+__all__ = ["AuditRecord", "ReviewItem", "ReviewStatus"]
+
+ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
+"""``pending``: waiting for a reviewer; ``claimed``: a reviewer took it; ``approved`` /
+``rejected``: decided (final)."""
+
+_OPEN: tuple[ReviewStatus, ...] = ("pending", "claimed")
+_DECIDED: tuple[ReviewStatus, ...] = ("approved", "rejected")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _NotJSONError(Exception):
+    """Internal: a value JSON cannot hold; ``path`` is filled in while unwinding."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.path: list[str] = []
+
+
+_PLAIN = (str, int, bool, type(None))
+
+
+def _json_copy(value: Any) -> Any:
+    # Hot path (every token dict of every record): exact-type checks first, ABCs only as fallback.
+    t = type(value)
+    if t is float:
+        return value if math.isfinite(value) else None
+    if t in _PLAIN:
+        return value
+    if t is dict or isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            try:
+                out[str(k)] = _json_copy(v)
+            except _NotJSONError as e:
+                e.path.append(f"[{k!r}]")
+                raise
+        return out
+    if t is list or t is tuple:
+        items = []
+        for i, v in enumerate(value):
+            try:
+                items.append(_json_copy(v))
+            except _NotJSONError as e:
+                e.path.append(f"[{i}]")
+                raise
+        return items
+    if isinstance(value, numbers.Integral):  # numpy integers
+        return int(value)
+    if isinstance(value, numbers.Real):  # numpy floats
+        x = float(value)
+        return x if math.isfinite(x) else None
+    raise _NotJSONError(value)
+
+
+def _json_safe(value: Any, name: str) -> Any:
+    """A JSON-ready copy of ``value``: non-finite floats become None, numpy scalars Python numbers."""
+    try:
+        return _json_copy(value)
+    except _NotJSONError as e:
+        where = name + "".join(reversed(e.path))
+        msg = (
+            f"{where} is {e.value!r} of type {type(e.value).__name__}, which the audit store cannot save as JSON; "
+            "pass strings, numbers, None, lists and dicts (e.g. payloads.token_payload(token))"
+        )
+        raise ConfigurationError(msg) from None
+
+
+def _check_text(value: Any, name: str, *, empty_ok: bool = True) -> str:
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        kind = "a string" if empty_ok else "a non-empty string"
+        msg = f"{name} must be {kind}, got {value!r}"
+        raise ConfigurationError(msg)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditRecord:
+    """One guarded answer and the decision taken on it.
+
+    Built from a guard's result with :meth:`from_result`; direct (keyword-only) construction is
+    for records of other origins (tests, imports, adapters that decide outside the guard).
+
+    ``reliability``: the response score the policy used, higher = more reliable (``None`` when
+    undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
+    included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.payloads.TokenPayload`.
+    ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
+    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``review_id``: the review item of this
+    record, set by the store (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
+
+    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats`` and
+    ``timings`` become ``None`` here, so a record read back from the store equals the one built.
+    The lists and dicts are copied, never the caller's objects.
+    """
+
+    trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created_at: datetime = field(default_factory=_utcnow)
+    model: str
+    policy_name: str
+    policy_version: str
+    prompt: str
+    answer: str
+    action: str
+    reason: str
+    rule: str | None = None
+    reliability: float | None
+    attempts: int = 1
+    tokens: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, float | None] = field(default_factory=dict)
+    timings: dict[str, float | None] = field(default_factory=dict)
+    review_id: int | None = None
+
+    def __post_init__(self) -> None:
+        trace_id = _check_text(self.trace_id, "trace_id", empty_ok=False)
+        if len(trace_id) > 64:
+            msg = f"trace_id must be at most 64 characters, got {len(trace_id)}: {trace_id!r}; leave it to its default"
+            raise ConfigurationError(msg)
+        if not isinstance(self.created_at, datetime) or self.created_at.tzinfo is None:
+            msg = f"created_at must be a timezone-aware datetime, got {self.created_at!r}; use datetime.now(timezone.utc)"
+            raise ConfigurationError(msg)
+        for name in ("model", "policy_name", "policy_version", "prompt", "answer", "reason"):
+            _check_text(getattr(self, name), name)
+        _check_text(self.action, "action", empty_ok=False)
+        if self.rule is not None:
+            _check_text(self.rule, "rule")
+        reliability = self.reliability
+        if reliability is not None and (isinstance(reliability, bool) or not isinstance(reliability, numbers.Real)):
+            msg = f"reliability must be a float or None, got {self.reliability!r}"
+            raise ConfigurationError(msg)
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 0:
+            msg = f"attempts must be a non-negative integer, got {self.attempts!r}"
+            raise ConfigurationError(msg)
+        if not isinstance(self.tokens, (list, tuple)) or not all(isinstance(t, Mapping) for t in self.tokens):
+            msg = f"tokens must be a list of dicts (payloads.token_payload(token)), got {self.tokens!r:.200}"
+            raise ConfigurationError(msg)
+        for name in ("stats", "timings"):
+            if not isinstance(getattr(self, name), Mapping):
+                msg = f"{name} must be a dict of name -> number, got {getattr(self, name)!r:.200}"
+                raise ConfigurationError(msg)
+        if self.review_id is not None and (isinstance(self.review_id, bool) or not isinstance(self.review_id, int)):
+            msg = f"review_id must be an integer or None, got {self.review_id!r}"
+            raise ConfigurationError(msg)
+        set_ = partial(object.__setattr__, self)
+        set_("created_at", self.created_at.astimezone(timezone.utc))
+        set_("reliability", _json_safe(self.reliability, "reliability"))
+        set_("tokens", _json_safe(self.tokens, "tokens"))
+        set_("stats", _json_safe(self.stats, "stats"))
+        set_("timings", _json_safe(self.timings, "timings"))
+
+    @classmethod
+    def from_result(
+        cls,
+        result: GuardResult,
+        *,
+        question: str,
+        thresholds: QuadrantThresholds | None = None,
+        draft: str | None = None,
+    ) -> AuditRecord:
+        """The record of a guarded answer: the one way a guard (or an adapter) builds one.
+
+        ``question``: what the user asked (the last user message, without retrieved context).
+        ``thresholds``: the quadrant thresholds the guard used (``Guard.quadrants``), for each
+        token's ``quadrant``. ``draft``: the answer to record when it is not the final
+        generation's text (an adapter that synthesised its own response); by default
+        ``result.generation.text``, the model's answer *before* the action (a disclaimer, an
+        abstention message), so reviewers see what the model said.
+
+        Fields come from :mod:`logtoku_guard.payloads`: ``tokens`` are
+        :func:`~logtoku_guard.payloads.token_payload` dicts, ``stats`` is
+        :func:`~logtoku_guard.payloads.stats_payload` of the final decision, ``timings`` the
+        guard's durations in seconds. ``trace_id`` is the result's; ``review_id`` is left to
+        the store.
+        """
+        g = result.generation
+        d = result.decision
+        return cls(
+            trace_id=result.trace_id,
+            model=g.model,
+            policy_name=result.policy_name,
+            policy_version=result.policy_version,
+            prompt=question,
+            answer=g.text if draft is None else draft,
+            action=result.action,
+            reason=d.reason,
+            rule=d.rule,
+            reliability=json_float(g.score.reliability),
+            attempts=len(result.attempts),
+            tokens=[dict(token_payload(t, thresholds)) for t in g.tokens],
+            stats=stats_payload(d.stats),
+            timings={f.name: json_float(getattr(result.timings, f.name)) for f in dataclasses.fields(result.timings)},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``created_at`` as an ISO 8601 string with ``+00:00``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["created_at"] = self.created_at.isoformat()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewItem:
+    """One answer waiting for (or given) a human verdict.
+
+    ``claimed_by``/``claimed_at``: who took the item and when (also set by an approval or a
+    rejection of a pending item). ``reviewer``/``decided_at``: who gave the verdict and when.
+    ``edited_answer``: the reviewer's corrected answer (approvals only), ``note``: the
+    reviewer's comment (required for a rejection). All times are UTC. ``record``: the decision
+    under review.
+    """
+
+    id: int
+    trace_id: str
+    status: ReviewStatus
+    created_at: datetime
+    claimed_by: str | None
+    claimed_at: datetime | None
+    reviewer: str | None
+    decided_at: datetime | None
+    edited_answer: str | None
+    note: str | None
+    record: AuditRecord
+
+    @property
+    def decided(self) -> bool:
+        """True once approved or rejected (final)."""
+        return self.status in _DECIDED
+
+    @property
+    def final_answer(self) -> str | None:
+        """The answer to deliver: the edited (else original) answer once approved, otherwise None."""
+        if self.status != "approved":
+            return None
+        return self.edited_answer if self.edited_answer is not None else self.record.answer
