@@ -27,9 +27,10 @@ from logtoku_guard.audit import AuditRecord, AuditStore, ExportFormat
 
 
 def make_record(i: int, n_tokens: int, rng: random.Random) -> AuditRecord:
-    """A record shaped like a guarded answer: ``n_tokens`` token dicts with K=2 top logits."""
+    """A record shaped like a guarded answer: ``n_tokens`` token payloads with K=2 top logits."""
     tokens = [
         {
+            "index": j,
             "token": f"tok{j}",
             "id": rng.randrange(50_000),
             "au": rng.random(),
@@ -54,7 +55,7 @@ def make_record(i: int, n_tokens: int, rng: random.Random) -> AuditRecord:
         attempts=1,
         tokens=tokens,
         stats={"reliability": -0.31, "reliability_mean": -0.12, "max_eu": 0.97, "n_tokens": float(n_tokens)},
-        timings={"generate_s": 0.84, "score_s": 0.002, "first_token_s": 0.05},
+        timings={"total_s": 0.85, "generation_s": 0.84, "decision_s": 0.002, "retrieval_s": 0.0},
     )
 
 

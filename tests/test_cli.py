@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBackend, cli
+from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import ModelProfile, calibrate, profile_path
-from logtoku_guard.cli import app
+from logtoku_guard.cli import _common, app
 from logtoku_guard.errors import LogTokUError
 from logtoku_guard.types import DecodingOptions, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
@@ -131,10 +131,10 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
         calls.append((model, k, evidence))
         return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cli, "load_backend", fake_load)
+    monkeypatch.setattr(_common, "load_backend", fake_load)
     # Wide consoles: rich would otherwise fold long temporary paths across lines.
-    monkeypatch.setattr(cli, "out", Console(width=1000))
-    monkeypatch.setattr(cli, "err", Console(width=1000, stderr=True))
+    monkeypatch.setattr(_common, "out", Console(width=1000))
+    monkeypatch.setattr(_common, "err", Console(width=1000, stderr=True))
     return calls
 
 

@@ -1,6 +1,6 @@
-"""``logtoku-guard eval ...``: the benchmark commands (typer).
+"""``logtoku-guard eval ...``: the benchmark commands (typer), over :mod:`logtoku_guard.evaluation`.
 
-Only typer and rich are imported here; numpy, torch, transformers and matplotlib are
+Only typer, rich and the CLI's shared module are imported here; numpy, torch, transformers and matplotlib are
 imported inside the commands, so registering this sub-app costs nothing at CLI start.
 """
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+
+from logtoku_guard.cli import _common
+from logtoku_guard.cli._common import DeviceOpt
 
 eval_app = typer.Typer(
     help="Benchmarks: TruthfulQA and NQ-open response reliability, GoEmotions dynamic decoding.",
     no_args_is_help=True,
 )
-out = Console()
-err = Console(stderr=True)
 
 ModelOpt = Annotated[
     str, typer.Option(help="Model under test: the embedded default, a local folder, a .gguf file or a cached hub id.")
@@ -32,7 +32,6 @@ DataDirOpt = Annotated[Path | None, typer.Option(help="Shared datasets folder (d
 ModelCacheOpt = Annotated[
     Path | None, typer.Option(help="Cache of the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache).")
 ]
-DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
 BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples for the confidence intervals.")]
 BatchOpt = Annotated[int, typer.Option(help="Questions per greedy generation batch.")]
 PlotsOpt = Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")]
@@ -53,9 +52,7 @@ def _model_name(model: str) -> str:
 
 def _backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> Callable[[], Any]:
     def load() -> Any:
-        from logtoku_guard.cli import load_backend
-
-        return load_backend(model, k, device, "auto", cache_dir)
+        return _common.load_backend(model, k, device, "auto", cache_dir)
 
     return load
 
@@ -77,7 +74,7 @@ def _progress() -> Any:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=err,
+        console=_common.err,
     )
 
 
@@ -162,12 +159,7 @@ def _run_qa(
         )
     for report in result.reports:
         typer.echo(report.to_markdown())
-    err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
-    return typer.Exit(2)
+    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
 
 
 @eval_app.command()
@@ -218,7 +210,7 @@ def truthfulqa(
             model_cache=model_cache,
         )
     except LogTokUError as exc:
-        raise _fail(exc) from exc
+        raise _common.fail(exc) from exc
 
 
 @eval_app.command("nq-open")
@@ -265,7 +257,7 @@ def nq_open(
             model_cache=model_cache,
         )
     except LogTokUError as exc:
-        raise _fail(exc) from exc
+        raise _common.fail(exc) from exc
 
 
 @eval_app.command("dynamic-decoding")
@@ -319,7 +311,7 @@ def dynamic_decoding(
             logits["dev"], [it.labels for it in splits["dev"]], logits["test"], [it.labels for it in splits["test"]]
         )
     except LogTokUError as exc:
-        raise _fail(exc) from exc
+        raise _common.fail(exc) from exc
     md = f"Labels: {taxonomy} ({len(names)}: {', '.join(names)}).\n\n" + rules_markdown(
         results, len(splits["dev"]), len(splits["test"]), name
     )
@@ -334,7 +326,7 @@ def dynamic_decoding(
         encoding="utf-8",
     )
     typer.echo(md)
-    err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
+    _common.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
 
 
 def _budgets(text: str) -> tuple[float, ...]:
@@ -420,6 +412,6 @@ def guard_end_to_end(
                 on_progress=_progress_factory(progress),
             )
     except LogTokUError as exc:
-        raise _fail(exc) from exc
+        raise _common.fail(exc) from exc
     typer.echo(result.report.to_markdown())
-    err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)

@@ -1,0 +1,60 @@
+"""The ``logtoku-guard`` command line (typer + rich): one module per command group.
+
+``_common`` (consoles, shared options, errors, model and profile loading, rendering),
+``score``, ``guard`` (``calibrate``, ``ask``), ``review``, ``audit`` and ``eval`` (benchmarks).
+This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
+Heavy dependencies (torch, transformers, SQLAlchemy, matplotlib) are imported inside the commands,
+so ``logtoku-guard --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from logtoku_guard.cli import audit, guard, review, score
+from logtoku_guard.cli import eval as eval_commands
+from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
+from logtoku_guard.cli.guard import run_calibration
+
+__all__ = [
+    "app",
+    "err",
+    "load_backend",
+    "main",
+    "out",
+    "print_json",
+    "reliability_percentile",
+    "render_generation",
+    "run_calibration",
+]
+
+app = typer.Typer(
+    help="LogTokU: per-token aleatoric (AU) and epistemic (EU) uncertainty of a local LLM, in one pass.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what the library does (to stderr).")] = False,
+) -> None:
+    """LogTokU: per-token aleatoric (AU) and epistemic (EU) uncertainty of a local LLM, in one pass."""
+    if verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+app.command()(score.score)
+app.command()(guard.calibrate)
+app.command()(guard.ask)
+app.add_typer(review.review_app, name="review")
+app.add_typer(audit.audit_app, name="audit")
+app.add_typer(eval_commands.eval_app, name="eval")
+
+
+def main() -> None:
+    """The ``logtoku-guard`` console script."""
+    app()

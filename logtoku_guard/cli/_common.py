@@ -1,0 +1,259 @@
+"""What every ``logtoku-guard`` command shares: consoles, options, errors, model and profile loading.
+
+Only typer, rich and the light core modules are imported here; torch, transformers, pydantic
+and SQLAlchemy are imported inside the functions that need them, so ``logtoku-guard --help``
+starts fast. Commands call these helpers through the module (``_common.load_backend(...)``,
+``_common.out``), so tests can replace them in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.types import Generation
+from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditStore
+
+out = Console()
+"""Results (stdout)."""
+err = Console(stderr=True)
+"""Spinners, progress bars and errors (stderr), so stdout stays clean for ``--json``."""
+
+QUADRANT_STYLE = {Quadrant.I: "bold red", Quadrant.II: "bold yellow", Quadrant.III: "green", Quadrant.IV: "cyan"}
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(help=f"Model: {EMBEDDED_MODEL!r} (embedded default), a local folder, a .gguf file, or a cached hub id."),
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", "-k", help="Number K of top raw logits per token (K >= 2).")]
+DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
+DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")]
+CacheOpt = Annotated[
+    Path | None,
+    typer.Option(help="Cache folder for the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache dir)."),
+]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help="Audit store: a SQLite file path or a database URL (default: audit.db in the cache)."),
+]
+
+
+def fail(exc: Exception) -> typer.Exit:
+    """Print ``exc`` as one red line on stderr; raise the returned exit (status 2) ``from exc``."""
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+def print_json(data: Any) -> None:
+    """One JSON object on stdout (strict JSON: NaN already mapped to null)."""
+    typer.echo(json.dumps(data, ensure_ascii=False, allow_nan=False))
+
+
+def load_backend(
+    model: str, k: int, device: str, dtype: str, cache_dir: Path | None, evidence: str = "clamped", top_n: int = DEFAULT_TOP_N
+) -> Any:
+    """Load a TransformersBackend with a spinner on stderr (stdout stays clean for --json)."""
+    from transformers.utils import logging as hf_logging
+
+    from logtoku_guard.backends.transformers import TransformersBackend
+
+    hf_logging.disable_progress_bar()
+    with err.status(f"Loading {model}...") as status:
+        return TransformersBackend(
+            model,
+            k=k,
+            evidence=evidence,  # type: ignore[arg-type]
+            top_n=top_n,
+            device=device,
+            dtype=dtype,
+            cache_dir=cache_dir,
+            progress=lambda message: status.update(message + "..."),
+        )
+
+
+def open_store(store: str | None, cache_dir: Path | None = None) -> AuditStore:
+    """``--store``, else ``audit.db`` in the model cache (its folder made if missing)."""
+    from logtoku_guard.audit import AuditStore
+    from logtoku_guard.embedded import cache_root
+
+    if store is not None:
+        return AuditStore(store)
+    target = cache_root(cache_dir) / "audit.db"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return AuditStore(target)
+
+
+# -- thresholds and profiles ---------------------------------------------------------------------
+def cli_thresholds(au: float | None, eu: float | None) -> QuadrantThresholds | None:
+    """``--au-threshold/--eu-threshold``: both or neither (checked before any model loads)."""
+    if (au is None) != (eu is None):
+        msg = "give both --au-threshold and --eu-threshold, or neither"
+        raise typer.BadParameter(msg)
+    if au is None or eu is None:
+        return None
+    return QuadrantThresholds(au, eu, source="command line")
+
+
+def answer_median(generation: Generation) -> QuadrantThresholds:
+    """The median AU/EU of this answer's own tokens (uncalibrated), when no thresholds are known."""
+    tokens = generation.tokens
+    if not tokens:
+        return QuadrantThresholds(0.0, 0.0, source="no tokens")
+    return QuadrantThresholds.from_quantile(
+        [t.au for t in tokens], [t.eu for t in tokens], 0.5, source="median of this answer (uncalibrated)"
+    )
+
+
+def calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = None) -> str:
+    extra = "" if evidence == "clamped" else f" --evidence {evidence}"
+    dest = f" --out {out_path}" if out_path is not None else ""
+    return f"`logtoku-guard calibrate --model {model} --top-k {k}{extra}{dest}`"
+
+
+def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
+    """An explicit ``--profile``, read before any model loads so a bad path fails at once."""
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import ModelProfile
+
+    if not path.is_file():
+        msg = (
+            f"--profile {str(path)!r} does not exist; write it with {calibrate_hint(model, k, evidence, path)}, "
+            "or leave out --profile to use the saved profile of --model"
+        )
+        raise ConfigurationError(msg)
+    try:
+        return ModelProfile.load(path)
+    except (ValidationError, OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ValidationError):
+            e = exc.errors()[0]
+            first = f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+        else:
+            first = str(exc)
+        msg = (
+            f"--profile {str(path)!r} is not a model profile ({first}); "
+            f"give a file written by {calibrate_hint(model, k, evidence)}"
+        )
+        raise ConfigurationError(msg) from exc
+
+
+def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
+    """The profile for ``backend`` and its path, shared by ``score`` and ``ask``; never calibrates.
+
+    ``--profile`` (which must match the backend's model, K and evidence mode), else the saved
+    profile of the model, else ``(None, None)``.
+    """
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import load_profile_for, profile_path
+
+    model, k, evidence = backend.model_name, backend.k, backend.evidence
+    if explicit is not None:
+        try:
+            explicit.check_matches(model, k, evidence)
+        except ConfigurationError as exc:
+            msg = f"--profile {str(explicit_path)!r}: {exc}, or leave out --profile to use the saved profile of --model"
+            raise ConfigurationError(msg) from exc
+        return explicit, explicit_path
+    path = profile_path(model, k, evidence, cache_dir)
+    try:
+        found = load_profile_for(model, k, evidence, cache_dir)
+    except (ValidationError, OSError, UnicodeDecodeError) as exc:
+        msg = (
+            f"the saved profile {str(path)!r} cannot be read ({exc.__class__.__name__}); "
+            f"remake it with {calibrate_hint(model, k, evidence)}"
+        )
+        raise ConfigurationError(msg) from exc
+    return (found, path) if found is not None else (None, None)
+
+
+def profile_thresholds(profile: Any, path: Path | None) -> QuadrantThresholds:
+    """Quadrant thresholds of ``profile`` at the default policy's quadrant quantiles (as ``ask`` uses)."""
+    from logtoku_guard.policy import default_policy
+
+    q = default_policy().quadrants
+    t = profile.quadrant_thresholds(q.au_quantile, q.eu_quantile)
+    return dataclasses.replace(t, source=f"profile {path} (AU q{q.au_quantile:g}, EU q{q.eu_quantile:g})")
+
+
+def reliability_percentile(profile: Any, generation: Generation) -> float | None:
+    """Where the answer's reliability falls in the profile's calibration set (0-100), if comparable.
+
+    ``None`` without a profile, or when the profile averaged another number of tokens
+    (``top_n``) into its reliability.
+    """
+    if profile is None or profile.top_n != generation.top_n:
+        return None
+    p = profile.percentile("reliability", generation.score.reliability)
+    return None if math.isnan(p) else 100.0 * p
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def fmt(x: float, digits: int = 4) -> str:
+    return "nan" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def render_generation(generation: Generation, thresholds: QuadrantThresholds, percentile: float | None = None) -> None:
+    """Answer with tokens coloured by quadrant, a per-token table and the reliability."""
+    answer = Text()
+    for t in generation.tokens:
+        answer.append(t.text, style=QUADRANT_STYLE[thresholds.classify(t.au, t.eu)])
+    out.print(Text("Answer: ", style="bold") + answer)
+    table = Table(title=f"Per-token uncertainty (K={generation.k}, {generation.evidence} evidence)", show_lines=False)
+    for col, justify in [
+        ("#", "right"),
+        ("token", "left"),
+        ("AU", "right"),
+        ("EU", "right"),
+        ("AU*EU", "right"),
+        ("quadrant", "center"),
+        ("log p", "right"),
+        ("entropy", "right"),
+    ]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for t in generation.tokens:
+        q = thresholds.classify(t.au, t.eu)
+        table.add_row(
+            str(t.index),
+            repr(t.text),
+            fmt(t.au),
+            fmt(t.eu),
+            fmt(t.uncertainty),
+            Text(q.value, style=QUADRANT_STYLE[q]),
+            fmt(t.logprob, 3),
+            fmt(t.entropy, 3),
+        )
+    out.print(table)
+    s = generation.score
+    out.print(
+        f"Response reliability (top-{s.top_n} mean, higher = more reliable): [bold]{fmt(s.reliability)}[/]"
+        + (f" (percentile {percentile:.0f} of the model's profile)" if percentile is not None else "")
+        + f"   plain mean: {fmt(s.reliability_mean)}   tokens: {s.n_tokens}   finish: {generation.finish_reason}"
+    )
+    out.print(
+        f"Quadrant thresholds AU > {thresholds.au:.4f}, EU > {thresholds.eu:.4f} ({thresholds.source}); "
+        + "  ".join(f"[{QUADRANT_STYLE[q]}]{q.value}[/]: {q.description}" for q in Quadrant),
+        highlight=False,
+    )
+
+
+def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Open the store, call one of its methods, close it; a library error exits with status 2."""
+    try:
+        with open_store(store) as audit:
+            return getattr(audit, method)(*args, **kwargs)
+    except LogTokUError as exc:
+        raise fail(exc) from exc

@@ -1,0 +1,160 @@
+"""The guard commands: ``logtoku-guard calibrate`` (a model profile) and ``ask`` (a guarded answer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from logtoku_guard.cli import _common
+from logtoku_guard.cli._common import CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import LogTokUError
+from logtoku_guard.payloads import result_payload
+from logtoku_guard.types import DecodingOptions, to_messages
+from logtoku_guard.uncertainty import DEFAULT_K, validate_k
+
+if TYPE_CHECKING:
+    from logtoku_guard.calibration import ModelProfile
+
+ACTION_STYLE = {
+    "pass": "green",
+    "warn": "yellow",
+    "retrieve": "cyan",
+    "abstain": "red",
+    "human_review": "magenta",
+    "raise": "red",
+}
+
+
+def calibrate(
+    model: ModelOpt = EMBEDDED_MODEL,
+    top_k: TopKOpt = DEFAULT_K,
+    evidence: Annotated[str, typer.Option(help="Evidence mode: clamped or raw.")] = "clamped",
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompts file: .txt (one per line) or .jsonl with 'question'. Default: shared datasets.")
+    ] = None,
+    n: Annotated[int, typer.Option("--n", help="Number of default calibration questions (TruthfulQA + NQ-open).")] = 200,
+    max_new_tokens: Annotated[int, typer.Option(help="Maximum tokens per calibration answer.")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Prompts per generation batch.")] = 8,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Where to write the profile (default: next to the model cache).")
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Profile a model over a calibration set so policies can use quantile thresholds."""
+    from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
+
+    try:
+        questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
+        validate_k(top_k)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence)
+        profile = run_calibration(backend, questions, max_new_tokens, batch_size, str(prompts or f"default ({n} questions)"))
+        path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
+    except LogTokUError as exc:
+        raise _common.fail(exc) from exc
+    table = Table(title=f"Profile of {profile.model} ({profile.n_prompts} prompts, {profile.n_tokens} tokens)")
+    table.add_column("statistic")
+    for q in ("q10", "q50", "q90"):
+        table.add_column(q, justify="right")
+    for stat in ("reliability", "max_eu", "mean_eu", "mean_au", "first_eu", "token_au", "token_eu"):
+        table.add_row(stat, *(_common.fmt(profile.quantile(stat, q)) for q in (0.1, 0.5, 0.9)))
+    _common.out.print(table)
+    _common.out.print(f"profile written to {path}")
+
+
+def run_calibration(backend: Any, questions: list[str], max_new_tokens: int, batch_size: int, source: str) -> ModelProfile:
+    """Calibrate with a progress bar on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from logtoku_guard.calibration import calibrate as run
+
+    columns = (TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_common.err) as bar:
+        task = bar.add_task("calibrate", total=len(questions))
+        return run(
+            backend,
+            questions,
+            DecodingOptions(max_new_tokens=max_new_tokens),
+            batch_size=batch_size,
+            source=source,
+            on_batch=lambda k: bar.advance(task, k),
+        )
+
+
+def ask(
+    prompt: Annotated[str, typer.Argument(help="The question to answer.")],
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (YAML or JSON). Default: the calibrated default policy.")
+    ] = None,
+    profile: Annotated[Path | None, typer.Option(help="Model profile JSON (default: the saved profile of --model).")] = None,
+    context_file: Annotated[
+        Path | None, typer.Option(help="Passages (blank-line separated) for the retrieve action, ranked by BM25.")
+    ] = None,
+    store: StoreOpt = None,
+    model: ModelOpt = EMBEDDED_MODEL,
+    top_k: TopKOpt = DEFAULT_K,
+    max_new_tokens: Annotated[int, typer.Option(help="Maximum number of generated tokens.")] = 128,
+    system: Annotated[str | None, typer.Option(help="System message.")] = None,
+    calibration_size: Annotated[int, typer.Option(help="Questions used when no profile exists yet and one is made.")] = 200,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    cache_dir: CacheOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
+    from logtoku_guard.calibration import default_calibration_prompts, profile_path
+    from logtoku_guard.guard import Guard, GuardRejectedError
+    from logtoku_guard.policy import Policy, default_policy
+    from logtoku_guard.retrieval import KeywordRetriever
+
+    try:
+        to_messages(prompt, system)
+        validate_k(top_k)
+        rules = Policy.from_file(policy) if policy else default_policy()
+        retriever = KeywordRetriever.from_file(context_file) if context_file else None
+        audit = _common.open_store(store, cache_dir)
+        explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir)
+        prof, _ = _common.profile_for(backend, explicit, profile, cache_dir)
+        if prof is None and (rules.uses_quantiles() or rules.rules):
+            path = profile_path(backend.model_name, backend.k, backend.evidence, cache_dir)
+            _common.err.print(
+                f"No profile for {backend.model_name} yet: calibrating once on {calibration_size} questions (saved to {path})."
+            )
+            prof = run_calibration(backend, default_calibration_prompts(calibration_size), 64, 8, f"default ({calibration_size})")
+            prof.save(path)
+        guard = Guard(
+            backend,
+            rules,
+            retriever=retriever,
+            store=audit,
+            profile=prof,
+            options=DecodingOptions(max_new_tokens=max_new_tokens),
+            system=system,
+        )
+        try:
+            result = guard.run(prompt)
+        except GuardRejectedError as exc:
+            result = exc.result
+    except LogTokUError as exc:
+        raise _common.fail(exc) from exc
+    percentile = _common.reliability_percentile(guard.profile, result.generation)
+    if as_json:
+        _common.print_json({**result_payload(result, guard.quadrants), "reliability_percentile": percentile})
+        return
+    thresholds = guard.quadrants or _common.answer_median(result.generation)
+    _common.render_generation(result.generation, thresholds, percentile)
+    d = result.decision
+    _common.out.print(
+        f"Action: [{ACTION_STYLE[result.action]}]{result.action}[/] (rule: {d.rule or '-'}; {d.reason}); "
+        f"attempts: {len(result.attempts)}; trace: {result.trace_id}"
+        + (f"; review id: {result.review_id}" if result.review_id is not None else ""),
+        highlight=False,
+    )
+    _common.out.print(Text("Returned: ", style="bold") + Text(result.answer))
