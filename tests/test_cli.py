@@ -280,3 +280,48 @@ def test_ask_reports_the_reliability_percentile_of_the_profile(tmp_path: Path, l
     assert data["reliability_percentile"] == pytest.approx(100 * profile.percentile("reliability", reliability))
     res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"))
     assert res.exit_code == 0 and f"(percentile {data['reliability_percentile']:.0f} of the model's profile)" in res.output
+
+
+# -- the --json objects are the library's payloads ----------------------------------------------
+TOKEN_KEYS = {"index", "token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}
+
+
+def test_score_json_is_the_generation_payload_plus_the_profile_keys(tmp_path: Path, loads: list[Any]) -> None:
+    from logtoku_guard.payloads import GenerationPayload
+
+    data = score_json("--cache-dir", str(tmp_path))
+    assert set(data) == set(GenerationPayload.__annotations__) | {"profile", "reliability_percentile"}
+    assert [set(t) for t in data["tokens"]] == [TOKEN_KEYS] * 5
+    assert [t["index"] for t in data["tokens"]] == [0, 1, 2, 3, 4]
+
+
+def test_ask_json_is_the_result_payload_plus_the_percentile(tmp_path: Path, loads: list[Any]) -> None:
+    from logtoku_guard.payloads import ResultPayload
+
+    path = make_profile().save(tmp_path / "p.json")
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    documented = {"answer", "action", "reason", "rule", "reliability", "attempts", "review_id", "trace_id", "stopped_early"}
+    documented |= {"model", "policy", "checks", "stats", "tokens", "timings", "draft", "route", "reliability_percentile"}
+    assert set(data) == set(ResultPayload.__annotations__) | {"reliability_percentile"} >= documented
+    assert set(data["policy"]) == {"name", "version"} and data["draft"] == "The capital is Paris."
+    assert [step["attempt"] for step in data["route"]] == list(range(1, data["attempts"] + 1))
+    with AuditStore(tmp_path / "a.db") as audit:
+        record = audit.get(data["trace_id"])
+    assert record.answer == data["draft"] and record.stats == data["stats"]
+
+
+def test_help_starts_without_heavy_imports() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from typer.testing import CliRunner; from logtoku_guard.cli import app; "
+        "res = CliRunner().invoke(app, ['--help']); assert res.exit_code == 0, res.output; "
+        "print(sorted(m for m in ('torch', 'transformers', 'sqlalchemy', 'matplotlib', 'numpy') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
+    res = subprocess.run([sys.executable, "-m", "logtoku_guard.cli", "--help"], capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and "review" in res.stdout and "eval" in res.stdout
