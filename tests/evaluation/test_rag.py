@@ -18,7 +18,7 @@ from logtoku_guard.evaluation.rag import GuardEvalConfig, build_knowledge_base, 
 from .support import HAS_MPL, nq_items, nq_script
 
 
-def test_guard_eval_end_to_endqa_backend(tmp_path: Path) -> None:
+def test_guard_eval_end_to_end_scripted(tmp_path: Path) -> None:
     items, pool = nq_items(8), nq_items(40)
     calls: list[str] = []
     script = nq_script(calls)
