@@ -4,7 +4,8 @@ Data flow: dataset items -> cached greedy answers with raw top-5 logits (+ sampl
 on a subset) -> judges label them -> each method's reliability, re-scored from the cache ->
 AUROC / AUPRC / PRR / risk-coverage with bootstrap intervals -> markdown, JSON, PNG. The
 guard end to end (:mod:`~logtoku_guard.evaluation.rag`) replays retrieval guards at matched
-budgets from cached closed-book and retrieval-augmented answers.
+budgets from cached closed-book and retrieval-augmented answers: knowledge base
+(``knowledge_base``), replay (``replay``), live check (``live``), report (``guard_report``).
 
 Framework-free: numpy for the maths; torch/transformers only where a model runs (generation,
 the MiniLM embedding judge); matplotlib (extra ``eval``) only for plots. Names are resolved
@@ -73,13 +74,14 @@ _EXPORTS = {
     "run_qa": "qa",
     "evaluate": "qa",
     # the guard end to end
+    "KnowledgeBase": "knowledge_base",
+    "RagSetup": "knowledge_base",
+    "build_knowledge_base": "knowledge_base",
+    "Replay": "replay",
+    "live_check": "live",
+    "GuardEvalReport": "guard_report",
     "GuardEvalConfig": "rag",
-    "KnowledgeBase": "rag",
-    "RagSetup": "rag",
-    "Replay": "rag",
-    "build_knowledge_base": "rag",
     "evaluate_guard": "rag",
-    "live_check": "rag",
     "run_guard_eval": "rag",
 }
 

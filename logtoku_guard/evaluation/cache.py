@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from logtoku_guard.errors import ConfigurationError
 
@@ -153,15 +153,6 @@ class CachedLabelLogits:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> CachedLabelLogits:
         return cls(id=str(obj["id"]), logits=tuple(_float(v) for v in obj["logits"]))
-
-
-class _Record(Protocol):
-    kind: ClassVar[str]
-
-    @property
-    def id(self) -> str: ...
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
 R = TypeVar("R", CachedGeneration, CachedSamples, CachedLabelLogits)

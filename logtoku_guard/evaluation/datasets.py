@@ -4,10 +4,18 @@
 * NQ-open (Kwiatkowski et al. 2019; Lee et al. 2019): ``nq_open/NQ-open.dev.jsonl``.
 * GoEmotions (Demszky et al. 2020): ``goemotions/{dev,test}.tsv`` and ``emotions.txt``.
 
-The folder is :func:`logtoku_guard.calibration.shared_data_dir` (``$LOGTOKU_GUARD_DATA`` or
-``../shared/data``) unless a path is given. A missing file raises
-:class:`DatasetUnavailableError` naming the path and the fix, so callers (and tests) can
-skip clearly.
+Where the data folder is, first match wins (:func:`data_root`):
+
+1. an explicit argument: ``data_dir=`` (the CLI's ``--data-dir``), or a file ``path``;
+2. the environment variable ``$LOGTOKU_GUARD_DATA`` (:data:`DATA_ENV`), used as given;
+3. only as a fallback for a source checkout: ``shared/data`` beside the project folder, or
+   beside the working directory (:func:`default_data_dir`). An installed package has no such
+   sibling folder: set the variable or pass the folder.
+
+A missing folder or file raises :class:`DatasetUnavailableError` naming the path and the
+fix, so callers (and tests) can skip clearly. The calibration prompts
+(:func:`logtoku_guard.calibration.default_calibration_prompts`) read TruthfulQA and NQ-open
+through these loaders.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from logtoku_guard.errors import ConfigurationError
 TRUTHFULQA_FILE = Path("truthfulqa") / "TruthfulQA.csv"
 NQ_OPEN_FILE = Path("nq_open") / "NQ-open.dev.jsonl"
 GOEMOTIONS_DIR = Path("goemotions")
+DATA_ENV = "LOGTOKU_GUARD_DATA"
+"""The environment variable naming the datasets folder."""
 
 
 class DatasetUnavailableError(ConfigurationError):
@@ -53,16 +63,34 @@ class EmotionItem:
     labels: tuple[int, ...]
 
 
-def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The shared data folder (given, ``$LOGTOKU_GUARD_DATA`` or ``../shared/data``)."""
-    from logtoku_guard.calibration import shared_data_dir
+def _checkout_fallbacks() -> list[Path]:
+    """``shared/data`` beside this source checkout and beside the working directory."""
+    project = Path(__file__).resolve().parents[2]  # logtoku_guard/evaluation/datasets.py -> project folder
+    return [project.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
 
-    root = Path(data_dir) if data_dir is not None else shared_data_dir()
+
+def default_data_dir() -> Path | None:
+    """The datasets folder when none is passed: ``$LOGTOKU_GUARD_DATA`` as given, else the
+    first existing source-checkout fallback (``shared/data`` beside the project or the working
+    directory), else None."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    return next((c for c in _checkout_fallbacks() if c.is_dir()), None)
+
+
+def existing_data_dir() -> Path | None:
+    """:func:`default_data_dir` when that folder exists, else None (for callers that skip)."""
+    root = default_data_dir()
+    return root if root is not None and root.is_dir() else None
+
+
+def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The datasets folder: ``data_dir`` if given, else :func:`default_data_dir`; it must exist."""
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
     if root is None or not root.is_dir():
-        msg = (
-            f"the shared datasets folder was not found ({str(root) if root else '../shared/data'}); "
-            "set $LOGTOKU_GUARD_DATA or pass --data-dir"
-        )
+        where = str(root) if root else f"${DATA_ENV} is not set and no shared/data folder is beside the project"
+        msg = f"the shared datasets folder was not found ({where}); set ${DATA_ENV} or pass --data-dir"
         raise DatasetUnavailableError(msg)
     return root
 
@@ -70,7 +98,7 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
 def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] | None, default: Path) -> Path:
     p = Path(path) if path is not None else data_root(data_dir) / default
     if not p.is_file():
-        msg = f"dataset file {str(p)!r} does not exist; set $LOGTOKU_GUARD_DATA, pass --data-dir, or give the file path"
+        msg = f"dataset file {str(p)!r} does not exist; set ${DATA_ENV}, pass --data-dir, or give the file path"
         raise DatasetUnavailableError(msg)
     return p
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -320,8 +319,3 @@ def run_qa(
     generations, samples = collect(items, model, backend, config, on_progress)
     reports, files = evaluate(items, generations, samples, judges, config, model=model, embedder=embedder)
     return QARun(tuple(reports), tuple(files), tuple(generations), tuple(samples))
-
-
-def default_out_dir() -> Path:
-    """``results/`` under the working directory."""
-    return Path(os.getcwd()) / "results"

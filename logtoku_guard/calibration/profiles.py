@@ -1,26 +1,24 @@
-"""Thresholds from data, never constants: model profiles and threshold fitting.
+"""Model profiles: where a model's AU/EU and response statistics fall, so thresholds come from data.
 
 AU/EU live on each model's logit scale, so a threshold means nothing until it is placed in
 that model's own distribution. A :class:`ModelProfile` stores, for one model and scoring
 setup, the quantile grid (0%, 1%, ..., 100%) of token AU/EU and of every response statistic
 of :class:`~logtoku_guard.stats.ResponseStats` over a calibration set of prompts; a policy
-can then say "flag the top 10% of max EU" (``{quantile: 0.9}``).
-:func:`fit_threshold` chooses a threshold from answers labelled correct/incorrect instead.
+can then say "flag the top 10% of max EU" (``{quantile: 0.9}``). :func:`calibrate` runs a
+backend over prompts and builds one (:func:`build_profile`); :func:`profile_path` and
+:func:`load_profile_for` keep it next to the model cache.
 """
 
 from __future__ import annotations
 
 import bisect
-import csv
-import json
 import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,9 +28,10 @@ from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
 from logtoku_guard.uncertainty import QuadrantThresholds
 
+__all__ = ["GRID", "PROFILE_VERSION", "ModelProfile", "build_profile", "calibrate", "load_profile_for", "profile_path"]
+
 PROFILE_VERSION = 1
 GRID = 101
-DATA_ENV = "LOGTOKU_GUARD_DATA"
 
 
 class ModelProfile(BaseModel):
@@ -204,120 +203,3 @@ def calibrate(
         if on_batch is not None:
             on_batch(len(chunk))
     return build_profile(generations, source)
-
-
-def shared_data_dir() -> Path | None:
-    """``$LOGTOKU_GUARD_DATA``, else ``../shared/data`` beside the project or the working dir."""
-    env = os.environ.get(DATA_ENV)
-    candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-    return next((c for c in candidates if c.is_dir()), None)
-
-
-def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] | None = None) -> list[str]:
-    """``n`` questions, half from TruthfulQA and half from NQ-open (deterministic order)."""
-    root = Path(data_dir) if data_dir is not None else shared_data_dir()
-    if root is None or not root.is_dir():
-        msg = (
-            f"the default calibration set needs the shared datasets (TruthfulQA, NQ-open); none found at "
-            f"{str(root) if root else '../shared/data'}: set ${DATA_ENV} or pass your own prompts file"
-        )
-        raise ConfigurationError(msg)
-    with open(root / "truthfulqa" / "TruthfulQA.csv", encoding="utf-8-sig", newline="") as fh:
-        tqa = [row["Question"] for row in csv.DictReader(fh)]
-    with open(root / "nq_open" / "NQ-open.dev.jsonl", encoding="utf-8") as fh:
-        nq = [json.loads(line)["question"] for line in fh if line.strip()]
-    # Every m-th question: spread over the whole file rather than its first topic.
-    half = n // 2
-    picks = tqa[:: max(1, len(tqa) // max(half, 1))][:half] + nq[:: max(1, len(nq) // max(n - half, 1))][: n - half]
-    return [q if q.rstrip().endswith("?") else q.rstrip() + "?" for q in picks]
-
-
-def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
-    """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field."""
-    p = Path(path)
-    if not p.is_file():
-        msg = f"prompts file {str(p)!r} does not exist; give a .txt (one prompt per line) or .jsonl file"
-        raise ConfigurationError(msg)
-    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if p.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(lines, 1):
-            obj = json.loads(line)
-            if not isinstance(obj, dict) or not ({"question", "prompt"} & set(obj)):
-                msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
-                raise ConfigurationError(msg)
-            out.append(str(obj.get("question", obj.get("prompt"))))
-        return out
-    return lines
-
-
-@dataclass(frozen=True)
-class ThresholdFit:
-    """A reliability threshold fitted on labelled answers: flag (do not pass) when score < threshold.
-
-    The flagged class is "incorrect": ``precision`` = share of flagged answers that were
-    incorrect, ``recall`` = share of incorrect answers flagged, ``coverage`` = share passed.
-    """
-
-    threshold: float
-    precision: float
-    recall: float
-    coverage: float
-    f_beta: float
-    beta: float
-    objective: str
-
-
-def fit_threshold(
-    scores: Sequence[float],
-    correct: Sequence[bool],
-    objective: Literal["precision", "coverage", "fbeta"] = "fbeta",
-    target: float | None = None,
-    beta: float = 1.0,
-) -> ThresholdFit:
-    """Choose a threshold on a reliability-like score (higher = more reliable).
-
-    * ``precision``: the largest recall whose flag precision is >= ``target``;
-    * ``coverage``: pass (at least) a share ``target`` of answers, flag the rest;
-    * ``fbeta``: maximise the F-beta of flagging incorrect answers.
-    """
-    if len(scores) != len(correct) or not scores:
-        msg = f"scores and labels must be non-empty and of equal length, got {len(scores)} and {len(correct)}"
-        raise ConfigurationError(msg)
-    if objective in ("precision", "coverage") and (target is None or not 0.0 < target <= 1.0):
-        msg = f"objective {objective!r} needs a target in (0, 1], got {target!r}"
-        raise ConfigurationError(msg)
-    if objective not in ("precision", "coverage", "fbeta"):
-        msg = f"objective must be 'precision', 'coverage' or 'fbeta', got {objective!r}"
-        raise ConfigurationError(msg)
-    pairs = sorted((float(s), bool(c)) for s, c in zip(scores, correct) if math.isfinite(s))
-    n = len(pairs)
-    n_bad = sum(not c for _, c in pairs)
-    # Candidate thresholds: flag everything strictly below pairs[i][0] (i flagged).
-    best: ThresholdFit | None = None
-    flagged_bad = 0
-    for i in range(n + 1):
-        if i > 0:
-            flagged_bad += not pairs[i - 1][1]
-            if i < n and pairs[i][0] == pairs[i - 1][0]:
-                continue  # ties cannot be split by a threshold
-        threshold = pairs[i][0] if i < n else math.nextafter(pairs[-1][0], math.inf)
-        precision = flagged_bad / i if i else 1.0
-        recall = flagged_bad / n_bad if n_bad else 1.0
-        coverage = (n - i) / n
-        b2 = beta * beta
-        f = (1 + b2) * precision * recall / (b2 * precision + recall) if precision + recall > 0 and i else 0.0
-        fit = ThresholdFit(threshold, precision, recall, coverage, f, beta, objective)
-        if objective == "coverage":
-            if coverage >= (target or 0.0):
-                best = fit  # the last one still passing the target share flags the most
-        elif objective == "precision":
-            if i and precision >= (target or 0.0) and (best is None or recall > best.recall):
-                best = fit
-        elif best is None or f > best.f_beta:
-            best = fit
-    if best is None:
-        msg = f"no threshold reaches {objective}={target!r} on these {n} labelled answers; lower the target"
-        raise ConfigurationError(msg)
-    return best

@@ -1,0 +1,98 @@
+"""``logtoku-guard eval`` (``evaluation.cli``) from filled caches; registering it imports nothing heavy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from logtoku_guard.backends.fake import ScriptedBackend
+from logtoku_guard.evaluation.cache import CachedLabelLogits
+from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions, load_nq_open, load_truthfulqa
+from logtoku_guard.evaluation.dynamic import label_cache
+from logtoku_guard.evaluation.generate import greedy_cache, run_greedy
+from logtoku_guard.evaluation.methods import HEADLINE
+from logtoku_guard.evaluation.rag import GuardEvalConfig, run_guard_eval
+
+from .support import make_data_dir, nq_items, nq_script, qa_backend
+
+
+def test_cli_registration_imports_no_heavy_dependency() -> None:
+    code = "import sys, logtoku_guard.cli; print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
+
+
+def test_cli_truthfulqa_rescoring_from_a_filled_cache(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    root = make_data_dir(tmp_path / "data")
+    items = load_truthfulqa(data_dir=root)
+    run_greedy(qa_backend([]), items, greedy_cache(tmp_path / "cache", "scripted-model", "truthfulqa"))
+    args = ["eval", "truthfulqa", "--model", "scripted-model", "--data-dir", str(root), "--cache-dir", str(tmp_path / "cache")]
+    args += ["--out-dir", str(tmp_path / "out"), "--samples-limit", "0", "--judge", "rouge", "--n-boot", "20", "--no-plots"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "rouge-l-rule" in res.output and HEADLINE in res.output
+    assert (tmp_path / "out" / "truthfulqa.json").exists()
+    bad = CliRunner().invoke(app, ["eval", "truthfulqa", "--data-dir", str(tmp_path / "nowhere")])
+    assert bad.exit_code == 2
+
+
+def test_cli_dynamic_decoding_from_a_filled_cache(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    root = make_data_dir(tmp_path / "data")
+    names = load_emotion_names(root)
+    rng = np.random.default_rng(0)
+    for split in ("dev", "test"):
+        cache = label_cache(tmp_path / "cache", "m", split, names)
+        cache.append(CachedLabelLogits(it.id, tuple(rng.normal(3, 1, 4))) for it in load_goemotions(split, data_dir=root))
+    args = ["eval", "dynamic-decoding", "--model", "m", "--data-dir", str(root), "--cache-dir", str(tmp_path / "cache")]
+    res = CliRunner().invoke(app, [*args, "--out-dir", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "u = EU/AU < t" in res.output
+    data = json.loads((tmp_path / "out" / "goemotions.json").read_text())
+    assert [r["rule"] for r in data["rules"]] == ["greedy", "top-2", "logtoku", "probability", "entropy"]
+
+
+def test_cli_guard_from_a_filled_cache(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    data = tmp_path / "data" / "nq_open"
+    data.mkdir(parents=True)
+    rows = [{"question": it.question.rstrip("?"), "answer": list(it.correct)} for it in nq_items(20)]
+    (data / "NQ-open.dev.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+
+    pool = load_nq_open(data_dir=tmp_path / "data")
+    run_guard_eval(
+        pool[:6], pool, "scripted-model", ScriptedBackend(nq_script([]), k=5), GuardEvalConfig(cache_dir=tmp_path / "c", live=0)
+    )
+    args = ["eval", "guard", "--model", "scripted-model", "--data-dir", str(tmp_path / "data"), "--limit", "6"]
+    args += [
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--out-dir",
+        str(tmp_path / "out"),
+        "--live",
+        "0",
+        "--n-boot",
+        "20",
+        "--no-plots",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "always retrieve" in res.output and (tmp_path / "out" / "guard-e2e.json").exists()
+    bad = CliRunner().invoke(app, [*args, "--budgets", "0,1.5"])
+    assert bad.exit_code == 2 and "1.5" in bad.output
+    bad = CliRunner().invoke(app, [*args, "--passages", "0"])
+    assert bad.exit_code == 2 and "--passages" in bad.output

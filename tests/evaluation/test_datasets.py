@@ -1,0 +1,80 @@
+"""Dataset loaders (``evaluation.datasets``): read in place, errors that name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.evaluation.datasets import (
+    DatasetUnavailableError,
+    load_emotion_names,
+    load_goemotions,
+    load_nq_open,
+    load_truthfulqa,
+)
+
+from .support import make_data_dir
+
+
+def test_loaders_read_in_place(tmp_path: Path) -> None:
+    root = make_data_dir(tmp_path / "data")
+    tqa = load_truthfulqa(data_dir=root)
+    assert [i.id for i in tqa] == ["tqa-0", "tqa-1", "tqa-2", "tqa-3"]
+    assert tqa[0].question == "What is the capital of France?"  # the BOM is not part of the header
+    assert tqa[0].correct == ("Paris", "The capital is Paris")  # best answer first, deduplicated
+    assert tqa[0].incorrect == ("Lyon", "Marseille")
+    assert len(load_truthfulqa(data_dir=root, limit=2)) == 2
+    nq = load_nq_open(data_dir=root)
+    assert nq[0].question == "who wrote hamlet?" and nq[0].correct == ("Shakespeare",)
+    assert load_emotion_names(root) == ["capital", "text", "unicode", "model"]
+    dev = load_goemotions("dev", data_dir=root)
+    assert dev[0].labels == (0, 1) and dev[1].labels == (1,) and dev[0].id == "dev0"
+    with pytest.raises(DatasetUnavailableError, match="not found"):
+        load_truthfulqa(data_dir=tmp_path / "data" / "nowhere")
+    with pytest.raises(ConfigurationError, match="limit"):
+        load_truthfulqa(data_dir=root, limit=0)
+
+
+def test_shared_truthfulqa_when_present() -> None:
+    try:
+        items = load_truthfulqa(limit=3)
+    except DatasetUnavailableError as exc:
+        pytest.skip(f"shared datasets absent: {exc}")
+    assert items[0].question.startswith("What happens to you if you eat watermelon seeds")
+    assert items[0].correct[0] == "The watermelon seeds pass through your digestive system"
+
+
+def test_errors_share_the_library_root() -> None:
+    assert issubclass(DatasetUnavailableError, LogTokUError)
+
+
+def test_data_dir_is_the_argument_then_the_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from logtoku_guard.evaluation.datasets import DATA_ENV, data_root, default_data_dir, existing_data_dir
+
+    root = make_data_dir(tmp_path / "data")
+    monkeypatch.setenv(DATA_ENV, str(root))
+    assert default_data_dir() == root and existing_data_dir() == root and data_root() == root
+    assert [i.id for i in load_truthfulqa(limit=2)] == ["tqa-0", "tqa-1"]  # no argument: the variable
+    assert data_root(tmp_path) == tmp_path  # an argument wins over the variable
+    # the variable is used as given: a wrong folder is an error naming it, never a silent fallback
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "missing"))
+    assert existing_data_dir() is None
+    with pytest.raises(DatasetUnavailableError, match=r"missing.*LOGTOKU_GUARD_DATA"):
+        load_nq_open()
+
+
+def test_calibration_prompts_read_through_the_loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from logtoku_guard.calibration import default_calibration_prompts
+
+    root = make_data_dir(tmp_path / "data")
+    # half from TruthfulQA (every 2nd of 4 rows), half from NQ-open (one line, "?" appended)
+    assert default_calibration_prompts(4, root) == [
+        "What is the capital of France?",
+        "Is 2+2 equal to 4?",
+        "who wrote hamlet?",
+    ]
+    monkeypatch.setenv("LOGTOKU_GUARD_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DatasetUnavailableError, match="own prompts file"):
+        default_calibration_prompts(4)
