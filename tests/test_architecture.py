@@ -108,7 +108,11 @@ def test_no_import_cycle_among_core_modules() -> None:
 
 @pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS], ids=["logtoku_guard", "integrations"])
 def test_no_source_file_over_500_lines(root: Path) -> None:
-    long = {str(p.relative_to(ROOT)): n for p in root.rglob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in root.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long, f"split these modules along their concepts (limit {MAX_LINES} lines): {long}"
 
 
