@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model
+from support.tiny import make_model
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.errors import ConfigurationError
