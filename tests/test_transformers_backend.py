@@ -393,3 +393,15 @@ def test_detokenization_work_per_step_does_not_grow_with_the_answer(tiny_tokeniz
         whole = decode(tiny_tokenizer, [t.id for t in g.tokens])
         assert g.text == whole or (whole.endswith("\ufffd") and whole.startswith(g.text))
     assert per_token[400] <= 1.5 * per_token[40] + 1, per_token
+
+
+def test_is_a_complete_backend(tiny_tokenizer: Any) -> None:
+    from logtoku_guard import Backend
+
+    backend = TransformersBackend(
+        "tiny", model_obj=make_model(tiny_tokenizer), tokenizer=tiny_tokenizer, k=3, evidence="raw", top_n=4
+    )
+    assert isinstance(backend, Backend)
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=2))
+    assert (backend.model_name, backend.k, backend.evidence, backend.top_n) == ("tiny", 3, "raw", 4)
+    assert (g.model, g.k, g.evidence, g.top_n) == ("tiny", 3, "raw", 4)
