@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Per-step cost of the backend's step recorder (pairing, detokenization, stop handling) vs answer length.
 
-``_StepRecorder`` runs once per decoding step inside ``generate``. This drives it directly
+``StepRecorder`` runs once per decoding step inside ``generate``. This drives it directly
 with precomputed step scores (no model forward pass), the embedded model's real tokenizer
 and real text ids (README text plus accented, CJK and emoji text, so multi-byte characters
 split across tokens), and times each step. The per-step cost must not grow with the answer:
@@ -42,10 +42,10 @@ def run(tokenizer: Any, ids: list[int], n: int, batch: int) -> list[float]:
     """Seconds of each of ``n`` recorder steps for ``batch`` rows (row b reads the text from offset 37 b)."""
     import torch
 
-    from logtoku_guard.backends.transformers import _Pending, _StepRecorder
+    from logtoku_guard.backends.recorder import StepRecorder, StepScores
     from logtoku_guard.uncertainty import logsumexp_entropy, logtoku
 
-    recorder = _StepRecorder(
+    recorder = StepRecorder(
         k=2,
         evidence="clamped",
         tokenizer=tokenizer,
@@ -54,7 +54,6 @@ def run(tokenizer: Any, ids: list[int], n: int, batch: int) -> list[float]:
         eos_ids=frozenset({tokenizer.eos_token_id}),
         on_token=None,
         cancel=None,
-        dynamic=None,
     )
     logits = torch.randn(batch, len(tokenizer), generator=torch.Generator().manual_seed(0))
     values, top_ids = logits.topk(2, dim=-1)
@@ -63,7 +62,7 @@ def run(tokenizer: Any, ids: list[int], n: int, batch: int) -> list[float]:
     steps = []
     for s in range(n):
         chosen = torch.tensor([[ids[(s + 37 * b) % len(ids)]] for b in range(batch)])
-        recorder.pending = _Pending(values, top_ids, au, eu, logits, lse, entropy)
+        recorder.pending = StepScores(values, top_ids, au, eu, logits, lse, entropy)
         t = time.perf_counter()
         recorder(chosen)
         steps.append(time.perf_counter() - t)

@@ -9,7 +9,7 @@ Measures, in one process:
 
    * ``plain``  - ``backend.model.generate(**enc, generation_config=cfg)``: no hook, no criterion.
    * ``hook``   - the same ``generate`` call with the backend's forward hook and stopping
-     criterion (``_StepRecorder``), built here exactly as ``TransformersBackend._run`` builds
+     criterion (``StepRecorder``), built here exactly as ``TransformersBackend._run`` builds
      them: the per-step scoring cost alone.
    * ``api``    - ``backend.batch(prompts, DecodingOptions(max_new_tokens=N))``: the public
      path, which also renders the chat template, tokenizes and builds the ``Generation``.
@@ -277,11 +277,11 @@ class Bench:
         """The scored generate call built from the backend's internals, as ``_run`` does."""
         import torch
 
-        from logtoku_guard.backends.transformers import _StepRecorder
+        from logtoku_guard.backends.recorder import StepRecorder
 
         b = self.backend
         rows = int(enc["input_ids"].shape[0])
-        recorder = _StepRecorder(
+        recorder = StepRecorder(
             k=b.k,
             evidence=b.evidence,
             tokenizer=self.tok,
@@ -290,7 +290,6 @@ class Bench:
             eos_ids=b._eos_ids,
             on_token=None,
             cancel=None,
-            dynamic=None,
         )
         handle = self.model.register_forward_hook(recorder.hook)
         start = time.perf_counter()

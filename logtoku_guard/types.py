@@ -10,10 +10,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Quadrant, QuadrantThresholds, WordScore
+
+if TYPE_CHECKING:
+    import torch
 
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -79,7 +82,10 @@ class DynamicTemperature:
 
     ``T_t = t_min + (t_max - t_min) * (1 - EU_t) ** power`` where ``EU_t`` is the current
     step's epistemic uncertainty in (0, 1]: a token the model knows little about is sampled
-    near-greedily, a well-known step keeps diversity.
+    near-greedily, a well-known step keeps diversity. EU is clamped to [0, 1] first.
+    :meth:`temperature` is the scalar form, :meth:`temperatures` the tensor form (what
+    :class:`~logtoku_guard.backends.processors.DynamicTemperatureLogitsWarper` applies);
+    both evaluate the one formula of :meth:`_schedule`.
     """
 
     t_max: float = 1.0
@@ -96,7 +102,14 @@ class DynamicTemperature:
 
     def temperature(self, eu: float) -> float:
         """The temperature for one step with epistemic uncertainty ``eu`` (scalar form)."""
-        e = min(max(eu, 0.0), 1.0)
+        return float(self._schedule(min(max(eu, 0.0), 1.0)))
+
+    def temperatures(self, eu: torch.Tensor) -> torch.Tensor:
+        """The temperature of each step: ``eu`` of any shape -> a tensor of that shape and dtype."""
+        return self._schedule(eu.clamp(0.0, 1.0))
+
+    def _schedule(self, e: Any) -> Any:
+        """``T(e)`` for a float or a tensor ``e`` already in [0, 1]."""
         return self.t_min + (self.t_max - self.t_min) * (1.0 - e) ** self.power
 
 

@@ -43,10 +43,51 @@ def assert_floats(actual: list[float], expected: list[float]) -> None:
             assert a == pytest.approx(e, abs=1e-12)
 
 
+PROTOCOL_PROPERTIES = sorted(n for n, v in vars(Backend).items() if isinstance(v, property))
+
+
+def test_protocol_properties_are_the_four_scoring_settings() -> None:
+    assert PROTOCOL_PROPERTIES == ["evidence", "k", "model_name", "top_n"]
+
+
 def test_is_a_backend() -> None:
     backend = ScriptedBackend([PARIS], model_name="fake-1")
     assert isinstance(backend, Backend)
     assert backend.model_name == "fake-1" and backend.k == 2
+    assert (backend.evidence, backend.top_n) == ("clamped", 25)
+
+
+@pytest.mark.parametrize("evidence", ["clamped", "raw"])
+def test_properties_equal_the_fields_of_every_generation(evidence: str) -> None:
+    backend = ScriptedBackend([PARIS], k=3, evidence=evidence, top_n=4, model_name="fake-2")  # type: ignore[arg-type]
+    gen = backend.generate("q")
+    settings = {name: getattr(backend, name) for name in PROTOCOL_PROPERTIES}
+    assert settings == {"evidence": evidence, "k": 3, "model_name": "fake-2", "top_n": 4}
+    assert {"evidence": gen.evidence, "k": gen.k, "model_name": gen.model, "top_n": gen.top_n} == settings
+
+
+def test_evidence_is_validated() -> None:
+    with pytest.raises(ConfigurationError, match="evidence"):
+        ScriptedBackend([PARIS], evidence="clipped")  # type: ignore[arg-type]
+
+
+def test_raw_evidence_everywhere() -> None:
+    """evidence="raw" in generate, stream and batch: the spec's NaN / -inf AU (section 8 rows 4
+    and 5: AU raw NaN and -inf, EU clamped), NaN reliability, and every Generation says "raw"."""
+    backend = ScriptedBackend([PARIS] * 4, evidence="raw")
+    streamed = backend.stream("q")
+    list(streamed)
+    gens = [backend.generate("q"), streamed.generation, *backend.batch(["q", "q"])]
+    for gen in gens:
+        assert gen.evidence == "raw"
+        au = [t.au for t in gen.tokens[:5]]
+        assert [round(a, 6) for a in au[:3]] == [0.663117, 0.458333, 0.668771]
+        assert math.isnan(au[3]) and au[4] == -math.inf
+        assert [round(t.eu, 6) for t in gen.tokens[:5]] == [0.038462, 0.333333, 0.090909, 0.285714, 0.8]
+        assert math.isnan(gen.tokens[3].uncertainty)
+        assert math.isnan(gen.reliability)  # a NaN token makes the top-N mean NaN, never dropped
+    clamped = ScriptedBackend([PARIS]).generate("q")
+    assert clamped.evidence == "clamped" and math.isfinite(clamped.reliability)
 
 
 def test_generate_replays_text_and_metadata() -> None:
@@ -239,3 +280,59 @@ def test_reliability_of_scripted_answer() -> None:
     u = [t.au * t.eu for t in gen.tokens]
     assert gen.reliability == pytest.approx(-max(u))
     assert gen.score.reliability_mean == pytest.approx(-sum(u) / 2)
+
+
+# -- stop strings: the same cut as the transformers backend's step recorder ---------------------
+class PieceTokenizer:
+    """Token id i decodes to PIECES[i]: each scripted piece is one token of the recorder."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids: list[int], **kwargs: object) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
+def recorded(answer: ScriptedAnswer, stop: tuple[str, ...], max_new_tokens: int) -> tuple[list[str], str | None, str | None]:
+    """Feed the answer's pieces to a StepRecorder step by step, as generate() does; the end of the
+    script is an EOS token (id ``len(pieces)``), which the scripted backend reports as "stop"."""
+    from logtoku_guard.backends.recorder import StepRecorder, StepScores
+
+    pieces = list(answer.pieces)
+    eos = len(pieces)
+    recorder = StepRecorder(
+        k=2,
+        evidence="clamped",
+        tokenizer=PieceTokenizer(pieces),
+        rows=1,
+        stop=stop,
+        eos_ids=frozenset({eos}),
+        on_token=None,
+        cancel=None,
+    )
+    for i in range(min(len(pieces) + 1, max_new_tokens)):
+        row = [float(v) for v in answer.top_logits[min(i, eos - 1)]]
+        logits = torch.tensor([row + [-10.0] * (eos + 1 - len(row))])  # one logit per piece id and EOS
+        values, ids = logits.topk(2, dim=-1)
+        au, eu = logtoku(values)
+        recorder.pending = StepScores(values, ids, au, eu, logits, logits.logsumexp(-1), torch.zeros(1))
+        if recorder(torch.tensor([[i]])).all():
+            break
+    row_state = recorder.finish_row(0)
+    return [t.text for t in row_state.tokens], row_state.stop_sequence, row_state.finish_reason
+
+
+STOPS = [(), ("\n",), ("is.", "zzz"), ("apital",), ("Next", " is"), ("s", "is"), ("Paris.\nN",), ("e c", "he"), ("x",)]
+
+
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("max_new_tokens", [3, 5, 8, 20])
+def test_stop_strings_cut_like_the_step_recorder(stop: tuple[str, ...], max_new_tokens: int) -> None:
+    gen = ScriptedBackend([PARIS]).generate("q", DecodingOptions(stop=stop, max_new_tokens=max_new_tokens))
+    pieces, seq, reason = recorded(PARIS, stop, max_new_tokens)
+    assert [t.text for t in gen.tokens] == pieces
+    assert gen.stop_sequence == seq
+    if seq is not None:
+        assert gen.finish_reason == reason == "stop"
+    # (without a stop string the finish reasons may differ at the boundary: the scripted answer's
+    # end is an EOS that max_new_tokens does not count, see test_max_new_tokens_gives_length)

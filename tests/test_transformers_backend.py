@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import random
 import threading
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS, make_model, make_tokenizer
+from support.tiny import make_model, make_tokenizer, save_plain, sentencepiece_tokenizer
 
 from logtoku_guard import (
     ConfigurationError,
@@ -24,7 +23,8 @@ from logtoku_guard import (
     PromptTooLongError,
     logtoku,
 )
-from logtoku_guard.backends.transformers import _MAX_PENDING, NoChatTemplateWarning, TransformersBackend, _Detokenizer
+from logtoku_guard.backends.detokenizer import MAX_PENDING, IncrementalDetokenizer
+from logtoku_guard.backends.transformers import NoChatTemplateWarning, TransformersBackend
 
 QUESTION = "What is the capital of France?"
 
@@ -257,13 +257,8 @@ def test_raw_evidence_mode_gives_nan_not_an_exception(tiny_tokenizer: Any) -> No
 
 
 def test_loads_a_local_folder(tiny_tokenizer: Any, tmp_path: Path) -> None:
-    from transformers import LlamaForCausalLM
-
     model = make_model(tiny_tokenizer)
-    plain = LlamaForCausalLM(model.config)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
+    save_plain(model, tiny_tokenizer, tmp_path)
     backend = TransformersBackend(str(tmp_path), device="cpu", dtype="float32")
     assert backend.model_name == str(tmp_path)
     ours = backend.generate(QUESTION, DecodingOptions(max_new_tokens=5))
@@ -292,30 +287,8 @@ def whole_answer_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
 
 
 def incremental_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
-    detokenizer = _Detokenizer()
+    detokenizer = IncrementalDetokenizer()
     return [detokenizer.step(tokenizer, i) for i in ids]
-
-
-def sentencepiece_tokenizer() -> Any:
-    """A Llama-2-style tokenizer: ``▁`` word prefixes, byte fallback, and a decoder that strips the
-    leading space of the first token it decodes, so a token's text depends on the token before."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    spec = json.loads(tok.to_str())
-    vocab = spec["model"]["vocab"]
-    for b in range(256):  # byte-fallback tokens: ordinary (not special) tokens, as in Llama's vocabulary
-        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="</s>", bos_token="<s>", unk_token="<unk>"
-    )
 
 
 MULTIBYTE = "naïve café déjà 日本語 🙂 ✓ Ωμέγα 🇫🇷 "
@@ -380,7 +353,7 @@ def test_incremental_pieces_keep_the_context_a_sentencepiece_decoder_needs() -> 
 
 def test_runs_without_text_are_flushed_so_the_window_stays_bounded(tiny_tokenizer: Any) -> None:
     """Invalid UTF-8 (lone continuation bytes) and skipped special tokens give no complete text
-    for many steps: they are flushed after _MAX_PENDING tokens instead of widening the window."""
+    for many steps: they are flushed after MAX_PENDING tokens instead of widening the window."""
     continuation = next(i for i in range(len(tiny_tokenizer)) if tiny_tokenizer.convert_ids_to_tokens(i) == "\u0140")  # byte 0x80
     word = tiny_tokenizer("The capital", add_special_tokens=False)["input_ids"]
     ids = word + [continuation] * 100 + word + [tiny_tokenizer.eos_token_id] * 100 + word
@@ -393,7 +366,7 @@ def test_runs_without_text_are_flushed_so_the_window_stays_bounded(tiny_tokenize
 
     pieces = incremental_pieces(Counting(), ids)
     assert "".join(pieces) == decode(tiny_tokenizer, ids) == "The capital" + "\ufffd" * 100 + "The capital" * 2
-    assert max(sizes) <= 2 * _MAX_PENDING + 2
+    assert max(sizes) <= 2 * MAX_PENDING + 2
 
 
 def test_detokenization_work_per_step_does_not_grow_with_the_answer(tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -416,7 +389,19 @@ def test_detokenization_work_per_step_does_not_grow_with_the_answer(tiny_tokeniz
         g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=n))
         assert len(g.tokens) == n
         per_token[n] = sum(sizes) / n
-        assert max(sizes) <= 2 * _MAX_PENDING + 2
+        assert max(sizes) <= 2 * MAX_PENDING + 2
         whole = decode(tiny_tokenizer, [t.id for t in g.tokens])
         assert g.text == whole or (whole.endswith("\ufffd") and whole.startswith(g.text))
     assert per_token[400] <= 1.5 * per_token[40] + 1, per_token
+
+
+def test_is_a_complete_backend(tiny_tokenizer: Any) -> None:
+    from logtoku_guard import Backend
+
+    backend = TransformersBackend(
+        "tiny", model_obj=make_model(tiny_tokenizer), tokenizer=tiny_tokenizer, k=3, evidence="raw", top_n=4
+    )
+    assert isinstance(backend, Backend)
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=2))
+    assert (backend.model_name, backend.k, backend.evidence, backend.top_n) == ("tiny", 3, "raw", 4)
+    assert (g.model, g.k, g.evidence, g.top_n) == ("tiny", 3, "raw", 4)

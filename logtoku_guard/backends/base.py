@@ -2,7 +2,12 @@
 
 A backend turns a prompt into a :class:`~logtoku_guard.types.Generation` whose every token
 carries its raw top-K logits and AU/EU. Three calls: ``generate`` (one prompt), ``stream``
-(one prompt, each token as soon as it is generated) and ``batch`` (several prompts).
+(one prompt, each token as soon as it is generated) and ``batch`` (several prompts), and
+four read-only properties saying how it scores: ``model_name``, ``k``, ``evidence`` and
+``top_n`` (each equal to the same field of every generation it returns).
+
+Implementations: :class:`~logtoku_guard.backends.transformers.TransformersBackend` (a local
+model) and :class:`~logtoku_guard.backends.fake.ScriptedBackend` (scripted logits, for tests).
 """
 
 from __future__ import annotations
@@ -13,17 +18,37 @@ from typing import Protocol, runtime_checkable
 
 from logtoku_guard.errors import LogTokUError
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
+from logtoku_guard.uncertainty import EvidenceMode
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the guard needs from a model."""
+    """What the guard needs from a model: three calls and four properties.
+
+    A runtime-checkable protocol: ``isinstance(x, Backend)`` checks that every member exists.
+    """
 
     @property
-    def model_name(self) -> str: ...
+    def model_name(self) -> str:
+        """The model's name, as recorded on each generation (``Generation.model``) and used to
+        find its calibration profile."""
+        ...
 
     @property
-    def k(self) -> int: ...
+    def k(self) -> int:
+        """How many raw top logits are scored per token (``2 <= k <= vocab``; the paper uses 2)."""
+        ...
+
+    @property
+    def evidence(self) -> EvidenceMode:
+        """``"clamped"`` (evidence ``max(z, 0)``, the default) or ``"raw"`` (the reference
+        code's raw logits: AU may be NaN or -inf, see the spec section 3)."""
+        ...
+
+    @property
+    def top_n(self) -> int:
+        """How many least reliable tokens are averaged into the response reliability."""
+        ...
 
     def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation: ...
 

@@ -4,11 +4,13 @@ Each scripted answer is a list of text pieces with the raw top-K logits of each;
 are computed by the real maths. ``logprob`` and ``entropy`` are taken from the softmax over
 the scripted logits only (the chosen token is the largest), an approximation a real vocab
 would refine; everything else behaves like a real backend (stop strings, max_new_tokens,
-streaming, batching).
+streaming, batching). Stop strings cut an answer with the very functions the transformers
+backend's step recorder uses (:func:`~logtoku_guard.backends.recorder.truncate_at_stop`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -16,9 +18,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.recorder import truncate_at_stop
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, rescore, validate_k, validate_top_n
+from logtoku_guard.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    rescore,
+    validate_evidence,
+    validate_k,
+    validate_top_n,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,19 @@ Script = Sequence[ScriptedAnswer] | Callable[[list[ChatMessage]], ScriptedAnswer
 
 
 class ScriptedBackend:
-    """Replays answers in order (a list) or answers each prompt with ``script(messages)``."""
+    """Replays answers in order (a list) or answers each prompt with ``script(messages)``.
+
+    Args:
+        script: the answers, in call order, or a function from the chat turns to an answer.
+        k: top-K logits scored per token (each scripted row needs at least ``k``).
+        evidence: ``"clamped"`` (default) or ``"raw"`` (reference reproduction: AU may be
+            NaN or -inf, as the spec's test vectors say); used for every token and recorded
+            on every :class:`~logtoku_guard.types.Generation`.
+        top_n: number of least reliable tokens averaged into the response reliability.
+        model_name: the name recorded on each generation.
+
+    ``calls`` lists the chat turns of every call, in order.
+    """
 
     def __init__(
         self,
@@ -53,7 +76,7 @@ class ScriptedBackend:
         model_name: str = "scripted",
     ) -> None:
         self._k = validate_k(k)
-        self._evidence = evidence
+        self._evidence = validate_evidence(evidence)
         self._top_n = validate_top_n(top_n)
         self._name = model_name
         self._script = script
@@ -68,6 +91,14 @@ class ScriptedBackend:
     @property
     def k(self) -> int:
         return self._k
+
+    @property
+    def evidence(self) -> EvidenceMode:
+        return self._evidence
+
+    @property
+    def top_n(self) -> int:
+        return self._top_n
 
     def _next(self, messages: list[ChatMessage]) -> ScriptedAnswer:
         with self._lock:
@@ -85,12 +116,13 @@ class ScriptedBackend:
         if any(len(r) < self._k for r in rows):
             msg = f"every scripted row needs at least k={self._k} logits"
             raise ConfigurationError(msg)
-        scored = rescore([r[: self._k] for r in rows], evidence=self._evidence) if rows else None
+        if not rows:
+            return []
+        scored = rescore([r[: self._k] for r in rows], evidence=self._evidence)
         out = []
         for i, (piece, r) in enumerate(zip(answer.pieces, rows)):
             lse = max(r) + math.log(sum(math.exp(v - max(r)) for v in r))
             probs = [math.exp(v - lse) for v in r]
-            assert scored is not None
             out.append(
                 TokenScore(
                     index=i,
@@ -110,20 +142,11 @@ class ScriptedBackend:
         messages = to_messages(prompt)
         tokens = self._tokens(self._next(messages))
         finish: FinishReason = "stop"
-        stop_seq = None
         if len(tokens) > options.max_new_tokens:
             tokens, finish = tokens[: options.max_new_tokens], "length"
-        text = "".join(t.text for t in tokens)
-        hits = [(text.find(s), s) for s in options.stop if s in text]
-        if hits:
-            cut, stop_seq = min(hits)
-            kept, offset = [], 0
-            for t in tokens:
-                if offset >= cut:
-                    break
-                kept.append(t if offset + len(t.text) <= cut else _with_text(t, t.text[: cut - offset]))
-                offset += len(t.text)
-            tokens, finish = kept, "stop"
+        tokens, stop_seq = truncate_at_stop(tokens, options.stop)
+        if stop_seq is not None:
+            finish = "stop"
         return Generation(
             model=self._name,
             prompt=[m.content for m in messages if m.role == "user"][-1]
@@ -157,16 +180,8 @@ class ScriptedBackend:
         def result() -> Generation:
             if len(emitted) == len(generation.tokens):
                 return generation
-            import dataclasses
-
             return dataclasses.replace(
                 generation, tokens=tuple(emitted), text="".join(t.text for t in emitted), finish_reason="cancelled"
             )
 
         return TokenStream(tokens(), result, cancelled.set)
-
-
-def _with_text(t: TokenScore, text: str) -> TokenScore:
-    import dataclasses
-
-    return dataclasses.replace(t, text=text)

@@ -1,14 +1,16 @@
 """Hugging Face transformers backend: raw top-K logits captured inside ``generate``.
 
-How the raw logits are captured: a forward hook on the model reads ``outputs.logits[:, -1]``
-at every decoding step, *before* any logits processor (repetition penalty, temperature,
-top-k/p...) touches them, and keeps only what LogTokU needs: the top-K values and ids, AU,
-EU, the full-softmax entropy and its log-normaliser and, for one step only, the raw row
-from which the chosen token's log-probability is read (its logit minus the normaliser). A
-stopping criterion (called once per step, right after the token is chosen) pairs the chosen
-token with that step's scores, detokenizes it (incrementally: a short window of ids, never
-the whole answer), handles stop strings and streams the token out. Memory therefore grows
-with steps x K, never with steps x vocabulary.
+:class:`TransformersBackend` renders the prompt (chat template), runs ``model.generate`` with
+a :class:`~logtoku_guard.backends.recorder.StepRecorder` as forward hook and stopping
+criterion (raw top-K logits read before any logits processor, tokens scored, detokenized
+and streamed one step at a time) and, for dynamic decoding, a
+:class:`~logtoku_guard.backends.processors.DynamicTemperatureLogitsWarper`. Models are loaded
+by :mod:`logtoku_guard.backends.loading` (local files only).
+
+Modules of this backend: ``transformers`` (this one: the backend class), ``recorder`` (step
+capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
+``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
+embedded default).
 """
 
 from __future__ import annotations
@@ -20,22 +22,18 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, ProgressCallback, ensure_embedded_model
-from logtoku_guard.errors import (
-    ConfigurationError,
-    ModelLoadError,
-    NonFiniteLogitsError,
-    PromptTooLongError,
-)
+from logtoku_guard.backends.loading import DTYPES, load_model
+from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
+from logtoku_guard.backends.recorder import StepRecorder
+from logtoku_guard.embedded import ProgressCallback
+from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
-    FinishReason,
     Generation,
     Prompt,
     Timings,
@@ -46,8 +44,6 @@ from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
     EvidenceMode,
-    logsumexp_entropy,
-    logtoku,
     validate_evidence,
     validate_k,
     validate_top_n,
@@ -56,9 +52,9 @@ from logtoku_guard.uncertainty import (
 if TYPE_CHECKING:
     import torch
 
-logger = logging.getLogger(__name__)
+__all__ = ["NoChatTemplateWarning", "TransformersBackend"]
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+logger = logging.getLogger(__name__)
 
 
 class NoChatTemplateWarning(UserWarning):
@@ -101,8 +97,8 @@ class TransformersBackend:
         validate_k(k)
         self._evidence = validate_evidence(evidence)
         self._top_n = validate_top_n(top_n)
-        if dtype not in _DTYPES:
-            msg = f"dtype must be one of {_DTYPES}, got {dtype!r}"
+        if dtype not in DTYPES:
+            msg = f"dtype must be one of {DTYPES}, got {dtype!r}"
             raise ConfigurationError(msg)
         if (model_obj is None) != (tokenizer is None):
             msg = "pass both model_obj and tokenizer (an already loaded pair), or neither"
@@ -111,7 +107,7 @@ class TransformersBackend:
             self._model, self._tokenizer = model_obj, tokenizer
             self._name = str(model) if model is not None else getattr(model_obj, "name_or_path", "model")
         else:
-            self._model, self._tokenizer, self._name = _load(model, device, dtype, cache_dir, progress)
+            self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress)
         self._model.eval()
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
@@ -292,7 +288,7 @@ class TransformersBackend:
             settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         gen_cfg.update(**settings)
 
-        recorder = _StepRecorder(
+        recorder = StepRecorder(
             k=self._k,
             evidence=self._evidence,
             tokenizer=self._tokenizer,
@@ -301,11 +297,10 @@ class TransformersBackend:
             eos_ids=self._eos_ids,
             on_token=on_token,
             cancel=cancel,
-            dynamic=options.dynamic,
         )
         processors = []
         if options.dynamic is not None:
-            processors.append(_DynamicTemperatureProcessor(recorder, options.dynamic))
+            processors.append(DynamicTemperatureLogitsWarper(options.dynamic, recorder.current_eu, recorder.record_temperatures))
 
         with self._lock:
             if options.seed is not None:
@@ -368,338 +363,3 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
-
-
-# -- per-step recording --------------------------------------------------------------------
-@dataclass
-class _Pending:
-    """One decoding step's scores, waiting for the chosen token (all ``(B, ...)`` tensors)."""
-
-    values: torch.Tensor
-    ids: torch.Tensor
-    au: torch.Tensor
-    eu: torch.Tensor
-    logits: torch.Tensor  # this step's raw row, kept only until the token is chosen
-    lse: torch.Tensor
-    entropy: torch.Tensor
-
-
-_MAX_PENDING = 16
-"""Tokens a row may hold back without new text before they are flushed as they decode.
-
-A UTF-8 character spans at most 4 bytes, so byte-level tokens hold text back for at most 3
-steps; only invalid UTF-8 or a long run of skipped special tokens reaches this bound, which
-keeps the decoded window, hence each step's work, independent of the answer's length. The
-flush renders incomplete bytes as U+FFFD: only a valid character whose bytes straddle it
-(after 16 tokens of invalid UTF-8) could come out differently from a whole-answer decode.
-"""
-
-
-@dataclass
-class _Detokenizer:
-    """Incremental detokenization of one row: each token's text piece in bounded work per step.
-
-    Decoding the whole answer at every step and diffing it with the previous text costs O(n)
-    per step, O(n^2) per answer. As in transformers' ``TextStreamer`` and vLLM's detokenizer,
-    only a window of ``ids`` is decoded: ``ids[prefix_offset:read_offset]`` is text already
-    emitted, kept as context because a decoder's output depends on the neighbouring tokens
-    (SentencePiece drops the leading space of the first token it decodes; byte-level BPE splits
-    a character's UTF-8 bytes across tokens), and ``ids[read_offset:]`` is not emitted yet. The
-    new piece is what decoding ``ids[prefix_offset:]`` adds to decoding
-    ``ids[prefix_offset:read_offset]``; since a window always starts where a complete
-    character ended, that is the text a whole-answer decode adds at this step.
-    """
-
-    ids: list[int] = field(default_factory=list)
-    prefix_offset: int = 0
-    read_offset: int = 0
-
-    def step(self, tokenizer: Any, token_id: int) -> str:
-        """Append ``token_id`` and return the text it completes ("" while it completes none)."""
-        self.ids.append(token_id)
-        start, read = self.prefix_offset, self.read_offset
-        prefix_text = _decode(tokenizer, self.ids[start:read]) if read > start else ""
-        text = _decode(tokenizer, self.ids[start:])
-        # A trailing U+FFFD is an incomplete UTF-8 character: its bytes come with a later token.
-        complete = len(text) > len(prefix_text) and not text.endswith("\ufffd")
-        if not complete and len(self.ids) - read <= _MAX_PENDING:
-            return ""
-        self.prefix_offset, self.read_offset = read, len(self.ids)
-        # A decoder that rewrites earlier text: only what goes past the emitted text is new.
-        return text[len(prefix_text) :]
-
-
-def _decode(tokenizer: Any, ids: list[int]) -> str:
-    return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
-
-
-@dataclass
-class _Row:
-    """Decoding state of one batch row."""
-
-    detokenizer: _Detokenizer = field(default_factory=_Detokenizer)
-    held: list[TokenScore] = field(default_factory=list)
-    tokens: list[TokenScore] = field(default_factory=list)
-    done: bool = False
-    finish_reason: FinishReason | None = None
-    stop_sequence: str | None = None
-
-
-class _StepRecorder:
-    """Forward hook + stopping criterion: one record per row per step, no vocab-sized history."""
-
-    def __init__(
-        self,
-        *,
-        k: int,
-        evidence: EvidenceMode,
-        tokenizer: Any,
-        rows: int,
-        stop: tuple[str, ...],
-        eos_ids: frozenset[int],
-        on_token: Callable[[int, TokenScore], None] | None,
-        cancel: threading.Event | None,
-        dynamic: Any,
-    ) -> None:
-        self.k = k
-        self.evidence = evidence
-        self.tokenizer = tokenizer
-        self.rows = [_Row() for _ in range(rows)]
-        self.stop = stop
-        self.eos_ids = eos_ids
-        self.on_token = on_token
-        self.cancel = cancel
-        self.dynamic = dynamic
-        self.pending: _Pending | None = None
-        self.temperatures: torch.Tensor | None = None
-        self.step = 0
-        self.start = 0.0
-        self.first_token_s: float | None = None
-
-    # transformers calls this after every forward pass of the model (prefill and decode).
-    def hook(self, module: Any, args: Any, output: Any) -> None:
-        logits = output.logits[:, -1, :].float()
-        values, ids = logits.topk(self.k, dim=-1)
-        au, eu = logtoku(values, self.evidence)
-        lse, entropy = logsumexp_entropy(logits)
-        self.pending = _Pending(values, ids, au, eu, logits, lse, entropy)
-
-    # StoppingCriteria protocol: called once per step, right after the token is chosen.
-    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
-        import torch
-
-        pending = self.pending
-        if pending is None:
-            msg = "internal error: a decoding step finished without a recorded forward pass"
-            raise RuntimeError(msg)
-        self.pending = None
-        if self.first_token_s is None:
-            self.first_token_s = time.perf_counter() - self.start
-        chosen = input_ids[:, -1]
-        chosen_logit = pending.logits.gather(-1, chosen[:, None].to(pending.logits.device)).squeeze(-1)
-        logprob = chosen_logit - pending.lse
-        values = pending.values.tolist()
-        top_ids = pending.ids.tolist()
-        au = pending.au.tolist()
-        eu = pending.eu.tolist()
-        lp = logprob.tolist()
-        ent = pending.entropy.tolist()
-        temps = self.temperatures.tolist() if self.temperatures is not None else None
-        chosen_ids = chosen.tolist()
-        done = []
-        for b, row in enumerate(self.rows):
-            if row.done:
-                done.append(True)
-                continue
-            token_id = int(chosen_ids[b])
-            if token_id in self.eos_ids:
-                self._close(b, row, "stop")
-                done.append(True)
-                continue
-            if not all(map(_finite, values[b])):
-                raise NonFiniteLogitsError(self.step, b, values[b])
-            piece = row.detokenizer.step(self.tokenizer, token_id)
-            token = TokenScore(
-                index=len(row.tokens) + len(row.held),
-                id=token_id,
-                text=piece,
-                top_logits=tuple(values[b]),
-                top_ids=tuple(top_ids[b]),
-                au=au[b],
-                eu=eu[b],
-                logprob=lp[b],
-                entropy=ent[b],
-                temperature=None if temps is None else temps[b],
-            )
-            row.held.append(token)
-            self._release(b, row)
-            done.append(row.done)
-        self.step += 1
-        if self.cancel is not None and self.cancel.is_set():
-            for b, row in enumerate(self.rows):
-                if not row.done:
-                    self._close(b, row, "cancelled")
-            done = [True] * len(self.rows)
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    def _release(self, b: int, row: _Row) -> None:
-        """Emit held tokens that can no longer belong to a stop string; stop on a match."""
-        if not self.stop:
-            self._emit(b, row, len(row.held))
-            return
-        held_text = "".join(t.text for t in row.held)
-        match = min(
-            ((held_text.find(s), s) for s in self.stop if s in held_text),
-            default=None,
-        )
-        if match is not None:
-            cut, seq = match
-            keep, offset = 0, 0
-            for i, t in enumerate(row.held):
-                if offset >= cut:
-                    break
-                end = offset + len(t.text)
-                if end > cut:
-                    row.held[i] = _replace_text(t, t.text[: cut - offset])
-                offset = end
-                keep = i + 1
-            del row.held[keep:]
-            self._emit(b, row, len(row.held))
-            row.stop_sequence = seq
-            self._close(b, row, "stop")
-            return
-        hold = max((_overlap(held_text, s) for s in self.stop), default=0)
-        safe = len(held_text) - hold
-        release, offset = 0, 0
-        for t in row.held:
-            offset += len(t.text)
-            if offset > safe:
-                break
-            release += 1
-        self._emit(b, row, release)
-
-    def _emit(self, b: int, row: _Row, n: int) -> None:
-        for t in row.held[:n]:
-            row.tokens.append(t)
-            if self.on_token is not None:
-                self.on_token(b, t)
-        del row.held[:n]
-
-    def _close(self, b: int, row: _Row, reason: FinishReason) -> None:
-        self._emit(b, row, len(row.held))
-        row.done = True
-        row.finish_reason = reason
-
-    def finish_row(self, b: int) -> _Row:
-        row = self.rows[b]
-        self._emit(b, row, len(row.held))  # max_new_tokens reached with tokens still held
-        return row
-
-
-def _replace_text(t: TokenScore, text: str) -> TokenScore:
-    import dataclasses
-
-    return dataclasses.replace(t, text=text)
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
-class _DynamicTemperatureProcessor:
-    """Logits processor dividing each row's scores by ``T(EU_t)`` of the current step.
-
-    Runs after the model's built-in pre-processors (repetition penalty...) and before the
-    sampling warpers (top-p), reading EU from the raw logits recorded by the forward hook.
-    """
-
-    def __init__(self, recorder: _StepRecorder, schedule: Any) -> None:
-        self.recorder = recorder
-        self.schedule = schedule
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        pending = self.recorder.pending
-        if pending is None:
-            msg = "internal error: dynamic temperature called before the step's logits were recorded"
-            raise RuntimeError(msg)
-        s = self.schedule
-        eu = pending.eu.clamp(0.0, 1.0)
-        temps = s.t_min + (s.t_max - s.t_min) * (1.0 - eu) ** s.power
-        self.recorder.temperatures = temps
-        return scores / temps[:, None].to(scores.dtype)
-
-
-# -- loading ---------------------------------------------------------------------------------
-def _resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        msg = f"device={device!r} but no CUDA device is available; use device='cpu' or 'auto'"
-        raise ConfigurationError(msg)
-    return device
-
-
-def _load(
-    model: str | Path | None,
-    device: str,
-    dtype: str,
-    cache_dir: str | Path | None,
-    progress: ProgressCallback | None,
-) -> tuple[Any, Any, str]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dev = _resolve_device(device)
-    torch_dtype = {
-        "auto": torch.float32 if dev == "cpu" else torch.bfloat16,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "float16": torch.float16,
-    }[dtype]
-    name = str(model) if model is not None else EMBEDDED_MODEL
-    kwargs: dict[str, Any] = {}
-    if name in EMBEDDED_ALIASES:
-        folder = ensure_embedded_model(cache_dir, progress)
-        name = EMBEDDED_MODEL
-        source: str | Path = folder
-    else:
-        path = Path(name).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
-            source, kwargs["gguf_file"] = path.parent, path.name
-        elif path.is_dir():
-            ggufs = sorted(path.glob("*.gguf"))
-            if not (path / "config.json").exists() and ggufs:
-                kwargs["gguf_file"] = ggufs[0].name
-            source = path
-        elif path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-            msg = (
-                f"model path {name!r} does not exist or is not a model folder / .gguf file; "
-                f"pass an existing folder, a .gguf file, or {EMBEDDED_MODEL!r}"
-            )
-            raise ModelLoadError(msg)
-        else:
-            source = name  # a hub id: local cache only
-    if progress:
-        progress(f"Loading {name}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
-        loaded = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch_dtype, **kwargs)
-    except (OSError, ValueError) as exc:
-        msg = (
-            f"could not load model {name!r} from local files ({exc.__class__.__name__}: {str(exc).splitlines()[0]}); "
-            f"nothing is downloaded at run time: pass a local folder or .gguf file, put the model in the "
-            f"Hugging Face cache beforehand, or use the embedded default {EMBEDDED_MODEL!r}"
-        )
-        raise ModelLoadError(msg) from exc
-    loaded = loaded.to(dev)  # type: ignore[arg-type]
-    return loaded, tokenizer, name

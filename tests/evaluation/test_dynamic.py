@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model
+from support.tiny import make_model
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import make_model
+from support.tiny import make_model
 
 from logtoku_guard.evaluation.datasets import QAItem, load_truthfulqa
 from logtoku_guard.evaluation.generate import GreedySpec, SamplingSpec, qa_prompt

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_model
+from support.tiny import make_model
 
 from logtoku_guard.backends.fake import ScriptedBackend
 from logtoku_guard.errors import ConfigurationError

@@ -1,0 +1,273 @@
+"""The step recorder: raw top-K capture, token scoring and stop strings, one step at a time.
+
+:class:`StepRecorder` is both a forward hook and a stopping criterion of transformers'
+``generate``. The hook reads ``outputs.logits[:, -1]`` at every forward pass, *before* any
+logits processor (repetition penalty, temperature, top-k/p...) touches them, and keeps only
+what LogTokU needs (:class:`StepScores`): the top-K values and ids, AU, EU, the full-softmax
+entropy and its log-normaliser and, for one step only, the raw row from which the chosen
+token's log-probability is read (its logit minus the normaliser). The stopping criterion
+(called once per step, right after the token is chosen) pairs the chosen token with that
+step's scores, detokenizes it (:mod:`logtoku_guard.backends.detokenizer`), handles stop
+strings and streams the token out. Memory grows with steps x K, never with steps x vocabulary.
+
+Stop strings (:func:`truncate_at_stop`, :func:`releasable`) are plain functions on
+:class:`~logtoku_guard.types.TokenScore` lists, shared with the scripted backend so both cut
+an answer the same way. No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
+from logtoku_guard.errors import NonFiniteLogitsError
+from logtoku_guard.types import FinishReason, TokenScore
+from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
+
+if TYPE_CHECKING:
+    import torch
+
+
+# -- stop strings --------------------------------------------------------------------------------
+def find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest stop string in ``text`` as ``(character offset, stop string)``, or None.
+
+    Two stop strings starting at the same offset: the one that sorts first wins.
+    """
+    return min(((text.find(s), s) for s in stop if s in text), default=None)
+
+
+def cut_tokens(tokens: Sequence[TokenScore], cut: int) -> list[TokenScore]:
+    """The tokens whose text starts before character ``cut``; the one across it is truncated.
+
+    A truncated token keeps its scores (its ``text`` only is shortened).
+    """
+    kept: list[TokenScore] = []
+    offset = 0
+    for t in tokens:
+        if offset >= cut:
+            break
+        end = offset + len(t.text)
+        kept.append(t if end <= cut else dataclasses.replace(t, text=t.text[: cut - offset]))
+        offset = end
+    return kept
+
+
+def truncate_at_stop(tokens: Sequence[TokenScore], stop: Sequence[str]) -> tuple[list[TokenScore], str | None]:
+    """``tokens`` cut before the earliest stop string, and that stop string (None: none found)."""
+    match = find_stop("".join(t.text for t in tokens), stop)
+    if match is None:
+        return list(tokens), None
+    cut, seq = match
+    return cut_tokens(tokens, cut), seq
+
+
+def releasable(tokens: Sequence[TokenScore], stop: Sequence[str]) -> int:
+    """How many leading ``tokens`` can no longer be part of a stop string (with no match in them).
+
+    The text that ends the tokens and begins some stop string is held back: a later token may
+    complete the stop string.
+    """
+    text = "".join(t.text for t in tokens)
+    safe = len(text) - max((_overlap(text, s) for s in stop), default=0)
+    n, offset = 0, 0
+    for t in tokens:
+        offset += len(t.text)
+        if offset > safe:
+            break
+        n += 1
+    return n
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+# -- per-step recording ----------------------------------------------------------------------------
+@dataclass
+class StepScores:
+    """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
+
+    ``values``/``ids``: ``(batch, K)`` raw top-K logits (largest first) and their token ids;
+    ``au``/``eu``/``lse``/``entropy``: ``(batch,)``; ``logits``: ``(batch, vocab)``, this
+    step's raw row, kept only until the token is chosen.
+    """
+
+    values: torch.Tensor
+    ids: torch.Tensor
+    au: torch.Tensor
+    eu: torch.Tensor
+    logits: torch.Tensor
+    lse: torch.Tensor
+    entropy: torch.Tensor
+
+
+@dataclass
+class Row:
+    """Decoding state of one batch row: emitted tokens and those held back for stop strings."""
+
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
+    held: list[TokenScore] = field(default_factory=list)
+    tokens: list[TokenScore] = field(default_factory=list)
+    done: bool = False
+    finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+
+
+class StepRecorder:
+    """Forward hook + stopping criterion: one record per row per step, no vocab-sized history.
+
+    Args:
+        k: top-K logits kept per token.
+        evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.uncertainty.logtoku`).
+        tokenizer: the model's tokenizer (only ``decode`` is used).
+        rows: batch size.
+        stop: stop strings; text is held back while it could still begin one.
+        eos_ids: token ids that end a row (never emitted as tokens).
+        on_token: called with ``(row, token)`` as each token is released.
+        cancel: when set, every row ends with ``finish_reason == "cancelled"`` after this step.
+    """
+
+    def __init__(
+        self,
+        *,
+        k: int,
+        evidence: EvidenceMode,
+        tokenizer: Any,
+        rows: int,
+        stop: tuple[str, ...],
+        eos_ids: frozenset[int],
+        on_token: Callable[[int, TokenScore], None] | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.k = k
+        self.evidence = evidence
+        self.tokenizer = tokenizer
+        self.rows = [Row() for _ in range(rows)]
+        self.stop = stop
+        self.eos_ids = eos_ids
+        self.on_token = on_token
+        self.cancel = cancel
+        self.pending: StepScores | None = None
+        self.temperatures: torch.Tensor | None = None
+        self.step = 0
+        self.start = 0.0
+        self.first_token_s: float | None = None
+
+    # transformers calls this after every forward pass of the model (prefill and decode).
+    def hook(self, module: Any, args: Any, output: Any) -> None:
+        logits = output.logits[:, -1, :].float()
+        values, ids = logits.topk(self.k, dim=-1)
+        au, eu = logtoku(values, self.evidence)
+        lse, entropy = logsumexp_entropy(logits)
+        self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
+
+    def current_eu(self) -> torch.Tensor:
+        """EU of the step being decoded, ``(batch,)`` float32, from the raw logits."""
+        if self.pending is None:
+            msg = "internal error: the step's EU was read before its logits were recorded"
+            raise RuntimeError(msg)
+        return self.pending.eu
+
+    def record_temperatures(self, temperatures: torch.Tensor) -> None:
+        """The ``(batch,)`` temperatures this step is sampled at (kept on each token)."""
+        self.temperatures = temperatures
+
+    # StoppingCriteria protocol: called once per step, right after the token is chosen.
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        pending = self.pending
+        if pending is None:
+            msg = "internal error: a decoding step finished without a recorded forward pass"
+            raise RuntimeError(msg)
+        self.pending = None
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.start
+        chosen = input_ids[:, -1]
+        chosen_logit = pending.logits.gather(-1, chosen[:, None].to(pending.logits.device)).squeeze(-1)
+        logprob = chosen_logit - pending.lse
+        values = pending.values.tolist()
+        top_ids = pending.ids.tolist()
+        au = pending.au.tolist()
+        eu = pending.eu.tolist()
+        lp = logprob.tolist()
+        ent = pending.entropy.tolist()
+        temps = self.temperatures.tolist() if self.temperatures is not None else None
+        chosen_ids = chosen.tolist()
+        done = []
+        for b, row in enumerate(self.rows):
+            if row.done:
+                done.append(True)
+                continue
+            token_id = int(chosen_ids[b])
+            if token_id in self.eos_ids:
+                self._close(b, row, "stop")
+                done.append(True)
+                continue
+            if not all(map(math.isfinite, values[b])):
+                raise NonFiniteLogitsError(self.step, b, values[b])
+            piece = row.detokenizer.step(self.tokenizer, token_id)
+            token = TokenScore(
+                index=len(row.tokens) + len(row.held),
+                id=token_id,
+                text=piece,
+                top_logits=tuple(values[b]),
+                top_ids=tuple(top_ids[b]),
+                au=au[b],
+                eu=eu[b],
+                logprob=lp[b],
+                entropy=ent[b],
+                temperature=None if temps is None else temps[b],
+            )
+            row.held.append(token)
+            self._release(b, row)
+            done.append(row.done)
+        self.step += 1
+        if self.cancel is not None and self.cancel.is_set():
+            for b, row in enumerate(self.rows):
+                if not row.done:
+                    self._close(b, row, "cancelled")
+            done = [True] * len(self.rows)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    def _release(self, b: int, row: Row) -> None:
+        """Emit held tokens that can no longer belong to a stop string; stop on a match."""
+        if not self.stop:
+            self._emit(b, row, len(row.held))
+            return
+        kept, seq = truncate_at_stop(row.held, self.stop)
+        if seq is not None:
+            row.held = kept
+            row.stop_sequence = seq
+            self._close(b, row, "stop")
+            return
+        self._emit(b, row, releasable(row.held, self.stop))
+
+    def _emit(self, b: int, row: Row, n: int) -> None:
+        for t in row.held[:n]:
+            row.tokens.append(t)
+            if self.on_token is not None:
+                self.on_token(b, t)
+        del row.held[:n]
+
+    def _close(self, b: int, row: Row, reason: FinishReason) -> None:
+        self._emit(b, row, len(row.held))
+        row.done = True
+        row.finish_reason = reason
+
+    def finish_row(self, b: int) -> Row:
+        """Row ``b`` after generation ended (tokens still held at ``max_new_tokens`` emitted)."""
+        row = self.rows[b]
+        self._emit(b, row, len(row.held))
+        return row
