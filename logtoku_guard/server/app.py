@@ -6,7 +6,7 @@ body with a 4xx status; an API key, when set, is required as ``Authorization: Be
 every ``/v1`` route (``GET /health`` stays open for probes).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) at runtime.
 
 import json
 import logging
