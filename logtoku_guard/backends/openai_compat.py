@@ -300,7 +300,7 @@ class OpenAICompatibleBackend:
             return
 
         def looks_like_logprobs(z: Sequence[float]) -> bool:
-            return max(z) <= 0.0 and _logsumexp(z) <= 1e-6
+            return max(z) <= 0.0 and _logsumexp(z) <= 1e-3  # mass <= 1, with rounding
 
         if all(looks_like_logprobs(r) for r in rows):
             msg = (
