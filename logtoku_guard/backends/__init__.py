@@ -3,9 +3,24 @@
 ``base`` (the :class:`Backend` protocol, :class:`TokenStream`), ``fake`` (``ScriptedBackend``),
 ``transformers`` (``TransformersBackend``) and its parts: ``recorder`` (raw top-K capture,
 token scoring, stop strings), ``detokenizer``, ``processors`` (``DynamicTemperatureLogitsWarper``)
-and ``loading`` (local folder, .gguf, cached hub id, embedded default).
+and ``loading`` (local folder, .gguf, cached hub id, embedded default);
+``openai_compat`` (``OpenAICompatibleBackend``: a remote server's raw top-K logits).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend, TokenStream
 
-__all__ = ["Backend", "TokenStream"]
+if TYPE_CHECKING:
+    from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend
+
+__all__ = ["Backend", "OpenAICompatibleBackend", "TokenStream"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OpenAICompatibleBackend":  # lazy: httpx is imported only when it is used
+        from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend
+
+        return OpenAICompatibleBackend
+    msg = f"module 'logtoku_guard.backends' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -1,7 +1,8 @@
 """The ``logtoku-guard`` command line (typer + rich): one module per command group.
 
 ``_common`` (consoles, shared options, errors, model and profile loading, rendering),
-``score``, ``guard`` (``calibrate``, ``ask``), ``review``, ``audit`` and ``eval`` (benchmarks).
+``score``, ``guard`` (``calibrate``, ``ask``), ``review``, ``audit`` and ``eval`` (benchmarks);
+``serve`` comes from :mod:`logtoku_guard.server.command`.
 This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
 Heavy dependencies (torch, transformers, SQLAlchemy, matplotlib) are imported inside the commands,
 so ``logtoku-guard --help`` starts fast.
@@ -18,6 +19,7 @@ from logtoku_guard.cli import audit, guard, review, score
 from logtoku_guard.cli import eval as eval_commands
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
 from logtoku_guard.cli.guard import run_calibration
+from logtoku_guard.server.command import serve as serve_command
 
 __all__ = [
     "app",
@@ -50,6 +52,7 @@ def _root(
 app.command()(score.score)
 app.command()(guard.calibrate)
 app.command()(guard.ask)
+app.command("serve")(serve_command)
 app.add_typer(review.review_app, name="review")
 app.add_typer(audit.audit_app, name="audit")
 app.add_typer(eval_commands.eval_app, name="eval")

@@ -1,0 +1,423 @@
+"""A backend over an OpenAI-compatible server that returns raw top-K logits: vLLM or ``logtoku-guard serve``.
+
+The server must put **raw logits** in ``top_logprobs`` (vLLM: ``vllm serve MODEL
+--logprobs-mode raw_logits --max-logprobs 20``; ``logtoku-guard serve`` always does). Each
+request asks for ``logprobs=true, top_logprobs=K`` on ``/chat/completions``; AU/EU are then
+computed here with the same maths as a local backend (:func:`logtoku_guard.uncertainty.logtoku`
+on the K largest values), so local and remote scores agree to float rounding.
+
+What the wire cannot give, and what this backend does instead:
+
+* ``logprob`` and ``entropy`` of a :class:`TokenScore` are defined on the *full* softmax. The
+  wire carries only K raw logits, so from vLLM they are computed on the **top-K renormalised**
+  softmax: ``logprob = z_chosen - logsumexp(top-K z)`` (an upper bound of the true log p: the
+  missing vocabulary mass is ignored) and ``entropy`` of that K-way softmax. A sampled token
+  outside the top-K has ``logprob`` NaN. ``logtoku-guard serve`` sends the true values in its
+  per-token ``logtoku`` extension, which is used when present.
+* token ids: vLLM sends token strings only, so ``id`` and ``top_ids`` are ``-1`` unless the
+  ``logtoku`` extension carries them.
+
+A server that sends log-probabilities (vLLM's default ``--logprobs-mode raw_logprobs``) is
+refused with :class:`LogProbsNotLogitsError`: AU/EU of log-probabilities are meaningless.
+``httpx`` is imported only when the backend is created.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
+from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
+from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
+
+__all__ = ["LogProbsNotLogitsError", "OpenAICompatibleBackend", "RemoteServerError"]
+
+_CHECK_TOKENS = 8
+"""How many first tokens of an answer the log-probability check looks at."""
+
+
+class RemoteServerError(LogTokUError):
+    """The server could not be reached, refused the request, or sent something unreadable."""
+
+
+class LogProbsNotLogitsError(ConfigurationError):
+    """The server's ``top_logprobs`` values are log-probabilities, not raw logits."""
+
+
+class OpenAICompatibleBackend:
+    """LogTokU-scored generation on a remote OpenAI-compatible server returning raw top-K logits.
+
+    Args:
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
+        model: the model name the server serves.
+        api_key: sent as ``Authorization: Bearer KEY`` when given.
+        k: top-K raw logits per token (the server must allow ``top_logprobs >= k``).
+        evidence, top_n: as for :class:`~logtoku_guard.backends.transformers.TransformersBackend`.
+        timeout: seconds to wait for the server (connect and each read).
+        max_concurrency: requests :meth:`batch` keeps in flight (the server batches them).
+        client: an ``httpx.Client`` to use (custom TLS, proxies, a mock transport in tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        k: int = DEFAULT_K,
+        evidence: EvidenceMode = "clamped",
+        top_n: int = DEFAULT_TOP_N,
+        timeout: float = 120.0,
+        max_concurrency: int = 8,
+        client: Any = None,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            msg = f"base_url must be an http(s) URL such as 'http://127.0.0.1:8000/v1', got {base_url!r}"
+            raise ConfigurationError(msg)
+        if not isinstance(model, str) or not model:
+            msg = f"model must be the name the server serves (see GET {base_url}/models), got {model!r}"
+            raise ConfigurationError(msg)
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            msg = f"timeout must be a positive number of seconds, got {timeout!r}"
+            raise ConfigurationError(msg)
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            msg = f"max_concurrency must be a positive integer, got {max_concurrency!r}"
+            raise ConfigurationError(msg)
+        self._k = validate_k(k)
+        self._evidence = validate_evidence(evidence)
+        self._top_n = validate_top_n(top_n)
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self._max_concurrency = max_concurrency
+        try:
+            import httpx
+        except ImportError as exc:
+            msg = "OpenAICompatibleBackend needs httpx: pip install 'logtoku-guard[serve]' (or pip install httpx)"
+            raise MissingDependencyError(msg) from exc
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = client if client is not None else httpx.Client(timeout=timeout)
+        self._headers = headers
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def evidence(self) -> EvidenceMode:
+        return self._evidence
+
+    @property
+    def top_n(self) -> int:
+        return self._top_n
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._client.close()
+
+    def __enter__(self) -> OpenAICompatibleBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- public API -------------------------------------------------------------------
+    def generate(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> Generation:
+        """One answer with every token scored (a ``/chat/completions`` request)."""
+        import httpx
+
+        messages = to_messages(prompt, system)
+        body = self._body(messages, options or DecodingOptions(), stream=False)
+        start = time.perf_counter()
+        try:
+            response = self._client.post(self._url, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        self._raise_for_status(response.status_code, response.text)
+        data = _json(response.text, self._url)
+        total = time.perf_counter() - start
+        try:
+            choice = data["choices"][0]
+            entries = (choice.get("logprobs") or {}).get("content") or []
+            text = choice["message"].get("content") or ""
+            finish = choice.get("finish_reason")
+            stop = choice.get("stop_reason")
+            prompt_tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            msg = f"{self._url} sent a response that is not a chat completion ({exc!r}): {response.text[:200]!r}"
+            raise RemoteServerError(msg) from exc
+        tokens = self._tokens(entries)
+        if text and not tokens:
+            msg = f"{self._url} sent no logprobs; the server must support logprobs=true, top_logprobs={self._k}"
+            raise RemoteServerError(msg)
+        n = len(tokens)
+        return self._generation(
+            messages, text, tokens, finish, stop, prompt_tokens, Timings(total, None, n / total if n else None)
+        )
+
+    def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
+        """Each token with its AU/EU as the server streams it (server-sent events)."""
+        messages = to_messages(prompt, system)
+        body = self._body(messages, options or DecodingOptions(), stream=True)
+        state = _StreamState()
+        tokens = self._stream_tokens(body, state)
+
+        def result() -> Generation:
+            total = time.perf_counter() - state.start
+            finish = state.finish if not state.cancelled else "abort"
+            n = len(state.tokens)
+            timings = Timings(total, state.first_s, n / total if n and total > 0 else None)
+            return self._generation(messages, state.text, state.tokens, finish, state.stop, state.prompt_tokens, timings)
+
+        def cancel() -> None:
+            state.cancelled = True
+            tokens.close()
+
+        return TokenStream(tokens, result, cancel)
+
+    def batch(
+        self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
+    ) -> list[Generation]:
+        """Several answers, sent concurrently (up to ``max_concurrency``) so the server can batch them."""
+        if isinstance(prompts, str) or not prompts:
+            msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
+            raise ConfigurationError(msg)
+        with ThreadPoolExecutor(min(self._max_concurrency, len(prompts)), thread_name_prefix="logtoku-remote") as pool:
+            return list(pool.map(lambda p: self.generate(p, options, system=system), prompts))
+
+    # -- internals --------------------------------------------------------------------
+    @property
+    def _url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def _body(self, messages: list[ChatMessage], options: DecodingOptions, *, stream: bool) -> dict[str, Any]:
+        if options.dynamic is not None:
+            msg = "dynamic temperature needs each step's logits before sampling; it runs only on a local backend"
+            raise ConfigurationError(msg)
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": options.max_new_tokens,
+            "temperature": float(options.temperature),
+            "top_p": float(options.top_p),
+            "logprobs": True,
+            "top_logprobs": self._k,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if options.seed is not None:
+            body["seed"] = options.seed
+        if options.stop:
+            body["stop"] = list(options.stop)
+        return body
+
+    def _unreachable(self, exc: Exception) -> RemoteServerError:
+        msg = f"cannot reach {self._url} ({exc.__class__.__name__}: {exc}); is the server running and base_url right?"
+        return RemoteServerError(msg)
+
+    def _raise_for_status(self, status: int, text: str) -> None:
+        if status < 400:
+            return
+        try:
+            detail = json.loads(text)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = text[:300]
+        hint = " (check api_key)" if status == 401 else ""
+        if "logprobs" in str(detail) and status == 400:
+            hint = f" (the server must allow top_logprobs={self._k}: for vLLM start it with --max-logprobs {max(20, self._k)})"
+        msg = f"{self._url} answered HTTP {status}: {detail}{hint}"
+        raise RemoteServerError(msg)
+
+    def _tokens(self, entries: Sequence[Any], start_index: int = 0, check: bool = True) -> list[TokenScore]:
+        """TokenScores from ``logprobs.content`` entries (AU/EU recomputed from the raw top-K)."""
+        import torch
+
+        from logtoku_guard.uncertainty import logtoku
+
+        if not entries:
+            return []
+        rows = [self._top_values(e) for e in entries]
+        if check:
+            self._refuse_logprobs([[z for z, _ in row] for row in rows[:_CHECK_TOKENS]])
+        values = torch.tensor([[z for z, _ in row] for row in rows], dtype=torch.float64)
+        au, eu = logtoku(values, self._evidence)
+        out = []
+        for j, (e, row) in enumerate(zip(entries, rows)):
+            extra = e.get("logtoku") if isinstance(e.get("logtoku"), Mapping) else None
+            text = str(extra["token"]) if extra and isinstance(extra.get("token"), str) else str(e.get("token") or "")
+            z = [v for v, _ in row]
+            if extra is not None:
+                token_id = int(extra.get("id", -1))
+                top_ids = tuple(int(i) for i in (extra.get("top_ids") or [-1] * self._k)[: self._k])
+                logprob, entropy = _float(extra.get("logprob")), _float(extra.get("entropy"))
+            else:
+                token_id, top_ids = -1, (-1,) * self._k
+                logprob, entropy = _topk_stats(_float(e.get("logprob")), z)
+            out.append(
+                TokenScore(
+                    index=start_index + j,
+                    id=token_id,
+                    text=text,
+                    top_logits=tuple(z),
+                    top_ids=top_ids,
+                    au=float(au[j]),
+                    eu=float(eu[j]),
+                    logprob=logprob,
+                    entropy=entropy,
+                )
+            )
+        return out
+
+    def _top_values(self, entry: Any) -> list[tuple[float, str]]:
+        try:
+            tops = [(float(t["logprob"]), str(t.get("token", ""))) for t in entry["top_logprobs"] if t.get("logprob") is not None]
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"{self._url} sent a logprobs entry without numeric top_logprobs: {entry!r:.200}"
+            raise RemoteServerError(msg) from exc
+        if len(tops) < self._k:
+            msg = (
+                f"{self._url} sent {len(tops)} top_logprobs per token but K={self._k} are needed; "
+                f"for vLLM start it with --max-logprobs {max(20, self._k)}, or use a smaller k"
+            )
+            raise RemoteServerError(msg)
+        tops.sort(key=lambda t: -t[0])
+        return tops[: self._k]
+
+    def _refuse_logprobs(self, rows: Sequence[Sequence[float]]) -> None:
+        """Raise when every checked token's values look like log-probabilities (<= 0, mass <= 1)."""
+        if not rows:
+            return
+
+        def looks_like_logprobs(z: Sequence[float]) -> bool:
+            return max(z) <= 0.0 and _logsumexp(z) <= 1e-3  # mass <= 1, with rounding
+
+        if all(looks_like_logprobs(r) for r in rows):
+            msg = (
+                f"the server at {self.base_url} returns log-probabilities, not raw logits, in top_logprobs "
+                f"(top values of the first {len(rows)} token(s) are all <= 0 and sum to a probability <= 1); "
+                "AU/EU would be meaningless. Start vLLM with --logprobs-mode raw_logits "
+                "(vllm serve MODEL --logprobs-mode raw_logits --max-logprobs 20), or use logtoku-guard serve"
+            )
+            raise LogProbsNotLogitsError(msg)
+
+    def _stream_tokens(self, body: dict[str, Any], state: _StreamState) -> Generator[TokenScore, None, None]:
+        import httpx
+
+        state.start = time.perf_counter()
+        try:
+            with self._client.stream("POST", self._url, json=body, headers=self._headers) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for_status(response.status_code, response.text)
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = _json(payload, self._url)
+                    if "error" in chunk:
+                        msg = f"{self._url} failed while streaming: {chunk['error'].get('message')}"
+                        raise RemoteServerError(msg)
+                    if chunk.get("usage"):
+                        state.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        state.text += delta.get("content") or ""
+                        if choice.get("finish_reason"):
+                            state.finish = choice["finish_reason"]
+                            state.stop = choice.get("stop_reason")
+                        entries = (choice.get("logprobs") or {}).get("content") or []
+                        new = self._tokens(entries, start_index=len(state.tokens), check=False)
+                        if new and state.first_s is None:
+                            state.first_s = time.perf_counter() - state.start
+                        state.tokens.extend(new)
+                        if len(state.tokens) < _CHECK_TOKENS:
+                            continue  # held back until the log-probability check has seen enough tokens
+                        if not state.checked:
+                            state.checked = True
+                            self._refuse_logprobs([list(t.top_logits) for t in state.tokens[:_CHECK_TOKENS]])
+                        yield from state.tokens[state.sent :]
+                        state.sent = len(state.tokens)
+                if not state.checked:
+                    self._refuse_logprobs([list(t.top_logits) for t in state.tokens])
+                yield from state.tokens[state.sent :]
+                state.sent = len(state.tokens)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _generation(
+        self,
+        messages: list[ChatMessage],
+        text: str,
+        tokens: list[TokenScore],
+        finish: Any,
+        stop: Any,
+        prompt_tokens: int,
+        timings: Timings,
+    ) -> Generation:
+        reason: FinishReason = "length" if finish == "length" else "cancelled" if finish == "abort" else "stop"
+        users = [m.content for m in messages if m.role == "user"]
+        return Generation(
+            model=self._model,
+            prompt=users[-1] if users else messages[-1].content,
+            text=text,
+            tokens=tuple(tokens),
+            finish_reason=reason,
+            k=self._k,
+            evidence=self._evidence,
+            top_n=self._top_n,
+            prompt_tokens=prompt_tokens,
+            stop_sequence=stop if isinstance(stop, str) else None,
+            timings=timings,
+        )
+
+
+class _StreamState:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first_s: float | None = None
+        self.text = ""
+        self.tokens: list[TokenScore] = []
+        self.finish: Any = None
+        self.stop: Any = None
+        self.prompt_tokens = 0
+        self.cancelled = False
+        self.checked = False
+        self.sent = 0
+
+
+def _json(text: str, url: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        msg = f"{url} sent a body that is not JSON: {text[:200]!r}"
+        raise RemoteServerError(msg) from exc
+
+
+def _float(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _logsumexp(z: Sequence[float]) -> float:
+    m = max(z)
+    return m + math.log(sum(math.exp(v - m) for v in z))
+
+
+def _topk_stats(chosen: float, z: Sequence[float]) -> tuple[float, float]:
+    """``(log p, entropy)`` under the softmax of the K raw logits ``z`` (the wire has no more)."""
+    lse = _logsumexp(z)
+    p = [math.exp(v - lse) for v in z]
+    entropy = -sum(pi * (v - lse) for pi, v in zip(p, z))
+    return (chosen - lse if math.isfinite(chosen) else math.nan), entropy

@@ -1,0 +1,53 @@
+"""An OpenAI-compatible HTTP server (``logtoku-guard serve``), vLLM's wire format with raw logits.
+
+Layout: :mod:`~logtoku_guard.server.wire` (request parsing, response bodies; no web framework),
+:mod:`~logtoku_guard.server.engine` (generation and guarding off the event loop; the
+:class:`Runner` seam a batcher replaces), :mod:`~logtoku_guard.server.app` (the FastAPI app),
+:mod:`~logtoku_guard.server.run` (uvicorn: :func:`run_server`, :class:`BackgroundServer`) and
+:mod:`~logtoku_guard.server.command` (the ``serve`` command).
+
+Needs the ``serve`` extra (``pip install 'logtoku-guard[serve]'``): FastAPI and uvicorn. They
+are imported only when an app is built, so this package imports without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from logtoku_guard.server.app import ServerSettings, create_app
+    from logtoku_guard.server.engine import Engine, Runner, ThreadRunner
+    from logtoku_guard.server.run import BackgroundServer, build_app, run_server
+    from logtoku_guard.server.wire import Limits
+
+_LAZY = {
+    "ServerSettings": "logtoku_guard.server.app",
+    "create_app": "logtoku_guard.server.app",
+    "Engine": "logtoku_guard.server.engine",
+    "Runner": "logtoku_guard.server.engine",
+    "ThreadRunner": "logtoku_guard.server.engine",
+    "BackgroundServer": "logtoku_guard.server.run",
+    "build_app": "logtoku_guard.server.run",
+    "run_server": "logtoku_guard.server.run",
+    "Limits": "logtoku_guard.server.wire",
+}
+
+__all__ = [
+    "BackgroundServer",
+    "Engine",
+    "Limits",
+    "Runner",
+    "ServerSettings",
+    "ThreadRunner",
+    "build_app",
+    "create_app",
+    "run_server",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    msg = f"module 'logtoku_guard.server' has no attribute {name!r}"
+    raise AttributeError(msg)

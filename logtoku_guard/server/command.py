@@ -1,0 +1,95 @@
+"""The ``logtoku-guard serve`` command (a typer function; the CLI registers it).
+
+logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ...]
+                    [--max-batch 8] [--policy policy.yaml] [--max-tokens 1024] ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind; a non-loopback one needs --allow-remote.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model: the embedded default, a local folder or .gguf, a cached hub id.")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="LOGTOKU_GUARD_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes."),
+    ] = None,
+    allow_remote: Annotated[bool, typer.Option(help="Allow binding to a non-loopback address.")] = False,
+    max_batch: Annotated[
+        int, typer.Option(help="Largest group of concurrent requests generated together (today: one at a time).")
+    ] = 8,
+    policy: Annotated[Path | None, typer.Option(help="Guard every answer with this policy (YAML or JSON).")] = None,
+    profile: Annotated[Path | None, typer.Option(help="Model profile JSON, for a policy with quantile thresholds.")] = None,
+    top_k: Annotated[
+        int, typer.Option("--top-k", "-k", help="Raw logits kept per token (K of AU/EU; max top_logprobs).")
+    ] = DEFAULT_K,
+    top_n: Annotated[int, typer.Option(help="Least reliable tokens averaged into the response reliability.")] = DEFAULT_TOP_N,
+    max_tokens: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for.")] = 1024,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 1_000_000,
+    served_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's name).")] = None,
+    device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder of the embedded model.")] = None,
+    graceful_timeout: Annotated[float, typer.Option(help="Seconds to let requests in flight finish on shutdown.")] = 30.0,
+) -> None:
+    """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
+    from logtoku_guard.errors import ConfigurationError
+    from logtoku_guard.server.app import ServerSettings, require_serve_extra
+    from logtoku_guard.server.run import check_host, run_server
+    from logtoku_guard.server.wire import Limits
+
+    try:
+        require_serve_extra()
+        check_host(host, allow_remote)
+        if max_batch < 1:
+            msg = f"--max-batch must be at least 1, got {max_batch}"
+            raise ConfigurationError(msg)
+        if max_tokens < 1 or max_body_bytes < 1:
+            msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
+            raise ConfigurationError(msg)
+        pol = prof = None
+        if policy is not None:
+            from logtoku_guard.policy import Policy
+
+            pol = Policy.from_file(policy)
+        if profile is not None:
+            from logtoku_guard.calibration import ModelProfile
+
+            prof = ModelProfile.load(profile)
+        from logtoku_guard.backends.transformers import TransformersBackend
+
+        backend = TransformersBackend(model, k=top_k, top_n=top_n, device=device, dtype=dtype, cache_dir=cache_dir)
+        if pol is not None and prof is None and pol.uses_quantiles():
+            from logtoku_guard.calibration import load_profile_for
+
+            prof = load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
+        settings = ServerSettings(
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            limits=Limits(max_tokens=max_tokens, default_max_tokens=min(256, max_tokens), k=backend.k),
+            model_names=(served_name,) if served_name else (),
+        )
+    except Exception as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"serving {backend.model_name!r} on http://{host}:{port}/v1 (K={backend.k})", err=True)
+    run_server(
+        backend,
+        host=host,
+        port=port,
+        allow_remote=allow_remote,
+        policy=pol,
+        profile=prof,
+        settings=settings,
+        graceful_timeout=graceful_timeout,
+    )

@@ -1,0 +1,239 @@
+"""``logtoku-guard serve`` end to end: the real server (uvicorn) on 127.0.0.1, a free port, the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend  # noqa: E402
+from logtoku_guard.server import BackgroundServer, ServerSettings, build_app  # noqa: E402
+from logtoku_guard.types import DecodingOptions  # noqa: E402
+
+KEY = "test-key"
+GREEDY = DecodingOptions(max_new_tokens=12)
+
+
+@pytest.fixture
+def server(tiny_backend: Any) -> Any:
+    app = build_app(tiny_backend, settings=ServerSettings(api_key=KEY, max_body_bytes=20_000))
+    with BackgroundServer(app) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: Any) -> Any:
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+        yield c
+
+
+def chat(client: Any, **body: Any) -> Any:
+    body.setdefault("messages", [{"role": "user", "content": "What is the capital of France?"}])
+    return client.post("/chat/completions", json=body)
+
+
+def test_models_lists_the_served_model(client: Any, tiny_backend: Any) -> None:
+    r = client.get("/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == [tiny_backend.model_name]
+
+
+def test_remote_backend_matches_local_greedy_answer_and_scores(server: Any, tiny_backend: Any) -> None:
+    local = tiny_backend.generate("What is the capital of France?", GREEDY)
+    with OpenAICompatibleBackend(server.base_url, tiny_backend.model_name, api_key=KEY) as remote:
+        got = remote.generate("What is the capital of France?", GREEDY)
+    assert got.text == local.text and len(got.tokens) == len(local.tokens) > 0
+    assert got.finish_reason == local.finish_reason and got.prompt_tokens == local.prompt_tokens
+    for a, b in zip(got.tokens, local.tokens):
+        assert (a.id, a.text, a.top_ids) == (b.id, b.text, b.top_ids)
+        assert a.au == pytest.approx(b.au, abs=1e-4) and a.eu == pytest.approx(b.eu, abs=1e-4)
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4) and a.entropy == pytest.approx(b.entropy, abs=1e-4)
+    assert got.reliability == pytest.approx(local.reliability, abs=1e-4)
+
+
+def test_remote_stream_and_batch_match_local(server: Any, tiny_backend: Any) -> None:
+    local = tiny_backend.generate("Count from one to ten", GREEDY)
+    with OpenAICompatibleBackend(server.base_url, tiny_backend.model_name, api_key=KEY) as remote:
+        with remote.stream("Count from one to ten", GREEDY) as stream:
+            streamed = list(stream)
+        assert [t.text for t in streamed] == [t.text for t in local.tokens]
+        assert stream.generation.text == local.text
+        assert [t.au for t in streamed] == pytest.approx([t.au for t in local.tokens], abs=1e-4)
+        batch = remote.batch(["Count from one to ten", "What is the capital of France?"], GREEDY)
+    assert batch[0].text == local.text
+
+
+def test_chat_logprobs_have_vllm_shape_with_raw_logits(client: Any, tiny_backend: Any) -> None:
+    local = tiny_backend.generate("What is the capital of France?", GREEDY)
+    r = chat(client, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == len(local.tokens)
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": local.text, "tool_calls": []}
+    content = choice["logprobs"]["content"]
+    for entry, t in zip(content, local.tokens):
+        assert set(entry) >= {"token", "logprob", "bytes", "top_logprobs", "logtoku"}
+        assert entry["logprob"] == pytest.approx(t.top_logits[0])  # greedy: the chosen token is the top-1 raw logit
+        assert [e["logprob"] for e in entry["top_logprobs"]] == pytest.approx(list(t.top_logits))
+        assert all(set(e) == {"token", "logprob", "bytes"} for e in entry["top_logprobs"])
+        assert entry["logtoku"]["au"] == pytest.approx(t.au) and entry["logtoku"]["eu"] == pytest.approx(t.eu)
+    assert choice["logtoku"]["reliability"] == pytest.approx(local.reliability)
+
+
+def test_completions_endpoint_shape(client: Any) -> None:
+    r = client.post("/completions", json={"prompt": "The capital of France", "max_tokens": 6, "temperature": 0, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert all(isinstance(d, dict) and 1 <= len(d) <= 2 for d in lp["top_logprobs"])
+
+
+def _events(text: str) -> list[Any]:
+    chunks = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    return [json.loads(c) for c in chunks[:-1]]
+
+
+def test_chat_streaming_sse(client: Any, tiny_backend: Any) -> None:
+    local = tiny_backend.generate("What is the capital of France?", GREEDY)
+    with client.stream(
+        "POST",
+        "/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "stream": True,
+            "logprobs": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r.read().decode())
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == local.text
+    last = [e for e in events if e["choices"]][-1]["choices"][0]
+    assert last["finish_reason"] == local.finish_reason and "logtoku" in last
+    assert events[-1]["usage"]["completion_tokens"] == len(local.tokens)
+
+
+def test_completion_streaming(client: Any) -> None:
+    r = client.post("/completions", json={"prompt": "Paris", "max_tokens": 5, "temperature": 0, "stream": True})
+    events = _events(r.text)
+    assert all(e["object"] == "text_completion" for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "role"),
+        ({"messages": [{"role": "user", "content": "   "}]}, 400, "empty"),
+        ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404, "gpt-9"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=2"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 5}, 400, "--top-k"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 1}, 400, "logprobs=true"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, 400, "stop"),
+        ({"messages": [{"role": "user", "content": "x" * 30_000}]}, 413, "limit"),
+    ],
+)
+def test_bad_requests_get_4xx_with_a_message(client: Any, body: Any, status: int, needle: str) -> None:
+    r = chat(client, **body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["code"] == status and err["type"]
+
+
+def test_bad_json_and_unknown_route(client: Any) -> None:
+    r = client.post("/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = client.post("/completions", json={"prompt": ["a", "b"]})
+    assert r.status_code == 400 and "one string" in r.json()["error"]["message"]
+    r = client.get("/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_api_key_is_enforced(server: Any) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=headers)
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    assert httpx.get(f"{server.base_url}/models").status_code == 401
+    assert httpx.get(f"{server.base_url[: -len('/v1')]}/health").status_code == 200
+    bad = OpenAICompatibleBackend(server.base_url, "tiny", api_key="wrong")
+    with pytest.raises(Exception, match="401"):
+        bad.generate("hi", GREEDY)
+
+
+def test_non_loopback_host_needs_allow_flag() -> None:
+    from logtoku_guard.errors import ConfigurationError
+    from logtoku_guard.server.run import check_host
+
+    assert check_host("127.0.0.1", False) == "127.0.0.1" and check_host("::1", False) == "::1"
+    with pytest.raises(ConfigurationError, match="--allow-remote"):
+        check_host("0.0.0.0", False)
+    assert check_host("0.0.0.0", True) == "0.0.0.0"
+
+
+def test_policy_guards_each_answer(tiny_backend: Any) -> None:
+    from logtoku_guard.policy import Policy
+
+    policy = Policy.from_dict(
+        {
+            "name": "always-warn",
+            "rules": [{"name": "any", "when": {"stat": "reliability", "op": "<", "value": 1e9}, "action": "warn"}],
+        }
+    )
+    with BackgroundServer(build_app(tiny_backend, policy=policy)) as srv:
+        r = httpx.post(
+            f"{srv.base_url}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        stream = httpx.post(
+            f"{srv.base_url}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True},
+            timeout=60,
+        )
+    choice = r.json()["choices"][0]
+    decision = choice["logtoku_guard"]
+    assert decision["action"] == "warn" and decision["rule"] == "any"
+    assert choice["message"]["content"] == decision["answer"] != decision["draft"]
+    events = _events(stream.text)
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert streamed == decision["answer"]
+    assert events[-1]["choices"][0]["logtoku_guard"]["action"] == "warn"
+
+
+def test_graceful_shutdown_finishes_in_flight_request(tiny_backend: Any) -> None:
+    srv = BackgroundServer(build_app(tiny_backend)).start()
+    results: list[Any] = []
+
+    def ask() -> None:
+        body = {"messages": [{"role": "user", "content": "Count from one to ten"}], "max_tokens": 40, "temperature": 0}
+        results.append(httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=60))
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    import time
+
+    time.sleep(0.2)  # the request is in flight
+    srv.stop()
+    worker.join(60)
+    assert results and results[0].status_code == 200, results
+    assert results[0].json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert not math.isnan(results[0].json()["choices"][0]["logtoku"]["reliability"] or 0.0)
