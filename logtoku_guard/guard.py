@@ -271,6 +271,16 @@ class Guard:
         """The backend's evidence mode (``"clamped"`` or ``"raw"``)."""
         return str(getattr(self.backend, "evidence", "clamped"))  # until every backend names evidence
 
+    @property
+    def retrievals_allowed(self) -> int:
+        """How many retrievals the policy allows per question (adapters may prepare that many)."""
+        return self.policy.retrieve.max_attempts
+
+    @property
+    def watches_early_stop(self) -> bool:
+        """True when the policy has ``early_stop`` rules (streams are worth watching)."""
+        return self._watch
+
     # -- the steps of the guard loop (every adapter drives these) -----------------------------
     def decide(self, generation: Generation, attempts: Sequence[Attempt] = ()) -> Decision:
         """The policy's decision on one generation (no action, no record).

@@ -142,6 +142,7 @@ class SummaryPayload(TypedDict):
     prompt_tokens: int
     stop_sequence: str | None
     thresholds: ThresholdsPayload | None
+    timings: TimingsPayload
 
 
 class GenerationPayload(SummaryPayload):
@@ -150,7 +151,6 @@ class GenerationPayload(SummaryPayload):
     prompt: str
     answer: str
     tokens: list[TokenPayload]
-    timings: TimingsPayload
 
 
 class CheckPayload(TypedDict):
@@ -264,6 +264,7 @@ def summary_payload(generation: Generation, thresholds: QuadrantThresholds | Non
         prompt_tokens=generation.prompt_tokens,
         stop_sequence=generation.stop_sequence,
         thresholds=thresholds_payload(thresholds),
+        timings=TimingsPayload(**dataclasses.asdict(generation.timings)),  # type: ignore[typeddict-item]
     )
 
 
@@ -275,7 +276,6 @@ def generation_payload(generation: Generation, thresholds: QuadrantThresholds | 
         prompt=generation.prompt,
         answer=generation.text,
         tokens=[token_payload(t, thresholds) for t in generation.tokens],
-        timings=TimingsPayload(**dataclasses.asdict(generation.timings)),  # type: ignore[typeddict-item]
     )
 
 
