@@ -38,7 +38,6 @@ from logtoku_guard.uncertainty import DEFAULT_TOP_N, QuadrantThresholds
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.payloads import ResultPayload
 
 __all__ = [
     "Attempt",
@@ -137,11 +136,11 @@ class GuardResult:
     def reliability(self) -> float:
         return self.generation.score.reliability
 
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> ResultPayload:
-        """The JSON form (:func:`logtoku_guard.payloads.result_payload`)."""
+    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
+        """The JSON form, :func:`logtoku_guard.payloads.result_payload` as a plain dict (callers add keys)."""
         from logtoku_guard.payloads import result_payload
 
-        return result_payload(self, thresholds)
+        return dict(result_payload(self, thresholds))
 
 
 def _passage_text(p: Any) -> str:

@@ -433,7 +433,8 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         meta = dict(message.response_metadata)
         meta["logtoku"] = {k: v for k, v in meta["logtoku"].items() if k != "tokens"}  # tokens came per chunk
         meta.pop("logprobs", None)
-        meta["logtoku_guard"] = GuardPayload(**meta["logtoku_guard"], retracted=retracted)
+        decided: GuardPayload = meta["logtoku_guard"]
+        meta["logtoku_guard"] = GuardPayload(**decided, retracted=retracted)
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
 
     @staticmethod
