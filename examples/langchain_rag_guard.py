@@ -116,7 +116,8 @@ def main() -> None:
             print(json.dumps({"question": question, "answer": answer.content, **{k: d[k] for k in keys}}))
         else:
             print(f"Q: {question}")
-            print(f"   route: {' -> '.join(d['route'])} => {d['action']}   reliability {d['reliability']:.4f}")
+            route = " -> ".join(a["action"] for a in d["route"])
+            print(f"   route: {route} => {d['action']}   reliability {d['reliability']:.4f}")
             print(f"   why: {d['reason']}")
             if d["draft"] != answer.content:
                 print(f"   model said: {d['draft']!r}")

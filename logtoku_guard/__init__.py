@@ -1,7 +1,9 @@
 """logtoku_guard: single-pass decoupled token uncertainty (LogTokU) for local LLMs.
 
 Data flow: prompt -> generation with raw top-K logits (a backend) -> token AU/EU
-(:mod:`logtoku_guard.uncertainty`) -> response reliability -> policy decision.
+(:mod:`logtoku_guard.uncertainty`) -> response reliability -> policy decision -> guard action
+(:mod:`logtoku_guard.guard`) -> JSON payloads (:mod:`logtoku_guard.payloads`) and audit record.
+Framework adapters hand generations to guards through :mod:`logtoku_guard.capture`.
 
 ``import logtoku_guard`` is light: torch and transformers load only when a backend or a
 tensor function is used, and no LLM framework (LangChain, LlamaIndex) is ever imported here.
@@ -15,16 +17,20 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
+    DatasetUnavailableError,
+    GuardRejectedError,
     InvalidPromptError,
     LogTokUError,
     MissingDependencyError,
     ModelLoadError,
     NonFiniteLogitsError,
+    PolicyError,
     PromptTooLongError,
     ReviewError,
     ReviewStateError,
     UnknownReviewItemError,
     UnknownTraceError,
+    UsageError,
 )
 from logtoku_guard.types import (
     ChatMessage,
@@ -55,8 +61,9 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
+    from logtoku_guard.capture import GenerationCapture, capture_generations
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
-    from logtoku_guard.guard import Guard, GuardRejectedError, GuardResult
+    from logtoku_guard.guard import Guard, GuardResult
     from logtoku_guard.policy import Decision, Policy, default_policy
     from logtoku_guard.retrieval import KeywordRetriever
     from logtoku_guard.stats import ResponseStats
@@ -83,7 +90,8 @@ _LAZY = {
     "load_profile_for": "logtoku_guard.calibration",
     "Guard": "logtoku_guard.guard",
     "GuardResult": "logtoku_guard.guard",
-    "GuardRejectedError": "logtoku_guard.guard",
+    "GenerationCapture": "logtoku_guard.capture",
+    "capture_generations": "logtoku_guard.capture",
     "KeywordRetriever": "logtoku_guard.retrieval",
     "ensure_embedded_model": "logtoku_guard.embedded",
 }
@@ -104,10 +112,12 @@ __all__ = [
     "Backend",
     "ChatMessage",
     "ConfigurationError",
+    "DatasetUnavailableError",
     "Decision",
     "DecodingOptions",
     "DynamicTemperature",
     "Generation",
+    "GenerationCapture",
     "Guard",
     "GuardRejectedError",
     "GuardResult",
@@ -119,6 +129,7 @@ __all__ = [
     "ModelProfile",
     "NonFiniteLogitsError",
     "Policy",
+    "PolicyError",
     "PromptTooLongError",
     "Quadrant",
     "QuadrantThresholds",
@@ -135,9 +146,11 @@ __all__ = [
     "TransformersBackend",
     "UnknownReviewItemError",
     "UnknownTraceError",
+    "UsageError",
     "WordScore",
     "__version__",
     "calibrate",
+    "capture_generations",
     "default_policy",
     "ensure_embedded_model",
     "fit_threshold",

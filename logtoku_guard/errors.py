@@ -4,8 +4,12 @@ Hierarchy::
 
     LogTokUError                      root of everything this library raises on purpose
     ├── ConfigurationError (ValueError)   a bad argument or setting (K, thresholds, options)
-    │   └── InvalidPromptError            empty prompt, malformed chat messages
-    │       └── PromptTooLongError        prompt does not fit the model's context window
+    │   ├── InvalidPromptError            empty prompt, malformed chat messages
+    │   │   └── PromptTooLongError        prompt does not fit the model's context window
+    │   ├── PolicyError                   a policy (dict, YAML, JSON) that does not validate
+    │   └── DatasetUnavailableError       an evaluation dataset file is not where it should be
+    ├── UsageError                        the API used out of order (``.result`` of an unfinished stream, ...)
+    ├── GuardRejectedError                the policy's ``raise`` action; carries the GuardResult
     ├── ModelLoadError                    a model path or id that cannot be loaded locally
     ├── MissingDependencyError (ImportError)  an optional package is not installed
     ├── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
@@ -17,6 +21,13 @@ Hierarchy::
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from logtoku_guard.guard import GuardResult
 
 
 class LogTokUError(Exception):
@@ -42,6 +53,38 @@ class PromptTooLongError(InvalidPromptError):
             f"{context_window} tokens; shorten the prompt (or the retrieved context) "
             f"to at most {context_window - 1} tokens"
         )
+
+
+class PolicyError(ConfigurationError):
+    """A policy that does not validate; the message names each bad field and value."""
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> PolicyError:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"{loc or '<policy>'}: {err['msg']} (got {err.get('input')!r})")
+        return cls("invalid policy:\n  " + "\n  ".join(lines))
+
+
+class DatasetUnavailableError(ConfigurationError):
+    """A dataset file is not where it should be (the message names the path and the fix)."""
+
+
+class UsageError(LogTokUError):
+    """The API was used out of order: e.g. reading ``.result`` of a guarded stream before it ended.
+
+    The message says what to do first.
+    """
+
+
+class GuardRejectedError(LogTokUError):
+    """Raised by the policy's ``raise`` action; ``.result`` is the full :class:`~logtoku_guard.guard.GuardResult`."""
+
+    def __init__(self, result: GuardResult) -> None:
+        self.result = result
+        d = result.decision
+        super().__init__(f"the guard rejected the answer (rule {d.rule!r}): {d.reason}")
 
 
 class ModelLoadError(LogTokUError):

@@ -4,6 +4,18 @@
 answer's own token uncertainties, whether to pass it, pass it with a disclaimer, retrieve
 context and regenerate, abstain, send it to a human, or raise. Framework-free: the LangChain
 and LlamaIndex adapters are thin layers over this class.
+
+The guard loop is written once, here, as public steps that every adapter drives::
+
+    decision = guard.decide(generation, attempts)   # the policy on one attempt ("after retrieval: ...")
+    step = guard.next_step(attempts)                # Conclude(decision) or Retrieve(decision, number)
+    passages, why = guard.retrieve(question)        # the configured retriever, errors recorded
+    decision = guard.give_up(step.decision, why)    # the retrieve fallback, with the reason
+    result = guard.conclude(question, decision, attempts, timings)
+    guard.early_stop(tokens_so_far)                 # while streaming: the early-stop rule that fired
+
+How many retrievals are left is decided only by :meth:`Guard.next_step` (at most
+``policy.retrieve.max_attempts``, then ``retrieve.fallback``).
 """
 
 from __future__ import annotations
@@ -14,14 +26,32 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.policy import ActionName, Decision, Policy, default_policy
+from logtoku_guard.errors import ConfigurationError, GuardRejectedError, UsageError
+from logtoku_guard.policy import ActionName, Decision, Policy, RetrieveSettings, default_policy
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, QuadrantThresholds
+from logtoku_guard.uncertainty import QuadrantThresholds
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditStore
+    from logtoku_guard.calibration import ModelProfile
+
+__all__ = [
+    "Attempt",
+    "Conclude",
+    "Guard",
+    "GuardRejectedError",
+    "GuardResult",
+    "GuardStream",
+    "GuardTimings",
+    "Retrieve",
+    "Retriever",
+    "RetrieverLike",
+    "Step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +66,6 @@ class Retriever(Protocol):
 RetrieverLike = Retriever | Callable[[str], Sequence[Any]]
 
 
-class GuardRejectedError(LogTokUError):
-    """Raised by the ``raise`` action; carries the full :class:`GuardResult`."""
-
-    def __init__(self, result: GuardResult) -> None:
-        self.result = result
-        d = result.decision
-        super().__init__(f"the guard rejected the answer (rule {d.rule!r}): {d.reason}")
-
-
 @dataclass(frozen=True)
 class Attempt:
     """One generation the guard made, with its decision and the context it was given."""
@@ -53,6 +74,34 @@ class Attempt:
     decision: Decision
     passages: tuple[str, ...] = ()
     retrieval_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Conclude:
+    """The loop is over: act on ``decision`` (pass it to :meth:`Guard.conclude`)."""
+
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Retrieve:
+    """Retrieve context and answer again; this is retrieval number ``number`` (1 = the first).
+
+    ``decision``: the decision that asked for it (give it to :meth:`Guard.give_up` when the
+    retrieval brings nothing). :meth:`prompt` builds the retrieval-augmented user turn.
+    """
+
+    decision: Decision
+    number: int
+    settings: RetrieveSettings
+
+    def prompt(self, question: str, passages: Sequence[str]) -> str:
+        """The augmented user turn: the policy's ``retrieve.context_template`` filled in."""
+        return self.settings.prompt(question, passages)
+
+
+Step = Conclude | Retrieve
+"""What :meth:`Guard.next_step` says to do after the attempts so far."""
 
 
 @dataclass(frozen=True)
@@ -88,24 +137,10 @@ class GuardResult:
         return self.generation.score.reliability
 
     def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
-        g = self.generation
-        return {
-            "answer": self.answer,
-            "action": self.action,
-            "reason": self.decision.reason,
-            "rule": self.decision.rule,
-            "reliability": g.to_dict()["reliability"],
-            "attempts": len(self.attempts),
-            "review_id": self.review_id,
-            "trace_id": self.trace_id,
-            "stopped_early": self.stopped_early,
-            "model": g.model,
-            "policy": {"name": self.policy_name, "version": self.policy_version},
-            "checks": [c.__dict__ for c in self.decision.checks],
-            "stats": self.decision.stats.as_dict(),
-            "tokens": [t.to_dict(thresholds) for t in g.tokens],
-            "timings": self.timings.__dict__,
-        }
+        """The JSON form, :func:`logtoku_guard.payloads.result_payload` as a plain dict (callers add keys)."""
+        from logtoku_guard.payloads import result_payload
+
+        return dict(result_payload(self, thresholds))
 
 
 def _passage_text(p: Any) -> str:
@@ -117,6 +152,19 @@ def _passage_text(p: Any) -> str:
         return p
     msg = f"a retriever returned {type(p).__name__} ({p!r:.80}); return strings or objects with .text / .page_content"
     raise ConfigurationError(msg)
+
+
+@dataclass
+class _Clock:
+    """Seconds spent per stage of one guarded question."""
+
+    start: float = field(default_factory=time.perf_counter)
+    generation_s: float = 0.0
+    decision_s: float = 0.0
+    retrieval_s: float = 0.0
+
+    def timings(self) -> GuardTimings:
+        return GuardTimings(time.perf_counter() - self.start, self.generation_s, self.decision_s, self.retrieval_s)
 
 
 class Guard:
@@ -141,8 +189,8 @@ class Guard:
         policy: Policy | None = None,
         *,
         retriever: RetrieverLike | None = None,
-        store: Any = None,
-        profile: Any = None,
+        store: AuditStore | None = None,
+        profile: ModelProfile | None = None,
         options: DecodingOptions | None = None,
         system: str | None = None,
     ) -> None:
@@ -160,7 +208,7 @@ class Guard:
             )
             raise ConfigurationError(msg)
         if profile is not None:
-            profile.check_matches(backend.model_name, backend.k, getattr(backend, "evidence", "clamped"))
+            profile.check_matches(backend.model_name, backend.k, self.backend_evidence())
         if "human_review" in self.policy.actions() and store is None:
             msg = f"policy {self.policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
             raise ConfigurationError(msg)
@@ -169,15 +217,17 @@ class Guard:
             if profile is not None
             else None
         )
+        self._watch = any(r.early_stop for r in self.policy.rules)
 
     # -- public API ---------------------------------------------------------------------------
     def run(self, prompt: Prompt) -> GuardResult:
         """Answer ``prompt`` and apply the policy (raises :class:`GuardRejectedError` for ``raise``)."""
         messages = to_messages(prompt, self.system)
-        start = time.perf_counter()
-        t0 = time.perf_counter()
+        clock = _Clock()
+        t = time.perf_counter()
         generation = self.backend.generate(messages, self.options)
-        return self._finish(messages, generation, start, time.perf_counter() - t0, stopped_early=False)
+        clock.generation_s += time.perf_counter() - t
+        return self._finish(messages, generation, clock, stopped_early=False)
 
     async def arun(self, prompt: Prompt) -> GuardResult:
         """:meth:`run` in a worker thread (generation is CPU/GPU bound)."""
@@ -190,81 +240,147 @@ class Guard:
         ``stopped_early``) and the policy acts on what was generated. The decision, any
         retrieval and the record are made when the stream ends: read ``.result``.
         """
-        messages = to_messages(prompt, self.system)
-        return GuardStream(self, messages)
+        return GuardStream(self, to_messages(prompt, self.system))
+
+    def finish(
+        self,
+        messages: Sequence[ChatMessage],
+        generation: Generation,
+        *,
+        stopped_early: bool = False,
+        started: float | None = None,
+        generation_s: float = 0.0,
+    ) -> GuardResult:
+        """Apply the policy to a first answer already generated for ``messages``.
+
+        Decides, retrieves and regenerates as the policy says, acts and records, as :meth:`run`
+        does after its first generation (raises :class:`GuardRejectedError` for ``raise``).
+        ``started``: when the question arrived (``time.perf_counter()``; default now);
+        ``generation_s``: the seconds the first generation took.
+        """
+        clock = _Clock() if started is None else _Clock(start=started)
+        clock.generation_s = generation_s
+        return self._finish(list(messages), generation, clock, stopped_early=stopped_early)
 
     def backend_top_n(self) -> int:
-        return int(getattr(self.backend, "top_n", DEFAULT_TOP_N))
+        """The backend's ``top_n`` (tokens averaged into the response reliability)."""
+        return self.backend.top_n
 
-    def decide(self, generation: Generation) -> Decision:
-        """The policy's decision on one generation (no action, no record)."""
+    def backend_evidence(self) -> str:
+        """The backend's evidence mode (``"clamped"`` or ``"raw"``)."""
+        return self.backend.evidence
+
+    @property
+    def retrievals_allowed(self) -> int:
+        """How many retrievals the policy allows per question (adapters may prepare that many)."""
+        return self.policy.retrieve.max_attempts
+
+    @property
+    def watches_early_stop(self) -> bool:
+        """True when the policy has ``early_stop`` rules (streams are worth watching)."""
+        return self._watch
+
+    # -- the steps of the guard loop (every adapter drives these) -----------------------------
+    def decide(self, generation: Generation, attempts: Sequence[Attempt] = ()) -> Decision:
+        """The policy's decision on one generation (no action, no record).
+
+        ``attempts``: the attempts made before this one; when there are any (this answer was
+        made with retrieved context) a decision that does not ask for more retrieval says so:
+        its reason starts with ``"after retrieval: "``.
+        """
         stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)
-        return self.policy.decide(stats, self.profile)
+        decision = self.policy.decide(stats, self.profile)
+        if attempts and decision.action != "retrieve":
+            decision = replace(decision, reason=f"after retrieval: {decision.reason}")
+        return decision
 
-    # -- internals ---------------------------------------------------------------------------
-    def _finish(
-        self, messages: list[ChatMessage], generation: Generation, start: float, gen_s: float, *, stopped_early: bool
-    ) -> GuardResult:
-        t = time.perf_counter()
-        decision = self.decide(generation)
-        decision_s = time.perf_counter() - t
-        attempts = [Attempt(generation, decision)]
-        retrieval_s = 0.0
-        question = [m.content for m in messages if m.role == "user"][-1]
-        retrieve = self.policy.retrieve
-        while decision.action == "retrieve":
-            if len(attempts) > retrieve.max_attempts:
-                decision = replace(
-                    decision,
-                    action=retrieve.fallback,
-                    reason=f"still uncertain after {retrieve.max_attempts} retrieval attempt(s): {decision.reason}",
-                )
-                break
-            t = time.perf_counter()
-            passages, error = self._retrieve(question)
-            retrieval_s += time.perf_counter() - t
-            if not passages:
-                why = error or ("no retriever configured" if self.retriever is None else "the retriever returned nothing")
-                decision = replace(decision, action=retrieve.fallback, reason=f"{decision.reason}; {why}")
-                attempts[-1] = replace(attempts[-1], retrieval_error=why)
-                break
-            augmented = [*messages[:-1], ChatMessage("user", retrieve.prompt(question, passages))]
-            t = time.perf_counter()
-            generation = self.backend.generate(augmented, self.options)
-            gen_s += time.perf_counter() - t
-            t = time.perf_counter()
-            decision = self.decide(generation)
-            decision_s += time.perf_counter() - t
-            if decision.action != "retrieve":
-                decision = replace(decision, reason=f"after retrieval: {decision.reason}")
-            attempts.append(Attempt(generation, decision, tuple(passages)))
-        return self._act(messages, decision, attempts, start, gen_s, decision_s, retrieval_s, stopped_early)
+    def next_step(self, attempts: Sequence[Attempt]) -> Step:
+        """What to do after ``attempts`` (the first answer, then one per retrieval), the last decided.
 
-    def _retrieve(self, question: str) -> tuple[list[str], str | None]:
+        :class:`Conclude` when the last decision is not ``retrieve``, or when
+        ``policy.retrieve.max_attempts`` retrievals were made already (then the decision is
+        the ``retrieve.fallback`` action, "still uncertain after N retrieval attempt(s): ...");
+        else :class:`Retrieve`, numbered from 1.
+        """
+        if not attempts:
+            msg = "next_step needs at least the first attempt: decide on the first answer first"
+            raise UsageError(msg)
+        decision = attempts[-1].decision
+        if decision.action != "retrieve":
+            return Conclude(decision)
+        settings = self.policy.retrieve
+        done = len(attempts) - 1
+        if done >= settings.max_attempts:
+            why = f"still uncertain after {settings.max_attempts} retrieval attempt(s): {decision.reason}"
+            return Conclude(replace(decision, action=settings.fallback, reason=why))
+        return Retrieve(decision, done + 1, settings)
+
+    def give_up(self, decision: Decision, why: str) -> Decision:
+        """The ``retrieve.fallback`` decision when retrieval cannot help (``why``: no passages, an error...)."""
+        return replace(decision, action=self.policy.retrieve.fallback, reason=f"{decision.reason}; {why}")
+
+    def unanswerable(self, generation: Generation, why: str) -> Decision:
+        """The ``retrieve.fallback`` decision, without a rule, for an answer made with nothing to answer from."""
+        stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)
+        base = self.policy.decide(stats, self.profile)
+        return replace(base, action=self.policy.retrieve.fallback, rule=None, reason=why)
+
+    def early_stop(self, tokens: Sequence[TokenScore]) -> Decision | None:
+        """The decision of the ``early_stop`` rule that fires on this token prefix, or None.
+
+        Such rules cannot un-fire as the answer grows, so a streaming caller may stop
+        generating at once. None at once when the policy has no ``early_stop`` rule.
+        """
+        if not self._watch or not tokens:
+            return None
+        stats = ResponseStats.from_tokens(tokens, self.backend_top_n(), self.quadrants, self.policy.first_tokens)
+        decision = self.policy.decide(stats, self.profile, only_early_stop=True)
+        return decision if decision.rule is not None else None
+
+    def retrieve(self, question: str) -> tuple[list[str], str | None]:
+        """Passages for ``question`` from the configured retriever (at most ``retrieve.passages``).
+
+        Returns ``(passages, None)``, or ``([], why)`` when there is nothing: no retriever, an
+        empty result, or the retriever's exception (logged and recorded, never swallowed silently).
+        """
         if self.retriever is None:
-            return [], None
+            return [], "no retriever configured"
         try:
             fn = self.retriever.retrieve if isinstance(self.retriever, Retriever) else self.retriever
-            found = list(fn(question))[: self.policy.retrieve.passages]
-            return [_passage_text(p) for p in found], None
+            found = [_passage_text(p) for p in list(fn(question))[: self.policy.retrieve.passages]]
         except Exception as exc:  # recorded in the decision and the audit trail, and logged
             logger.warning("retriever failed for %r: %s", question, exc, exc_info=True)
             return [], f"the retriever failed: {exc.__class__.__name__}: {exc}"
+        if not found:
+            return [], "the retriever returned nothing"
+        return found, None
 
-    def _act(
-        self,
-        messages: list[ChatMessage],
-        decision: Decision,
-        attempts: list[Attempt],
-        start: float,
-        gen_s: float,
-        decision_s: float,
-        retrieval_s: float,
-        stopped_early: bool,
-    ) -> GuardResult:
+    # -- the loop ------------------------------------------------------------------------------
+    def _finish(self, messages: list[ChatMessage], generation: Generation, clock: _Clock, *, stopped_early: bool) -> GuardResult:
         question = [m.content for m in messages if m.role == "user"][-1]
-        timings = GuardTimings(time.perf_counter() - start, gen_s, decision_s, retrieval_s)
-        result = self.conclude(question, decision, attempts, timings, stopped_early=stopped_early)
+        t = time.perf_counter()
+        attempts = [Attempt(generation, self.decide(generation))]
+        clock.decision_s += time.perf_counter() - t
+        while True:
+            step = self.next_step(attempts)
+            if isinstance(step, Conclude):
+                decision = step.decision
+                break
+            t = time.perf_counter()
+            passages, why = self.retrieve(question)
+            clock.retrieval_s += time.perf_counter() - t
+            if why is not None:
+                attempts[-1] = replace(attempts[-1], retrieval_error=why)
+                decision = self.give_up(step.decision, why)
+                break
+            augmented = [*messages[:-1], ChatMessage("user", step.prompt(question, passages))]
+            t = time.perf_counter()
+            generation = self.backend.generate(augmented, self.options)
+            clock.generation_s += time.perf_counter() - t
+            t = time.perf_counter()
+            attempts.append(Attempt(generation, self.decide(generation, attempts), tuple(passages)))
+            clock.decision_s += time.perf_counter() - t
+        result = self.conclude(question, decision, attempts, clock.timings(), stopped_early=stopped_early)
         if result.action == "raise":
             raise GuardRejectedError(result)
         return result
@@ -308,33 +424,17 @@ class Guard:
             policy_version=self.policy.version,
         )
         if self.store is not None:
-            result = self._record(question, draft, result)
+            result = self._record(self.store, question, draft, result)
         return result
 
-    def _record(self, question: str, draft: str, result: GuardResult) -> GuardResult:
-        from logtoku_guard.audit import AuditRecord
+    def _record(self, store: AuditStore, question: str, draft: str, result: GuardResult) -> GuardResult:
+        from logtoku_guard.audit.records import AuditRecord  # no SQLAlchemy import
 
-        g = result.generation
-        record = AuditRecord(
-            trace_id=result.trace_id,
-            model=g.model,
-            policy_name=result.policy_name,
-            policy_version=result.policy_version,
-            prompt=question,
-            answer=draft,
-            action=result.action,
-            reason=result.decision.reason,
-            rule=result.decision.rule,
-            reliability=g.to_dict()["reliability"],
-            attempts=len(result.attempts),
-            tokens=[t.to_dict(self.quadrants) for t in g.tokens],
-            stats=result.decision.stats.as_dict(),
-            timings=dict(result.timings.__dict__),
-        )
+        record = AuditRecord.from_result(result, question=question, thresholds=self.quadrants, draft=draft)
         if result.action == "human_review":
-            item = self.store.record_for_review(record)
+            item = store.record_for_review(record)
             return replace(result, review_id=item.id, answer=result.answer.format(review_id=item.id))
-        self.store.record(record)
+        store.record(record)
         return result
 
 
@@ -346,31 +446,30 @@ class GuardStream:
     messages: list[ChatMessage]
     _result: GuardResult | None = None
     _stopped_early: bool = False
-    _early: Decision | None = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[TokenScore]:
         guard = self.guard
         start = time.perf_counter()
-        watch = any(r.early_stop for r in guard.policy.rules)
         seen: list[TokenScore] = []
         with guard.backend.stream(self.messages, guard.options) as stream:
             for token in stream:
                 seen.append(token)
                 yield token
-                if watch:
-                    stats = ResponseStats.from_tokens(seen, guard.backend_top_n(), guard.quadrants, guard.policy.first_tokens)
-                    early = guard.policy.decide(stats, guard.profile, only_early_stop=True)
-                    if early.rule is not None:
-                        self._stopped_early = True
-                        break
+                if guard.early_stop(seen) is not None:
+                    self._stopped_early = True
+                    break
         generation = stream.generation
-        self._result = guard._finish(
-            self.messages, generation, start, time.perf_counter() - start, stopped_early=self._stopped_early
+        self._result = guard.finish(
+            self.messages,
+            generation,
+            stopped_early=self._stopped_early,
+            started=start,
+            generation_s=time.perf_counter() - start,
         )
 
     @property
     def result(self) -> GuardResult:
         if self._result is None:
             msg = "the guarded stream is not finished: iterate it to the end before reading .result"
-            raise LogTokUError(msg)
+            raise UsageError(msg)
         return self._result

@@ -8,7 +8,8 @@ tests) type their reads with these ``TypedDict`` classes instead of ``.get("..."
 JSON has no NaN or infinity: every float that is not finite is written as ``None``
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
-count in no quadrant (the four shares then sum to less than 1). This settles the first round's
+count in no quadrant (the four shares then sum to less than 1). :mod:`logtoku_guard.stats`
+computes the policy's ``quadrant_*_share`` statistics with the same :func:`quadrant_shares`. This settles the first round's
 disagreement (one adapter called a NaN token quadrant ``"III"``, another ``None``; shares divided
 by different counts).
 
@@ -141,6 +142,7 @@ class SummaryPayload(TypedDict):
     prompt_tokens: int
     stop_sequence: str | None
     thresholds: ThresholdsPayload | None
+    timings: TimingsPayload
 
 
 class GenerationPayload(SummaryPayload):
@@ -149,7 +151,6 @@ class GenerationPayload(SummaryPayload):
     prompt: str
     answer: str
     tokens: list[TokenPayload]
-    timings: TimingsPayload
 
 
 class CheckPayload(TypedDict):
@@ -263,6 +264,7 @@ def summary_payload(generation: Generation, thresholds: QuadrantThresholds | Non
         prompt_tokens=generation.prompt_tokens,
         stop_sequence=generation.stop_sequence,
         thresholds=thresholds_payload(thresholds),
+        timings=TimingsPayload(**dataclasses.asdict(generation.timings)),  # type: ignore[typeddict-item]
     )
 
 
@@ -274,13 +276,12 @@ def generation_payload(generation: Generation, thresholds: QuadrantThresholds | 
         prompt=generation.prompt,
         answer=generation.text,
         tokens=[token_payload(t, thresholds) for t in generation.tokens],
-        timings=TimingsPayload(**dataclasses.asdict(generation.timings)),  # type: ignore[typeddict-item]
     )
 
 
 def stats_payload(stats: ResponseStats) -> dict[str, float | None]:
-    """Every response statistic by name (undefined -> ``None``)."""
-    return {f.name: json_float(getattr(stats, f.name)) for f in dataclasses.fields(stats)}
+    """Every response statistic by name, in :data:`~logtoku_guard.stats.STAT_NAMES` order (undefined -> ``None``)."""
+    return stats.as_dict()
 
 
 def check_payload(check: Check) -> CheckPayload:

@@ -31,12 +31,16 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, PolicyError
 from logtoku_guard.stats import MONOTONE_INCREASING, ResponseStats, StatName
+
+if TYPE_CHECKING:
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.payloads import DecisionPayload
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
 Op = Literal[">", ">=", "<", "<="]
@@ -243,7 +247,7 @@ class Policy(_Strict):
             acts.add(self.retrieve.fallback)
         return acts
 
-    def decide(self, stats: ResponseStats, profile: Any = None, *, only_early_stop: bool = False) -> Decision:
+    def decide(self, stats: ResponseStats, profile: ModelProfile | None = None, *, only_early_stop: bool = False) -> Decision:
         """The first rule that fires on ``stats`` (thresholds resolved against ``profile``)."""
         for rule in self.rules:
             if only_early_stop and not rule.early_stop:
@@ -264,18 +268,6 @@ class Policy(_Strict):
             checks=(),
             stats=stats,
         )
-
-
-class PolicyError(ConfigurationError):
-    """A policy that does not validate; the message names each bad field and value."""
-
-    @classmethod
-    def from_validation(cls, exc: ValidationError) -> PolicyError:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"{loc or '<policy>'}: {err['msg']} (got {err.get('input')!r})")
-        return cls("invalid policy:\n  " + "\n  ".join(lines))
 
 
 @dataclass(frozen=True)
@@ -305,14 +297,11 @@ class Decision:
     checks: tuple[Check, ...]
     stats: ResponseStats
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "rule": self.rule,
-            "reason": self.reason,
-            "checks": [c.__dict__ for c in self.checks],
-            "stats": self.stats.as_dict(),
-        }
+    def to_dict(self) -> DecisionPayload:
+        """The JSON form (:func:`logtoku_guard.payloads.decision_payload`)."""
+        from logtoku_guard.payloads import decision_payload
+
+        return decision_payload(self)
 
 
 def _has_quantile(c: Any) -> bool:
@@ -325,7 +314,7 @@ def _has_quantile(c: Any) -> bool:
     return _has_quantile(c.not_)
 
 
-def _threshold(c: Compare, profile: Any) -> tuple[float, float | None]:
+def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float | None]:
     if isinstance(c.value, Quantile):
         if profile is None:
             msg = (
@@ -337,7 +326,7 @@ def _threshold(c: Compare, profile: Any) -> tuple[float, float | None]:
     return float(c.value), None
 
 
-def _eval(c: Any, stats: ResponseStats, profile: Any, checks: list[Check]) -> bool:
+def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check]) -> bool:
     if isinstance(c, Compare):
         threshold, q = _threshold(c, profile)
         observed = stats.get(c.stat)

@@ -2,15 +2,22 @@
 
 Every statistic is named with its direction: ``reliability*`` higher = more reliable; every
 ``*_eu``/``*_au``/``*_share`` higher = more uncertain.
+
+Quadrants follow :mod:`logtoku_guard.payloads` (:func:`~logtoku_guard.payloads.quadrant_of`,
+:func:`~logtoku_guard.payloads.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
+evidence mode) is in no quadrant, and shares divide by *all* tokens of the answer, so the
+policy's ``quadrant_*_share`` statistics agree with every JSON payload.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal, get_args
 
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import quadrant_shares
 from logtoku_guard.types import Generation, ResponseScore, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds
 
@@ -41,15 +48,16 @@ DEFAULT_FIRST_TOKENS = 5
 class ResponseStats:
     """The statistics of one answer (NaN where undefined, e.g. an empty answer).
 
+    ``score``: the answer's :class:`~logtoku_guard.types.ResponseScore`, the one holder of the
+    four reliability numbers; ``reliability``, ``reliability_mean``,
+    ``probability_reliability`` and ``entropy_reliability`` read through to it.
     ``first_eu``: mean EU over the first ``first_tokens`` content tokens (whitespace-only and
-    empty pieces skipped). ``quadrant_*_share``: share of tokens in quadrant I / II / I or II
-    (``unreliable_share``) against the given quadrant thresholds (NaN without thresholds).
+    empty pieces skipped). ``quadrant_*_share``: share of *all* tokens in quadrant I / II / I or
+    II (``unreliable_share``) against the given quadrant thresholds (NaN without thresholds); a
+    token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.payloads.quadrant_shares`).
     """
 
-    reliability: float
-    reliability_mean: float
-    probability_reliability: float
-    entropy_reliability: float
+    score: ResponseScore
     max_eu: float
     mean_eu: float
     max_au: float
@@ -60,11 +68,33 @@ class ResponseStats:
     unreliable_share: float
     n_tokens: float
 
+    @property
+    def reliability(self) -> float:
+        return self.score.reliability
+
+    @property
+    def reliability_mean(self) -> float:
+        return self.score.reliability_mean
+
+    @property
+    def probability_reliability(self) -> float:
+        return self.score.probability_reliability
+
+    @property
+    def entropy_reliability(self) -> float:
+        return self.score.entropy_reliability
+
     def get(self, name: str) -> float:
+        """The statistic ``name`` (one of :data:`STAT_NAMES`) as a float."""
+        if name not in STAT_NAMES:
+            msg = f"unknown response statistic {name!r}; choose one of {list(STAT_NAMES)}"
+            raise ConfigurationError(msg)
         return float(getattr(self, name))
 
     def as_dict(self) -> dict[str, float | None]:
-        return {k: (v if math.isfinite(v) else None) for k, v in asdict(self).items()}
+        """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.payloads.stats_payload`)."""
+        values = {name: self.get(name) for name in STAT_NAMES}
+        return {name: (v if math.isfinite(v) else None) for name, v in values.items()}
 
     @classmethod
     def from_tokens(
@@ -73,24 +103,21 @@ class ResponseStats:
         top_n: int = DEFAULT_TOP_N,
         quadrants: QuadrantThresholds | None = None,
         first_tokens: int = DEFAULT_FIRST_TOKENS,
+        *,
+        score: ResponseScore | None = None,
     ) -> ResponseStats:
-        score = ResponseScore.from_tokens(tokens, top_n)
+        """The statistics of ``tokens`` (``score``: their ResponseScore, when already computed)."""
+        score = score if score is not None else ResponseScore.from_tokens(tokens, top_n)
         nan = math.nan
         n = len(tokens)
         au = [t.au for t in tokens]
         eu = [t.eu for t in tokens]
         content = [t.eu for t in tokens if t.text.strip()][:first_tokens]
-        if quadrants is not None and n:
-            labels = [quadrants.classify(t.au, t.eu) for t in tokens]
-            q1 = sum(q is Quadrant.I for q in labels) / n
-            q2 = sum(q is Quadrant.II for q in labels) / n
-        else:
-            q1 = q2 = nan
+        shares = quadrant_shares(tokens, quadrants)
+        q1 = shares[Quadrant.I.value] if shares is not None else nan
+        q2 = shares[Quadrant.II.value] if shares is not None else nan
         return cls(
-            reliability=score.reliability,
-            reliability_mean=score.reliability_mean,
-            probability_reliability=score.probability_reliability,
-            entropy_reliability=score.entropy_reliability,
+            score=score,
             max_eu=_max(eu),
             mean_eu=sum(eu) / n if n else nan,
             max_au=_max(au),
@@ -106,7 +133,8 @@ class ResponseStats:
     def from_generation(
         cls, generation: Generation, quadrants: QuadrantThresholds | None = None, first_tokens: int = DEFAULT_FIRST_TOKENS
     ) -> ResponseStats:
-        return cls.from_tokens(generation.tokens, generation.top_n, quadrants, first_tokens)
+        """The statistics of a generation (its cached ``score`` is reused)."""
+        return cls.from_tokens(generation.tokens, generation.top_n, quadrants, first_tokens, score=generation.score)
 
 
 def _max(values: Sequence[float]) -> float:

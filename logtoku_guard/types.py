@@ -18,6 +18,8 @@ from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Qu
 if TYPE_CHECKING:
     import torch
 
+    from logtoku_guard.payloads import GenerationPayload, TokenPayload
+
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
 """``stop``: end-of-sequence token or a stop string; ``length``: ``max_new_tokens`` reached;
@@ -192,21 +194,12 @@ class TokenScore:
     def quadrant(self, thresholds: QuadrantThresholds) -> Quadrant:
         return thresholds.classify(self.au, self.eu)
 
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
-        """JSON-ready form (``top_logits`` largest first; ``quadrant`` when thresholds given)."""
-        out: dict[str, Any] = {
-            "token": self.text,
-            "id": self.id,
-            "au": _json_float(self.au),
-            "eu": _json_float(self.eu),
-            "quadrant": thresholds.classify(self.au, self.eu).value if thresholds else None,
-            "logprob": _json_float(self.logprob),
-            "entropy": _json_float(self.entropy),
-            "top_logits": list(self.top_logits),
-        }
-        if self.temperature is not None:
-            out["temperature"] = self.temperature
-        return out
+    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> TokenPayload:
+        """JSON form (:func:`logtoku_guard.payloads.token_payload`): ``top_logits`` largest first,
+        ``quadrant`` when thresholds are given and AU/EU are defined."""
+        from logtoku_guard.payloads import token_payload
+
+        return token_payload(self, thresholds)
 
 
 @dataclass(frozen=True)
@@ -285,24 +278,8 @@ class Generation:
 
         return word_scores([t.text for t in self.tokens], [t.au for t in self.tokens], [t.eu for t in self.tokens])
 
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
-        """The JSON form printed by ``logtoku-guard score --json``."""
-        return {
-            "model": self.model,
-            "prompt": self.prompt,
-            "answer": self.text,
-            "reliability": _json_float(self.score.reliability),
-            "reliability_mean": _json_float(self.score.reliability_mean),
-            "finish_reason": self.finish_reason,
-            "k": self.k,
-            "evidence": self.evidence,
-            "top_n": self.top_n,
-            "thresholds": None if thresholds is None else {"au": thresholds.au, "eu": thresholds.eu, "source": thresholds.source},
-            "tokens": [t.to_dict(thresholds) for t in self.tokens],
-            "timings": dataclasses.asdict(self.timings),
-            "prompt_tokens": self.prompt_tokens,
-        }
+    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> GenerationPayload:
+        """The JSON form printed by ``logtoku-guard score --json`` (:func:`logtoku_guard.payloads.generation_payload`)."""
+        from logtoku_guard.payloads import generation_payload
 
-
-def _json_float(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+        return generation_payload(self, thresholds)

@@ -168,3 +168,34 @@ def test_every_decision_is_recorded_and_review_items_are_queued(tmp_path: Path) 
     item = store.approve(queued.review_id, "alice", edited_answer="Nobody knows.")
     assert item.status == "approved" and item.reviewer == "alice" and store.pending() == []
     store.close()
+
+
+def test_the_loop_steps_are_public_and_count_retrievals_once() -> None:
+    from logtoku_guard.errors import UsageError
+    from logtoku_guard.guard import Attempt, Conclude, Retrieve
+
+    unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "rules": [{"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}],
+            "retrieve": {"max_attempts": 1, "fallback": "warn"},
+        }
+    )
+    guard = Guard(ScriptedBackend([unsure, unsure]), policy)
+    g = guard.backend.generate("q")
+    first = Attempt(g, guard.decide(g))
+    step = guard.next_step([first])
+    assert isinstance(step, Retrieve) and step.number == 1 and "Question: q" in step.prompt("q", ["ctx"])
+    second = Attempt(g, guard.decide(g, [first]), ("ctx",))
+    assert second.decision.action == "retrieve" and not second.decision.reason.startswith("after retrieval")
+    done = guard.next_step([first, second])
+    assert isinstance(done, Conclude) and done.decision.action == "warn"
+    assert done.decision.reason.startswith("still uncertain after 1 retrieval attempt(s): ")
+    assert guard.give_up(first.decision, "nothing").reason.endswith("; nothing")
+    assert guard.retrieve("q") == ([], "no retriever configured")
+    assert guard.early_stop(g.tokens) is None  # no early_stop rule
+    with pytest.raises(UsageError):
+        guard.next_step([])
+    with pytest.raises(UsageError, match="not finished"):
+        _ = guard.stream("q").result

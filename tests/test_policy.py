@@ -1,9 +1,8 @@
-"""Policies: validation with clear errors, rule evaluation, quantile thresholds, stats, calibration."""
+"""Policies: validation with clear errors, rule evaluation, quantile thresholds, calibration (stats: test_stats.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,6 @@ def answer(*rows: tuple[str, float, float]) -> ScriptedAnswer:
 def stats_of(*rows: tuple[str, float, float], quadrants: QuadrantThresholds | None = None) -> ResponseStats:
     g = ScriptedBackend([answer(*rows)]).generate("q")
     return ResponseStats.from_generation(g, quadrants, first_tokens=2)
-
-
-def test_response_stats_by_hand() -> None:
-    # EU = 2 / (e1 + e2 + 2); AU from the digamma formula (checked in test_uncertainty).
-    s = stats_of(("A", 8.0, 0.0), (" b", 2.0, 0.0), (" ", 0.0, 0.0), ("c", 1.0, 1.0), quadrants=QuadrantThresholds(0.3, 0.5))
-    eus = [2 / 10, 2 / 4, 1.0, 2 / 4]
-    assert s.max_eu == pytest.approx(1.0) and s.mean_eu == pytest.approx(sum(eus) / 4)
-    assert s.first_eu == pytest.approx((0.2 + 0.5) / 2)  # whitespace tokens are not content
-    assert s.max_au == pytest.approx(0.5) and s.mean_au == pytest.approx(0.5 / 4)  # only (1, 1) has AU > 0
-    # token 4: evidence (1, 1) -> AU = 1 - ... > 0.3, EU = 0.5 (not > 0.5): quadrant IV; token 3: AU 0, EU 1: II
-    assert s.quadrant_ii_share == pytest.approx(0.25) and s.quadrant_i_share == 0.0
-    assert s.n_tokens == 4
-    empty = ResponseStats.from_tokens([])
-    assert math.isnan(empty.max_eu) and math.isnan(empty.reliability) and empty.n_tokens == 0
-    assert empty.as_dict()["max_eu"] is None
 
 
 def test_rules_fire_in_order_with_reasons_and_checks() -> None:

@@ -310,7 +310,7 @@ GEN_KEYS = {
     "tokens",
     "timings",
 }
-TOKEN_KEYS = {"token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}
+TOKEN_KEYS = {"index", "token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}  # payloads.TokenPayload
 
 
 def make_generation(tokens: tuple[TokenScore, ...] = TOKENS, **kw: Any) -> Generation:
@@ -345,6 +345,7 @@ def test_generation_to_dict_keys_and_values() -> None:
         assert set(t) == TOKEN_KEYS
     first = d["tokens"][0]
     assert first == {
+        "index": 0,
         "token": "Par",
         "id": 100,
         "au": 0.5,

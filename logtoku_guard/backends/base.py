@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from logtoku_guard.errors import LogTokUError
+from logtoku_guard.errors import UsageError
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode
 
@@ -106,5 +106,5 @@ class TokenStream:
         """The finished :class:`Generation` (iterate the stream or ``close()`` it first)."""
         if self._generation is None:
             msg = "the stream is not finished: iterate it to the end or call close() before reading .generation"
-            raise LogTokUError(msg)
+            raise UsageError(msg)
         return self._generation

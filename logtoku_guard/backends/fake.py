@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.recorder import truncate_at_stop
-from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
@@ -109,7 +109,7 @@ class ScriptedBackend:
                 return next(self._queue)
             except StopIteration:
                 msg = f"the scripted backend ran out of answers after {len(self.calls) - 1} calls; script more answers"
-                raise LogTokUError(msg) from None
+                raise UsageError(msg) from None
 
     def _tokens(self, answer: ScriptedAnswer) -> list[TokenScore]:
         rows = [sorted((float(v) for v in r), reverse=True) for r in answer.top_logits]

@@ -26,17 +26,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, DatasetUnavailableError
 
 TRUTHFULQA_FILE = Path("truthfulqa") / "TruthfulQA.csv"
 NQ_OPEN_FILE = Path("nq_open") / "NQ-open.dev.jsonl"
 GOEMOTIONS_DIR = Path("goemotions")
 DATA_ENV = "LOGTOKU_GUARD_DATA"
 """The environment variable naming the datasets folder."""
-
-
-class DatasetUnavailableError(ConfigurationError):
-    """A dataset file is not where it should be (the message names the path and the fix)."""
 
 
 @dataclass(frozen=True)

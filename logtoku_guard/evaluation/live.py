@@ -76,10 +76,10 @@ def live_check(
         msg = "the live check runs on the first questions of the replay, in order"
         raise ConfigurationError(msg)
     stat = SIGNALS[guard][1]
-    if guard == "logtoku" and (getattr(backend, "k", 2), getattr(backend, "evidence", "clamped")) != (2, "clamped"):
+    if guard == "logtoku" and (backend.k, backend.evidence) != (2, "clamped"):
         msg = (
             f"the live check of the LogTokU guard replays the K=2 clamped score, but the backend has "
-            f"k={getattr(backend, 'k', None)!r}, evidence={getattr(backend, 'evidence', None)!r}; load it with k=2, clamped"
+            f"k={backend.k!r}, evidence={backend.evidence!r}; load it with k=2, clamped"
         )
         raise ConfigurationError(msg)
     mask = replay.mask(guard, budget)

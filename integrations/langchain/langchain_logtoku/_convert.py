@@ -1,16 +1,17 @@
 """Conversions between LangChain objects and the core's typed objects (no maths here).
 
 - LangChain messages <-> core :class:`~logtoku_guard.types.ChatMessage` turns;
-- a core :class:`~logtoku_guard.types.Generation` -> the JSON-ready ``response_metadata`` of a
-  chat message: ``"logtoku"`` (per-token items and the response summary) and, when asked,
-  OpenAI-format ``"logprobs"``.
+- OpenAI-format ``"logprobs"`` items and usage from a core :class:`~logtoku_guard.types.Generation`;
+- :class:`GuardPayload`, the type of the guard's ``response_metadata["logtoku_guard"]``.
 
-Every value written into metadata is JSON-ready: non-finite floats become ``None``.
+The scores themselves (``response_metadata["logtoku"]``: per-token items and the response
+summary) are the core payloads, :func:`logtoku_guard.payloads.token_payload` and
+:func:`logtoku_guard.payloads.summary_payload`; every value is JSON-ready (non-finite floats
+become ``None``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,9 +19,9 @@ from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMe
 from langchain_core.messages.ai import UsageMetadata
 
 from logtoku_guard.errors import InvalidPromptError
+from logtoku_guard.payloads import ResultPayload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
 
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 
@@ -77,53 +78,23 @@ def to_langchain_messages(messages: Sequence[CoreMessage]) -> list[BaseMessage]:
     return [kinds[m.role](content=m.content) for m in messages]
 
 
-def json_float(x: float) -> float | None:
-    """``x`` as a float, or ``None`` when it is NaN or infinite (JSON has neither)."""
-    return float(x) if math.isfinite(x) else None
+class _GuardRequired(ResultPayload):
+    question: str
+    passages: int
+    recorded: bool
 
 
-def token_item(token: TokenScore, thresholds: QuadrantThresholds | None) -> dict[str, Any]:
-    """One token's scores: ``{token, id, au, eu, quadrant, logprob}`` (AU/EU higher = more uncertain).
+class GuardPayload(_GuardRequired, total=False):
+    """``response_metadata["logtoku_guard"]`` of a :class:`~langchain_logtoku.LogTokUGuard` answer.
 
-    ``quadrant`` is ``None`` without thresholds (no calibration profile) or when AU/EU is
-    undefined (raw evidence mode).
+    The core :class:`~logtoku_guard.payloads.ResultPayload` (action, route, rule, reason,
+    reliability, attempts, review_id, trace_id, checks, stats, stopped_early, policy
+    ``{name, version}``, model, answer, draft, tokens, timings) plus: ``question`` (the
+    retrieval query), ``passages`` (how many the final attempt was given), ``recorded`` (the
+    guard wrote it to its audit store) and, in ``stream_mode="retract"``, ``retracted``.
     """
-    quadrant = None
-    if thresholds is not None and math.isfinite(token.au) and math.isfinite(token.eu):
-        quadrant = thresholds.classify(token.au, token.eu).value
-    return {
-        "token": token.text,
-        "id": token.id,
-        "au": json_float(token.au),
-        "eu": json_float(token.eu),
-        "quadrant": quadrant,
-        "logprob": json_float(token.logprob),
-    }
 
-
-def summary(generation: Generation, thresholds: QuadrantThresholds | None) -> dict[str, Any]:
-    """The response summary (scalars; higher reliability = more reliable).
-
-    ``quadrant_shares``: share of the tokens in each quadrant (``None`` without thresholds);
-    ``thresholds``: the AU/EU thresholds used and where they came from.
-    """
-    shares: dict[str, float] | None = None
-    tokens = generation.tokens
-    if thresholds is not None and tokens:
-        labels = [thresholds.classify(t.au, t.eu) for t in tokens if math.isfinite(t.au) and math.isfinite(t.eu)]
-        n = len(labels)
-        shares = {q.value: (sum(lab is q for lab in labels) / n if n else 0.0) for q in Quadrant}
-    score = generation.score
-    return {
-        "reliability": json_float(score.reliability),
-        "reliability_mean": json_float(score.reliability_mean),
-        "quadrant_shares": shares,
-        "k": generation.k,
-        "evidence": generation.evidence,
-        "top_n": generation.top_n,
-        "n_tokens": len(tokens),
-        "thresholds": None if thresholds is None else {"au": thresholds.au, "eu": thresholds.eu, "source": thresholds.source},
-    }
+    retracted: bool
 
 
 def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], str]) -> dict[str, Any]:

@@ -4,8 +4,9 @@ The guard (:class:`~langchain_logtoku.guard.LogTokUGuard`) dispatches two custom
 own run (``on_custom_event``; ``astream_events(version="v2")`` shows them as ``on_custom_event``):
 
 - :data:`FLAGGED_EVENT` (``"logtoku_flagged"``) for every route other than a plain pass (warn,
-  retrieve, abstain, human review, raise): ``data`` is the decision, the same dict as the
-  answer's ``response_metadata["logtoku_guard"]``, plus the flat ``logtoku.action``,
+  retrieve, abstain, human review, raise): ``data`` is the decision, the same
+  :class:`~langchain_logtoku._convert.GuardPayload` as the answer's
+  ``response_metadata["logtoku_guard"]``, plus the flat ``logtoku.action``,
   ``logtoku.reliability`` and ``logtoku.rule`` keys.
 - :data:`RETRACTED_EVENT` (``"logtoku_retracted"``), in ``stream_mode="retract"`` only, when
   an answer already streamed is withdrawn: ``data`` is the decision plus ``retracted_text``
@@ -18,10 +19,15 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
+
+from langchain_logtoku._convert import GuardPayload
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditStore
 
 FLAGGED_EVENT = "logtoku_flagged"
 RETRACTED_EVENT = "logtoku_retracted"
@@ -71,7 +77,7 @@ class FlaggedAnswerHandler(BaseCallbackHandler):
     def __init__(
         self,
         *,
-        store: Any = None,
+        store: AuditStore | None = None,
         log_level: int | None = logging.INFO,
         on_flagged: Callable[[FlaggedAnswer], None] | None = None,
     ) -> None:
@@ -103,20 +109,21 @@ class FlaggedAnswerHandler(BaseCallbackHandler):
     ) -> None:
         if name != FLAGGED_EVENT or not isinstance(data, Mapping):
             return
+        d = cast(GuardPayload, data)
         item = FlaggedAnswer(
             run_id=run_id,
-            action=str(data.get("action")),
-            rule=data.get("rule"),
-            reason=str(data.get("reason", "")),
-            reliability=data.get("reliability"),
-            question=str(data.get("question", "")),
-            answer=str(data.get("answer", "")),
-            draft=str(data.get("draft", "")),
-            trace_id=str(data.get("trace_id", "")),
-            review_id=data.get("review_id"),
+            action=d["action"],
+            rule=d["rule"],
+            reason=d["reason"],
+            reliability=d["reliability"],
+            question=d["question"],
+            answer=d["answer"],
+            draft=d["draft"],
+            trace_id=d["trace_id"],
+            review_id=d["review_id"],
             tags=tuple(tags or ()),
             metadata=dict(metadata or {}),
-            decision=dict(data),
+            decision=dict(d),
         )
         with self._lock:
             self._flagged.append(item)
@@ -130,28 +137,28 @@ class FlaggedAnswerHandler(BaseCallbackHandler):
                 item.trace_id,
                 item.reason,
             )
-        if self.store is not None and not data.get("recorded"):
-            self._record(item)
+        if self.store is not None and not d["recorded"]:
+            self._record(self.store, item, d)
         if self.on_flagged is not None:
             self.on_flagged(item)
 
-    def _record(self, item: FlaggedAnswer) -> None:
+    @staticmethod
+    def _record(store: AuditStore, item: FlaggedAnswer, d: GuardPayload) -> None:
         from logtoku_guard.audit import AuditRecord
 
-        d = item.decision
-        self.store.record(
+        store.record(
             AuditRecord(
                 trace_id=item.trace_id,
-                model=str(d.get("model", "")),
-                policy_name=str(d.get("policy", "")),
-                policy_version=str(d.get("policy_version", "")),
+                model=d["model"],
+                policy_name=d["policy"]["name"],
+                policy_version=d["policy"]["version"],
                 prompt=item.question,
                 answer=item.draft,
                 action=item.action,
                 reason=item.reason,
                 rule=item.rule,
                 reliability=item.reliability,
-                attempts=int(d.get("attempts", 1)),
-                stats=dict(d.get("stats") or {}),
+                attempts=d["attempts"],
+                stats=dict(d["stats"]),
             )
         )

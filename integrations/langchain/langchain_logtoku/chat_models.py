@@ -4,8 +4,10 @@ The model, the decoding and the maths are the core's (:mod:`logtoku_guard`); thi
 maps LangChain messages and call arguments onto a core backend and writes the scores into
 the message metadata:
 
-- ``response_metadata["logtoku"]``: ``{"tokens": [{token, id, au, eu, quadrant, logprob}],
-  reliability, reliability_mean, quadrant_shares, k, evidence, top_n, n_tokens, thresholds}``.
+- ``response_metadata["logtoku"]``: ``{"tokens": [TokenPayload, ...], **SummaryPayload}``, the core
+  payloads (:mod:`logtoku_guard.payloads`): per token ``index, token, id, au, eu, quadrant,
+  logprob, entropy, top_logits``; the summary ``model, reliability*, quadrant_shares, n_tokens,
+  finish_reason, k, evidence, top_n, prompt_tokens, stop_sequence, thresholds, timings``.
 - ``response_metadata["logprobs"]`` (when ``logprobs=True`` or ``top_logprobs=n``): the
   OpenAI format ``{"content": [{token, logprob, bytes, top_logprobs}]}``.
 - ``usage_metadata``, ``response_metadata["model_name"]`` and ``["finish_reason"]``.
@@ -18,6 +20,10 @@ chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_nam
 ``finish_reason`` and ``usage_metadata``. The aggregated stream therefore ends with exactly
 the metadata of :meth:`invoke`. Consumers that keep only the last chunk's metadata (the
 ``stream_events(version="v3")`` protocol) see the summary but not the per-token lists.
+
+Every call also reports its core :class:`~logtoku_guard.types.Generation` (and, streaming, each
+token, a cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that
+is how :class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages.
 """
 
 from __future__ import annotations
@@ -26,8 +32,7 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -37,9 +42,12 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from langchain_logtoku import _convert
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.capture import active_captures
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import summary_payload, token_payload
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
 
@@ -47,25 +55,6 @@ _CALL_ARGS = frozenset({"temperature", "max_tokens", "top_p", "seed", "top_k", "
 _TOOL_ARGS = frozenset({"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"})
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir")
 MAX_TOP_LOGPROBS = 20
-
-
-@dataclass
-class _CoreSink:
-    """Receives the core objects of one chat-model call (used by ``LogTokUGuard``).
-
-    LangChain messages carry JSON metadata only; the guard needs the core
-    :class:`~logtoku_guard.types.Generation` (raw top-K logits included) to apply the policy.
-    A sink set in :data:`_SINK` around a call gets each streamed token and the finished
-    generation, without putting Python objects into traced metadata.
-    """
-
-    tokens: list[TokenScore] = field(default_factory=list)
-    generations: list[Generation] = field(default_factory=list)
-    finalizers: list[Callable[[], Generation]] = field(default_factory=list)
-    cancels: list[Callable[[], None]] = field(default_factory=list)
-
-
-_SINK: ContextVar[_CoreSink | None] = ContextVar("langchain_logtoku_core_sink", default=None)
 
 
 @dataclass(frozen=True)
@@ -140,8 +129,6 @@ class ChatLogTokU(BaseChatModel):
 
     @model_validator(mode="after")
     def _validate(self) -> ChatLogTokU:
-        from logtoku_guard.backends.base import Backend
-
         if self.backend is not None:
             if not isinstance(self.backend, Backend):
                 msg = (
@@ -155,7 +142,7 @@ class ChatLogTokU(BaseChatModel):
             if given:
                 msg = f"pass either backend=... or {given} to build one, not both"
                 raise ConfigurationError(msg)
-            backend_evidence = getattr(self.backend, "evidence", "clamped")
+            backend_evidence = self.backend.evidence
             if "evidence" in self.model_fields_set and self.evidence != backend_evidence:
                 msg = f"evidence={self.evidence!r} but the backend scores with {backend_evidence!r}; drop evidence="
                 raise ConfigurationError(msg)
@@ -195,7 +182,7 @@ class ChatLogTokU(BaseChatModel):
     def scoring_evidence(self) -> str:
         """The evidence mode of the scores (``clamped`` or ``raw``)."""
         if self.backend is not None:
-            return str(getattr(self.backend, "evidence", "clamped"))
+            return str(self.backend.evidence)
         return self.evidence
 
     def _configured_k(self) -> int:
@@ -243,7 +230,7 @@ class ChatLogTokU(BaseChatModel):
 
     # -- the backend ---------------------------------------------------------------------
     @property
-    def core_backend(self) -> Any:
+    def core_backend(self) -> Backend:
         """The core backend (built and loaded on first use when none was given)."""
         if self.backend is not None:
             return self.backend
@@ -355,17 +342,17 @@ class ChatLogTokU(BaseChatModel):
 
     # -- metadata ------------------------------------------------------------------------
     def _token_metadata(self, token: TokenScore, call: _Call, decode: Callable[[int], str]) -> dict[str, Any]:
-        meta: dict[str, Any] = {"logtoku": {"tokens": [_convert.token_item(token, self.quadrant_thresholds(call.k))]}}
+        meta: dict[str, Any] = {"logtoku": {"tokens": [token_payload(token, self.quadrant_thresholds(call.k))]}}
         if call.logprobs:
             meta["logprobs"] = {"content": [_convert.logprob_item(token, call.top_logprobs, decode)]}
         return meta
 
     def _final_metadata(self, generation: Generation, call: _Call, *, with_tokens: bool) -> dict[str, Any]:
         thresholds = self.quadrant_thresholds(call.k)
-        logtoku = _convert.summary(generation, thresholds)
+        logtoku: dict[str, Any] = dict(summary_payload(generation, thresholds))
         meta: dict[str, Any] = {"model_name": generation.model, "finish_reason": generation.finish_reason}
         if with_tokens:
-            logtoku = {"tokens": [_convert.token_item(t, thresholds) for t in generation.tokens], **logtoku}
+            logtoku = {"tokens": [token_payload(t, thresholds) for t in generation.tokens], **logtoku}
         meta["logtoku"] = logtoku
         if call.logprobs and with_tokens:
             decode = self._decoder()
@@ -388,11 +375,12 @@ class ChatLogTokU(BaseChatModel):
     ) -> ChatResult:
         call = self._call(stop, kwargs)
         prompt = _convert.to_core_messages(messages)
+        sinks = active_captures()
+        for sink in sinks:
+            sink.started()
         generation = self._finished(self.core_backend.generate(prompt, call.options), call)
-        sink = _SINK.get()
-        if sink is not None:
-            sink.tokens.extend(generation.tokens)
-            sink.generations.append(generation)
+        for sink in sinks:
+            sink.finished(generation)
         message = AIMessage(
             content=generation.text,
             response_metadata=self._final_metadata(generation, call, with_tokens=True),
@@ -409,7 +397,7 @@ class ChatLogTokU(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         call = self._call(stop, kwargs)
         prompt = _convert.to_core_messages(messages)
-        sink = _SINK.get()
+        sinks = active_captures()
         decode = self._decoder()
         stream = self.core_backend.stream(prompt, call.options)
 
@@ -417,28 +405,29 @@ class ChatLogTokU(BaseChatModel):
             stream.close()
             return self._finished(stream.generation, call)
 
-        if sink is not None:
-            sink.finalizers.append(finalize)
-            sink.cancels.append(stream.close)
+        for sink in sinks:
+            sink.started(stream.close, finalize)
         emitted = 0
         try:
             with stream:
                 for core_token in stream:
                     token = self._rescored(core_token, call)
                     emitted += 1
-                    if sink is not None:
-                        sink.tokens.append(token)
+                    for sink in sinks:
+                        sink.token(token)
                     yield ChatGenerationChunk(
                         message=AIMessageChunk(content=token.text, response_metadata=self._token_metadata(token, call, decode))
                     )
             generation = self._finished(stream.generation, call)
         except BaseException:  # closed early (GeneratorExit) or failed: hand over what was generated
-            if sink is not None:
-                with contextlib.suppress(Exception):
-                    sink.generations.append(finalize())
+            if sinks:
+                with contextlib.suppress(Exception):  # the original error is the one that propagates
+                    partial = finalize()
+                    for sink in sinks:
+                        sink.finished(partial)
             raise
-        if sink is not None:
-            sink.generations.append(generation)
+        for sink in sinks:
+            sink.finished(generation)
         meta = self._final_metadata(generation, call, with_tokens=False)
         if emitted == 0:  # nothing streamed: the lists must still exist in the aggregate
             meta["logtoku"] = {"tokens": [], **meta["logtoku"]}

@@ -29,12 +29,16 @@ audit store's ``approve``/``reject``) only after the verdict has arrived.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from langchain_logtoku._convert import GuardPayload
 from logtoku_guard.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditStore
 
 
 class ReviewVerdict(BaseModel):
@@ -61,7 +65,7 @@ class ReviewVerdict(BaseModel):
 
 def human_review_node(
     *,
-    store: Any = None,
+    store: AuditStore | None = None,
     actions: Sequence[str] = ("human_review",),
     messages_key: str = "messages",
     rejected_message: str = "I don't know.",
@@ -90,24 +94,28 @@ def human_review_node(
         last = messages[-1] if messages else None
         if not isinstance(last, AIMessage):
             return {}
-        decision = last.response_metadata.get("logtoku_guard")
-        if not decision or decision.get("action") not in wanted:
+        decision: GuardPayload | None = last.response_metadata.get("logtoku_guard")
+        if not decision or decision["action"] not in wanted:
             return {}
         payload = {
-            key: decision.get(key)
-            for key in ("review_id", "trace_id", "question", "draft", "action", "rule", "reason", "reliability")
+            "review_id": decision["review_id"],
+            "trace_id": decision["trace_id"],
+            "question": decision["question"],
+            "draft": decision["draft"],
+            "action": decision["action"],
+            "rule": decision["rule"],
+            "reason": decision["reason"],
+            "reliability": decision["reliability"],
         }
         verdict = ReviewVerdict.model_validate(interrupt(payload))
-        review_id = decision.get("review_id")
+        review_id = decision["review_id"]
         if store is not None and review_id is not None:
             if verdict.approved:
                 store.approve(review_id, verdict.reviewer, edited_answer=verdict.answer, note=verdict.note)
             else:
                 store.reject(review_id, verdict.reviewer, note=verdict.note or "")
-        if verdict.approved:
-            content = verdict.answer if verdict.answer is not None else str(decision.get("draft", ""))
-        else:
-            content = rejected_message
+        draft = verdict.answer if verdict.answer is not None else decision["draft"]
+        content = draft if verdict.approved else rejected_message
         reviewed = AIMessage(
             id=last.id,
             content=content,

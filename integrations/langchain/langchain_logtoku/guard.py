@@ -35,16 +35,19 @@ from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from langchain_logtoku import _convert
+from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT
-from langchain_logtoku.chat_models import _SINK, ChatLogTokU, _CoreSink
+from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.errors import ConfigurationError, InvalidPromptError, LogTokUError
-from logtoku_guard.guard import Guard, GuardRejectedError, GuardResult
+from logtoku_guard.capture import GenerationCapture, capture_generations
+from logtoku_guard.errors import ConfigurationError, GuardRejectedError, InvalidPromptError
+from logtoku_guard.guard import Guard, GuardResult, RetrieverLike
+from logtoku_guard.payloads import result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, to_messages
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
+from logtoku_guard.uncertainty import EvidenceMode, QuadrantThresholds
 
 StreamMode = Literal["buffer", "retract"]
 
@@ -60,7 +63,7 @@ class _TracedBackend:
 
     The core guard needs :class:`~logtoku_guard.types.Generation` objects (raw top-K logits
     included), which LangChain messages do not carry; the chat model hands them over through
-    a sink set around each call (see ``chat_models._SINK``). Decoding settings are the chat
+    the core side channel (:mod:`logtoku_guard.capture`) active around each call. Decoding settings are the chat
     model's fields and the guard call's keywords; the core guard's own options are not used.
     """
 
@@ -79,73 +82,62 @@ class _TracedBackend:
         return self.llm.scoring_k
 
     @property
-    def evidence(self) -> str:
-        return self.llm.scoring_evidence
+    def evidence(self) -> EvidenceMode:
+        return cast(EvidenceMode, self.llm.scoring_evidence)
 
     @property
     def top_n(self) -> int:
-        return int(getattr(self.llm.core_backend, "top_n", DEFAULT_TOP_N))
+        return self.llm.core_backend.top_n
 
-    def _take(self, sink: _CoreSink) -> Generation:
-        if sink.generations:
-            generation = sink.generations[-1]
-        elif sink.finalizers:
-            generation = sink.finalizers[-1]()
-        else:
+    def _take(self, capture: GenerationCapture) -> Generation:
+        generation = capture.take()
+        if generation is None:
             msg = (
                 "the chat model returned an answer without token scores (an LLM cache hit?); "
                 "LogTokUGuard needs fresh generations: create the model with ChatLogTokU(cache=False)"
             )
-            raise LogTokUError(msg)
+            raise ConfigurationError(msg)
         self.generations.append(generation)
         return generation
 
     def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation:
         messages = _convert.to_langchain_messages(to_messages(prompt))
-        sink = _CoreSink()
-        token = _SINK.set(sink)
-        try:
+        with capture_generations() as capture:
             self.llm.invoke(messages, config=self.config, **self.llm_kwargs)
-        finally:
-            _SINK.reset(token)
-        return self._take(sink)
+        return self._take(capture)
 
     def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]:
         return [self.generate(p, options) for p in prompts]
 
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream:
         messages = _convert.to_langchain_messages(to_messages(prompt))
-        sink = _CoreSink()
+        capture = GenerationCapture()
         chunks: Any = self.llm.stream(messages, config=self.config, **self.llm_kwargs)  # a generator: closed on cancel
         done = object()
 
         def step(fn: Any, *args: Any) -> Any:
-            token = _SINK.set(sink)
-            try:
+            with capture_generations(capture):
                 return fn(*args)
-            finally:
-                _SINK.reset(token)
 
         def tokens() -> Iterator[Any]:
             seen = 0
             while True:
                 chunk = step(next, chunks, done)
-                yield from sink.tokens[seen:]
-                seen = len(sink.tokens)
+                live = capture.live_tokens
+                yield from live[seen:]
+                seen = len(live)
                 if chunk is done:
                     return
 
         def cancel() -> None:
-            if not sink.cancels:  # the chat model has not started: nothing to stop
+            if capture.cancel_stream():  # stop generating, then let the chat-model run end normally
+                step(collections.deque, chunks, 0)
+            else:  # the chat model is not generating: nothing to stop
                 step(chunks.close)
-                return
-            for stop in sink.cancels:  # stop generating, then let the chat-model run end normally
-                stop()
-            step(collections.deque, chunks, 0)
 
         def result() -> Generation:
             step(chunks.close)
-            return self._take(sink)
+            return self._take(capture)
 
         return TokenStream(tokens(), result, cancel)
 
@@ -167,7 +159,7 @@ def _passages(context: Any) -> list[str]:
     return [p for p in out if p.strip()]
 
 
-def _flat(decision: Mapping[str, Any]) -> dict[str, Any]:
+def _flat(decision: GuardPayload) -> dict[str, Any]:
     """The decision as flat, scalar run metadata (OpenTelemetry-friendly)."""
     return {
         "logtoku.action": decision["action"],
@@ -176,7 +168,7 @@ def _flat(decision: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _annotate_run(run_manager: CallbackManagerForChainRun, decision: Mapping[str, Any]) -> None:
+def _annotate_run(run_manager: CallbackManagerForChainRun, decision: GuardPayload) -> None:
     """Add the decision's tag and metadata to this run in every attached tracer (before it ends)."""
     from langchain_core.tracers.base import BaseTracer
 
@@ -186,10 +178,6 @@ def _annotate_run(run_manager: CallbackManagerForChainRun, decision: Mapping[str
             if run is not None:
                 run.tags = [*(run.tags or []), f"logtoku:{decision['action']}"]
                 run.extra.setdefault("metadata", {}).update(_flat(decision))
-
-
-def _json(value: Any) -> Any:
-    return _convert.json_float(value) if isinstance(value, float) else value
 
 
 class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
@@ -223,9 +211,11 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     into the policy's ``retrieve.context_template``). With a dict the retrieval query is the
     bare question; otherwise it is the last human message. Output: an ``AIMessage`` whose
     ``response_metadata`` holds the final generation's ``logtoku`` scores and the decision
-    under ``"logtoku_guard"``: action, route, rule, reason, reliability, attempts, review_id,
-    trace_id, checks, stats, stopped_early, policy, policy_version, model, question, answer,
-    draft (the model's last answer), passages, recorded. Keyword arguments of
+    under ``"logtoku_guard"``: a :class:`~langchain_logtoku._convert.GuardPayload`, the core
+    :class:`~logtoku_guard.payloads.ResultPayload` (action, route (each attempt's own decision),
+    rule, reason, reliability, attempts, review_id, trace_id, checks, stats, stopped_early,
+    policy ``{name, version}``, model, answer, draft (the model's last answer), tokens, timings)
+    plus question, passages and recorded. Keyword arguments of
     ``invoke``/``stream`` (``max_tokens=``, ``temperature=``...) go to every chat-model call.
     """
 
@@ -234,7 +224,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     llm: ChatLogTokU
     policy: Policy = Field(default_factory=default_policy)
     retriever: Any = None
-    store: Any = None
+    store: Any = None  # an AuditStore; Any because pydantic would import sqlalchemy to validate it
     profile: ModelProfile | Literal["auto"] | None = "auto"
     stream_mode: StreamMode = "buffer"
     system: str | None = None
@@ -273,7 +263,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             system=self.system,
         )
 
-    def _retriever(self, config: RunnableConfig, question: str | None) -> Any:
+    def _retriever(self, config: RunnableConfig, question: str | None) -> RetrieverLike | None:
         r = self.retriever
         if r is None:
             return None
@@ -312,31 +302,14 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         return _Prompt(_convert.to_core_messages(messages), None)
 
     # -- the decision ----------------------------------------------------------------------------
-    def _decision(self, result: GuardResult, prompt: _Prompt) -> dict[str, Any]:
-        g = result.generation
-        d = result.decision
+    def _decision(self, result: GuardResult, prompt: _Prompt, thresholds: QuadrantThresholds | None) -> GuardPayload:
         question = prompt.question or [m.content for m in prompt.messages if m.role == "user"][-1]
-        return {
-            "action": result.action,
-            "route": [a.decision.action for a in result.attempts],
-            "rule": d.rule,
-            "reason": d.reason,
-            "reliability": _convert.json_float(result.reliability),
-            "attempts": len(result.attempts),
-            "review_id": result.review_id,
-            "trace_id": result.trace_id,
-            "checks": [{k: _json(v) for k, v in c.__dict__.items()} for c in d.checks],
-            "stats": d.stats.as_dict(),
-            "stopped_early": result.stopped_early,
-            "policy": result.policy_name,
-            "policy_version": result.policy_version,
-            "model": g.model,
-            "question": question,
-            "answer": result.answer,
-            "draft": g.text,
-            "passages": len(result.attempts[-1].passages),
-            "recorded": self.store is not None,
-        }
+        return GuardPayload(
+            **result_payload(result, thresholds),
+            question=question,
+            passages=len(result.attempts[-1].passages),
+            recorded=self.store is not None,
+        )
 
     def _report(
         self,
@@ -347,7 +320,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         config: RunnableConfig,
     ) -> AIMessage:
         """Annotate the run, fire ``logtoku_flagged`` when not a plain pass, and build the answer."""
-        decision = self._decision(result, prompt)
+        decision = self._decision(result, prompt, self.llm.quadrant_thresholds())
         _annotate_run(run_manager, decision)
         if result.action != "pass" or len(result.attempts) > 1:
             dispatch_custom_event(FLAGGED_EVENT, {**decision, **_flat(decision)}, config=config)
@@ -433,7 +406,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             for token in guarded:
                 if retract:
                     streamed.append(token.text)
-                    item = _convert.token_item(token, thresholds)
+                    item = token_payload(token, thresholds)
                     yield AIMessageChunk(content=token.text, response_metadata={"logtoku": {"tokens": [item]}})
             result = guarded.result
         except GuardRejectedError as exc:
@@ -460,12 +433,13 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         meta = dict(message.response_metadata)
         meta["logtoku"] = {k: v for k, v in meta["logtoku"].items() if k != "tokens"}  # tokens came per chunk
         meta.pop("logprobs", None)
-        meta["logtoku_guard"] = {**meta["logtoku_guard"], "retracted": retracted}
+        decided: GuardPayload = meta["logtoku_guard"]
+        meta["logtoku_guard"] = GuardPayload(**decided, retracted=retracted)
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
 
     @staticmethod
     def _retracted(message: AIMessage, text: str, config: RunnableConfig) -> None:
-        decision = message.response_metadata["logtoku_guard"]
+        decision: GuardPayload = message.response_metadata["logtoku_guard"]
         dispatch_custom_event(RETRACTED_EVENT, {**decision, **_flat(decision), "retracted_text": text}, config=config)
 
 

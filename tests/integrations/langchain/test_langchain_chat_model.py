@@ -67,7 +67,7 @@ def test_invoke_metadata_has_per_token_items_and_summary() -> None:
     assert meta["finish_reason"] == "stop"
     tokens = meta["logtoku"]["tokens"]
     assert [t["token"] for t in tokens] == ["The", " answer", " is", " 42", "."]
-    assert set(tokens[0]) == {"token", "id", "au", "eu", "quadrant", "logprob"}
+    assert set(tokens[0]) == {"index", "token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}
     expected = rescore([r[:2] for r in ANSWER.top_logits])
     assert [t["au"] for t in tokens] == pytest.approx(list(expected.au))
     assert [t["eu"] for t in tokens] == pytest.approx(list(expected.eu))

@@ -17,6 +17,10 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 pytestmark = pytest.mark.slow
 
 
+def actions(row: dict[str, Any]) -> list[str]:
+    return [a["action"] for a in row["route"]]  # route: payloads.AttemptPayload items
+
+
 def run(script: str, *args: str, cache: Path) -> str:
     env = {**os.environ, "LOGTOKU_GUARD_CACHE": str(cache)}
     done = subprocess.run(
@@ -29,9 +33,9 @@ def run(script: str, *args: str, cache: Path) -> str:
 def test_rag_guard_example_retrieves_then_abstains(embedded_backend: Any, embedded_cache: Path) -> None:
     rows = [json.loads(line) for line in run("langchain_rag_guard.py", "--json", cache=embedded_cache).splitlines()]
     france, varkess, helvan = rows
-    assert france["action"] == "pass" and france["route"] == ["pass"] and "Paris" in france["answer"]
-    assert varkess["route"] == ["retrieve", "pass"] and varkess["passages"] >= 1 and "Ulbrecht" in varkess["answer"]
-    assert helvan["route"] == ["retrieve"] and helvan["action"] == "abstain"
+    assert france["action"] == "pass" and actions(france) == ["pass"] and "Paris" in france["answer"]
+    assert actions(varkess) == ["retrieve", "pass"] and varkess["passages"] >= 1 and "Ulbrecht" in varkess["answer"]
+    assert actions(helvan) == ["retrieve"] and helvan["action"] == "abstain"
     assert helvan["answer"] == "I don't know, and my documents do not say."
     assert helvan["reason"].endswith("the retriever returned nothing")
 

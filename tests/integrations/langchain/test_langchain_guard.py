@@ -37,6 +37,11 @@ CORPUS = [
 ]
 
 
+def route(decision: Any) -> list[str]:
+    """The action of each attempt in a decision payload's route (payloads.AttemptPayload items)."""
+    return [a["action"] for a in decision["route"]]
+
+
 def answer_for(messages: list[Any]) -> ScriptedAnswer:
     text = messages[-1].content
     if "Context:" in text or "capital" in text:
@@ -144,9 +149,9 @@ def test_pass_returns_the_answer_with_the_decision() -> None:
     out = make_guard().invoke("What is the capital of France?")
     assert isinstance(out, AIMessage) and out.content == "Elena Marwick."
     d = out.response_metadata["logtoku_guard"]
-    assert d["action"] == "pass" and d["route"] == ["pass"] and d["rule"] is None and d["attempts"] == 1
+    assert d["action"] == "pass" and route(d) == ["pass"] and d["rule"] is None and d["attempts"] == 1
     assert d["reliability"] == pytest.approx(out.response_metadata["logtoku"]["reliability"])
-    assert d["policy"] == "test" and d["policy_version"] == "7" and d["model"] == "scripted" and d["review_id"] is None
+    assert d["policy"] == {"name": "test", "version": "7"} and d["model"] == "scripted" and d["review_id"] is None
     assert re.fullmatch(r"[0-9a-f]{32}", d["trace_id"])
     assert [t["token"] for t in out.response_metadata["logtoku"]["tokens"]] == ["Elena", " Marwick", "."]
     assert out.usage_metadata == {"input_tokens": 0, "output_tokens": 3, "total_tokens": 3}
@@ -175,7 +180,7 @@ def test_retrieve_route_regenerates_with_the_passages_as_traced_child_runs() -> 
     out = guard.invoke("Who founded the Zarnovian Institute?", config={"callbacks": [rec]})
     d = out.response_metadata["logtoku_guard"]
     assert out.content == "Elena Marwick."
-    assert d["action"] == "pass" and d["route"] == ["retrieve", "pass"] and d["attempts"] == 2 and d["passages"] == 1
+    assert d["action"] == "pass" and route(d) == ["retrieve", "pass"] and d["attempts"] == 2 and d["passages"] == 1
     guard_id = rec.guard_run()["run_id"]
     (retrieval,) = rec.of("retriever")
     assert retrieval["parent"] == guard_id and retrieval["query"] == "Who founded the Zarnovian Institute?"
@@ -189,7 +194,7 @@ def test_abstains_when_the_retriever_finds_nothing() -> None:
     out = make_guard(retriever=retriever()).invoke("What is the favourite colour of the mayor of Quorbly?")
     d = out.response_metadata["logtoku_guard"]
     assert out.content == "I don't know."
-    assert d["action"] == "abstain" and d["route"] == ["retrieve"] and d["draft"] == "Maybe Bob?"
+    assert d["action"] == "abstain" and route(d) == ["retrieve"] and d["draft"] == "Maybe Bob?"
     assert d["reason"].endswith("the retriever returned nothing")
 
 
@@ -298,7 +303,7 @@ def test_flagged_event_for_every_non_pass_route_only() -> None:
     guard.invoke("What is the favourite colour of Quorbly?", config=config)  # retrieve -> nothing -> abstain
     guard.invoke("Who founded the Zarnovian Institute?", config=config)  # retrieve -> pass
     assert [f.action for f in handler.flagged] == ["warn", "abstain", "pass"]
-    assert [tuple(e["data"]["route"]) for e in rec.events] == [("warn",), ("retrieve",), ("retrieve", "pass")]
+    assert [tuple(route(e["data"])) for e in rec.events] == [("warn",), ("retrieve",), ("retrieve", "pass")]
     warn = handler.flagged[0]
     assert warn.rule == "shaky" and warn.draft == "Paris." and warn.question == "roughly?"
     assert warn.tags == ("t",) and warn.metadata["m"] == 1
@@ -342,7 +347,7 @@ def test_buffer_mode_yields_the_decided_answer_once() -> None:
     assert len(chunks) == 1 and chunks[0].chunk_position == "last"
     invoked = guard.invoke("roughly?")
     assert chunks[0].content == invoked.content
-    drop = {"trace_id"}
+    drop = {"trace_id", "timings"}  # wall-clock timings differ between the two runs
     strip = lambda m: {**m, "logtoku_guard": {k: v for k, v in m["logtoku_guard"].items() if k not in drop}}  # noqa: E731
     assert strip(chunks[0].response_metadata) == strip(invoked.response_metadata)
 

@@ -2,12 +2,12 @@
 
 It runs a :mod:`logtoku_guard` backend (the embedded SmolLM2 model by default, loaded on first
 use; or any :class:`~logtoku_guard.backends.base.Backend`, e.g. ``ScriptedBackend`` in tests).
-Every response carries, in ``additional_kwargs["logtoku"]``::
+Every response carries, in ``additional_kwargs["logtoku"]``, the core payloads
+(:mod:`logtoku_guard.payloads`)::
 
-    {"tokens": [{"index", "token", "id", "au", "eu", "quadrant", "logprob", "entropy", "top_logits"}, ...],
-     "summary": {"model", "reliability", "reliability_mean", "probability_reliability",
-                 "entropy_reliability", "n_tokens", "finish_reason", "k", "evidence", "top_n",
-                 "prompt_tokens", "stop_sequence", "timings"}}
+    {"tokens": [TokenPayload, ...],   # index, token, id, au, eu, quadrant, logprob, entropy, top_logits
+     "summary": SummaryPayload}       # model, reliability*, quadrant_shares, n_tokens, finish_reason, k,
+                                      # evidence, top_n, prompt_tokens, stop_sequence, thresholds, timings
 
 ``au``/``eu``: higher = more uncertain; ``reliability*``: higher = more reliable; NaN is
 written as ``None``. ``raw`` is the typed :class:`~logtoku_guard.types.Generation`.
@@ -15,18 +15,16 @@ Streamed chunks carry their own token(s) under ``"tokens"``; the summary (and th
 message) comes on the last chunk only, so each chunk is held back until the next token exists.
 
 Because query engines drop response metadata (``llm.predict()`` returns a string), every
-finished generation is also handed to the active :func:`capture_generations` blocks.
+finished generation is also handed to the active :func:`~logtoku_guard.capture.capture_generations` blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import math
 import threading
 from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -46,11 +44,13 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import LLM
 
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.capture import GenerationCapture, active_captures
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.payloads import SummaryPayload, TokenPayload
+from logtoku_guard.payloads import summary_payload as _summary_payload
+from logtoku_guard.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
-
-from .capture import GenerationCapture, active_captures
 
 logger = logging.getLogger(__name__)
 
@@ -66,33 +66,21 @@ _OPTION_KWARGS = ("max_new_tokens", "temperature", "top_p", "seed", "stop", "dyn
 _END = object()
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+class _LogTokUKwargs(TypedDict, total=False):
+    """``additional_kwargs["logtoku"]``: the tokens (one per streamed chunk) and, once, the summary."""
+
+    tokens: list[TokenPayload]
+    summary: SummaryPayload
 
 
-def token_payload(token: TokenScore) -> dict[str, Any]:
-    """One token's JSON-ready scores (``au``/``eu`` higher = more uncertain)."""
-    return {"index": token.index, **token.to_dict()}
+def token_payload(token: TokenScore) -> TokenPayload:
+    """One token's JSON-ready scores (:func:`logtoku_guard.payloads.token_payload`, no quadrant thresholds)."""
+    return _token_payload(token)
 
 
-def summary_payload(generation: Generation) -> dict[str, Any]:
-    """The response-level summary of one generation (``reliability*`` higher = more reliable)."""
-    s = generation.score
-    return {
-        "model": generation.model,
-        "reliability": _finite(s.reliability),
-        "reliability_mean": _finite(s.reliability_mean),
-        "probability_reliability": _finite(s.probability_reliability),
-        "entropy_reliability": _finite(s.entropy_reliability),
-        "n_tokens": s.n_tokens,
-        "finish_reason": generation.finish_reason,
-        "k": generation.k,
-        "evidence": generation.evidence,
-        "top_n": generation.top_n,
-        "prompt_tokens": generation.prompt_tokens,
-        "stop_sequence": generation.stop_sequence,
-        "timings": dataclasses.asdict(generation.timings),
-    }
+def summary_payload(generation: Generation) -> SummaryPayload:
+    """The response-level summary of one generation (:func:`logtoku_guard.payloads.summary_payload`)."""
+    return _summary_payload(generation)
 
 
 def _logprobs(tokens: Sequence[TokenScore]) -> list[list[LogProb]]:
@@ -144,7 +132,7 @@ class LogTokULLM(LLM):
     cache_dir: str | None = Field(default=None, description="Model cache of the default backend.")
     context_window: int | None = Field(default=None, description="Context window reported in metadata.")
 
-    _backend: Any = PrivateAttr(default=None)
+    _backend: Backend | None = PrivateAttr(default=None)
     _backend_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _options: DecodingOptions = PrivateAttr()
 
@@ -218,10 +206,10 @@ class LogTokULLM(LLM):
         self, messages: list[CoreMessage], options: DecodingOptions, sinks: tuple[GenerationCapture, ...]
     ) -> Generation:
         for sink in sinks:
-            sink._started(None)
+            sink.started()
         generation = self.backend.generate(messages, options)
         for sink in sinks:
-            sink._finished(generation)
+            sink.finished(generation)
         return generation
 
     def _stream_tokens(
@@ -232,12 +220,12 @@ class LogTokULLM(LLM):
         generation: Generation | None = None
         try:
             for sink in sinks:
-                sink._started(stream.close)
+                sink.started(stream.close)
             held: TokenScore | None = None
             with stream:
                 for token in stream:
                     for sink in sinks:
-                        sink._token(token)
+                        sink.token(token)
                     if held is not None:
                         yield held, None
                     held = token
@@ -252,15 +240,16 @@ class LogTokULLM(LLM):
                     logger.debug("no generation to report after the stream ended early", exc_info=True)
             if generation is not None:
                 for sink in sinks:
-                    sink._finished(generation)
+                    sink.finished(generation)
 
     @staticmethod
     def _payload(generation: Generation) -> dict[str, Any]:
-        return {"logtoku": {"tokens": [token_payload(t) for t in generation.tokens], "summary": summary_payload(generation)}}
+        out = _LogTokUKwargs(tokens=[token_payload(t) for t in generation.tokens], summary=summary_payload(generation))
+        return {"logtoku": out}
 
     @staticmethod
     def _chunk_payload(token: TokenScore | None, generation: Generation | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"tokens": [token_payload(token)] if token is not None else []}
+        out = _LogTokUKwargs(tokens=[token_payload(token)] if token is not None else [])
         if generation is not None:
             out["summary"] = summary_payload(generation)
         return {"logtoku": out}

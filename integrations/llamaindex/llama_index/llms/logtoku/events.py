@@ -1,4 +1,4 @@
-"""Instrumentation: one typed event per guard decision.
+"""Instrumentation: one typed event per guard decision, and the query engine's ``metadata["logtoku"]``.
 
 :class:`LogTokUDecisionEvent` is dispatched through ``get_dispatcher(__name__)`` of the query
 engine module, so any handler added to the root dispatcher receives it::
@@ -14,15 +14,59 @@ engine module, so any handler added to the root dispatcher receives it::
     get_dispatcher().add_event_handler(Decisions())
 
 Its ``tags`` (and those of the spans opened to act on it) hold ``logtoku.action``,
-``logtoku.rule`` and ``logtoku.attempt``.
+``logtoku.rule`` and ``logtoku.attempt``. Every value in it comes from the core payload builders
+(:mod:`logtoku_guard.payloads`), as does :class:`QueryPayload`, the ``metadata["logtoku"]`` of a
+guarded response.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.schema import NodeWithScore
+
+from logtoku_guard.payloads import AttemptPayload, ResultPayload, attempt_payload, json_float, result_payload, stats_payload
+
+if TYPE_CHECKING:
+    from logtoku_guard.guard import Attempt, GuardResult
+    from logtoku_guard.policy import Decision, Policy
+    from logtoku_guard.uncertainty import QuadrantThresholds
+
+
+class SourceNodePayload(TypedDict):
+    node_id: str
+    score: float | None
+
+
+class AttemptLogPayload(AttemptPayload):
+    """One attempt (:class:`~logtoku_guard.payloads.AttemptPayload`) with the ids of its source nodes."""
+
+    source_node_ids: list[str]
+
+
+class QueryPayload(ResultPayload):
+    """``metadata["logtoku"]``: the core :class:`~logtoku_guard.payloads.ResultPayload`, the final
+    attempt's ``source_nodes`` and every attempt with its node ids (``attempt_log``)."""
+
+    source_nodes: list[SourceNodePayload]
+    attempt_log: list[AttemptLogPayload]
+
+
+def query_payload(
+    result: GuardResult, thresholds: QuadrantThresholds | None, nodes: Sequence[Sequence[NodeWithScore]]
+) -> QueryPayload:
+    """The ``metadata["logtoku"]`` of a guarded response (``nodes``: the source nodes of each attempt)."""
+    return QueryPayload(
+        **result_payload(result, thresholds),
+        source_nodes=[SourceNodePayload(node_id=n.node.node_id, score=n.score) for n in nodes[-1]],
+        attempt_log=[
+            AttemptLogPayload(**attempt_payload(i, a), source_node_ids=[n.node.node_id for n in found])
+            for i, (a, found) in enumerate(zip(result.attempts, nodes), 1)
+        ],
+    )
 
 
 class LogTokUDecisionEvent(BaseEvent):
@@ -62,3 +106,39 @@ class LogTokUDecisionEvent(BaseEvent):
     @classmethod
     def class_name(cls) -> str:
         return "LogTokUDecisionEvent"
+
+    @classmethod
+    def of(
+        cls,
+        query: str,
+        decision: Decision,
+        attempts: Sequence[Attempt],
+        nodes: Sequence[NodeWithScore],
+        policy: Policy,
+        *,
+        final: bool,
+        stopped_early: bool,
+        result: GuardResult | None = None,
+    ) -> LogTokUDecisionEvent:
+        """The event for ``decision`` on the last of ``attempts`` (``nodes``: its source nodes)."""
+        generation = attempts[-1].generation
+        return cls(
+            query=query,
+            action=decision.action,
+            rule=decision.rule,
+            reason=decision.reason,
+            attempt=len(attempts),
+            final=final,
+            reliability=json_float(generation.score.reliability),
+            model=generation.model,
+            policy_name=policy.name,
+            policy_version=policy.version,
+            source_node_ids=[n.node.node_id for n in nodes],
+            stats=stats_payload(decision.stats),
+            answer=result.answer if result is not None else None,
+            trace_id=result.trace_id if result is not None else None,
+            review_id=result.review_id if result is not None else None,
+            stopped_early=stopped_early,
+            decision=decision,
+            result=result,
+        )

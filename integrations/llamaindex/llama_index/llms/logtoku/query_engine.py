@@ -7,13 +7,19 @@ It wraps a retriever query engine (``index.as_query_engine(...)``) and runs the 
 
 Actions (from the policy): ``pass``; ``warn`` (adds the disclaimer); ``retrieve`` (re-query with
 more context: a copy of the retriever with a larger ``similarity_top_k``, or the
-``retry_query_engines`` you give, at most ``policy.retrieve.max_attempts`` times, then the
-``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
+``retry_query_engines`` you give, as many times as the core guard's :meth:`~logtoku_guard.guard.Guard.next_step`
+allows, then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
 (:class:`~logtoku_guard.guard.GuardRejectedError`).
 
-The scores come through :func:`~llama_index.llms.logtoku.capture.capture_generations`, because
-the synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
+The loop itself (how many re-queries, the fallback and its reason, early stopping) is the core
+guard's: this engine drives :meth:`Guard.decide <logtoku_guard.guard.Guard.decide>`,
+:meth:`~logtoku_guard.guard.Guard.next_step`, :meth:`~logtoku_guard.guard.Guard.give_up`,
+:meth:`~logtoku_guard.guard.Guard.early_stop` and :meth:`~logtoku_guard.guard.Guard.conclude`, and
+keeps only the LlamaIndex driving: retriever calls, re-query engines, synthesis, events, spans.
+
+The scores come through :func:`logtoku_guard.capture.capture_generations`, because the
+synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
 and the spans opened to act on it are tagged ``logtoku.action``/``logtoku.rule``/``logtoku.attempt``.
@@ -21,11 +27,10 @@ and the spans opened to act on it are tagged ``logtoku.action``/``logtoku.rule``
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import AsyncGenerator, Generator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, cast
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -35,47 +40,38 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.dispatcher import active_instrument_tags, instrument_tags
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from llama_index.core.settings import Settings
 
-from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.guard import Attempt, Guard, GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
+from logtoku_guard.errors import ConfigurationError, GuardRejectedError
+from logtoku_guard.guard import Attempt, Conclude, Guard, GuardResult, GuardTimings
 from logtoku_guard.policy import Decision, Policy
-from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import Generation
 
+from ._responses import (
+    QueryRun as _Run,
+)
+from ._responses import (
+    apieces,
+    async_iter,
+    atext_of,
+    empty_async,
+    policy_uses_quantiles,
+    resolve_llm,
+    sync_iter,
+    tail,
+    text_of,
+    wider_engines,
+)
 from .base import LogTokULLM
-from .capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
-from .events import LogTokUDecisionEvent
+from .events import LogTokUDecisionEvent, query_payload
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit import AuditStore
+    from logtoku_guard.calibration import ModelProfile
 
 dispatcher = get_dispatcher(__name__)
 
 StreamMode = Literal["live", "after_decision"]
-
-
-@dataclass
-class _Run:
-    """The state of one guarded query."""
-
-    query: str
-    start: float = field(default_factory=time.perf_counter)
-    attempts: list[Attempt] = field(default_factory=list)
-    nodes: list[list[NodeWithScore]] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    generation_s: float = 0.0
-    retrieval_s: float = 0.0
-    decision_s: float = 0.0
-    stopped_early: bool = False
-
-
-def _text(response: RESPONSE_TYPE) -> str:
-    """The full text of a (possibly streaming) synchronous response."""
-    if isinstance(response, StreamingResponse):
-        return "".join(response.response_gen) if response.response_txt is None else response.response_txt
-    if isinstance(response, AsyncStreamingResponse):
-        msg = "an async streaming response reached the synchronous path; use aquery() with an async streaming engine"
-        raise LogTokUError(msg)
-    return str(response.response or "")
 
 
 class LogTokUQueryEngine(BaseQueryEngine):
@@ -117,15 +113,15 @@ class LogTokUQueryEngine(BaseQueryEngine):
         retriever: BaseRetriever | None = None,
         llm: LogTokULLM | None = None,
         policy: Policy | None = None,
-        profile: Any = None,
-        store: Any = None,
+        profile: ModelProfile | None = None,
+        store: AuditStore | None = None,
         retry_query_engines: Sequence[BaseQueryEngine] | None = None,
         retry_top_k_step: int | None = None,
         streaming: bool = False,
         stream_mode: StreamMode = "live",
         callback_manager: CallbackManager | None = None,
     ) -> None:
-        llm = _resolve_llm(llm)
+        llm = resolve_llm(llm)
         if (query_engine is None) == (retriever is None):
             msg = "pass either query_engine=index.as_query_engine(...) or retriever=index.as_retriever(...), not both or neither"
             raise ConfigurationError(msg)
@@ -152,10 +148,14 @@ class LogTokUQueryEngine(BaseQueryEngine):
         if profile is None and policy_uses_quantiles(policy):
             from logtoku_guard.calibration import load_profile_for
 
-            profile = load_profile_for(backend.model_name, backend.k, getattr(backend, "evidence", "clamped"), llm.cache_dir)
+            profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
         self._guard = Guard(backend, policy, store=store, profile=profile)
         self._engine = query_engine
-        self._retries = list(retry_query_engines) if retry_query_engines is not None else self._auto_retries(retry_top_k_step)
+        self._retries = (
+            list(retry_query_engines)
+            if retry_query_engines is not None
+            else wider_engines(query_engine, retry_top_k_step or self.policy.retrieve.passages, self._guard.retrievals_allowed)
+        )
         self._stream_mode: StreamMode = stream_mode
         super().__init__(callback_manager=callback_manager or getattr(query_engine, "callback_manager", None))
 
@@ -170,7 +170,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         **kwargs: Any,
     ) -> LogTokUQueryEngine:
         """Guard ``index.as_query_engine(llm=llm, similarity_top_k=..., streaming=...)``."""
-        llm = _resolve_llm(llm)
+        llm = resolve_llm(llm)
         engine = index.as_query_engine(llm=llm, similarity_top_k=similarity_top_k, streaming=streaming)
         return cls(engine, llm=llm, **kwargs)
 
@@ -203,11 +203,11 @@ class LogTokUQueryEngine(BaseQueryEngine):
         nodes = self._retrieve(run, self._engine, query_bundle)
         capture, response = self._synthesize(run, self._engine, query_bundle, nodes)
         if isinstance(response, StreamingResponse) and self._stream_mode == "live":
-            out = StreamingResponse(response_gen=_sync_iter([]), source_nodes=list(nodes), metadata={})
+            out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
             out.response_gen = self._live(run, query_bundle, nodes, capture, response, out)
             return out
         while True:
-            decision = self._judge(run, nodes, capture, _text(response), response)
+            decision = self._judge(run, nodes, capture, text_of(response), response)
             engine, decision = self._plan(run, decision)
             if engine is None:
                 break
@@ -218,7 +218,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             nodes, capture, response = found
         result = self._act(run, decision)
         if isinstance(response, StreamingResponse):  # stream_mode == "after_decision"
-            return StreamingResponse(response_gen=_sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
+            return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
 
     @dispatcher.span
@@ -228,11 +228,11 @@ class LogTokUQueryEngine(BaseQueryEngine):
         capture, response = await self._asynthesize(run, self._engine, query_bundle, nodes)
         streaming = isinstance(response, (StreamingResponse, AsyncStreamingResponse))
         if streaming and self._stream_mode == "live":
-            out = AsyncStreamingResponse(response_gen=_empty_async(), source_nodes=list(nodes), metadata={})
+            out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
             out.response_gen = self._alive(run, query_bundle, nodes, capture, response, out)
             return out
         while True:
-            decision = self._judge(run, nodes, capture, await _atext(response), response)
+            decision = self._judge(run, nodes, capture, await atext_of(response), response)
             engine, decision = self._plan(run, decision)
             if engine is None:
                 break
@@ -244,7 +244,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         result = self._act(run, decision)
         if streaming:
             return AsyncStreamingResponse(
-                response_gen=_async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
+                response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
             )
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
 
@@ -260,7 +260,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     ) -> Generator[str, None, None]:
         while True:
             text = ""
-            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([_text(response)])
+            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
             for piece in pieces:
                 text += piece
                 yield piece
@@ -278,7 +278,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         result = self._act(run, decision)
         out.source_nodes[:] = run.nodes[-1]
         out.metadata = run.metadata
-        yield from _tail(run.texts[-1], result.answer)
+        yield from tail(run.texts[-1], result.answer)
 
     async def _alive(
         self,
@@ -291,7 +291,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     ) -> AsyncGenerator[str, None]:
         while True:
             text = ""
-            async for piece in _apieces(response):
+            async for piece in apieces(response):
                 text += piece
                 yield piece
                 self._watch(run, capture)
@@ -308,18 +308,15 @@ class LogTokUQueryEngine(BaseQueryEngine):
         result = self._act(run, decision)
         out.source_nodes[:] = run.nodes[-1]
         out.metadata = run.metadata
-        for piece in _tail(run.texts[-1], result.answer):
+        for piece in tail(run.texts[-1], result.answer):
             yield piece
 
     def _watch(self, run: _Run, capture: GenerationCapture) -> None:
         """Stop the generation being streamed as soon as an ``early_stop`` rule fires on its prefix."""
         guard = self._guard
-        if run.stopped_early or not any(r.early_stop for r in guard.policy.rules) or not capture.live_tokens:
+        if run.stopped_early or not guard.watches_early_stop or not capture.live_tokens:
             return
-        stats = ResponseStats.from_tokens(
-            list(capture.live_tokens), guard.backend_top_n(), guard.quadrants, guard.policy.first_tokens
-        )
-        if guard.policy.decide(stats, guard.profile, only_early_stop=True).rule is not None and capture.cancel_stream():
+        if guard.early_stop(list(capture.live_tokens)) is not None and capture.cancel_stream():
             run.stopped_early = True
 
     # -- steps ------------------------------------------------------------------------------
@@ -371,14 +368,11 @@ class LogTokUQueryEngine(BaseQueryEngine):
                     "the wrapped query engine answered without a LogTokU generation: build it with llm=LogTokULLM(...) "
                     "(or set Settings.llm) so the guard can read the token scores"
                 )
-                raise LogTokUError(msg)
+                raise ConfigurationError(msg)
             generation = Generation(
                 model=self._guard.backend.model_name, prompt=run.query, text=text, tokens=(), finish_reason="stop"
             )
-            base = self._guard.decide(generation)
-            decision = replace(
-                base, action=self.policy.retrieve.fallback, rule=None, reason="the retriever found no context to answer from"
-            )
+            decision = self._guard.unanswerable(generation, "the retriever found no context to answer from")
         else:
             if generation.model != self._guard.backend.model_name:
                 msg = (
@@ -386,9 +380,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
                     "give LogTokUQueryEngine the same LogTokULLM as the wrapped query engine"
                 )
                 raise ConfigurationError(msg)
-            decision = self._guard.decide(generation)
-            if run.attempts and decision.action != "retrieve":
-                decision = replace(decision, reason=f"after retrieval: {decision.reason}")
+            decision = self._guard.decide(generation, run.attempts)
         run.decision_s += time.perf_counter() - t
         run.attempts.append(Attempt(generation, decision, tuple(n.node.get_content() for n in nodes)))
         run.nodes.append(list(nodes))
@@ -398,18 +390,14 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     def _plan(self, run: _Run, decision: Decision) -> tuple[BaseQueryEngine | None, Decision]:
         """The engine to re-query with, or None and the decision to act on."""
-        if decision.action != "retrieve":
-            return None, decision
-        settings = self.policy.retrieve
-        done = len(run.attempts) - 1
-        if done >= settings.max_attempts:
-            why = f"still uncertain after {settings.max_attempts} retrieval attempt(s): {decision.reason}"
-            return None, replace(decision, action=settings.fallback, reason=why)
+        step = self._guard.next_step(run.attempts)
+        if isinstance(step, Conclude):
+            return None, step.decision
         if not self._retries:
             why = "no re-query engine (the retriever has no similarity_top_k; pass retry_query_engines=...)"
             run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
-            return None, replace(decision, action=settings.fallback, reason=f"{decision.reason}; {why}")
-        return self._retries[min(done, len(self._retries) - 1)], decision
+            return None, self._guard.give_up(step.decision, why)
+        return self._retries[min(step.number, len(self._retries)) - 1], step.decision
 
     def _fresh(self, run: _Run, decision: Decision, nodes: list[NodeWithScore]) -> Decision | None:
         """None when ``nodes`` bring new context; else the fallback decision."""
@@ -418,7 +406,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             return None
         why = "the re-query found no new context"
         run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
-        return replace(decision, action=self.policy.retrieve.fallback, reason=f"{decision.reason}; {why}")
+        return self._guard.give_up(decision, why)
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
         return {
@@ -474,129 +462,16 @@ class LogTokUQueryEngine(BaseQueryEngine):
         guard = self._guard
         timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
         result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
-        action = result.action
-        payload = result.to_dict(guard.quadrants)
-        payload["source_nodes"] = [{"node_id": n.node.node_id, "score": n.score} for n in run.nodes[-1]]
-        payload["attempt_log"] = [
-            {
-                "attempt": i,
-                "action": a.decision.action,
-                "rule": a.decision.rule,
-                "reliability": _finite(a.generation.score.reliability),
-                "source_node_ids": [n.node.node_id for n in nodes],
-                "retrieval_error": a.retrieval_error,
-            }
-            for i, (a, nodes) in enumerate(zip(run.attempts, run.nodes), 1)
-        ]
+        payload = query_payload(result, guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, decision, final=True, result=result)
-        if action == "raise":
+        if result.action == "raise":
             raise GuardRejectedError(result)
         return result
 
     def _emit(self, run: _Run, decision: Decision, *, final: bool, result: GuardResult | None = None) -> None:
-        generation = run.attempts[-1].generation
-        dispatcher.event(
-            LogTokUDecisionEvent(
-                query=run.query,
-                action=decision.action,
-                rule=decision.rule,
-                reason=decision.reason,
-                attempt=len(run.attempts),
-                final=final,
-                reliability=_finite(generation.score.reliability),
-                model=generation.model,
-                policy_name=self.policy.name,
-                policy_version=self.policy.version,
-                source_node_ids=[n.node.node_id for n in run.nodes[-1]],
-                stats=decision.stats.as_dict(),
-                answer=result.answer if result is not None else None,
-                trace_id=result.trace_id if result is not None else None,
-                review_id=result.review_id if result is not None else None,
-                stopped_early=run.stopped_early,
-                decision=decision,
-                result=result,
-            )
+        nodes, early = run.nodes[-1], run.stopped_early
+        event = LogTokUDecisionEvent.of(
+            run.query, decision, run.attempts, nodes, self.policy, final=final, stopped_early=early, result=result
         )
-
-    def _auto_retries(self, step: int | None) -> list[BaseQueryEngine]:
-        engine: Any = self._engine
-        retriever: Any = getattr(engine, "retriever", None)
-        top_k = getattr(retriever, "similarity_top_k", None)
-        if not isinstance(top_k, int) or not hasattr(engine, "with_retriever"):
-            return []
-        step = step or self.policy.retrieve.passages
-        engines = []
-        for i in range(1, self.policy.retrieve.max_attempts + 1):
-            wider = copy.copy(retriever)  # never change the caller's retriever
-            wider.similarity_top_k = top_k + step * i
-            engines.append(engine.with_retriever(wider))
-        return engines
-
-
-def _tail(streamed: str, answer: str) -> list[str]:
-    """What to stream after ``streamed`` so the reader ends with ``answer``."""
-    if answer == streamed:
-        return []
-    if answer.startswith(streamed):
-        return [answer[len(streamed) :]]
-    return ["\n\n", answer]
-
-
-def _finite(x: float) -> float | None:
-    import math
-
-    return x if math.isfinite(x) else None
-
-
-def policy_uses_quantiles(policy: Policy | None) -> bool:
-    from logtoku_guard.policy import default_policy
-
-    return (policy or default_policy()).uses_quantiles()
-
-
-def _resolve_llm(llm: LogTokULLM | None) -> LogTokULLM:
-    found: Any = llm
-    if found is None:
-        try:
-            found = Settings.llm
-        except Exception:  # the default LLM cannot be resolved (e.g. no OpenAI package)
-            found = None
-    if not isinstance(found, LogTokULLM):
-        msg = (
-            f"LogTokUQueryEngine needs a LogTokULLM (to read the token scores), got {type(found).__name__}; "
-            "pass llm=LogTokULLM(...) or set Settings.llm = LogTokULLM(...)"
-        )
-        raise ConfigurationError(msg)
-    return found
-
-
-async def _atext(response: RESPONSE_TYPE) -> str:
-    if isinstance(response, AsyncStreamingResponse):
-        return "".join([piece async for piece in response.async_response_gen()])
-    return _text(response)
-
-
-async def _apieces(response: RESPONSE_TYPE) -> AsyncGenerator[str, None]:
-    if isinstance(response, AsyncStreamingResponse):
-        async for piece in response.async_response_gen():
-            yield piece
-    elif isinstance(response, StreamingResponse):
-        for piece in response.response_gen:
-            yield piece
-    else:
-        yield _text(response)
-
-
-async def _empty_async() -> AsyncGenerator[str, None]:
-    return
-    yield  # pragma: no cover - makes this an async generator
-
-
-def _sync_iter(items: Sequence[str]) -> Generator[str, None, None]:
-    yield from items
-
-
-async def _async_iter(items: Sequence[str]) -> AsyncGenerator[str, None]:
-    for item in items:
-        yield item
+        dispatcher.event(event)

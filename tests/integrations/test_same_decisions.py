@@ -1,0 +1,90 @@
+"""One guard loop: the core Guard, LangChain's LogTokUGuard and LlamaIndex's LogTokUQueryEngine
+decide the same way on the same scripted logits (action, rule, reason, route, attempts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain_core")
+pytest.importorskip("llama_index.core")
+
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.embeddings import MockEmbedding
+
+from langchain_logtoku import ChatLogTokU, LogTokUGuard
+from llama_index.llms.logtoku import LogTokULLM, LogTokUQueryEngine
+from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
+from logtoku_guard.payloads import result_payload
+
+SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
+MIDDLING = ScriptedAnswer(["Paris", "."], [[3.0, 1.0], [4.0, 0.5]])  # -0.12
+UNSURE = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])  # -0.26
+DOCS = [f"Passage {i} about the Zarnovian Institute." for i in range(8)]
+
+CASES = {
+    "pass": ([SURE], {}),
+    "warn": ([MIDDLING], {}),
+    "retrieve-then-pass": ([UNSURE, SURE], {}),
+    "retrieve-exhausted-fallback": ([UNSURE, UNSURE, UNSURE], {"retrieve": {"max_attempts": 2, "fallback": "abstain"}}),
+}
+
+
+def make_policy(**settings: Any) -> Policy:
+    rules = [
+        {"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"},
+        {"name": "shaky", "when": {"stat": "reliability", "op": "<", "value": -0.05}, "action": "warn"},
+    ]
+    return Policy.from_dict({"name": "same", "version": "1", "rules": rules, **settings})
+
+
+def core(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    guard = Guard(ScriptedBackend(answers), policy, retriever=lambda q: DOCS[:2])
+    return dict(result_payload(guard.run("Who founded the Zarnovian Institute?")))
+
+
+def langchain(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    llm = ChatLogTokU(backend=ScriptedBackend(answers), logtoku_profile=None)
+    guard = LogTokUGuard(llm=llm, policy=policy, profile=None, retriever=lambda q: DOCS[:2])
+    return dict(guard.invoke("Who founded the Zarnovian Institute?").response_metadata["logtoku_guard"])
+
+
+def llamaindex(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    index = VectorStoreIndex.from_documents([Document(text=t) for t in DOCS], embed_model=MockEmbedding(embed_dim=8))
+    llm = LogTokULLM(backend=ScriptedBackend(answers))
+    engine = LogTokUQueryEngine.from_index(index, llm=llm, similarity_top_k=2, policy=policy)
+    return dict(engine.query("Who founded the Zarnovian Institute?").metadata["logtoku"])
+
+
+ADAPTERS: dict[str, Callable[[list[ScriptedAnswer], Policy], dict[str, Any]]] = {
+    "core": core,
+    "langchain": langchain,
+    "llamaindex": llamaindex,
+}
+
+
+def decision(payload: dict[str, Any]) -> tuple[Any, ...]:
+    route = tuple((a["action"], a["rule"], a["reason"]) for a in payload["route"])
+    return payload["action"], payload["rule"], payload["reason"], payload["attempts"], route
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_adapter_decides_like_the_core(case: str) -> None:
+    answers, settings = CASES[case]
+    got = {name: decision(run(list(answers), make_policy(**settings))) for name, run in ADAPTERS.items()}
+    assert got["langchain"] == got["core"]
+    assert got["llamaindex"] == got["core"]
+    action, rule, reason, attempts, _ = got["core"]
+    expected = {
+        "pass": ("pass", None, 1),
+        "warn": ("warn", "shaky", 1),
+        "retrieve-then-pass": ("pass", None, 2),
+        "retrieve-exhausted-fallback": ("abstain", "unsure", 3),
+    }[case]
+    assert (action, rule, attempts) == expected
+    if case == "retrieve-then-pass":
+        assert reason == "after retrieval: no rule fired"
+    if case == "retrieve-exhausted-fallback":
+        assert reason.startswith("still uncertain after 2 retrieval attempt(s): ")

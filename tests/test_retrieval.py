@@ -1,0 +1,40 @@
+"""KeywordRetriever: BM25 ranking over a fixed list of passages, validation, passages from a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from logtoku_guard import ConfigurationError, KeywordRetriever
+
+PASSAGES = ["Paris is the capital of France.", "The Zarnovian Institute was founded by Paris.", "Bananas are yellow."]
+
+
+def test_ranks_matching_passages_and_drops_the_rest() -> None:
+    r = KeywordRetriever(PASSAGES)
+    found = r.retrieve("Who founded the Zarnovian Institute?")
+    assert found[0] == PASSAGES[1]
+    assert PASSAGES[2] not in found  # no shared word: never returned
+    assert r.retrieve("quantum chromodynamics") == []
+
+
+def test_k_limits_the_number_of_passages() -> None:
+    assert len(KeywordRetriever(PASSAGES, k=1).retrieve("Paris")) == 1
+    assert len(KeywordRetriever(PASSAGES, k=4).retrieve("Paris")) == 2
+
+
+def test_validation_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="at least one non-empty passage"):
+        KeywordRetriever(["", "  "])
+    with pytest.raises(ConfigurationError, match="k must be >= 1"):
+        KeywordRetriever(PASSAGES, k=0)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        KeywordRetriever.from_file(tmp_path / "missing.txt")
+
+
+def test_from_file_splits_on_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "kb.txt"
+    path.write_text("\n\n".join(PASSAGES) + "\n", encoding="utf-8")
+    r = KeywordRetriever.from_file(path, k=2)
+    assert r.passages == PASSAGES and r.k == 2
