@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pytest
 
 pytest.importorskip("starlette")
@@ -112,7 +113,8 @@ def test_no_heat_map_when_the_tokens_do_not_join_to_the_answer(admin: TestClient
 def test_edit_and_approve_releases_the_edited_answer(admin: TestClient, store: AuditStore) -> None:
     item = queue(store)
     token = csrf_of(admin.get(f"/items/{item.id}").text)
-    r = admin.post(f"/items/{item.id}/approve", data={"csrf_token": token, "edited_answer": "The capital is Paris.", "note": "fixed"})
+    form = {"csrf_token": token, "edited_answer": "The capital is Paris.", "note": "fixed"}
+    r = admin.post(f"/items/{item.id}/approve", data=form)
     assert r.status_code == 200  # followed the redirect to the item
     decided = store.review_item(item.id)
     assert decided.status == "approved" and decided.reviewer == "admin"
