@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from logtoku_guard.cli import _common
+import logtoku_guard.cli._common as _common  # not `from logtoku_guard.cli import`: cli.review imports this module
 from logtoku_guard.cli._common import StoreOpt
 from logtoku_guard.errors import LogTokUError, MissingDependencyError
 
