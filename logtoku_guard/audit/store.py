@@ -420,6 +420,12 @@ class AuditStore:
             raise ReviewStateError(_refusal(item, verb, reviewer))
         return item
 
+    def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem:
+        """Block until the item is approved or rejected; see :func:`logtoku_guard.audit.waiting.wait_for_decision`."""
+        from logtoku_guard.audit.waiting import wait_for_decision
+
+        return wait_for_decision(self, review_id, timeout=timeout, poll_interval=poll_interval)
+
 
 def _refusal(item: ReviewItem, verb: str, reviewer: str) -> str:
     if item.decided:

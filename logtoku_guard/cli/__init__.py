@@ -19,6 +19,8 @@ from logtoku_guard.cli import audit, guard, review, score
 from logtoku_guard.cli import eval as eval_commands
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
 from logtoku_guard.cli.guard import run_calibration
+from logtoku_guard.review_web.command import add_reviewer
+from logtoku_guard.review_web.command import serve as review_serve
 from logtoku_guard.server.command import serve as serve_command
 
 __all__ = [
@@ -53,6 +55,8 @@ app.command()(score.score)
 app.command()(guard.calibrate)
 app.command()(guard.ask)
 app.command("serve")(serve_command)
+review.review_app.command("serve")(review_serve)
+review.review_app.command("add-reviewer")(add_reviewer)
 app.add_typer(review.review_app, name="review")
 app.add_typer(audit.audit_app, name="audit")
 app.add_typer(eval_commands.eval_app, name="eval")

@@ -1,0 +1,270 @@
+"""The review web app (Starlette + Jinja2, server-rendered, no JavaScript): queue, item, actions.
+
+Routes: ``GET /`` the queue (``view`` = pending / claimed / decided / all, ``rule``, ``model``,
+``min_age_h``, ``max_age_h``, ``page``, ``per_page``); ``GET /items/{id}`` one item;
+``POST /items/{id}/claim|approve|reject|release``; ``GET|POST /reviewers`` (admin: the
+accounts); ``POST /logout``; ``GET /static/review.css``.
+
+Safety: every page needs a session (:mod:`~logtoku_guard.review_web.auth`), every POST its
+CSRF token (else 403) and, when the browser sends one, a same-origin ``Origin``. Jinja2
+autoescapes every stored text, and the Content-Security-Policy allows no script at all. The
+store's own rules decide races: a claim or verdict the store refuses
+(:class:`~logtoku_guard.errors.ReviewStateError`) becomes a 409 page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from logtoku_guard.audit.reviewers import ReviewerRegistry
+from logtoku_guard.audit.store import AuditStore
+from logtoku_guard.errors import ConfigurationError, ReviewStateError, UnknownReviewItemError
+from logtoku_guard.review_web import views
+from logtoku_guard.review_web.auth import SESSION_COOKIE, Session, SessionStore
+from logtoku_guard.review_web.queue import QueueFilter, list_queue
+
+__all__ = ["create_app"]
+
+_HERE = Path(__file__).parent
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.title, self.message = status, title, message
+
+
+def _float_param(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise _HTTPError(400, "Bad filter", f"{name} must be a number of hours, got {raw!r}") from None
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise _HTTPError(400, "Bad page", f"{name} must be an integer, got {raw!r}") from None
+
+
+class ReviewApp:
+    """The app's state (store, sessions, templates) and its handlers; :func:`create_app` wires them."""
+
+    def __init__(self, store: AuditStore, admin_token: str) -> None:
+        self.store = store
+        self.registry = ReviewerRegistry(store)
+        self.sessions = SessionStore(admin_token, self.registry)
+        self.env = Environment(
+            loader=FileSystemLoader(_HERE / "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.globals.update(fmt_num=views.fmt_num, fmt_time=views.fmt_time, legend=views.QUADRANT_LEGEND)
+
+    # -- plumbing
+
+    def render(self, name: str, session: Session | None, status: int = 200, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(name).render(session=session, **context)
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    def error_page(self, session: Session | None, status: int, title: str, message: str) -> HTMLResponse:
+        return self.render("error.html", session, status=status, title=title, message=message)
+
+    async def dispatch(self, request: Request) -> Response:
+        """Authenticate, check CSRF on POST, call the route's handler, map errors to pages."""
+        token = request.query_params.get("token")
+        if token is not None:
+            return self._login(request, token)
+        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        if session is None:
+            return self.render("login.html", None, status=401)
+        try:
+            form: dict[str, str] = {}
+            if request.method == "POST":
+                origin = request.headers.get("origin")
+                if origin is not None and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
+                    raise _HTTPError(403, "Forbidden", "this form was posted from another site")
+                form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+                if not session.csrf_ok(form.get("csrf_token")):
+                    raise _HTTPError(403, "Forbidden", "the form's CSRF token is missing or wrong; reload the page and try again")
+            handler = request.scope["endpoint_name"]
+            return await getattr(self, handler)(request, session, form)
+        except _HTTPError as e:
+            return self.error_page(session, e.status, e.title, e.message)
+        except ReviewStateError as e:
+            return self.error_page(session, 409, "Conflict", str(e))
+        except UnknownReviewItemError as e:
+            return self.error_page(session, 404, "Not found", str(e))
+        except ConfigurationError as e:
+            return self.error_page(session, 400, "Bad request", str(e))
+
+    def _login(self, request: Request, token: str) -> Response:
+        session = self.sessions.login(token)
+        if session is None:
+            hint = "this token is nobody's: use the URL printed by `review serve` or your own reviewer token"
+            return self.error_page(None, 403, "Invalid token", hint)
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        target = request.url.path + ("?" + urlencode(rest) if rest else "")
+        response = RedirectResponse(target, status_code=303, headers=_HEADERS)
+        response.set_cookie(
+            SESSION_COOKIE,
+            session.id,
+            max_age=int(self.sessions.max_age_s),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+        return response
+
+    def _redirect_item(self, item_id: int) -> Response:
+        return RedirectResponse(f"/items/{item_id}", status_code=303, headers=_HEADERS)
+
+    @staticmethod
+    def _item_id(request: Request) -> int:
+        return int(request.path_params["item_id"])
+
+    # -- pages
+
+    async def queue(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        view = request.query_params.get("view", "pending")
+        flt = QueueFilter(
+            view=view,  # type: ignore[arg-type]  # checked by QueueFilter
+            rule=request.query_params.get("rule") or None,
+            model=request.query_params.get("model") or None,
+            min_age_h=_float_param(request, "min_age_h"),
+            max_age_h=_float_param(request, "max_age_h"),
+            page=_int_param(request, "page", 1),
+            per_page=_int_param(request, "per_page", 50),
+        )
+        page = list_queue(self.store, flt)
+        base = {k: v for k, v in request.query_params.items() if k != "page" and v}
+
+        def link(**changes: Any) -> str:
+            return "/?" + urlencode({**base, **{k: v for k, v in changes.items() if v is not None}})
+
+        return self.render("queue.html", session, flt=flt, page=page, n_pages=page.pages(flt.per_page), link=link)
+
+    async def item(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        item = self.store.review_item(self._item_id(request))
+        rec = item.record
+        return self.render(
+            "item.html",
+            session,
+            item=item,
+            rec=rec,
+            answer=views.answer_view(item),
+            history=views.history(item),
+            checks=getattr(rec, "checks", None) or [],
+            passages=getattr(rec, "passages", None) or [],
+            can_release=hasattr(self.store, "release") and item.status == "claimed",
+            blocked=item.status == "claimed" and item.claimed_by != session.actor,
+        )
+
+    # -- actions (POST)
+
+    async def claim(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        item_id = self._item_id(request)
+        self.store.claim(item_id, session.actor)
+        return self._redirect_item(item_id)
+
+    async def approve(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        item_id = self._item_id(request)
+        edited = form.get("edited_answer")
+        current = self.store.review_item(item_id).record.answer
+        if edited is not None:
+            edited = edited.replace("\r\n", "\n")
+        if edited is not None and (edited == current or not edited.strip()):
+            edited = None  # unchanged (or emptied): approve the answer as it is
+        note = (form.get("note") or "").strip() or None
+        self.store.approve(item_id, session.actor, edited_answer=edited, note=note)
+        return self._redirect_item(item_id)
+
+    async def reject(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        item_id = self._item_id(request)
+        self.store.reject(item_id, session.actor, form.get("note", ""))
+        return self._redirect_item(item_id)
+
+    async def release(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        item_id = self._item_id(request)
+        item = self.store.review_item(item_id)
+        if not session.is_admin and item.claimed_by != session.actor:
+            raise _HTTPError(403, "Forbidden", f"only {item.claimed_by!r} or the admin may release this claim")
+        release = getattr(self.store, "release", None)
+        if release is None:
+            raise _HTTPError(501, "Not available", "this audit store cannot release claims; wait for the claim to expire")
+        release(item_id)
+        return self._redirect_item(item_id)
+
+    async def reviewers(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        if not session.is_admin:
+            raise _HTTPError(403, "Forbidden", "only the admin (the token printed by `review serve`) manages reviewers")
+        new_token = new_name = None
+        if request.method == "POST":
+            if form.get("disable"):
+                self.registry.set_disabled(form["disable"], True)
+            elif form.get("enable"):
+                self.registry.set_disabled(form["enable"], False)
+            else:
+                reviewer, new_token = self.registry.add(form.get("name", "").strip())
+                new_name = reviewer.name
+        return self.render("reviewers.html", session, reviewers=self.registry.list(), new_name=new_name, new_token=new_token)
+
+    async def logout(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        self.sessions.logout(session.id)
+        response = RedirectResponse("/", status_code=303, headers=_HEADERS)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+
+def create_app(store: AuditStore, admin_token: str) -> Starlette:
+    """The review web app over ``store``; ``admin_token`` logs in as the admin (keep it secret)."""
+    if not isinstance(admin_token, str) or len(admin_token) < 16:
+        msg = "admin_token must be a random string of at least 16 characters, e.g. secrets.token_urlsafe(32)"
+        raise ConfigurationError(msg)
+    state = ReviewApp(store, admin_token)
+
+    def route(path: str, name: str, methods: list[str]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            request.scope["endpoint_name"] = name
+            return await state.dispatch(request)
+
+        return Route(path, endpoint, methods=methods, name=name)
+
+    async def css(request: Request) -> Response:
+        return FileResponse(_HERE / "templates" / "review.css", media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    routes = [
+        route("/", "queue", ["GET"]),
+        route("/items/{item_id:int}", "item", ["GET"]),
+        *(route(f"/items/{{item_id:int}}/{verb}", verb, ["POST"]) for verb in ("claim", "approve", "reject", "release")),
+        route("/reviewers", "reviewers", ["GET", "POST"]),
+        route("/logout", "logout", ["POST"]),
+        Route("/static/review.css", css, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.review = state
+    return app

@@ -1,0 +1,152 @@
+"""The queue page's query: one page of review items, filtered, with counts (no token payloads).
+
+A page reads only the light columns (ids, times, people, question, model, rule, reliability),
+never the records' token lists, and pages with ``LIMIT``/``OFFSET`` over the indexed status, so
+a queue of 10 000 items lists in milliseconds (``benchmarks/bench_review_page.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
+
+import sqlalchemy as sa
+
+from logtoku_guard.audit.records import _utcnow
+from logtoku_guard.audit.schema import _records, _reviews
+from logtoku_guard.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.store import AuditStore
+
+__all__ = ["QueueFilter", "QueuePage", "QueueRow", "QueueView", "list_queue"]
+
+QueueView = Literal["pending", "claimed", "decided", "all"]
+_VIEW_STATUSES: dict[str, tuple[str, ...]] = {
+    "pending": ("pending",),
+    "claimed": ("claimed",),
+    "decided": ("approved", "rejected"),
+    "all": ("pending", "claimed", "approved", "rejected"),
+}
+NO_RULE = "(none)"
+"""The rule filter value that selects records decided by no rule (``rule`` is None)."""
+
+
+@dataclass(frozen=True)
+class QueueFilter:
+    """What the queue page shows. ``min_age_h``/``max_age_h``: age of the review item in hours."""
+
+    view: QueueView = "pending"
+    rule: str | None = None
+    model: str | None = None
+    min_age_h: float | None = None
+    max_age_h: float | None = None
+    page: int = 1
+    per_page: int = 50
+
+    def __post_init__(self) -> None:
+        if self.view not in _VIEW_STATUSES:
+            msg = f"view must be one of {sorted(_VIEW_STATUSES)}, got {self.view!r}"
+            raise ConfigurationError(msg)
+        for name in ("min_age_h", "max_age_h"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+                msg = f"{name} must be a non-negative number of hours, got {v!r}"
+                raise ConfigurationError(msg)
+        if not isinstance(self.page, int) or self.page < 1:
+            msg = f"page must be a positive integer, got {self.page!r}"
+            raise ConfigurationError(msg)
+        if not isinstance(self.per_page, int) or not 1 <= self.per_page <= 500:
+            msg = f"per_page must be an integer from 1 to 500, got {self.per_page!r}"
+            raise ConfigurationError(msg)
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of the queue: a review item and the summary of its record."""
+
+    id: int
+    status: str
+    created_at: datetime
+    claimed_by: str | None
+    reviewer: str | None
+    decided_at: datetime | None
+    question: str
+    model: str
+    rule: str | None
+    action: str
+    reliability: float | None
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """One page of the queue, the totals by status (under the same filters) and the filter choices."""
+
+    rows: list[QueueRow]
+    total: int
+    counts: dict[str, int]
+    rules: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+    def pages(self, per_page: int) -> int:
+        """Number of pages (at least 1)."""
+        return max(1, -(-self.total // per_page))
+
+
+_QUESTION_CHARS = 200
+
+
+def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
+    """One page of the review queue of ``store`` under ``flt`` (one read transaction)."""
+    join = _reviews.join(_records, _reviews.c.trace_id == _records.c.trace_id)
+    where: list[sa.ColumnElement[bool]] = []
+    if flt.rule is not None:
+        where.append(_records.c.rule.is_(None) if flt.rule == NO_RULE else _records.c.rule == flt.rule)
+    if flt.model is not None:
+        where.append(_records.c.model == flt.model)
+    now = _utcnow()
+    if flt.min_age_h is not None:
+        where.append(_reviews.c.created_at <= now - timedelta(hours=flt.min_age_h))
+    if flt.max_age_h is not None:
+        where.append(_reviews.c.created_at >= now - timedelta(hours=flt.max_age_h))
+    statuses = _VIEW_STATUSES[flt.view]
+    order: tuple[sa.ColumnElement[object], ...] = (_reviews.c.created_at, _reviews.c.id)
+    if flt.view == "decided":
+        order = (_reviews.c.decided_at.desc(), _reviews.c.id.desc())
+    rows_stmt = (
+        sa.select(
+            _reviews.c.id,
+            _reviews.c.status,
+            _reviews.c.created_at,
+            _reviews.c.claimed_by,
+            _reviews.c.reviewer,
+            _reviews.c.decided_at,
+            sa.func.substr(_records.c.prompt, 1, _QUESTION_CHARS + 1).label("question"),
+            _records.c.model,
+            _records.c.rule,
+            _records.c.action,
+            _records.c.reliability,
+        )
+        .select_from(join)
+        .where(_reviews.c.status.in_(statuses), *where)
+        .order_by(*order)
+        .limit(flt.per_page)
+        .offset((flt.page - 1) * flt.per_page)
+    )
+    counts_stmt = sa.select(_reviews.c.status, sa.func.count()).select_from(join).where(*where).group_by(_reviews.c.status)
+    rules_stmt = sa.select(_records.c.rule).select_from(join).distinct().order_by(_records.c.rule)
+    models_stmt = sa.select(_records.c.model).select_from(join).distinct().order_by(_records.c.model)
+    with store._transaction("read", write=False) as conn:
+        rows = [QueueRow(**r._asdict()) for r in conn.execute(rows_stmt)]
+        by_status = {status: int(n) for status, n in conn.execute(counts_stmt)}
+        rules = [NO_RULE if r is None else r for (r,) in conn.execute(rules_stmt)]
+        models = [m for (m,) in conn.execute(models_stmt)]
+    counts = {
+        "pending": by_status.get("pending", 0),
+        "claimed": by_status.get("claimed", 0),
+        "decided": by_status.get("approved", 0) + by_status.get("rejected", 0),
+    }
+    counts["all"] = sum(counts.values())
+    return QueuePage(rows=rows, total=counts[flt.view], counts=counts, rules=rules, models=models)

@@ -1,0 +1,103 @@
+"""What the item page shows, computed once from a review item: released answer, heat-map, tooltips.
+
+The answer is shown exactly as approval releases it (:attr:`ReviewItem.final_answer`'s rule:
+the edited answer when a reviewer edited it, else the record's answer). Tokens are coloured by
+quadrant only when they join to exactly that text; otherwise the text is shown plain, so the
+page never shows words that would not be released.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from logtoku_guard.audit.records import ReviewItem
+from logtoku_guard.uncertainty import Quadrant
+
+__all__ = ["QUADRANT_LEGEND", "AnswerView", "TokenSpan", "answer_view", "fmt_num", "fmt_time", "history", "token_spans"]
+
+QUADRANT_LEGEND = [(q.value, q.description) for q in Quadrant]
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """One token of the heat-map: its text, CSS class (``q-I`` ... ``q-IV``, ``q-none``) and tooltip."""
+
+    text: str
+    css: str
+    title: str
+
+
+@dataclass(frozen=True)
+class AnswerView:
+    """The released answer; ``spans`` when the tokens join to it (else None: show ``text`` plain)."""
+
+    text: str
+    spans: list[TokenSpan] | None
+    edited: bool
+    original_spans: list[TokenSpan] | None
+
+
+def fmt_num(x: Any, digits: int = 4) -> str:
+    """A number for people: ``None``/NaN as an em dash, floats with ``digits`` significant digits."""
+    if x is None or isinstance(x, bool):
+        return "—" if x is None else str(x)
+    if isinstance(x, float):
+        return "—" if not math.isfinite(x) else f"{x:.{digits}g}"
+    return str(x)
+
+
+def fmt_time(t: datetime | None) -> str:
+    """A UTC time as ``2025-01-31 12:00:00 UTC``; None as an em dash."""
+    return "—" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _tooltip(tok: dict[str, Any]) -> str:
+    parts = [
+        f"quadrant {tok.get('quadrant') or '—'}",
+        f"AU {fmt_num(tok.get('au'))}",
+        f"EU {fmt_num(tok.get('eu'))}",
+        f"log p {fmt_num(tok.get('logprob'))}",
+    ]
+    alternatives = tok.get("top_tokens") or tok.get("alternatives")
+    if isinstance(alternatives, list) and alternatives:
+        parts.append("top alternatives " + ", ".join(repr(a) if isinstance(a, str) else fmt_num(a) for a in alternatives[:5]))
+    logits = tok.get("top_logits")
+    if isinstance(logits, list) and logits:
+        parts.append("top logits " + ", ".join(fmt_num(v, 3) for v in logits[:5]))
+    return " · ".join(parts)
+
+
+def token_spans(tokens: list[dict[str, Any]], text: str) -> list[TokenSpan] | None:
+    """The heat-map of ``text``, or None when the tokens do not join to exactly ``text``."""
+    if not tokens or "".join(str(t.get("token", "")) for t in tokens) != text:
+        return None
+    spans = []
+    for tok in tokens:
+        q = tok.get("quadrant")
+        css = f"q-{q}" if q in ("I", "II", "III", "IV") else "q-none"
+        spans.append(TokenSpan(text=str(tok.get("token", "")), css=css, title=_tooltip(tok)))
+    return spans
+
+
+def answer_view(item: ReviewItem) -> AnswerView:
+    """The answer as approval releases it, with its heat-map when the tokens match it."""
+    rec = item.record
+    edited = item.edited_answer is not None and item.edited_answer != rec.answer
+    text = item.edited_answer if edited and item.edited_answer is not None else rec.answer
+    original = token_spans(rec.tokens, rec.answer)
+    return AnswerView(text=text, spans=None if edited else original, edited=edited, original_spans=original if edited else None)
+
+
+def history(item: ReviewItem) -> list[tuple[str, str, str]]:
+    """The item's events, oldest first: (time, what, who)."""
+    events = [(fmt_time(item.record.created_at), f"answered ({item.record.action})", item.record.model)]
+    events.append((fmt_time(item.created_at), "queued for review", "guard"))
+    if item.claimed_at is not None and item.claimed_by is not None:
+        events.append((fmt_time(item.claimed_at), "claimed", item.claimed_by))
+    if item.decided and item.decided_at is not None:
+        what = item.status + (" with an edited answer" if item.edited_answer is not None else "")
+        events.append((fmt_time(item.decided_at), what, item.reviewer or "—"))
+    return events

@@ -1,0 +1,81 @@
+"""The review page in a real browser: Playwright driving the system's Chromium (``/usr/bin/chromium``).
+
+Playwright's own browser download is not used: ``apt-get install chromium`` (``scripts/install.sh``
+does it). Skipped only when no chromium executable is found.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from logtoku_guard.audit import AuditStore, ReviewItem
+
+from .support import ADMIN_TOKEN, live_server, queue
+
+pytest.importorskip("uvicorn")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium executable on PATH: apt-get install chromium"),
+]
+
+
+@pytest.fixture
+def browser_page() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield browser.new_page(viewport={"width": 1200, "height": 900})
+        finally:
+            browser.close()
+
+
+def test_log_in_see_the_heat_map_edit_and_approve_and_the_application_gets_it(store: AuditStore, browser_page: Any) -> None:
+    item = queue(store, prompt="What is the capital of France? <script>alert(1)</script>")
+    received: list[ReviewItem] = []
+    waiter = threading.Thread(target=lambda: received.append(store.wait_for_decision(item.id, timeout=60, poll_interval=0.05)))
+    waiter.start()
+    page = browser_page
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    with live_server(store) as url:
+        page.goto(f"{url}/?token={ADMIN_TOKEN}")
+        assert "token=" not in page.url  # redirected without the token
+        sync_api.expect(page.locator("#tab-pending .count")).to_have_text("1")
+        page.click(f'a[href="/items/{item.id}"] >> nth=0')
+        sync_api.expect(page.locator("#question")).to_contain_text("<script>alert(1)</script>")  # shown as text
+        spans = page.locator("#released-answer span.tok")
+        assert spans.count() == 5
+        assert page.locator("#released-answer span.q-I").inner_text() == " Lyon"
+        assert "AU 1.5" in (page.locator("#released-answer span.q-I").get_attribute("title") or "")
+        colour = page.locator("#released-answer span.q-I").evaluate("e => getComputedStyle(e).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent")  # the stylesheet loaded and colours the quadrant
+        page.click("#claim")
+        sync_api.expect(page.locator("#status")).to_have_text("claimed")
+        page.fill("#edited_answer", "The capital is Paris.")
+        page.click("#edit-approve")
+        sync_api.expect(page.locator("#status")).to_have_text("approved")
+        sync_api.expect(page.locator("#released-answer")).to_have_text("The capital is Paris.")
+    waiter.join(30)
+    assert dialogs == []  # no script ran
+    assert received and received[0].final_answer == "The capital is Paris."
+    assert received[0].reviewer == "admin" and received[0].claimed_by == "admin"
+
+
+def test_a_wrong_token_and_a_forged_post_are_refused_in_the_browser(store: AuditStore, browser_page: Any) -> None:
+    item = queue(store)
+    page = browser_page
+    with live_server(store) as url:
+        response = page.goto(f"{url}/?token=wrong")
+        assert response is not None and response.status == 403
+        page.goto(f"{url}/?token={ADMIN_TOKEN}")
+        r = page.request.post(f"{url}/items/{item.id}/approve", form={"csrf_token": "forged"})
+        assert r.status == 403
+    assert store.review_item(item.id).status == "pending"
