@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.fabricated import FabricatedItem, default_path, load_fabricated
+from logtoku_guard.evaluation.fabricated import FabricatedItem, dataset_name, default_path, load_fabricated
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
@@ -142,3 +142,12 @@ def test_malformed_file_is_refused(tmp_path):
     missing = tmp_path / "missing.jsonl"
     with pytest.raises(ConfigurationError, match="does not exist"):
         load_fabricated(path=missing)
+
+
+def test_dataset_name_follows_the_content(tmp_path):
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(default_path().read_bytes())
+    assert dataset_name() == dataset_name(copy)
+    assert re.fullmatch(r"fabricated-[0-9a-f]{8}", dataset_name())
+    copy.write_bytes(default_path().read_bytes().replace(b"capital", b"Capital", 1))
+    assert dataset_name(copy) != dataset_name()

@@ -16,6 +16,7 @@ direction as reliability: higher = more reliable).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -67,6 +68,16 @@ class FabricatedItem:
 def default_path() -> Path:
     """The shipped benchmark file inside the installed package."""
     return Path(__file__).resolve().parent / "data" / DATA_FILE
+
+
+def dataset_name(path: str | os.PathLike[str] | None = None) -> str:
+    """``"fabricated-<first 8 hex of the file's SHA-256>"``: the name to give the generation caches.
+
+    Item ids are positions (``known-000``, ``fab-000``), so a regenerated file reuses them for
+    other questions; naming the cache after the content keeps stale answers out of it.
+    """
+    p = Path(path) if path is not None else default_path()
+    return f"fabricated-{hashlib.sha256(p.read_bytes()).hexdigest()[:8]}"
 
 
 def _item(obj: dict[str, object], where: str) -> FabricatedItem:
