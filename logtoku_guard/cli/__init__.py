@@ -19,8 +19,8 @@ from logtoku_guard.cli import audit, guard, review, score
 from logtoku_guard.cli import eval as eval_commands
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
 from logtoku_guard.cli.guard import run_calibration
-from logtoku_guard.review_web.command import add_reviewer
-from logtoku_guard.review_web.command import serve as review_serve
+from logtoku_guard.cli.review_serve import add_reviewer
+from logtoku_guard.cli.review_serve import serve as review_serve
 from logtoku_guard.server.command import serve as serve_command
 
 __all__ = [

@@ -6,7 +6,7 @@
   cookie) and per-session CSRF tokens.
 - :mod:`~logtoku_guard.review_web.queue`: the paginated, filtered queue query.
 - :mod:`~logtoku_guard.review_web.views`: the released answer and its AU/EU heat-map.
-- :mod:`~logtoku_guard.review_web.command`: the CLI commands ``serve`` and ``add-reviewer``.
+- the CLI commands ``review serve`` and ``review add-reviewer`` live in :mod:`logtoku_guard.cli.review_serve`.
 
 Reviewer accounts live in :mod:`logtoku_guard.audit.reviewers`, waiting for a verdict in
 :mod:`logtoku_guard.audit.waiting`. Nothing here is imported by ``import logtoku_guard``.

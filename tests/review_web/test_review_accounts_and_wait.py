@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.waiting import ReviewTimeoutError
+from logtoku_guard.cli.review_serve import add_reviewer, is_loopback, serve
 from logtoku_guard.errors import ConfigurationError, ReviewError, UnknownReviewItemError
-from logtoku_guard.review_web.command import add_reviewer, is_loopback, serve
 
 from .support import queue
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-import logtoku_guard.cli._common as _common  # not `from logtoku_guard.cli import`: cli.review imports this module
+import logtoku_guard.cli._common as _common
 from logtoku_guard.cli._common import StoreOpt
 from logtoku_guard.errors import LogTokUError, MissingDependencyError
 
