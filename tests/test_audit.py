@@ -195,8 +195,9 @@ def test_export_jsonl_and_csv_parse_back(store: AuditStore, tmp_path: Path) -> N
         store.export(tmp_path / "out.xml", fmt="xml")  # type: ignore[arg-type]
 
 
-def test_purge_removes_old_records_and_their_review_items(store: AuditStore) -> None:
-    old = store.record_for_review(rec(prompt="old, queued", created_at=NOW - timedelta(days=100)))
+def test_purge_removes_old_records_and_their_decided_review_items(store: AuditStore) -> None:
+    old = store.record_for_review(rec(prompt="old, decided", created_at=NOW - timedelta(days=100)))
+    store.approve(old.id, "alice")
     store.record(rec(prompt="old", created_at=NOW - timedelta(days=31)))
     recent = store.record_for_review(rec(prompt="recent, queued", created_at=NOW - timedelta(days=29)))
     store.record(rec(prompt="now"))
@@ -209,9 +210,42 @@ def test_purge_removes_old_records_and_their_review_items(store: AuditStore) -> 
         store.get(old.trace_id)
     assert [i.id for i in store.pending()] == [recent.id]
     assert store.purge_older_than(30) == 0
-    assert store.purge_older_than(0) == 2 and store.count() == 0
+    # the pending item (and its record) survives a purge of everything unless asked for
+    assert store.purge_older_than(0) == 1 and store.count() == 1
+    assert [i.id for i in store.pending()] == [recent.id]
     with pytest.raises(ConfigurationError, match="days"):
         store.purge_older_than(-1)
+
+
+def test_purge_keeps_undecided_items_unless_asked_and_dry_run_deletes_nothing(store: AuditStore) -> None:
+    old = NOW - timedelta(days=10)
+    pending = store.record_for_review(rec(prompt="pending", created_at=old))
+    claimed = store.record_for_review(rec(prompt="claimed", created_at=old))
+    store.claim(claimed.id, "alice")
+    rejected = store.record_for_review(rec(prompt="rejected", created_at=old))
+    store.reject(rejected.id, "bob", "wrong")
+    store.record(rec(prompt="plain", created_at=old))
+
+    plan = store.purge(1, dry_run=True)
+    assert (plan.records, plan.reviews, plan.kept_undecided, plan.dry_run) == (2, {"rejected": 1}, 2, True)
+    assert store.count() == 4  # nothing deleted
+    everything = store.purge(1, include_undecided=True, dry_run=True)
+    assert (everything.records, everything.reviews, everything.kept_undecided) == (4, {"pending": 1, "claimed": 1, "rejected": 1}, 0)
+    assert store.count() == 4
+
+    done = store.purge(1)
+    assert (done.records, done.reviews, done.kept_undecided, done.dry_run) == (2, {"rejected": 1}, 2, False)
+    assert {i.id for i in store.pending(include_claimed=True)} == {pending.id, claimed.id}
+    assert store.purge(1, include_undecided=True).reviews == {"pending": 1, "claimed": 1}
+    assert store.count() == 0
+
+
+@pytest.mark.parametrize("days", [1e9, 1e300, 800_000, math.nan, math.inf, -0.5, True, "3"])
+def test_purge_days_must_be_finite_non_negative_and_in_range(store: AuditStore, days: Any) -> None:
+    with pytest.raises(ConfigurationError, match="days") as info:
+        store.purge(days)
+    if days in (1e9, 1e300, 800_000):
+        assert "at most" in str(info.value)
 
 
 def test_unknown_and_duplicate_trace_ids(store: AuditStore) -> None:
