@@ -230,7 +230,11 @@ def test_purge_keeps_undecided_items_unless_asked_and_dry_run_deletes_nothing(st
     assert (plan.records, plan.reviews, plan.kept_undecided, plan.dry_run) == (2, {"rejected": 1}, 2, True)
     assert store.count() == 4  # nothing deleted
     everything = store.purge(1, include_undecided=True, dry_run=True)
-    assert (everything.records, everything.reviews, everything.kept_undecided) == (4, {"pending": 1, "claimed": 1, "rejected": 1}, 0)
+    assert (everything.records, everything.reviews, everything.kept_undecided) == (
+        4,
+        {"pending": 1, "claimed": 1, "rejected": 1},
+        0,
+    )
     assert store.count() == 4
 
     done = store.purge(1)
@@ -654,7 +658,7 @@ def test_release_by_the_claimer_or_with_force(store: AuditStore) -> None:
         store.release(item.id, "alice")
     store.claim(item.id, "alice", os_user="al")
     assert store.review_item(item.id).claimed_os_user == "al"
-    with pytest.raises(ReviewStateError, match="claimed by 'alice'.*force=True"):
+    with pytest.raises(ReviewStateError, match=r"claimed by 'alice'.*force=True"):
         store.release(item.id, "bob")
     back = store.release(item.id, "alice")
     assert (back.status, back.claimed_by, back.claimed_at, back.claimed_os_user) == ("pending", None, None, None)
