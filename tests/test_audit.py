@@ -697,3 +697,15 @@ def test_claims_expire_after_claim_ttl(tmp_path: Path, monkeypatch: pytest.Monke
         clock[0] = NOW + timedelta(days=365)
         with pytest.raises(ReviewStateError):
             store.claim(c.id, "bob")
+
+
+def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    children = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), "1", f"p{k}"], stdout=subprocess.DEVNULL) for k in range(4)
+    ]
+    assert [c.wait(timeout=60) for c in children] == [0, 0, 0, 0]
+    with AuditStore(path) as store:
+        assert store.count() == 4
+    assert [p.name for p in tmp_path.iterdir() if ".creating" in p.name] == []
+    assert integrity(path) == "ok"
