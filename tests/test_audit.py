@@ -195,8 +195,9 @@ def test_export_jsonl_and_csv_parse_back(store: AuditStore, tmp_path: Path) -> N
         store.export(tmp_path / "out.xml", fmt="xml")  # type: ignore[arg-type]
 
 
-def test_purge_removes_old_records_and_their_review_items(store: AuditStore) -> None:
-    old = store.record_for_review(rec(prompt="old, queued", created_at=NOW - timedelta(days=100)))
+def test_purge_removes_old_records_and_their_decided_review_items(store: AuditStore) -> None:
+    old = store.record_for_review(rec(prompt="old, decided", created_at=NOW - timedelta(days=100)))
+    store.approve(old.id, "alice")
     store.record(rec(prompt="old", created_at=NOW - timedelta(days=31)))
     recent = store.record_for_review(rec(prompt="recent, queued", created_at=NOW - timedelta(days=29)))
     store.record(rec(prompt="now"))
@@ -209,9 +210,46 @@ def test_purge_removes_old_records_and_their_review_items(store: AuditStore) -> 
         store.get(old.trace_id)
     assert [i.id for i in store.pending()] == [recent.id]
     assert store.purge_older_than(30) == 0
-    assert store.purge_older_than(0) == 2 and store.count() == 0
+    # the pending item (and its record) survives a purge of everything unless asked for
+    assert store.purge_older_than(0) == 1 and store.count() == 1
+    assert [i.id for i in store.pending()] == [recent.id]
     with pytest.raises(ConfigurationError, match="days"):
         store.purge_older_than(-1)
+
+
+def test_purge_keeps_undecided_items_unless_asked_and_dry_run_deletes_nothing(store: AuditStore) -> None:
+    old = NOW - timedelta(days=10)
+    pending = store.record_for_review(rec(prompt="pending", created_at=old))
+    claimed = store.record_for_review(rec(prompt="claimed", created_at=old))
+    store.claim(claimed.id, "alice")
+    rejected = store.record_for_review(rec(prompt="rejected", created_at=old))
+    store.reject(rejected.id, "bob", "wrong")
+    store.record(rec(prompt="plain", created_at=old))
+
+    plan = store.purge(1, dry_run=True)
+    assert (plan.records, plan.reviews, plan.kept_undecided, plan.dry_run) == (2, {"rejected": 1}, 2, True)
+    assert store.count() == 4  # nothing deleted
+    everything = store.purge(1, include_undecided=True, dry_run=True)
+    assert (everything.records, everything.reviews, everything.kept_undecided) == (
+        4,
+        {"pending": 1, "claimed": 1, "rejected": 1},
+        0,
+    )
+    assert store.count() == 4
+
+    done = store.purge(1)
+    assert (done.records, done.reviews, done.kept_undecided, done.dry_run) == (2, {"rejected": 1}, 2, False)
+    assert {i.id for i in store.pending(include_claimed=True)} == {pending.id, claimed.id}
+    assert store.purge(1, include_undecided=True).reviews == {"pending": 1, "claimed": 1}
+    assert store.count() == 0
+
+
+@pytest.mark.parametrize("days", [1e9, 1e300, 800_000, math.nan, math.inf, -0.5, True, "3"])
+def test_purge_days_must_be_finite_non_negative_and_in_range(store: AuditStore, days: Any) -> None:
+    with pytest.raises(ConfigurationError, match="days") as info:
+        store.purge(days)
+    if days in (1e9, 1e300, 800_000):
+        assert "at most" in str(info.value)
 
 
 def test_unknown_and_duplicate_trace_ids(store: AuditStore) -> None:
@@ -451,4 +489,223 @@ def test_writer_killed_mid_run_leaves_a_clean_store(tmp_path: Path) -> None:
     with AuditStore(path) as store:
         n = store.count()
     assert committed <= n <= committed + 1
+    assert integrity(path) == "ok"
+
+
+# ----------------------------------------------------------------------------- files, permissions, export safety
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
+def test_new_store_files_are_owner_only_and_existing_modes_are_kept(tmp_path: Path) -> None:
+    old_umask = os.umask(0o022)
+    try:
+        path = tmp_path / "audit.db"
+        with AuditStore(path) as store:
+            store.record(rec())
+            for suffix in ("", "-wal", "-shm"):
+                assert (Path(f"{path}{suffix}").stat().st_mode & 0o777) == 0o600, suffix
+        assert [p.name for p in tmp_path.iterdir() if ".creating" in p.name] == []
+        path.chmod(0o640)
+        with AuditStore(path) as store:
+            assert store.count() == 1
+        assert (path.stat().st_mode & 0o777) == 0o640
+    finally:
+        os.umask(old_umask)
+
+
+def test_empty_or_foreign_files_are_refused_never_recreated(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(AuditStoreError, match=r"empty\.db.*empty \(0 bytes\)"):
+        AuditStore(empty)
+    assert empty.stat().st_size == 0
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(AuditStoreError, match=r"notes\.txt is not an audit store \(not a SQLite database"):
+        AuditStore(text)
+    assert text.read_text() == "hello"
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(AuditStoreError, match=r"other\.db is a SQLite database but not an audit store"):
+        AuditStore(other)
+    con = sqlite3.connect(other)
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["t"]
+    con.close()
+
+
+def test_a_store_without_the_os_user_columns_gets_them(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with AuditStore(path) as store:
+        item = store.record_for_review(rec())
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE review_items DROP COLUMN claimed_os_user")
+    con.execute("ALTER TABLE review_items DROP COLUMN reviewer_os_user")
+    con.commit()
+    con.close()
+    with AuditStore(path) as store:
+        done = store.approve(item.id, "alice", os_user="alice_unix")
+    assert (done.reviewer, done.reviewer_os_user, done.claimed_os_user) == ("alice", "alice_unix", "alice_unix")
+
+
+def test_export_refuses_the_stores_own_files_and_existing_files(store: AuditStore, tmp_path: Path) -> None:
+    store.record(rec())
+    db = tmp_path / "audit.db"
+    (tmp_path / "link.jsonl").symlink_to(db)
+    for target in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal"), tmp_path / "link.jsonl"):
+        with pytest.raises(ConfigurationError, match="file of the audit store itself"):
+            store.export(target, overwrite=True)
+    assert store.count() == 1 and integrity(db) == "ok"
+    out = tmp_path / "out.jsonl"
+    out.write_text("keep me")
+    with pytest.raises(ConfigurationError, match=r"out\.jsonl: the file exists.*overwrite=True"):
+        store.export(out)
+    assert out.read_text() == "keep me"
+    assert store.export(out, overwrite=True) == 1
+    assert json.loads(out.read_text())["prompt"] == "What is the capital of France?"
+
+
+@pytest.mark.parametrize("where", ["missing/out.jsonl", "folder"])
+def test_export_io_errors_name_the_path_and_leave_nothing(store: AuditStore, tmp_path: Path, where: str) -> None:
+    (tmp_path / "folder").mkdir()
+    store.record(rec())
+    with pytest.raises((AuditStoreError, ConfigurationError)) as info:
+        store.export(tmp_path / where)
+    assert str(tmp_path / where) in str(info.value)
+    assert "does not exist" in str(info.value) or "is a folder" in str(info.value)
+
+
+def test_export_on_a_full_disk_leaves_no_file(store: AuditStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from logtoku_guard.audit import _files
+
+    store.record(rec())
+    real_open = _files._open_text
+
+    class Full:
+        def __init__(self, fd: int) -> None:
+            self.f = real_open(fd)
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *a: object) -> None:
+            self.f.close()
+
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_files, "_open_text", Full)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(AuditStoreError, match=r"out\.jsonl: No space left on device; check .* disk has space"):
+        store.export(out)
+    assert sorted(p.name for p in tmp_path.iterdir() if "out" in p.name) == []
+
+
+# ----------------------------------------------------------------------------- redaction
+
+
+@pytest.mark.parametrize("mode", ["hash", "drop", "callable"])
+def test_redaction_keeps_the_raw_prompt_out_of_the_database(tmp_path: Path, mode: str) -> None:
+    import hashlib
+
+    secret = "my card is 4111-1111-1111-1111"
+    redact: Any = (lambda s: s.replace("4111", "####")) if mode == "callable" else mode
+    path = tmp_path / "audit.db"
+    with AuditStore(path, redact=redact) as store:
+        store.record(rec(prompt=secret))
+        item = store.record_for_review(rec(prompt=secret, answer="4111 noted"))
+        prompts = {r.prompt for r in store.tail()}
+        assert item.record.answer == "4111 noted"  # answers are kept unless redact_answer
+        assert b"4111-1111" not in b"".join(p.read_bytes() for p in tmp_path.iterdir())  # the db, its -wal and -shm
+    expected = {
+        "hash": "sha256:" + hashlib.sha256(secret.encode()).hexdigest(),
+        "drop": "",
+        "callable": "my card is ####-1111-1111-1111",
+    }[mode]
+    assert prompts == {expected}
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"4111-1111" not in raw
+
+
+def test_redact_answer_is_opt_in_and_drops_token_texts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = [{"token": "sec", "au": 0.1, "eu": 0.2}, {"token": "ret", "au": 0.1, "eu": 0.2}]
+    with AuditStore(tmp_path / "a.db", redact="keep", redact_answer="drop") as store:
+        store.record(rec(prompt="q", answer="secret", tokens=tokens))
+        (r,) = store.tail()
+        assert b"sec" not in b"".join(p.read_bytes() for p in tmp_path.iterdir())  # the db, its -wal and -shm
+    assert (r.prompt, r.answer, [t["token"] for t in r.tokens], r.tokens[0]["eu"]) == ("q", "", ["", ""], 0.2)
+    monkeypatch.setenv("LOGTOKU_GUARD_REDACT", "drop")
+    with AuditStore(tmp_path / "b.db") as store:
+        store.record(rec(prompt="q"))
+        assert store.tail()[0].prompt == ""
+    monkeypatch.setenv("LOGTOKU_GUARD_REDACT", "shred")
+    with pytest.raises(ConfigurationError, match=r"\$LOGTOKU_GUARD_REDACT must be 'keep', 'hash', 'drop'"):
+        AuditStore(tmp_path / "c.db")
+    with pytest.raises(ConfigurationError, match="returned int"):
+        AuditStore(tmp_path / "d.db", redact=lambda s: 3).record(rec())  # type: ignore[arg-type,return-value]
+
+
+# ----------------------------------------------------------------------------- claims: release, expiry, OS user
+
+
+def test_release_by_the_claimer_or_with_force(store: AuditStore) -> None:
+    item = store.record_for_review(rec())
+    with pytest.raises(ReviewStateError, match="not claimed"):
+        store.release(item.id, "alice")
+    store.claim(item.id, "alice", os_user="al")
+    assert store.review_item(item.id).claimed_os_user == "al"
+    with pytest.raises(ReviewStateError, match=r"claimed by 'alice'.*force=True"):
+        store.release(item.id, "bob")
+    back = store.release(item.id, "alice")
+    assert (back.status, back.claimed_by, back.claimed_at, back.claimed_os_user) == ("pending", None, None, None)
+    store.claim(item.id, "alice")
+    assert store.release(item.id, "admin", force=True).status == "pending"
+    assert store.claim(item.id, "bob").claimed_by == "bob"
+
+
+def test_claims_expire_after_claim_ttl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from logtoku_guard.audit import queue
+
+    clock = [NOW]
+    monkeypatch.setattr(queue, "_utcnow", lambda: clock[0])
+    with pytest.raises(ConfigurationError, match="claim_ttl"):
+        AuditStore(tmp_path / "x.db", claim_ttl=timedelta(0))
+    with AuditStore(tmp_path / "a.db", claim_ttl=timedelta(minutes=30)) as store:
+        a = store.record_for_review(rec(prompt="a"))
+        b = store.record_for_review(rec(prompt="b"))
+        store.claim(a.id, "alice")
+        store.claim(b.id, "alice")
+        clock[0] = NOW + timedelta(minutes=29)
+        with pytest.raises(ReviewStateError, match="until"):
+            store.claim(a.id, "bob")
+        with pytest.raises(ReviewStateError):
+            store.approve(b.id, "bob")
+        clock[0] = NOW + timedelta(minutes=31)
+        taken = store.claim(a.id, "bob", os_user="bob_unix")
+        assert (taken.claimed_by, taken.claimed_at, taken.claimed_os_user) == ("bob", clock[0], "bob_unix")
+        with pytest.raises(ReviewStateError, match="'bob'"):
+            store.approve(a.id, "alice")  # alice's claim is gone
+        done = store.approve(b.id, "bob", os_user="bob_unix")
+        assert (done.reviewer, done.claimed_by, done.claimed_at, done.reviewer_os_user) == ("bob", "bob", clock[0], "bob_unix")
+    with AuditStore(tmp_path / "a.db") as store:  # no ttl: a claim holds
+        c = store.record_for_review(rec(prompt="c"))
+        store.claim(c.id, "alice")
+        clock[0] = NOW + timedelta(days=365)
+        with pytest.raises(ReviewStateError):
+            store.claim(c.id, "bob")
+
+
+def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    children = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), "1", f"p{k}"], stdout=subprocess.DEVNULL) for k in range(4)
+    ]
+    assert [c.wait(timeout=60) for c in children] == [0, 0, 0, 0]
+    with AuditStore(path) as store:
+        assert store.count() == 4
+    assert [p.name for p in tmp_path.iterdir() if ".creating" in p.name] == []
     assert integrity(path) == "ok"

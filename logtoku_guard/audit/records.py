@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from logtoku_guard.guard import GuardResult
     from logtoku_guard.uncertainty import QuadrantThresholds
 
-__all__ = ["AuditRecord", "ReviewItem", "ReviewStatus"]
+__all__ = ["AuditRecord", "PurgeSummary", "ReviewItem", "ReviewStatus"]
 
 ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
 """``pending``: waiting for a reviewer; ``claimed``: a reviewer took it; ``approved`` /
@@ -240,6 +240,9 @@ class ReviewItem:
 
     ``claimed_by``/``claimed_at``: who took the item and when (also set by an approval or a
     rejection of a pending item). ``reviewer``/``decided_at``: who gave the verdict and when.
+    ``claimed_os_user``/``reviewer_os_user``: the operating-system account that made the claim
+    and gave the verdict, when the caller passed one (the CLI does); reviewer names are free
+    text, the OS account is what the machine knew (see README, "Security and data").
     ``edited_answer``: the reviewer's corrected answer (approvals only), ``note``: the
     reviewer's comment (required for a rejection). All times are UTC. ``record``: the decision
     under review.
@@ -256,6 +259,8 @@ class ReviewItem:
     edited_answer: str | None
     note: str | None
     record: AuditRecord
+    claimed_os_user: str | None = None
+    reviewer_os_user: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -268,3 +273,27 @@ class ReviewItem:
         if self.status != "approved":
             return None
         return self.edited_answer if self.edited_answer is not None else self.record.answer
+
+    @property
+    def answer_on_approval(self) -> str | None:
+        """The text an approval releases: :attr:`final_answer` once approved, the recorded
+        answer while undecided (an approval without an edit), None once rejected."""
+        if self.status == "rejected":
+            return None
+        return self.final_answer if self.status == "approved" else self.record.answer
+
+
+@dataclass(frozen=True, kw_only=True)
+class PurgeSummary:
+    """What a purge removed (or, with ``dry_run``, would remove).
+
+    ``records``: audit records. ``reviews``: their review items, by status. ``kept_undecided``:
+    old records kept because their review item is still ``pending`` or ``claimed`` (purged only
+    with ``include_undecided=True``). ``cutoff``: records created before this UTC time are old.
+    """
+
+    records: int
+    reviews: dict[str, int]
+    kept_undecided: int
+    cutoff: datetime
+    dry_run: bool

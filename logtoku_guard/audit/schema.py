@@ -2,9 +2,11 @@
 
 Tables: ``audit_records`` (one row an :class:`~logtoku_guard.audit.records.AuditRecord`),
 ``review_items`` (one row a review item, keyed by trace id) and ``audit_meta`` (the schema
-version). Times are stored as naive UTC and read back as aware UTC; JSON columns are JSONB on
-PostgreSQL. SQLite connections get WAL, ``busy_timeout``, ``synchronous=NORMAL`` and foreign
-keys, and write transactions start with ``BEGIN IMMEDIATE`` (see :mod:`logtoku_guard.audit.store`).
+version). Columns added after version 1 are nullable and added on open
+(:func:`_add_missing_columns`). Times are stored as naive UTC and read back as aware UTC; JSON
+columns are JSONB on PostgreSQL. SQLite connections get WAL, ``busy_timeout``,
+``synchronous=NORMAL`` and foreign keys, and write transactions start with ``BEGIN IMMEDIATE``
+(see :mod:`logtoku_guard.audit.store`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from sqlalchemy.engine import Connection, Engine
 from logtoku_guard.audit.records import AuditRecord, ReviewItem
 
 SCHEMA_VERSION = 1
-"""Version of the tables below; a store written by another version is refused, not altered."""
+"""Version of the tables below; a store written by another version is refused, not altered.
+Nullable columns added later (``claimed_os_user``, ``reviewer_os_user``) keep the version: a
+store of this version that lacks them gets them when opened."""
+
+_ADDED_COLUMNS = {"review_items": ("claimed_os_user", "reviewer_os_user")}
 
 _WRITE_OPTION = "logtoku_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
 
@@ -81,6 +87,10 @@ _reviews = sa.Table(
     sa.Column("decided_at", _UTCDateTime()),
     sa.Column("edited_answer", sa.Text),
     sa.Column("note", sa.Text),
+    # Added after version 1 shipped: nullable, so older code reading the table is unaffected
+    # (see _add_missing_columns).
+    sa.Column("claimed_os_user", sa.Text),
+    sa.Column("reviewer_os_user", sa.Text),
     sa.CheckConstraint("status IN ('pending', 'claimed', 'approved', 'rejected')", name="review_items_status"),
 )
 
@@ -114,6 +124,16 @@ def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
 
 def _row_to_item(m: sa.RowMapping) -> ReviewItem:
     return ReviewItem(**{name: m[f"r_{name}"] for name in _REVIEW_FIELDS}, record=_row_to_record(m, "a_"))
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Add the nullable columns introduced after version 1 to a store that lacks them."""
+    inspector = sa.inspect(conn)
+    for table, names in _ADDED_COLUMNS.items():
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for name in names:
+            if name not in present:
+                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {name} TEXT"))
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:

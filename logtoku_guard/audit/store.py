@@ -2,8 +2,9 @@
 
 Stores the :class:`~logtoku_guard.audit.records.AuditRecord` of every guarded answer and the
 :class:`~logtoku_guard.audit.records.ReviewItem` of answers sent to a human. A verdict is final:
-every review transition is one conditional ``UPDATE ... WHERE status IN (...)`` whose row count
-is checked, so two reviewers racing on the same item cannot both decide it.
+the review-queue methods (:class:`~logtoku_guard.audit.queue.ReviewQueue`, inherited) make every
+transition one conditional ``UPDATE ... WHERE status IN (...)`` whose row count is checked, so
+two reviewers racing on the same item cannot both decide it.
 
 The schema is SQLAlchemy Core, so the same code runs on a local SQLite file (the default) or on
 a server through a database URL (``postgresql+psycopg://user@host/db``; the driver is the
@@ -14,6 +15,12 @@ SQLite settings, on every connection: ``journal_mode=WAL`` (readers never block 
 ``synchronous=NORMAL`` (a committed record survives the death of the process; a power cut may
 lose the last commits but never corrupts the file) and ``foreign_keys=ON``. Write transactions
 start with ``BEGIN IMMEDIATE``, so concurrent writers (threads or processes) queue on the lock.
+
+Data protection: a new SQLite file is created owner-only (0600, its ``-wal``/``-shm`` likewise);
+an existing file that is empty or not a store is refused, never recreated (:mod:`._files`).
+``redact`` (:mod:`.redact`) rewrites the prompt (and, opt-in, the answer) before anything is
+written. Claims expire after ``claim_ttl``; reviewer names are free text, and callers may pass
+the OS account (``os_user``) that is stored beside them.
 """
 
 from __future__ import annotations
@@ -24,21 +31,24 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
-from logtoku_guard.audit.records import _OPEN, AuditRecord, ReviewItem, ReviewStatus, _check_text, _utcnow
+from logtoku_guard.audit import _files
+from logtoku_guard.audit.queue import ReviewQueue
+from logtoku_guard.audit.records import _OPEN, AuditRecord, PurgeSummary, _utcnow
+from logtoku_guard.audit.redact import RedactMode, Redactor, redact_record, redactor
 from logtoku_guard.audit.schema import (
     _RECORD_FIELDS,
     _WRITE_OPTION,
     SCHEMA_VERSION,
+    _add_missing_columns,
     _configure_sqlite,
-    _item_select,
     _json_dumps,
     _meta,
     _metadata,
@@ -46,7 +56,6 @@ from logtoku_guard.audit.schema import (
     _record_select,
     _records,
     _reviews,
-    _row_to_item,
     _row_to_record,
     _UTCDateTime,
 )
@@ -54,8 +63,6 @@ from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
     MissingDependencyError,
-    ReviewStateError,
-    UnknownReviewItemError,
     UnknownTraceError,
 )
 
@@ -64,32 +71,89 @@ __all__ = ["SCHEMA_VERSION", "AuditStore", "ExportFormat"]
 ExportFormat = Literal["jsonl", "csv"]
 
 
-def _check_id(item_id: Any) -> int:
-    if isinstance(item_id, bool) or not isinstance(item_id, int):
-        msg = f"a review item id must be an integer, got {item_id!r}; ids come from ReviewItem.id"
-        raise ConfigurationError(msg)
-    return item_id
+def _init_tables(path: Path) -> None:
+    """The tables and schema version, in the new (empty) SQLite file ``path``."""
+    engine = sa.create_engine(sa.URL.create("sqlite", database=str(path)), json_serializer=_json_dumps)
+    try:
+        with engine.begin() as conn:
+            _metadata.create_all(conn)
+            conn.execute(sa.insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+    except exc.DBAPIError as e:
+        raise OSError(str(e.orig if e.orig is not None else e)) from e
+    finally:
+        engine.dispose()
+
+
+def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat) -> int:
+    stmt = _record_select.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
+    rows = (_row_to_record(m).to_dict() for m in conn.execute(stmt).mappings())
+    n = 0
+    if fmt == "jsonl":
+        for d in rows:
+            f.write(_json_dumps(d) + "\n")
+            n += 1
+    else:
+        writer = csv.DictWriter(f, fieldnames=_RECORD_FIELDS)
+        writer.writeheader()
+        for d in rows:
+            for name in ("tokens", "stats", "timings"):
+                d[name] = _json_dumps(d[name])
+            writer.writerow(d)
+            n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- store
 
 
-class AuditStore:
+class AuditStore(ReviewQueue):
     """The audit records of a guard and its human-review queue, in one database.
 
     ``url_or_path``: a file path (made absolute, used as SQLite; its folder must exist) or a
     SQLAlchemy database URL (any string containing ``"://"``). ``busy_timeout_s``: SQLite
     only, how long a writer waits for another writer's lock before failing, in seconds.
 
-    Opening the store connects, creates the tables if missing and makes one small write, so an
-    unusable location fails here with :class:`AuditStoreError`, not at the first record.
-    Safe to share between threads; any number of processes may open the same file.
+    ``redact``: what is stored of each prompt, applied before anything is written: ``"keep"``,
+    ``"hash"`` (``"sha256:<hex>"``), ``"drop"`` (``""``) or a function ``str -> str``; default
+    ``$LOGTOKU_GUARD_REDACT``, else ``"keep"``. ``redact_answer``: the same for the answer, opt-in
+    (``True``: as ``redact``; or its own mode or function); a redacted answer also loses its
+    token texts, and an approval releases the redacted text, so leave it off where answers
+    go to human review. Reviewers' edited answers and notes are stored as given.
+
+    ``claim_ttl``: how long a claim holds (``None``: until released or decided); an expired
+    claim can be taken, approved or rejected by someone else.
+
+    Opening a SQLite file that does not exist creates it owner-only (0600) with the tables; an
+    existing file must be a store (an empty or foreign file raises :class:`AuditStoreError`).
+    Other databases get the tables if missing. Opening makes one small write, so an unusable
+    location fails here, not at the first record. Safe to share between threads; any number of
+    processes may open the same file.
     """
 
-    def __init__(self, url_or_path: str | os.PathLike[str] = "logtoku_audit.db", *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url_or_path: str | os.PathLike[str] = "logtoku_audit.db",
+        *,
+        busy_timeout_s: float = 30.0,
+        redact: RedactMode | Redactor | None = None,
+        redact_answer: bool | RedactMode | Redactor = False,
+        claim_ttl: timedelta | None = None,
+    ) -> None:
         if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not 0 <= busy_timeout_s < math.inf:
             msg = f"busy_timeout_s must be a non-negative number of seconds, got {busy_timeout_s!r}"
             raise ConfigurationError(msg)
+        if claim_ttl is not None and (not isinstance(claim_ttl, timedelta) or claim_ttl <= timedelta(0)):
+            msg = f"claim_ttl must be a positive timedelta or None, got {claim_ttl!r}; e.g. timedelta(minutes=30)"
+            raise ConfigurationError(msg)
+        self.claim_ttl = claim_ttl
+        """How long a claim holds before others may take the item (None: no expiry)."""
+        self._redact_prompt = redactor(redact)
+        if redact_answer is True:
+            self._redact_answer = self._redact_prompt
+        elif redact_answer is False:
+            self._redact_answer = None
+        else:
+            self._redact_answer = redactor(redact_answer, "redact_answer")
         raw = os.fspath(url_or_path) if isinstance(url_or_path, (str, os.PathLike)) else None
         if not isinstance(raw, str) or not raw.strip():
             msg = f"the audit store needs a file path or a database URL, got {url_or_path!r}; e.g. AuditStore('audit.db')"
@@ -115,6 +179,7 @@ class AuditStore:
                 "pass a file path (a temporary file in tests)"
             )
             raise ConfigurationError(msg)
+        self._file = _files.sqlite_file(url)
         self._closed = False
         # SQLite has one writer at a time: this process's threads queue here, in order and without
         # the sleep-and-retry of busy_timeout (which still arbitrates between processes).
@@ -133,8 +198,17 @@ class AuditStore:
         if self._sqlite:
             _configure_sqlite(self._engine, busy_timeout_ms=round(busy_timeout_s * 1000))
         try:
+            if self._file is not None and not _files.check_existing(self._file, self._fix(OSError())):
+                _files.create_store_file(self._file, _init_tables, self._fix(OSError()))
             with self._transaction("create the tables of", write=True) as conn:
+                if self._file is not None and not sa.inspect(conn).has_table(_meta.name):
+                    msg = (
+                        f"{self._where} is a SQLite database but not an audit store (it has no {_meta.name} table); "
+                        "pass the path of an audit store, or a new path to start one"
+                    )
+                    raise AuditStoreError(msg)
                 _metadata.create_all(conn)
+                _add_missing_columns(conn)
                 version = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).scalar_one_or_none()
                 if version is None:
                     conn.execute(sa.insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
@@ -221,41 +295,17 @@ class AuditStore:
             )
             raise AuditStoreError(msg) from e
 
-    def _enqueue(self, conn: Connection, trace_id: str) -> int:
-        review_id = conn.execute(sa.select(_records.c.review_id).where(_records.c.trace_id == trace_id)).one_or_none()
-        if review_id is None:
-            msg = f"no audit record with trace id {trace_id!r} in {self._where}; record it first (AuditStore.record)"
-            raise UnknownTraceError(msg)
-        if review_id[0] is not None:
-            item = self._load_item(conn, review_id[0])
-            msg = (
-                f"trace {trace_id} is already queued for review as item {item.id} (status {item.status}); "
-                f"read it with review_item({item.id})"
-            )
-            raise ReviewStateError(msg)
-        try:
-            result = conn.execute(sa.insert(_reviews).values(trace_id=trace_id, status="pending", created_at=_utcnow()))
-        except exc.IntegrityError as e:
-            msg = f"trace {trace_id} was queued for review by someone else at the same moment; see pending()"
-            raise ReviewStateError(msg) from e
-        (item_id,) = result.inserted_primary_key or (None,)
-        if not isinstance(item_id, int):
-            msg = f"the database returned no id for the new review item of trace {trace_id} (got {item_id!r})"
-            raise AuditStoreError(msg)
-        conn.execute(sa.update(_records).where(_records.c.trace_id == trace_id).values(review_id=item_id))
-        return item_id
-
-    def _load_item(self, conn: Connection, item_id: int) -> ReviewItem:
-        row = conn.execute(_item_select.where(_reviews.c.id == item_id)).mappings().one_or_none()
-        if row is None:
-            msg = f"no review item with id {item_id} in the audit store at {self._where}; list open items with pending()"
-            raise UnknownReviewItemError(msg)
-        return _row_to_item(row)
+    def _redacted(self, rec: AuditRecord) -> AuditRecord:
+        if not isinstance(rec, AuditRecord):
+            msg = f"expected an AuditRecord, got {type(rec).__name__}: {rec!r:.200}"
+            raise ConfigurationError(msg)
+        return redact_record(rec, self._redact_prompt, self._redact_answer)
 
     # -- records
 
     def record(self, rec: AuditRecord) -> str:
         """Save one record (one transaction) and return its trace id."""
+        rec = self._redacted(rec)
         with self._transaction("write a record to", write=True) as conn:
             self._insert_record(conn, rec)
         return rec.trace_id
@@ -284,158 +334,57 @@ class AuditStore:
             return int(conn.execute(sa.select(sa.func.count()).select_from(_records)).scalar_one())
 
     def purge_older_than(self, days: float) -> int:
+        """:meth:`purge` of records older than ``days`` days; returns the number of records deleted.
+
+        Records whose review item is still pending or claimed are kept (see :meth:`purge`).
+        """
+        return self.purge(days).records
+
+    def purge(self, days: float, *, include_undecided: bool = False, dry_run: bool = False) -> PurgeSummary:
         """Delete the records created more than ``days`` days ago, and their review items (retention).
 
-        Returns the number of records deleted.
+        A record whose review item is undecided (``pending`` or ``claimed``) is kept unless
+        ``include_undecided``: nobody's open work disappears by accident. ``dry_run``: count what
+        would go and delete nothing. One transaction: the counts are what was deleted.
         """
         if isinstance(days, bool) or not isinstance(days, (int, float)) or not (0 <= days < math.inf):
-            msg = f"days must be a non-negative number, got {days!r}; e.g. purge_older_than(90)"
+            msg = f"days must be a finite non-negative number, got {days!r}; e.g. purge(90)"
             raise ConfigurationError(msg)
-        old = _records.c.created_at < _utcnow() - timedelta(days=days)
-        with self._transaction("purge", write=True) as conn:
-            conn.execute(sa.delete(_reviews).where(_reviews.c.trace_id.in_(sa.select(_records.c.trace_id).where(old))))
-            return int(conn.execute(sa.delete(_records).where(old)).rowcount)
+        now = _utcnow()
+        try:
+            cutoff = now - timedelta(days=days)
+        except OverflowError:
+            limit = (now - datetime.min.replace(tzinfo=timezone.utc)).days
+            msg = f"days={days!r} reaches back before the year 1; pass at most {limit} days (0 purges every record)"
+            raise ConfigurationError(msg) from None
+        old = _records.c.created_at < sa.literal(cutoff, _UTCDateTime())
+        undecided = _records.c.trace_id.in_(sa.select(_reviews.c.trace_id).where(_reviews.c.status.in_(_OPEN)))
+        target = old if include_undecided else sa.and_(old, sa.not_(undecided))
+        their_reviews = _reviews.c.trace_id.in_(sa.select(_records.c.trace_id).where(target))
+        count = sa.select(sa.func.count()).select_from(_records)
+        with self._transaction("purge", write=not dry_run) as conn:
+            n = int(conn.execute(count.where(target)).scalar_one())
+            by_status = conn.execute(
+                sa.select(_reviews.c.status, sa.func.count()).where(their_reviews).group_by(_reviews.c.status)
+            ).all()
+            kept = 0 if include_undecided else int(conn.execute(count.where(old, undecided)).scalar_one())
+            if not dry_run:
+                conn.execute(sa.delete(_reviews).where(their_reviews))
+                conn.execute(sa.delete(_records).where(target))
+        reviews = {str(status): int(k) for status, k in by_status}
+        return PurgeSummary(records=n, reviews=reviews, kept_undecided=kept, cutoff=cutoff, dry_run=dry_run)
 
-    def export(self, path: str | os.PathLike[str], fmt: ExportFormat = "jsonl") -> int:
+    def export(self, path: str | os.PathLike[str], fmt: ExportFormat = "jsonl", *, overwrite: bool = False) -> int:
         """Write every record, oldest first, to ``path``; returns the number of rows written.
 
         ``jsonl``: one :meth:`AuditRecord.to_dict` object a line. ``csv``: a header row, then one
         row a record; ``tokens``, ``stats`` and ``timings`` as JSON strings, None as an empty cell.
+        The file is written under a temporary name (owner-only) and renamed into place, so a
+        failed export leaves nothing; an existing ``path`` is replaced only with ``overwrite``,
+        and the store's own files are refused (:class:`ConfigurationError`).
         """
         if fmt not in ("jsonl", "csv"):
             msg = f"export format must be 'jsonl' or 'csv', got {fmt!r}"
             raise ConfigurationError(msg)
-        stmt = _record_select.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
-        n = 0
-        with self._transaction("export", write=False) as conn, Path(path).open("w", encoding="utf-8", newline="") as f:
-            rows = (_row_to_record(m).to_dict() for m in conn.execute(stmt).mappings())
-            if fmt == "jsonl":
-                for d in rows:
-                    f.write(_json_dumps(d) + "\n")
-                    n += 1
-            else:
-                writer = csv.DictWriter(f, fieldnames=_RECORD_FIELDS)
-                writer.writeheader()
-                for d in rows:
-                    for name in ("tokens", "stats", "timings"):
-                        d[name] = _json_dumps(d[name])
-                    writer.writerow(d)
-                    n += 1
-        return n
-
-    # -- review queue
-
-    def enqueue(self, trace_id: str) -> ReviewItem:
-        """Queue a recorded answer for human review (status ``pending``)."""
-        with self._transaction("queue a review in", write=True) as conn:
-            return self._load_item(conn, self._enqueue(conn, trace_id))
-
-    def record_for_review(self, rec: AuditRecord) -> ReviewItem:
-        """Save ``rec`` and queue it for review in one transaction.
-
-        The stored record (``item.record``) carries the new ``review_id``; ``rec`` itself is
-        frozen and left as it was.
-        """
-        with self._transaction("write a record to", write=True) as conn:
-            self._insert_record(conn, rec)
-            return self._load_item(conn, self._enqueue(conn, rec.trace_id))
-
-    def pending(self, *, include_claimed: bool = False, limit: int | None = None) -> list[ReviewItem]:
-        """Undecided items, oldest first: ``pending`` ones, plus ``claimed`` ones if ``include_claimed``."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            msg = f"limit must be a non-negative integer or None, got {limit!r}"
-            raise ConfigurationError(msg)
-        statuses = _OPEN if include_claimed else ("pending",)
-        stmt = _item_select.where(_reviews.c.status.in_(statuses)).order_by(_reviews.c.created_at, _reviews.c.id).limit(limit)
-        with self._transaction("read", write=False) as conn:
-            return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
-
-    def review_item(self, item_id: int) -> ReviewItem:
-        """The review item with this id; :class:`UnknownReviewItemError` if none."""
-        with self._transaction("read", write=False) as conn:
-            return self._load_item(conn, _check_id(item_id))
-
-    def claim(self, item_id: int, reviewer: str) -> ReviewItem:
-        """Take a pending item so that only ``reviewer`` decides it.
-
-        Claiming an item one already holds returns it unchanged; an item claimed by someone else
-        or already decided raises :class:`ReviewStateError`.
-        """
-        item_id = _check_id(item_id)
-        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
-        with self._transaction("claim a review in", write=True) as conn:
-            changed = conn.execute(
-                sa.update(_reviews)
-                .where(_reviews.c.id == item_id, _reviews.c.status.in_(("pending",)))
-                .values(status="claimed", claimed_by=reviewer, claimed_at=_utcnow())
-            ).rowcount
-            item = self._load_item(conn, item_id)
-        if changed == 1 or (item.status == "claimed" and item.claimed_by == reviewer):
-            return item
-        raise ReviewStateError(_refusal(item, "claim", reviewer))
-
-    def approve(self, item_id: int, reviewer: str, edited_answer: str | None = None, note: str | None = None) -> ReviewItem:
-        """Approve an item, optionally replacing its answer by ``edited_answer``.
-
-        Allowed on a pending item (an implicit claim) or on one claimed by ``reviewer``.
-        """
-        if edited_answer is not None:
-            _check_text(edited_answer, "edited_answer", empty_ok=False)
-        if note is not None:
-            _check_text(note, "note")
-        return self._decide(item_id, reviewer, "approved", edited_answer, note)
-
-    def reject(self, item_id: int, reviewer: str, note: str) -> ReviewItem:
-        """Reject an item; ``note`` (why) is required. Same claim rules as :meth:`approve`."""
-        note = _check_text(note, "a rejection note (say why the answer is rejected)", empty_ok=False)
-        return self._decide(item_id, reviewer, "rejected", None, note)
-
-    def _decide(
-        self, item_id: int, reviewer: str, status: ReviewStatus, edited_answer: str | None, note: str | None
-    ) -> ReviewItem:
-        item_id = _check_id(item_id)
-        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
-        now = _utcnow()
-        verb = "approve" if status == "approved" else "reject"
-        with self._transaction(f"{verb} a review in", write=True) as conn:
-            changed = conn.execute(
-                sa.update(_reviews)
-                .where(
-                    _reviews.c.id == item_id,
-                    _reviews.c.status.in_(_OPEN),
-                    sa.or_(_reviews.c.claimed_by.is_(None), _reviews.c.claimed_by == reviewer),
-                )
-                .values(
-                    status=status,
-                    reviewer=reviewer,
-                    decided_at=now,
-                    edited_answer=edited_answer,
-                    note=note,
-                    claimed_by=sa.func.coalesce(_reviews.c.claimed_by, reviewer),
-                    claimed_at=sa.func.coalesce(_reviews.c.claimed_at, sa.literal(now, _UTCDateTime())),
-                )
-            ).rowcount
-            item = self._load_item(conn, item_id)
-        if changed != 1:
-            raise ReviewStateError(_refusal(item, verb, reviewer))
-        return item
-
-    def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem:
-        """Block until the item is approved or rejected; see :func:`logtoku_guard.audit.waiting.wait_for_decision`."""
-        from logtoku_guard.audit.waiting import wait_for_decision
-
-        return wait_for_decision(self, review_id, timeout=timeout, poll_interval=poll_interval)
-
-
-def _refusal(item: ReviewItem, verb: str, reviewer: str) -> str:
-    if item.decided:
-        when = item.decided_at.isoformat() if item.decided_at else "?"
-        return (
-            f"cannot {verb} review item {item.id}: its status is {item.status!r} (by {item.reviewer!r} at {when}) "
-            f"and a verdict is final; read it with review_item({item.id})"
-        )
-    when = item.claimed_at.isoformat() if item.claimed_at else "?"
-    return (
-        f"cannot {verb} review item {item.id} as {reviewer!r}: its status is {item.status!r} by {item.claimed_by!r} "
-        f"(since {when}) and only they may decide it; take another item from pending()"
-    )
+        with self._transaction("export", write=False) as conn:
+            return _files.export_to(path, self._file, overwrite, lambda f: _write_rows(conn, f, fmt))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -52,9 +53,26 @@ StoreOpt = Annotated[
 
 
 def fail(exc: Exception) -> typer.Exit:
-    """Print ``exc`` as one red line on stderr; raise the returned exit (status 2) ``from exc``."""
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    """Print ``exc`` as one red line on stderr; raise the returned exit (status 2) ``from exc``.
+
+    The message is shown as plain text (:func:`safe_text`): paths and values with brackets or
+    control characters are printed as they are, never interpreted by the terminal or by Rich.
+    """
+    err.print(Text("error: ", style="bold red") + safe_text(str(exc)), highlight=False)
     return typer.Exit(2)
+
+
+# C0 controls but newline and tab, DEL, C1 controls, and invisible formatting characters that can
+# hide or reorder text (zero-width, bidirectional overrides and isolates, the BOM).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """``value`` as a Rich :class:`Text` that is safe to print: no markup is interpreted
+    (``[link=...]``, ``[/x]`` stay literal) and control and invisible characters are shown as
+    escapes (ESC as ``\\x1b``, U+202E as ``\\u202e``). Use it for every stored or user-given text."""
+    text = _UNSAFE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
+    return Text(text, style=style)
 
 
 def print_json(data: Any) -> None:

@@ -1,4 +1,9 @@
-"""``logtoku-guard audit ...``: the audit trail of guard decisions (tail, export, purge)."""
+"""``logtoku-guard audit ...``: the audit trail of guard decisions (tail, export, purge).
+
+Stored texts are printed through :func:`~logtoku_guard.cli._common.safe_text` (no markup, control
+characters shown as escapes). ``export`` writes atomically and never onto the store itself;
+``purge`` keeps undecided review items unless ``--include-undecided``, and ``--dry-run`` only counts.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import typer
 from rich.table import Table
 
 from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import StoreOpt
+from logtoku_guard.cli._common import StoreOpt, safe_text
 
 audit_app = typer.Typer(help="The audit trail of guard decisions: tail, export, purge.", no_args_is_help=True)
 
@@ -43,26 +48,51 @@ def audit_tail(
         table.add_column(col)
     for r in records:
         rel = "n/a" if r.reliability is None else f"{r.reliability:.4f}"
-        table.add_row(r.created_at.strftime("%Y-%m-%d %H:%M:%S"), r.action, r.rule or "-", rel, r.prompt[:60])
+        table.add_row(
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            safe_text(r.action),
+            safe_text(r.rule or "-"),
+            rel,
+            safe_text(r.prompt[:60]),
+        )
     _common.out.print(table)
 
 
 @audit_app.command("export")
 def audit_export(
-    path: Annotated[Path, typer.Argument(help="Output file.")],
+    path: Annotated[Path, typer.Argument(help="Output file (written under a temporary name, then renamed).")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
+    force: Annotated[bool, typer.Option("--force", help="Replace PATH if it exists.")] = False,
     store: StoreOpt = None,
 ) -> None:
-    """Export every record as JSONL or CSV."""
-    n = _common.store_call(store, "export", path, fmt)
-    _common.out.print(f"{n} record(s) written to {path}")
+    """Export every record as JSONL or CSV (owner-only file; never onto the store's own files)."""
+    n = _common.store_call(store, "export", path, fmt, overwrite=force)
+    _common.out.print(safe_text(f"{n} record(s) written to {path}"), highlight=False)
 
 
 @audit_app.command("purge")
 def audit_purge(
-    days: Annotated[float, typer.Option(help="Drop records older than this many days.")],
+    days: Annotated[float, typer.Option(help="Drop records older than this many days (finite, >= 0).")],
+    include_undecided: Annotated[
+        bool, typer.Option("--include-undecided", help="Also drop records whose review item is pending or claimed.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
     store: StoreOpt = None,
 ) -> None:
-    """Retention: drop records (and their review items) older than DAYS."""
-    n = _common.store_call(store, "purge_older_than", days)
-    _common.out.print(f"{n} record(s) older than {days:g} day(s) removed")
+    """Retention: drop records (and their review items) older than DAYS; undecided reviews are kept."""
+    s = _common.store_call(store, "purge", days, include_undecided=include_undecided, dry_run=dry_run)
+    by_status = ", ".join(f"{status} {k}" for status, k in sorted(s.reviews.items())) or "none"
+    verb = "would be removed" if dry_run else "removed"
+    lines = [
+        f"{s.records} record(s) older than {days:g} day(s) (created before {s.cutoff.isoformat()}) {verb}",
+        f"review item(s) {verb}: {sum(s.reviews.values())} ({by_status})",
+    ]
+    if s.kept_undecided:
+        lines.append(
+            f"{s.kept_undecided} old record(s) kept: their review item is pending or claimed; "
+            "decide them, or pass --include-undecided to drop them too"
+        )
+    if dry_run:
+        lines.append("dry run: nothing was deleted")
+    for line in lines:
+        _common.out.print(safe_text(line), highlight=False)

@@ -180,7 +180,7 @@ class ReviewApp:
             history=views.history(item),
             checks=getattr(rec, "checks", None) or [],
             passages=getattr(rec, "passages", None) or [],
-            can_release=hasattr(self.store, "release") and item.status == "claimed",
+            can_release=item.status == "claimed",
             blocked=item.status == "claimed" and item.claimed_by != session.actor,
         )
 
@@ -213,10 +213,7 @@ class ReviewApp:
         item = self.store.review_item(item_id)
         if not session.is_admin and item.claimed_by != session.actor:
             raise _HTTPError(403, "Forbidden", f"only {item.claimed_by!r} or the admin may release this claim")
-        release = getattr(self.store, "release", None)
-        if release is None:
-            raise _HTTPError(501, "Not available", "this audit store cannot release claims; wait for the claim to expire")
-        release(item_id)
+        self.store.release(item_id, session.actor, force=session.is_admin)
         return self._redirect_item(item_id)
 
     async def reviewers(self, request: Request, session: Session, form: dict[str, str]) -> Response:

@@ -1,0 +1,259 @@
+"""The review queue of the audit store: enqueue, pending, claim, release, approve, reject.
+
+:class:`ReviewQueue` is the half of :class:`~logtoku_guard.audit.store.AuditStore` that moves
+:class:`~logtoku_guard.audit.records.ReviewItem` through its life cycle. Every transition is one
+conditional ``UPDATE ... WHERE status IN (...)`` whose row count is checked, so two reviewers
+racing on the same item cannot both decide it. A claim holds until released, decided, or (with
+``claim_ttl``) expired; an expired claim behaves as pending for everyone else.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.engine import Connection
+
+from logtoku_guard.audit.records import _OPEN, AuditRecord, ReviewItem, ReviewStatus, _check_text, _utcnow
+from logtoku_guard.audit.schema import _item_select, _records, _reviews, _row_to_item, _UTCDateTime
+from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, UnknownTraceError
+
+__all__ = ["ReviewQueue"]
+
+
+def _check_id(item_id: Any) -> int:
+    if isinstance(item_id, bool) or not isinstance(item_id, int):
+        msg = f"a review item id must be an integer, got {item_id!r}; ids come from ReviewItem.id"
+        raise ConfigurationError(msg)
+    return item_id
+
+
+def _check_os_user(os_user: str | None) -> str | None:
+    return None if os_user is None else _check_text(os_user, "os_user", empty_ok=False)
+
+
+class ReviewQueue:
+    """The review-queue methods of :class:`~logtoku_guard.audit.store.AuditStore` (not used alone)."""
+
+    _where: str
+    claim_ttl: timedelta | None
+
+    if TYPE_CHECKING:
+
+        def _transaction(self, action: str, *, write: bool) -> AbstractContextManager[Connection]: ...
+
+        def _insert_record(self, conn: Connection, rec: AuditRecord) -> None: ...
+
+        def _redacted(self, rec: AuditRecord) -> AuditRecord: ...
+
+    def _enqueue(self, conn: Connection, trace_id: str) -> int:
+        review_id = conn.execute(sa.select(_records.c.review_id).where(_records.c.trace_id == trace_id)).one_or_none()
+        if review_id is None:
+            msg = f"no audit record with trace id {trace_id!r} in {self._where}; record it first (AuditStore.record)"
+            raise UnknownTraceError(msg)
+        if review_id[0] is not None:
+            item = self._load_item(conn, review_id[0])
+            msg = (
+                f"trace {trace_id} is already queued for review as item {item.id} (status {item.status}); "
+                f"read it with review_item({item.id})"
+            )
+            raise ReviewStateError(msg)
+        try:
+            result = conn.execute(sa.insert(_reviews).values(trace_id=trace_id, status="pending", created_at=_utcnow()))
+        except exc.IntegrityError as e:
+            msg = f"trace {trace_id} was queued for review by someone else at the same moment; see pending()"
+            raise ReviewStateError(msg) from e
+        (item_id,) = result.inserted_primary_key or (None,)
+        if not isinstance(item_id, int):
+            msg = f"the database returned no id for the new review item of trace {trace_id} (got {item_id!r})"
+            raise AuditStoreError(msg)
+        conn.execute(sa.update(_records).where(_records.c.trace_id == trace_id).values(review_id=item_id))
+        return item_id
+
+    def _load_item(self, conn: Connection, item_id: int) -> ReviewItem:
+        row = conn.execute(_item_select.where(_reviews.c.id == item_id)).mappings().one_or_none()
+        if row is None:
+            msg = f"no review item with id {item_id} in the audit store at {self._where}; list open items with pending()"
+            raise UnknownReviewItemError(msg)
+        return _row_to_item(row)
+
+    # -- review queue
+
+    def enqueue(self, trace_id: str) -> ReviewItem:
+        """Queue a recorded answer for human review (status ``pending``)."""
+        with self._transaction("queue a review in", write=True) as conn:
+            return self._load_item(conn, self._enqueue(conn, trace_id))
+
+    def record_for_review(self, rec: AuditRecord) -> ReviewItem:
+        """Save ``rec`` and queue it for review in one transaction.
+
+        The stored record (``item.record``) carries the new ``review_id``; ``rec`` itself is
+        frozen and left as it was (the stored one is redacted, see ``redact``).
+        """
+        rec = self._redacted(rec)
+        with self._transaction("write a record to", write=True) as conn:
+            self._insert_record(conn, rec)
+            return self._load_item(conn, self._enqueue(conn, rec.trace_id))
+
+    def pending(self, *, include_claimed: bool = False, limit: int | None = None) -> list[ReviewItem]:
+        """Undecided items, oldest first: ``pending`` ones, plus ``claimed`` ones if ``include_claimed``."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            msg = f"limit must be a non-negative integer or None, got {limit!r}"
+            raise ConfigurationError(msg)
+        statuses = _OPEN if include_claimed else ("pending",)
+        stmt = _item_select.where(_reviews.c.status.in_(statuses)).order_by(_reviews.c.created_at, _reviews.c.id).limit(limit)
+        with self._transaction("read", write=False) as conn:
+            return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
+
+    def review_item(self, item_id: int) -> ReviewItem:
+        """The review item with this id; :class:`UnknownReviewItemError` if none."""
+        with self._transaction("read", write=False) as conn:
+            return self._load_item(conn, _check_id(item_id))
+
+    def _takeable(self, reviewer: str | None, now: datetime) -> sa.ColumnElement[bool]:
+        """SQL: an open item ``reviewer`` may take: unclaimed, claimed by them, or an expired claim."""
+        free: list[sa.ColumnElement[bool]] = [_reviews.c.claimed_by.is_(None)]
+        if reviewer is not None:
+            free.append(_reviews.c.claimed_by == reviewer)
+        if self.claim_ttl is not None:
+            free.append(_reviews.c.claimed_at < sa.literal(now - self.claim_ttl, _UTCDateTime()))
+        return sa.and_(_reviews.c.status.in_(_OPEN), sa.or_(*free))
+
+    def claim(self, item_id: int, reviewer: str, *, os_user: str | None = None) -> ReviewItem:
+        """Take a pending item (or one whose claim expired) so that only ``reviewer`` decides it.
+
+        Claiming an item one already holds returns it unchanged; an item claimed by someone else
+        (and not expired, see ``claim_ttl``) or already decided raises :class:`ReviewStateError`.
+        ``os_user``: the operating-system account making the claim, stored beside the name.
+        """
+        item_id = _check_id(item_id)
+        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        os_user = _check_os_user(os_user)
+        now = _utcnow()
+        with self._transaction("claim a review in", write=True) as conn:
+            changed = conn.execute(
+                sa.update(_reviews)
+                .where(_reviews.c.id == item_id, self._takeable(None, now))
+                .values(status="claimed", claimed_by=reviewer, claimed_at=now, claimed_os_user=os_user)
+            ).rowcount
+            item = self._load_item(conn, item_id)
+        if changed == 1 or (item.status == "claimed" and item.claimed_by == reviewer):
+            return item
+        raise ReviewStateError(self._refusal(item, "claim", reviewer))
+
+    def release(self, item_id: int, reviewer: str, *, force: bool = False) -> ReviewItem:
+        """Give a claimed item back to the queue (status ``pending``, no claimer).
+
+        Only its claimer may release it, or anyone with ``force`` (e.g. for a reviewer who left).
+        An item that is not claimed raises :class:`ReviewStateError`.
+        """
+        item_id = _check_id(item_id)
+        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        mine = sa.true() if force else _reviews.c.claimed_by == reviewer
+        with self._transaction("release a review in", write=True) as conn:
+            changed = conn.execute(
+                sa.update(_reviews)
+                .where(_reviews.c.id == item_id, _reviews.c.status == "claimed", mine)
+                .values(status="pending", claimed_by=None, claimed_at=None, claimed_os_user=None)
+            ).rowcount
+            item = self._load_item(conn, item_id)
+        if changed == 1:
+            return item
+        if item.status != "claimed":
+            msg = f"cannot release review item {item.id}: it is not claimed (status {item.status!r})"
+            raise ReviewStateError(msg)
+        msg = (
+            f"cannot release review item {item.id} as {reviewer!r}: it is claimed by {item.claimed_by!r}; "
+            "only they may release it, or pass force=True (CLI: --force)"
+        )
+        raise ReviewStateError(msg)
+
+    def approve(
+        self,
+        item_id: int,
+        reviewer: str,
+        edited_answer: str | None = None,
+        note: str | None = None,
+        *,
+        os_user: str | None = None,
+    ) -> ReviewItem:
+        """Approve an item, optionally replacing its answer by ``edited_answer``.
+
+        Allowed on a pending item (an implicit claim), on one claimed by ``reviewer``, or on one
+        whose claim expired. ``os_user``: the operating-system account, stored beside the name.
+        """
+        if edited_answer is not None:
+            _check_text(edited_answer, "edited_answer", empty_ok=False)
+        if note is not None:
+            _check_text(note, "note")
+        return self._decide(item_id, reviewer, "approved", edited_answer, note, os_user)
+
+    def reject(self, item_id: int, reviewer: str, note: str, *, os_user: str | None = None) -> ReviewItem:
+        """Reject an item; ``note`` (why) is required. Same claim rules as :meth:`approve`."""
+        note = _check_text(note, "a rejection note (say why the answer is rejected)", empty_ok=False)
+        return self._decide(item_id, reviewer, "rejected", None, note, os_user)
+
+    def _decide(
+        self,
+        item_id: int,
+        reviewer: str,
+        status: ReviewStatus,
+        edited_answer: str | None,
+        note: str | None,
+        os_user: str | None,
+    ) -> ReviewItem:
+        item_id = _check_id(item_id)
+        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        os_user = _check_os_user(os_user)
+        now = _utcnow()
+        verb = "approve" if status == "approved" else "reject"
+        own_claim = _reviews.c.claimed_by == reviewer
+        with self._transaction(f"{verb} a review in", write=True) as conn:
+            changed = conn.execute(
+                sa.update(_reviews)
+                .where(_reviews.c.id == item_id, self._takeable(reviewer, now))
+                .values(
+                    status=status,
+                    reviewer=reviewer,
+                    decided_at=now,
+                    edited_answer=edited_answer,
+                    note=note,
+                    reviewer_os_user=os_user,
+                    # the decider holds the claim: kept if it was theirs, else taken now
+                    claimed_by=reviewer,
+                    claimed_at=sa.case((own_claim, _reviews.c.claimed_at), else_=sa.literal(now, _UTCDateTime())),
+                    claimed_os_user=sa.case((own_claim, _reviews.c.claimed_os_user), else_=sa.literal(os_user, sa.Text)),
+                )
+            ).rowcount
+            item = self._load_item(conn, item_id)
+        if changed != 1:
+            raise ReviewStateError(self._refusal(item, verb, reviewer))
+        return item
+
+    def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem:
+        """Block until the item is approved or rejected; see :func:`logtoku_guard.audit.waiting.wait_for_decision`."""
+        from logtoku_guard.audit.waiting import wait_for_decision
+
+        return wait_for_decision(self, review_id, timeout=timeout, poll_interval=poll_interval)  # type: ignore[arg-type]
+
+    def _refusal(self, item: ReviewItem, verb: str, reviewer: str) -> str:
+        if item.decided:
+            when = item.decided_at.isoformat() if item.decided_at else "?"
+            return (
+                f"cannot {verb} review item {item.id}: its status is {item.status!r} (by {item.reviewer!r} at {when}) "
+                f"and a verdict is final; read it with review_item({item.id})"
+            )
+        when = item.claimed_at.isoformat() if item.claimed_at else "?"
+        until = (
+            ""
+            if self.claim_ttl is None or item.claimed_at is None
+            else f" until {(item.claimed_at + self.claim_ttl).isoformat()}"
+        )
+        return (
+            f"cannot {verb} review item {item.id} as {reviewer!r}: its status is {item.status!r} by {item.claimed_by!r} "
+            f"(since {when}) and only they may decide it{until}; take another item from pending(), "
+            "or ask them to release it"
+        )

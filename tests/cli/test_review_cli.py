@@ -1,0 +1,109 @@
+"""``logtoku-guard review``: console injection, the released answer, OS users, release."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_support import INJECTIONS, make_record, wide_consoles  # noqa: F401 (an autouse fixture)
+from typer.testing import CliRunner
+
+from logtoku_guard.audit import AuditStore
+from logtoku_guard.cli import app
+from logtoku_guard.cli.review import os_user
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> object:
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as audit:
+        for name, text in INJECTIONS.items():
+            audit.record_for_review(make_record(prompt=text, answer=f"answer {text}", reason=f"reason {name} {text}", tokens=[]))
+    return str(path)
+
+
+def _visible(text: str) -> str:
+    """How safe_text shows ``text``: controls as escapes, markup literal."""
+    from logtoku_guard.cli._common import safe_text
+
+    return safe_text(text).plain
+
+
+def test_review_list_and_show_print_injected_text_literally(store: str) -> None:
+    res = invoke("review", "list", "--store", store)
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "\r" not in res.output and "\u202e" not in res.output
+    for text in INJECTIONS.values():
+        assert _visible(text)[:60] in res.output
+    assert "[/x]" in res.output and "[link=https://evil.example]" in res.output and "\\x1b[2J" in res.output
+    for item_id in range(1, len(INJECTIONS) + 1):
+        res = invoke("review", "show", str(item_id), "--store", store)
+        assert res.exit_code == 0, res.output
+        assert "\x1b" not in res.output and "\r" not in res.output
+    res = invoke("review", "show", "2", "--store", store)
+    assert "Question: Click [link=https://evil.example]here[/link] please" in res.output
+    res = invoke("review", "show", "4", "--store", store)
+    assert "\\x1b]8;;http://x\\x1b\\link" in res.output
+
+
+def test_review_names_and_notes_are_printed_literally(store: str) -> None:
+    res = invoke("review", "approve", "1", "-r", "[bold]mallory\x1b[8m", "--note", "[/]", "--store", store)
+    assert res.exit_code == 0, res.output
+    assert "approved by [bold]mallory\\x1b[8m" in res.output and "\x1b" not in res.output
+    res = invoke("review", "show", "1", "--store", store)
+    assert res.exit_code == 0 and "note: [/]" in res.output and "\x1b" not in res.output
+
+
+def test_show_prints_exactly_the_answer_approval_releases(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as audit:
+        tokens = audit.record_for_review(make_record(answer="Paris."))
+        no_tokens = audit.record_for_review(make_record(answer="From the context: Paris.", tokens=[]))  # LlamaIndex
+        mismatch = audit.record_for_review(make_record(answer="Lyon."))  # tokens spell another text
+        edited = audit.record_for_review(make_record(answer="Paris."))
+        audit.approve(edited.id, "alice", edited_answer="Paris, France.")
+        rejected = audit.record_for_review(make_record(answer="Paris."))
+        audit.reject(rejected.id, "alice", "no")
+    store = str(path)
+
+    res = invoke("review", "show", str(tokens.id), "--store", store)
+    assert "Answer (released if approved): Paris." in res.output and "Tokens:   Paris." in res.output
+    res = invoke("review", "show", str(no_tokens.id), "--store", store)
+    assert "Answer (released if approved): From the context: Paris." in res.output
+    assert "Tokens:   unavailable" in res.output
+    res = invoke("review", "show", str(mismatch.id), "--store", store)
+    assert "released if approved): Lyon." in res.output and "unavailable" in res.output
+    res = invoke("review", "show", str(edited.id), "--store", store)
+    assert "Answer (released): Paris, France." in res.output and "unavailable" in res.output
+    with AuditStore(path) as audit:
+        assert audit.review_item(edited.id).final_answer == "Paris, France."
+    res = invoke("review", "show", str(rejected.id), "--store", store)
+    assert "Answer (rejected, never released): Paris." in res.output and "Tokens" not in res.output
+
+
+def test_the_os_user_is_recorded_beside_the_reviewer_name_and_claims_can_be_released(store: str) -> None:
+    me = os_user()
+    res = invoke("review", "claim", "1", "-r", "alice", "--store", store)
+    assert res.exit_code == 0 and f"claimed by alice (OS user {me})" in res.output
+    res = invoke("review", "release", "1", "-r", "bob", "--store", store)
+    assert res.exit_code == 2 and "claimed by 'alice'" in res.output and "--force" in res.output
+    res = invoke("review", "release", "1", "-r", "alice", "--store", store)
+    assert res.exit_code == 0 and "pending again" in res.output
+    res = invoke("review", "release", "1", "-r", "alice", "--store", store)
+    assert res.exit_code == 2 and "not claimed" in res.output
+    invoke("review", "claim", "1", "-r", "alice", "--store", store)
+    assert invoke("review", "release", "1", "-r", "admin", "--force", "--store", store).exit_code == 0
+    res = invoke("review", "reject", "1", "-r", "bob", "--note", "wrong", "--store", store)
+    assert res.exit_code == 0 and f"rejected by bob (OS user {me})" in res.output
+    with AuditStore(store) as audit:
+        item = audit.review_item(1)
+    assert (item.reviewer, item.reviewer_os_user, item.claimed_os_user) == ("bob", me, me)
+    row = json.loads(invoke("review", "list", "--store", store, "--json").output)["items"][0]
+    assert {"claimed_os_user", "reviewer_os_user"} <= set(row)
