@@ -51,8 +51,7 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         msg = (
-            f"prompts file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); "
-            "save it as UTF-8"
+            f"prompts file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); save it as UTF-8"
         )
         raise ConfigurationError(msg) from exc
     except OSError as exc:
