@@ -275,16 +275,21 @@ def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any
 
 # -- input checks before any model loads ---------------------------------------------------------
 def check_load_options(device: str, cache_dir: Path | None) -> None:
-    """``--device`` is a device string and ``--cache-dir`` a usable folder; nothing is loaded or created."""
+    """``--device`` is a device string and ``--cache-dir`` (when given) a usable folder; nothing is loaded or created.
+
+    The default cache folder is checked where it is used (the embedded model's conversion,
+    the default audit store), so a read-only home still serves a local model with ``--profile``.
+    """
     from logtoku_guard.backends.loading import validate_device
-    from logtoku_guard.embedded import cache_root, check_cache_dir
+    from logtoku_guard.embedded import check_cache_dir
 
     try:
         validate_device(device)
     except ConfigurationError as exc:
         msg = f"--device: {exc}"
         raise ConfigurationError(msg) from exc
-    check_cache_dir(cache_root(cache_dir))
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)
 
 
 def check_at_least_one(*options: tuple[str, int]) -> None:
