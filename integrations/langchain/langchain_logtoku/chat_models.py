@@ -21,9 +21,11 @@ chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_nam
 the metadata of :meth:`invoke`. Consumers that keep only the last chunk's metadata (the
 ``stream_events(version="v3")`` protocol) see the summary but not the per-token lists.
 
-Every call also reports its core :class:`~logtoku_guard.types.Generation` (and, streaming, each
-token, a cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that
-is how :class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages.
+Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
+cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that is how
+:class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages. With a
+capture active, ``invoke`` generates through the token stream internally (same result, nothing
+streamed to callbacks), so a capture can stop it early.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
@@ -373,14 +376,11 @@ class ChatLogTokU(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if active_captures():  # reported token by token, so that a capture can stop it early (cancel_stream)
+            return generate_from_stream(self._stream(messages, stop, None, **kwargs))
         call = self._call(stop, kwargs)
         prompt = _convert.to_core_messages(messages)
-        sinks = active_captures()
-        for sink in sinks:
-            sink.started()
         generation = self._finished(self.core_backend.generate(prompt, call.options), call)
-        for sink in sinks:
-            sink.finished(generation)
         message = AIMessage(
             content=generation.text,
             response_metadata=self._final_metadata(generation, call, with_tokens=True),

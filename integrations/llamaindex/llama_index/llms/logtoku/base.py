@@ -16,6 +16,9 @@ message) comes on the last chunk only, so each chunk is held back until the next
 
 Because query engines drop response metadata (``llm.predict()`` returns a string), every
 finished generation is also handed to the active :func:`~logtoku_guard.capture.capture_generations` blocks.
+While a :class:`~llama_index.llms.logtoku.capture.WithheldCapture` is active (a guard holds the
+answer back until it has decided), ``stream()``/``astream()`` generate the whole answer first
+(``predict()``) and yield it as one piece: no in-progress event carries the draft.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.capture import GenerationCapture, active_captures
@@ -51,6 +56,8 @@ from logtoku_guard.payloads import summary_payload as _summary_payload
 from logtoku_guard.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+
+from .capture import withheld
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +261,19 @@ class LogTokULLM(LLM):
             out["summary"] = summary_payload(generation)
         return {"logtoku": out}
 
+    # -- prompt-level streaming (what synthesisers call) ------------------------------------
+    def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
+        """Stream predict; while a guard withholds the answer, the whole answer as one piece."""
+        if withheld():
+            return _once(self.predict(prompt, **prompt_args))
+        return super().stream(prompt, **prompt_args)
+
+    async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
+        """Async stream predict; while a guard withholds the answer, the whole answer as one piece."""
+        if withheld():
+            return _one(await self.apredict(prompt, **prompt_args))
+        return await super().astream(prompt, **prompt_args)
+
     # -- chat -----------------------------------------------------------------------------
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -362,6 +382,14 @@ class LogTokULLM(LLM):
             active_captures(),
         )
         return _in_thread(self._completion_chunks(messages, options, sinks))
+
+
+def _once(text: str) -> Generator[str, None, None]:
+    yield text
+
+
+async def _one(text: str) -> AsyncGenerator[str, None]:
+    yield text
 
 
 async def _in_thread(gen: Generator[Any, None, None]) -> AsyncGenerator[Any, None]:
