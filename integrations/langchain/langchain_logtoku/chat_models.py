@@ -18,8 +18,9 @@ raise. So each streamed chunk carries only its own token, as one-item lists
 (``{"logtoku": {"tokens": [item]}, "logprobs": {"content": [item]}}``), and a final empty
 chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_name``,
 ``finish_reason`` and ``usage_metadata``. The aggregated stream therefore ends with exactly
-the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation). Consumers that keep only the last chunk's metadata (the
-``stream_events(version="v3")`` protocol) see the summary but not the per-token lists.
+the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation).
+Consumers that keep only the last chunk's metadata (the ``stream_events(version="v3")``
+protocol) see the summary but not the per-token lists.
 
 Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
 cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that is how
