@@ -48,12 +48,15 @@ def find_bindir() -> Path:
     on_path = shutil.which("initdb")
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
-    candidates += [Path(p) for p in reversed(versions)]
+    versions = [Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin") if Path(p).parent.name.isdigit()]
+    candidates += sorted(versions, key=lambda p: int(p.parent.name), reverse=True)  # the newest first
     for folder in candidates:
         if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
             return folder
-    msg = "no initdb/pg_ctl found (install Debian's postgresql package: apt-get install -y postgresql, or set $LOGTOKU_GUARD_PG_BINDIR)"
+    msg = (
+        "no initdb/pg_ctl found (install Debian's postgresql package: apt-get install -y postgresql, "
+        "or set $LOGTOKU_GUARD_PG_BINDIR)"
+    )
     raise ServerUnavailable(msg)
 
 
@@ -144,10 +147,10 @@ def start_server() -> PostgresServer:
                 f"-p {server.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={folder} "
                 "-c fsync=off -c full_page_writes=off -c synchronous_commit=off -c max_connections=100"
             )
-            res = _run(server, "pg_ctl", "start", "-D", str(data), "-w", "-t", "60", "-l", str(folder / "server.log"), "-o", options, check=False)
+            log = folder / "server.log"
+            res = _run(server, "pg_ctl", "start", "-D", str(data), "-w", "-t", "60", "-l", str(log), "-o", options, check=False)
             if res.returncode == 0:
                 return server
-            log = folder / "server.log"
             last = (log.read_text(errors="replace") if log.exists() else res.stderr)[-2000:]
         msg = f"pg_ctl start failed three times; last server log: {last}"
         raise ServerUnavailable(msg)
