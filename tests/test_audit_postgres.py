@@ -133,3 +133,18 @@ def test_export_has_no_store_files_to_protect(store: AuditStore, tmp_path: Path)
     # a SQLite store refuses these names when they are its own files; a server's store has none
     assert store.export(tmp_path / "audit.db") == 1
     assert json.loads((tmp_path / "audit.db").read_text())["prompt"] == "What is the capital of France?"
+
+
+def test_no_server_is_a_skip_with_the_reason_and_an_error_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    from support import postgres
+
+    def no_server() -> PostgresServer:
+        raise postgres.ServerUnavailable("no initdb/pg_ctl found")
+
+    monkeypatch.setattr(postgres, "start_server", no_server)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no PostgreSQL server could be started: no initdb/pg_ctl found"):
+        postgres.start_or_skip()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"no initdb/pg_ctl found \(CI=true: .* must run there, not skip\)"):
+        postgres.start_or_skip()

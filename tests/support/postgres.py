@@ -159,16 +159,21 @@ def start_server() -> PostgresServer:
         raise
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A throwaway PostgreSQL server for the session: skipped if impossible, an error under CI."""
+def start_or_skip() -> PostgresServer:
+    """:func:`start_server`, or skip the test saying why; under CI (``$CI``), fail it instead."""
     try:
-        server = start_server()
+        return start_server()
     except (ServerUnavailable, OSError, subprocess.SubprocessError) as e:
         reason = f"no PostgreSQL server could be started: {e}"
         if in_ci():
             pytest.fail(f"{reason} (CI=true: the PostgreSQL tests must run there, not skip)", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the session: skipped if impossible, an error under CI."""
+    server = start_or_skip()
     try:
         yield server
     finally:
