@@ -173,6 +173,9 @@ class TokenScore:
 
     ``au``/``eu``: higher = more uncertain. ``logprob``: log p of this token under the softmax
     of the raw logits (higher = more confident). ``entropy``: of that softmax, in nats.
+    ``alt_logits``/``alt_ids``: the backend's wider top raw logits (its ``max_logprobs``,
+    largest first, the first K equal to ``top_logits``) for OpenAI-style ``top_logprobs``;
+    never used for AU/EU; ``()`` when the backend keeps only the K.
     """
 
     index: int
@@ -185,6 +188,8 @@ class TokenScore:
     logprob: float
     entropy: float
     temperature: float | None = None
+    alt_logits: tuple[float, ...] = ()
+    alt_ids: tuple[int, ...] = ()
 
     @property
     def uncertainty(self) -> float:

@@ -1,6 +1,7 @@
 """Conversions between LangChain objects and the core's typed objects (no maths here).
 
-- LangChain messages <-> core :class:`~logtoku_guard.types.ChatMessage` turns;
+- LangChain messages <-> core :class:`~logtoku_guard.types.ChatMessage` turns (tool calls and
+  tool results rendered as text by :mod:`langchain_logtoku.tools`);
 - OpenAI-format ``"logprobs"`` items and usage from a core :class:`~logtoku_guard.types.Generation`;
 - :class:`GuardPayload`, the type of the guard's ``response_metadata["logtoku_guard"]``.
 
@@ -15,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
 
+from langchain_logtoku.tools import render_tool_calls, render_tool_result
 from logtoku_guard.errors import InvalidPromptError
 from logtoku_guard.payloads import ResultPayload
 from logtoku_guard.types import ChatMessage as CoreMessage
@@ -44,28 +46,38 @@ def _text_of(message: BaseMessage, i: int) -> str:
 
 
 def to_core_messages(messages: Sequence[BaseMessage]) -> list[CoreMessage]:
-    """LangChain messages -> core chat turns (system / human / ai; ``name`` is dropped).
+    """LangChain messages -> core chat turns (system / human / ai / tool; ``name`` is dropped).
 
-    Raises :class:`~logtoku_guard.errors.InvalidPromptError` for tool messages, tool calls and
-    non-text content, which the model cannot read.
+    An AI message with tool calls becomes an assistant turn with ``<tool_call>`` blocks; tool
+    messages become a user turn of ``<tool_response>`` blocks (consecutive ones share the turn;
+    :mod:`langchain_logtoku.tools`). Raises :class:`~logtoku_guard.errors.InvalidPromptError`
+    for function messages and non-text content, which the model cannot read.
     """
     out: list[CoreMessage] = []
     for i, m in enumerate(messages):
+        if isinstance(m, ToolMessage):
+            text = render_tool_result(m)
+            if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
+                out[-1] = CoreMessage("user", f"{out[-1].content}\n{text}")
+            else:
+                out.append(CoreMessage("user", text))
+            continue
         if isinstance(m, SystemMessage):
             role = "system"
         elif isinstance(m, HumanMessage):
             role = "user"
         elif isinstance(m, AIMessage):
             if m.tool_calls:
-                msg = f"message {i} is an AI message with tool calls; ChatLogTokU does not support tool calling"
-                raise InvalidPromptError(msg)
+                _text_of(m, i)  # text content only
+                out.append(CoreMessage("assistant", render_tool_calls(m)))
+                continue
             role = "assistant"
         elif isinstance(m, ChatMessage) and m.role in _ROLES:
             role = _ROLES[m.role]
         else:
             msg = (
-                f"message {i} is a {type(m).__name__} (type {m.type!r}); ChatLogTokU takes system, human and ai "
-                "messages only (no tool or function messages: the model cannot call tools)"
+                f"message {i} is a {type(m).__name__} (type {m.type!r}); ChatLogTokU takes system, human, ai "
+                "and tool messages (no legacy function messages)"
             )
             raise InvalidPromptError(msg)
         out.append(CoreMessage(role, _text_of(m, i)))  # type: ignore[arg-type]
@@ -100,7 +112,8 @@ class GuardPayload(_GuardRequired, total=False):
 def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], str]) -> dict[str, Any]:
     """One token in the OpenAI ``logprobs.content`` format.
 
-    ``top_logprobs`` come from the stored top-K **raw logits**: every log-probability shares
+    ``top_logprobs`` come from the stored **raw logits** (the backend's ``max_logprobs`` of them,
+    ``token.alt_logits``, else the top K): every log-probability shares
     the normaliser ``logsumexp(z)`` over the vocabulary, and the chosen token gives it away,
     ``logsumexp(z) = z_chosen - logprob_chosen``, so ``logprob_j = z_j - z_chosen +
     logprob_chosen``. This needs the chosen token among the K stored ids (always true for
@@ -109,10 +122,11 @@ def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], s
     text (an incomplete multi-byte character has empty text and no bytes).
     """
     tops: list[dict[str, Any]] = []
-    if top_logprobs > 0 and token.id in token.top_ids:
-        chosen = token.top_ids.index(token.id)
-        lse = token.top_logits[chosen] - token.logprob
-        for tid, z in list(zip(token.top_ids, token.top_logits))[:top_logprobs]:
+    ids, logits = (token.alt_ids, token.alt_logits) if token.alt_ids else (token.top_ids, token.top_logits)
+    if top_logprobs > 0 and token.id in ids:
+        chosen = ids.index(token.id)
+        lse = logits[chosen] - token.logprob
+        for tid, z in list(zip(ids, logits))[:top_logprobs]:
             text = token.text if tid == token.id else decode(tid)
             tops.append({"token": text, "logprob": z - lse, "bytes": list(text.encode("utf-8"))})
     return {
