@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, FlaggedAnswer, FlaggedAnswerHandler
 from langchain_logtoku.chat_models import ChatLogTokU
 from langchain_logtoku.guard import LogTokUGuard
+from langchain_logtoku.middleware import LogTokUMiddleware, ReviewRequest, ReviewResponse
 
 if TYPE_CHECKING:
     from langchain_logtoku.graph import ReviewVerdict, human_review_node

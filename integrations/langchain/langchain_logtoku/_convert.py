@@ -122,13 +122,9 @@ def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], s
     text (an incomplete multi-byte character has empty text and no bytes).
     """
     tops: list[dict[str, Any]] = []
-    ids, logits = (token.alt_ids, token.alt_logits) if token.alt_ids else (token.top_ids, token.top_logits)
-    if top_logprobs > 0 and token.id in ids:
-        chosen = ids.index(token.id)
-        lse = logits[chosen] - token.logprob
-        for tid, z in list(zip(ids, logits))[:top_logprobs]:
-            text = token.text if tid == token.id else decode(tid)
-            tops.append({"token": text, "logprob": z - lse, "bytes": list(text.encode("utf-8"))})
+    for tid, logprob in token.top_logprobs(top_logprobs):  # TokenScore.top_logprobs: the maths
+        text = token.text if tid == token.id else decode(tid)
+        tops.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))})
     return {
         "token": token.text,
         "logprob": token.logprob,
