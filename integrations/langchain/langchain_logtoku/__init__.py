@@ -4,6 +4,9 @@
   SmolLM2-135M-Instruct by default); scores in ``response_metadata["logtoku"]``.
 - :class:`LogTokUGuard`: a ``Runnable`` applying a core :class:`~logtoku_guard.policy.Policy`
   (pass, warn, retrieve, abstain, human review, raise) to the chat model's answers.
+- :class:`LogTokUMiddleware`: the same guard as LangChain v1 agent middleware for
+  ``create_agent`` (routes every model call; :class:`ReviewRequest` / :class:`ReviewResponse`
+  are the human-review interrupt's payload and resume value).
 - :class:`FlaggedAnswerHandler`: a callback handler collecting (and optionally storing) the
   answers the guard flagged.
 - :func:`human_review_node`: a LangGraph node that ``interrupt()``s for a human verdict
@@ -41,6 +44,9 @@ __all__ = [
     "FlaggedAnswer",
     "FlaggedAnswerHandler",
     "LogTokUGuard",
+    "LogTokUMiddleware",
+    "ReviewRequest",
+    "ReviewResponse",
     "ReviewVerdict",
     "human_review_node",
 ]

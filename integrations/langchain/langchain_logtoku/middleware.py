@@ -157,8 +157,9 @@ def generation_from_metadata(message: AIMessage) -> Generation:
     :func:`~logtoku_guard.uncertainty.rescore` (K and evidence mode from the summary).
     Raises :class:`~logtoku_guard.errors.ConfigurationError` when the metadata is missing.
     """
-    meta = message.response_metadata.get("logtoku")
-    tokens = meta.get("tokens") if isinstance(meta, dict) else None
+    found = message.response_metadata.get("logtoku")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    tokens = meta.get("tokens")
     if not isinstance(tokens, list) or any(not isinstance(t, dict) or "top_logits" not in t for t in tokens):
         msg = (
             "LogTokUMiddleware needs token scores, but the model's answer has no response_metadata['logtoku']['tokens'] "

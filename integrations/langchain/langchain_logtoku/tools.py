@@ -151,7 +151,7 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
         elif call["name"] not in names:
             invalid.append(invalid_tool_call(name=call["name"], args=raw, id=call["id"], error=f"no tool named {call['name']!r}"))
         else:
-            calls.append(call)  # type: ignore[arg-type]
+            calls.append(call)
     return content, calls, invalid
 
 

@@ -262,7 +262,9 @@ def _foreign(metadata: dict[str, Any]) -> GenericFakeChatModel:
 def test_other_model_with_logtoku_metadata() -> None:
     original = scripted_model().invoke("Who founded Glimmerfen?")
     rebuilt = generation_from_metadata(original)
-    assert [round(t.au, 9) for t in rebuilt.tokens] == [round(t["au"], 9) for t in original.response_metadata["logtoku"]["tokens"]]
+    assert [round(t.au, 9) for t in rebuilt.tokens] == [
+        round(t["au"], 9) for t in original.response_metadata["logtoku"]["tokens"]
+    ]
     agent = create_agent(_foreign(original.response_metadata), middleware=[LogTokUMiddleware(policy=graded("abstain"))])
     last = ask(agent, "Who founded Glimmerfen?")["messages"][-1]
     assert last.content == "I don't know." and last.response_metadata["logtoku_guard"]["rule"] == "unsure"

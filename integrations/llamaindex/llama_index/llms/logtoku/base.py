@@ -84,7 +84,8 @@ def summary_payload(generation: Generation) -> SummaryPayload:
 
 
 def _logprobs(tokens: Sequence[TokenScore], n: int = 0, decode: Any = None) -> list[list[LogProb]]:
-    """Per token: the chosen token, then (``n`` > 0) its likeliest alternatives from the stored raw logits."""
+    """Per token: the chosen token, then (``n`` > 0) its likeliest alternatives from the stored raw logits
+    (``n`` entries in all; per call ``top_logprobs=n``, on whole responses: streamed chunks carry the chosen token)."""
 
     def one(t: TokenScore) -> list[LogProb]:
         alts = [(decode(i) if decode is not None else f"<id {i}>", lp) for i, lp in t.top_logprobs(n) if i != t.id]
@@ -295,7 +296,7 @@ class LogTokULLM(LLM):
                 message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
                 delta=delta,
                 raw=generation,
-                logprobs=_logprobs([token], *self._alternatives(kwargs)) if token is not None else [],
+                logprobs=_logprobs([token]) if token is not None else [],
                 additional_kwargs=self._chunk_payload(token, generation),
             )
 
@@ -331,7 +332,7 @@ class LogTokULLM(LLM):
                 text=text,
                 delta=delta,
                 raw=generation,
-                logprobs=_logprobs([token], *self._alternatives(kwargs)) if token is not None else [],
+                logprobs=_logprobs([token]) if token is not None else [],
                 additional_kwargs=self._chunk_payload(token, generation),
             )
 
