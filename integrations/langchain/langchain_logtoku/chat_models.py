@@ -320,13 +320,13 @@ class ChatLogTokU(BaseChatModel):
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools (OpenAI format), described to the model by the JSON tool-call prompt."""
         formatted = [convert_to_openai_tool(t) for t in tools]
-        _tools.tool_choice_name(tool_choice, [t["function"]["name"] for t in formatted])  # fail early
+        _tools.tool_choice_name(tool_choice, _tools.names(formatted))  # fail early
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
         unknown = set(kwargs) - _CALL_ARGS
         if unknown & _TOOL_ARGS:
-            msg = f"ChatLogTokU does not support tool calling (got {sorted(unknown & _TOOL_ARGS)}): the model cannot call tools"
+            msg = f"legacy function calling is not supported (got {sorted(unknown & _TOOL_ARGS)}): use tool calling, bind_tools"
             raise NotImplementedError(msg)
         if unknown:
             msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {sorted(_CALL_ARGS - {'stream'})} and stop"
@@ -355,7 +355,7 @@ class ChatLogTokU(BaseChatModel):
         top_lp = kwargs.get("top_logprobs", self.top_logprobs)
         logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
         bound = tuple(convert_to_openai_tool(t) for t in kwargs.get("tools") or ())
-        choice = _tools.tool_choice_name(kwargs.get("tool_choice"), [t["function"]["name"] for t in bound])
+        choice = _tools.tool_choice_name(kwargs.get("tool_choice"), _tools.names(bound))
         return _Call(
             options=options,
             k=k,
@@ -429,7 +429,7 @@ class ChatLogTokU(BaseChatModel):
         generation = self._finished(self.core_backend.generate(prompt, call.options), call)
         for sink in sinks:
             sink.finished(generation)
-        names = [t["function"]["name"] for t in call.tools]
+        names = _tools.names(call.tools)
         content, calls, invalid = _tools.parse_tool_calls(generation.text, names) if names else (generation.text, [], [])
         message = AIMessage(
             content=content,

@@ -38,6 +38,7 @@ from logtoku_guard.types import ChatMessage as CoreMessage
 __all__ = [
     "TOOL_PROMPT",
     "as_last_chunk",
+    "names",
     "parse_tool_calls",
     "render_tool_calls",
     "render_tool_result",
@@ -54,6 +55,19 @@ TOOL_PROMPT = (
 )
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of OpenAI-format tools (a tool without one is a configuration error)."""
+    out = []
+    for t in tools:
+        function = t.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            msg = f"a tool needs a name: pass LangChain tools, functions or OpenAI tool dicts, got {t!r:.80}"
+            raise ConfigurationError(msg)
+        out.append(name)
+    return out
 
 
 def tool_choice_name(tool_choice: Any, names: Sequence[str]) -> str | None:
