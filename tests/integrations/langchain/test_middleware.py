@@ -274,3 +274,13 @@ def test_model_without_metadata_is_refused() -> None:
     agent = create_agent(_foreign({}), middleware=[LogTokUMiddleware(policy=graded("abstain"))])
     with pytest.raises(ConfigurationError, match="needs token scores"):
         ask(agent, "Who founded Glimmerfen?")
+
+
+@pytest.mark.slow
+def test_agent_middleware_example_runs(embedded_cache: Any, capsys: Any, monkeypatch: Any) -> None:
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(embedded_cache))
+    runpy.run_path(str(Path(__file__).parents[3] / "examples" / "langchain_agent_middleware.py"), run_name="__main__")
+    assert "after the edit: Dr. Elena Marwick, in 1987." in capsys.readouterr().out
