@@ -90,8 +90,16 @@ def summary_payload(generation: Generation) -> SummaryPayload:
     return _summary_payload(generation)
 
 
-def _logprobs(tokens: Sequence[TokenScore]) -> list[list[LogProb]]:
-    return [[LogProb(token=t.text, logprob=t.logprob, bytes=list(t.text.encode("utf-8")))] for t in tokens]
+def _logprobs(tokens: Sequence[TokenScore], n: int = 0, decode: Any = None) -> list[list[LogProb]]:
+    """Per token: the chosen token, then (``n`` > 0) its likeliest alternatives from the stored raw logits
+    (``n`` entries in all; per call ``top_logprobs=n``, on whole responses: streamed chunks carry the chosen token)."""
+
+    def one(t: TokenScore) -> list[LogProb]:
+        alts = [(decode(i) if decode is not None else f"<id {i}>", lp) for i, lp in t.top_logprobs(n) if i != t.id]
+        items = [(t.text, t.logprob), *alts][: max(n, 1)]
+        return [LogProb(token=text, logprob=lp, bytes=list(text.encode("utf-8"))) for text, lp in items]
+
+    return [one(t) for t in tokens]
 
 
 def to_core_messages(messages: Sequence[ChatMessage]) -> list[CoreMessage]:
@@ -191,12 +199,18 @@ class LogTokULLM(LLM):
             model_name=backend.model_name,
         )
 
+    def _alternatives(self, kwargs: dict[str, Any]) -> tuple[int, Any]:
+        """``(n, decode)`` for ``logprobs``: ``top_logprobs=n`` per call fills n entries per token."""
+        n = kwargs.get("top_logprobs") or 0
+        tokenizer = getattr(self.backend, "tokenizer", None)  # optional: ids are shown as "<id N>" without one
+        return int(n), (None if tokenizer is None else lambda i: str(tokenizer.decode([i], skip_special_tokens=False)))
+
     def decoding_options(self, **kwargs: Any) -> DecodingOptions:
         """The decoding options of one call: the defaults with ``kwargs`` applied (validated)."""
         changes = {name: kwargs[name] for name in _OPTION_KWARGS if name in kwargs}
         if "max_tokens" in kwargs and "max_new_tokens" not in changes:
             changes["max_new_tokens"] = kwargs["max_tokens"]
-        ignored = sorted(set(kwargs) - set(_OPTION_KWARGS) - {"max_tokens", "formatted"})
+        ignored = sorted(set(kwargs) - set(_OPTION_KWARGS) - {"max_tokens", "formatted", "top_logprobs", "logprobs"})
         if ignored:
             logger.debug("LogTokULLM ignores keyword arguments %s", ignored)
         return self._options.replace(**changes) if changes else self._options
@@ -281,7 +295,7 @@ class LogTokULLM(LLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -314,7 +328,7 @@ class LogTokULLM(LLM):
         return CompletionResponse(
             text=generation.text,
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -350,7 +364,7 @@ class LogTokULLM(LLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -365,7 +379,7 @@ class LogTokULLM(LLM):
         return CompletionResponse(
             text=generation.text,
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
