@@ -101,14 +101,15 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
     if kind == "YAML":
         import yaml
 
-        loader = _bounded_loader(source)(text)
         try:
-            data = loader.get_single_data()
+            loader = _bounded_loader(source)(text)  # the reader checks the characters here already
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
         except yaml.YAMLError as exc:
             msg = f"{source} is not valid YAML: {str(exc)[:500]}"
             raise PolicyError(msg) from exc
-        finally:
-            loader.dispose()
     else:
         try:
             data = json.loads(text)

@@ -25,7 +25,11 @@ EMPTY = ScriptedAnswer([], [])
 
 def policy(**extra: Any) -> Policy:
     return Policy.from_dict(
-        {"name": "t", "rules": [{"name": "lost", "when": {"stat": "max_eu", "op": ">", "value": 0.5}, "action": "retrieve"}], **extra}
+        {
+            "name": "t",
+            "rules": [{"name": "lost", "when": {"stat": "max_eu", "op": ">", "value": 0.5}, "action": "retrieve"}],
+            **extra,
+        }
     )
 
 
@@ -100,7 +104,7 @@ def test_a_context_too_long_is_trimmed_passage_by_passage_and_recorded(tmp_path:
 def test_a_bad_review_message_fails_at_load_not_after_the_review_item_is_committed() -> None:
     from logtoku_guard.errors import PolicyError
 
-    with pytest.raises(PolicyError, match="human_review.message"):
+    with pytest.raises(PolicyError, match=r"human_review\.message"):
         policy(human_review={"message": "see {ticket}"})
 
 

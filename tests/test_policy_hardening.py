@@ -61,7 +61,7 @@ def test_node_count_and_depth_are_bounded_in_files_and_dicts(tmp_path: Path, mon
         Policy.from_file(deep)
     deep_json = tmp_path / "deep.json"
     deep_json.write_text('{"name": "x", "rules": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    with pytest.raises(PolicyError, match="nested more than|over the"):
+    with pytest.raises(PolicyError, match=r"nested more than|over the"):
         Policy.from_file(deep_json)
     with pytest.raises(PolicyError, match=f"more than {MAX_POLICY_NODES} values"):
         Policy.from_dict({"name": "x", "description": [1] * MAX_POLICY_NODES})
@@ -85,7 +85,7 @@ def test_node_count_and_depth_are_bounded_in_files_and_dicts(tmp_path: Path, mon
 
 def test_invalid_utf8_names_the_file_and_the_byte_offset(tmp_path: Path) -> None:
     p = tmp_path / "latin1.yaml"
-    p.write_bytes("name: caf".encode() + b"\xe9\n")
+    p.write_bytes(b"name: caf" + b"\xe9\n")
     with pytest.raises(PolicyError, match=r"latin1\.yaml.*not valid UTF-8.*offset 9") as info:
         Policy.from_file(p)
     assert "save the file as UTF-8" in str(info.value)
@@ -167,7 +167,9 @@ def test_an_empty_answer_never_passes_silently_under_the_default_policy() -> Non
     ],
 )
 def test_undefined_statistics_are_the_least_reliable_value(stat: str, op: str, fires: bool) -> None:
-    policy = Policy.from_dict({"name": "p", "rules": [{"name": "r", "when": {"stat": stat, "op": op, "value": 0.5}, "action": "warn"}]})
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": stat, "op": op, "value": 0.5}, "action": "warn"}]}
+    )
     d = policy.decide(ResponseStats.from_tokens([]))
     assert (d.action == "warn") is fires
     negated = Policy.from_dict(
@@ -181,7 +183,9 @@ def test_raw_mode_nan_token_scores_say_so() -> None:
     g = ScriptedBackend([ScriptedAnswer(["x"], [[-2.0, -3.0]])], evidence="raw").generate("q")
     stats = ResponseStats.from_generation(g)
     assert math.isnan(stats.max_au) and stats.undefined_reason("max_au") == "NaN token scores"
-    policy = Policy.from_dict({"name": "p", "rules": [{"name": "r", "when": {"stat": "max_au", "op": ">", "value": 9}, "action": "warn"}]})
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": "max_au", "op": ">", "value": 9}, "action": "warn"}]}
+    )
     d = policy.decide(stats)
     assert d.action == "warn" and "undefined: NaN token scores" in d.reason
     assert ResponseStats.from_tokens([]).undefined_reason("n_tokens") is None
@@ -214,7 +218,10 @@ def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_re
     profile = build_profile([backend.generate("q") for _ in blanks], "t")
     assert "first_eu" not in profile.stats and set(profile.stats) == set(STAT_NAMES) - {"first_eu"}
     policy = Policy.from_dict(
-        {"name": "p", "rules": [{"name": "r", "when": {"stat": "first_eu", "op": ">", "value": {"quantile": 0.9}}, "action": "warn"}]}
+        {
+            "name": "p",
+            "rules": [{"name": "r", "when": {"stat": "first_eu", "op": ">", "value": {"quantile": 0.9}}, "action": "warn"}],
+        }
     )
     with pytest.raises(ConfigurationError, match="no statistic 'first_eu'"):
         Guard(ScriptedBackend(blanks, model_name="m"), policy, profile=profile)
@@ -223,6 +230,8 @@ def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_re
 def test_quadrant_share_rules_need_a_profile() -> None:
     from logtoku_guard.guard import Guard
 
-    policy = Policy.from_dict({"name": "p", "rules": [{"name": "r", "when": {"stat": "unreliable_share", "op": ">", "value": 0.5}, "action": "warn"}]})
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": "unreliable_share", "op": ">", "value": 0.5}, "action": "warn"}]}
+    )
     with pytest.raises(ConfigurationError, match="quadrant thresholds"):
         Guard(ScriptedBackend([]), policy)
