@@ -133,10 +133,20 @@ def test_a_stream_dropped_half_way_writes_its_record(tmp_path: Path) -> None:
     it = iter(stream)
     assert [next(it) for _ in range(3)] and store.count() == 0
     del it, stream
+    assert store.count() == 1  # at once (no reference cycle), before any garbage collection
     gc.collect()
     assert store.count() == 1
     rec = store.tail(1)[0]
     assert rec.answer == "aaa" and "stream closed by the caller before it ended (3 token(s), cancelled)" in rec.reason
+    store.close()
+
+
+def test_iterating_a_temporary_stream_yields_every_token_and_records_once(tmp_path: Path) -> None:
+    store = AuditStore(tmp_path / "a.db")
+    guard = Guard(ScriptedBackend(lambda m: LONG), policy(), store=store)
+    assert [t.text for t in guard.stream("Tell me")] == ["a"] * 10
+    gc.collect()
+    assert store.count() == 1 and "stream closed" not in store.tail(1)[0].reason
     store.close()
 
 

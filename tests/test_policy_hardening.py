@@ -198,12 +198,12 @@ def test_a_profile_with_a_nan_or_unsorted_grid_is_refused_on_load(tmp_path: Path
     nan_grid = dict(data, stats=dict(data["stats"], reliability=[math.nan] * 101))
     p = tmp_path / "nan.json"
     p.write_text(json.dumps(nan_grid))  # json writes NaN
-    with pytest.raises(ConfigurationError, match=r"'reliability' grid is not finite.*re-run `logtoku-guard calibrate"):
+    with pytest.raises(ValueError, match=r"'reliability' grid is not finite.*re-run `logtoku-guard calibrate"):
         ModelProfile.load(p)
     unsorted = dict(data, token_eu=list(reversed(sorted(data["token_eu"]))))
     unsorted["token_eu"][0] += 1.0  # strictly decreasing somewhere
     p.write_text(json.dumps(unsorted))
-    with pytest.raises(ConfigurationError, match="'token_eu' grid is not sorted"):
+    with pytest.raises(ValueError, match="'token_eu' grid is not sorted"):
         ModelProfile.load(p)
     with pytest.raises(ValueError, match="'max_eu' grid has 3 points"):
         ModelProfile.model_validate(dict(data, stats=dict(data["stats"], max_eu=[1.0, 2.0, 3.0])))
