@@ -170,6 +170,7 @@ def test_warn_appends_the_disclaimer() -> None:
             "observed": pytest.approx(d["reliability"]),
             "passed": True,
             "quantile": None,
+            "undefined": None,
         },
     ]
 
