@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from logtoku_guard.guard import Guard, GuardResult
     from logtoku_guard.types import ChatMessage, Generation
 
-__all__ = ["EVALUATION_EVENT", "GuardTelemetry", "GenerationSpan", "RetrievalSpan", "RunSpan"]
+__all__ = ["EVALUATION_EVENT", "GenerationSpan", "GuardTelemetry", "RetrievalSpan", "RunSpan"]
 
 INSTRUMENTATION_NAME = "logtoku_guard"
 EVALUATION_EVENT = "gen_ai.evaluation.result"
