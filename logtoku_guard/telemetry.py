@@ -79,8 +79,8 @@ class _Span:
         self.end()
 
     def fail(self, exc: BaseException) -> None:
-        """Record ``exc`` on the span and set its status to ERROR."""
-        if self._live and self._telemetry is not None:
+        """Record ``exc`` on the span and set its status to ERROR (nothing once the span has ended)."""
+        if self._live and not self._ended and self._telemetry is not None:
             self._span.record_exception(exc)
             self._span.set_attribute("error.type", type(exc).__qualname__)
             self._telemetry.set_error(self._span, f"{type(exc).__name__}: {exc}")
@@ -224,7 +224,7 @@ class RunSpan(_Span):
     def fail(self, exc: BaseException) -> None:
         from logtoku_guard.errors import GuardRejectedError
 
-        if isinstance(exc, GuardRejectedError) and self._live:
+        if isinstance(exc, GuardRejectedError) and self._live and not self._ended:
             self._span.record_exception(exc)  # the status was set by concluded()
             return
         super().fail(exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +26,9 @@ from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard, GuardRejectedError
 from logtoku_guard.retrieval import KeywordRetriever
 from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
-from tests.test_guard import by_question, policy
+from test_guard import by_question, policy
 
+ROOT = Path(__file__).resolve().parents[1]
 PASSAGES = ["Paris is the capital of France.", "The Zarnovian Institute was founded by Paris."]
 
 
@@ -187,10 +189,11 @@ def test_without_opentelemetry_nothing_is_imported_or_emitted() -> None:
     code = """
 import sys
 sys.modules["opentelemetry"] = None  # as if not installed: any import of it raises ImportError
+sys.path.insert(0, "tests")
 from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard
 from logtoku_guard.telemetry import GuardTelemetry
-from tests.test_guard import by_question, policy
+from test_guard import by_question, policy
 guard = Guard(ScriptedBackend(by_question), policy())
 assert not guard.telemetry.enabled
 assert guard.run("What is the capital of France?").action == "pass"
@@ -201,12 +204,12 @@ except Exception as exc:
     print("refused:", type(exc).__name__)
 print("loaded:", sorted(m for m in sys.modules if m.startswith("opentelemetry.")))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "refused: ConfigurationError" in proc.stdout and "loaded: []" in proc.stdout
 
 
 def test_import_logtoku_guard_does_not_import_opentelemetry() -> None:
     code = "import logtoku_guard, logtoku_guard.telemetry, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -205,6 +205,8 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             so discard what was shown on that event (the aggregated stream then holds both;
             ``response_metadata["logtoku_guard"]["answer"]`` is always the final answer).
         system: a system message put before every prompt that has none.
+        tracer_provider: an OpenTelemetry ``TracerProvider`` for the core guard's spans (default:
+            the global one when OpenTelemetry is installed; see :mod:`logtoku_guard.telemetry`).
 
     Input: a string, a list of messages, a ``PromptValue`` or a dict with ``"question"`` and
     optionally ``"context"`` (documents or strings, e.g. from a retriever step; they are put
@@ -228,6 +230,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     profile: ModelProfile | Literal["auto"] | None = "auto"
     stream_mode: StreamMode = "buffer"
     system: str | None = None
+    tracer_provider: Any = None
 
     _profile: list[ModelProfile | None] = PrivateAttr(default_factory=list)
 
@@ -261,6 +264,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             store=self.store,
             profile=self.resolved_profile(),
             system=self.system,
+            tracer_provider=self.tracer_provider,
         )
 
     def _retriever(self, config: RunnableConfig, question: str | None) -> RetrieverLike | None:
