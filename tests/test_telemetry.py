@@ -21,12 +21,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from test_guard import by_question, policy
 
 from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard, GuardRejectedError
 from logtoku_guard.retrieval import KeywordRetriever
 from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
-from test_guard import by_question, policy
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSAGES = ["Paris is the capital of France.", "The Zarnovian Institute was founded by Paris."]

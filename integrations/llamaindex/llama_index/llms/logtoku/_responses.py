@@ -11,8 +11,8 @@ import copy
 import functools
 import inspect
 import time
-from contextvars import ContextVar
 from collections.abc import AsyncGenerator, Generator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +43,11 @@ class QueryRun:
     retrieval_s: float = 0.0
     decision_s: float = 0.0
     stopped_early: bool = False
-    span: RunSpan = field(default_factory=lambda: _RUN_SPAN.get())  # the GUARDRAIL span (see traced_query)
+    span: RunSpan = field(default_factory=lambda: _RUN_SPAN.get() or RunSpan(None))  # the GUARDRAIL span (see traced_query)
     generating: GenerationSpan = field(default_factory=lambda: GenerationSpan(None))  # the generation's span
 
 
-_RUN_SPAN: ContextVar[RunSpan] = ContextVar("logtoku_query_span", default=RunSpan(None))
+_RUN_SPAN: ContextVar[RunSpan | None] = ContextVar("logtoku_query_span", default=None)
 
 
 def traced_query(method: Any) -> Any:
