@@ -78,9 +78,8 @@ def main() -> None:
         "sdk": Guard(backend, POLICY, retriever=retriever, tracer_provider=provider),
     }
     routes = {"pass": "What is the capital of France?", "retrieve-then-pass": "Who founded the Zarnovian Institute?"}
-    print(
-        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load {os.getloadavg()}"
-    )
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+    print(f"# {machine}, load {os.getloadavg()}")
     for route, question in routes.items():
         for guard in guards.values():
             per_decision_us(guard, question, 200)  # warm up
@@ -94,9 +93,8 @@ def main() -> None:
         for name in guards:
             med = statistics.median(times[name])
             paired = statistics.median(t - o for t, o in zip(times[name], times["off"], strict=True))
-            print(
-                f"  {name:<5} {med:8.1f} us/decision  ratio {med / off:5.2f}  overhead {paired / 1000:+.3f} ms/decision (paired median)"
-            )
+            overhead = f"overhead {paired / 1000:+.3f} ms/decision (paired median)"
+            print(f"  {name:<5} {med:8.1f} us/decision  ratio {med / off:5.2f}  {overhead}")
     print(f"\nload at the end {os.getloadavg()}")
 
 
