@@ -62,18 +62,17 @@ class _Span:
         self._telemetry = telemetry
         self._span = span
         self._live = span is not None and span.is_recording()
-        self._token: Any = None
+        self._tokens: list[Any] = []  # one per entered ``with`` (a span may be entered again, nested)
         self._ended = span is None
 
     def __enter__(self) -> Any:
         if self._span is not None and self._telemetry is not None:
-            self._token = self._telemetry.attach(self._span)
+            self._tokens.append(self._telemetry.attach(self._span))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._token is not None and self._telemetry is not None:
-            self._telemetry.detach(self._token)
-            self._token = None
+        if self._tokens and self._telemetry is not None:
+            self._telemetry.detach(self._tokens.pop())
         if exc is not None:
             self.fail(exc)
         self.end()
@@ -220,6 +219,12 @@ class RunSpan(_Span):
         span.set_attributes(attributes)
         if result.action == "raise":
             self._telemetry.set_error(span, f"raise: {decision.reason}")
+
+    def end(self, result: GuardResult | None = None) -> None:
+        """Put ``result`` on the span (:meth:`concluded`) when given, then end it (once)."""
+        if result is not None and not self._ended:
+            self.concluded(result)
+        super().end()
 
     def fail(self, exc: BaseException) -> None:
         from logtoku_guard.errors import GuardRejectedError

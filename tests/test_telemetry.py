@@ -213,3 +213,13 @@ def test_import_logtoku_guard_does_not_import_opentelemetry() -> None:
     code = "import logtoku_guard, logtoku_guard.telemetry, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_closed_stream_still_ends_its_spans(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    guard = Guard(ScriptedBackend(by_question), policy(), tracer_provider=provider)
+    with guard.stream("Who founded the Zarnovian Institute?") as stream:
+        next(iter(stream))
+    root, children = tree(exporter)
+    assert [c.name for c in children] == ["chat scripted"]
+    assert (children[0].attributes or {})["gen_ai.response.finish_reasons"] == ("cancelled",)
+    assert (root.attributes or {})["logtoku.reason"].find("stream closed by the caller") >= 0  # type: ignore[union-attr]

@@ -98,7 +98,7 @@ def _overlap(text: str, stop: str) -> int:
 class StepScores:
     """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
 
-    ``values``/``ids``: ``(batch, K)`` raw top-K logits (largest first) and their token ids;
+    ``values``/``ids``: ``(batch, max(K, max_logprobs))`` raw top logits (largest first) and their ids;
     ``au``/``eu``/``lse``/``entropy``: ``(batch,)``; ``logits``: ``(batch, vocab)``, this
     step's raw row, kept only until the token is chosen.
     """
@@ -136,6 +136,8 @@ class StepRecorder:
         eos_ids: token ids that end a row (never emitted as tokens).
         on_token: called with ``(row, token)`` as each token is released.
         cancel: when set, every row ends with ``finish_reason == "cancelled"`` after this step.
+        max_logprobs: raw top logits kept per token for ``top_logprobs`` (``alt_logits``;
+            only when larger than ``k``); AU/EU always read the first ``k``.
     """
 
     def __init__(
@@ -149,8 +151,10 @@ class StepRecorder:
         eos_ids: frozenset[int],
         on_token: Callable[[int, TokenScore], None] | None,
         cancel: threading.Event | None,
+        max_logprobs: int = 0,
     ) -> None:
         self.k = k
+        self.width = max(k, max_logprobs)
         self.evidence = evidence
         self.tokenizer = tokenizer
         self.rows = [Row() for _ in range(rows)]
@@ -167,8 +171,8 @@ class StepRecorder:
     # transformers calls this after every forward pass of the model (prefill and decode).
     def hook(self, module: Any, args: Any, output: Any) -> None:
         logits = output.logits[:, -1, :].float()
-        values, ids = logits.topk(self.k, dim=-1)
-        au, eu = logtoku(values, self.evidence)
+        values, ids = logits.topk(self.width, dim=-1)
+        au, eu = logtoku(values[:, : self.k], self.evidence)
         lse, entropy = logsumexp_entropy(logits)
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
 
@@ -215,20 +219,22 @@ class StepRecorder:
                 self._close(b, row, "stop")
                 done.append(True)
                 continue
-            if not all(map(math.isfinite, values[b])):
-                raise NonFiniteLogitsError(self.step, b, values[b])
+            if not all(map(math.isfinite, values[b][: self.k])):
+                raise NonFiniteLogitsError(self.step, b, values[b][: self.k])
             piece = row.detokenizer.step(self.tokenizer, token_id)
             token = TokenScore(
                 index=len(row.tokens) + len(row.held),
                 id=token_id,
                 text=piece,
-                top_logits=tuple(values[b]),
-                top_ids=tuple(top_ids[b]),
+                top_logits=tuple(values[b][: self.k]),
+                top_ids=tuple(top_ids[b][: self.k]),
                 au=au[b],
                 eu=eu[b],
                 logprob=lp[b],
                 entropy=ent[b],
                 temperature=None if temps is None else temps[b],
+                alt_logits=tuple(values[b]) if self.width > self.k else (),
+                alt_ids=tuple(top_ids[b]) if self.width > self.k else (),
             )
             row.held.append(token)
             self._release(b, row)

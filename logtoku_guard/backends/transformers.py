@@ -70,6 +70,9 @@ class TransformersBackend:
             transformers folder, a ``.gguf`` file, or a Hugging Face model id that is
             already in the local hub cache (nothing is ever downloaded).
         k: top-K logits per token (``2 <= k <= vocab``); the paper uses 2.
+        max_logprobs: raw top logits kept per token for OpenAI-style ``top_logprobs``
+            (``TokenScore.alt_logits``; default 20, vLLM's ``--max-logprobs``); AU/EU and the
+            profile use only K.
         evidence: ``"clamped"`` (default) or ``"raw"`` (reference reproduction, may give NaN).
         top_n: number of least reliable tokens averaged into the response reliability.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``... or ``"auto"`` (CUDA when available).
@@ -88,6 +91,7 @@ class TransformersBackend:
         k: int = DEFAULT_K,
         evidence: EvidenceMode = "clamped",
         top_n: int = DEFAULT_TOP_N,
+        max_logprobs: int = 20,
         device: str = "auto",
         dtype: str = "auto",
         cache_dir: str | Path | None = None,
@@ -112,6 +116,10 @@ class TransformersBackend:
         self._model.eval()
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:
+            msg = f"max_logprobs must be a non-negative integer (raw top logits kept per token), got {max_logprobs!r}"
+            raise ConfigurationError(msg)
+        self._max_logprobs = max(min(max_logprobs, vocab), self._k)
         self._vocab_size = vocab
         if self._tokenizer.pad_token_id is None:
             self._tokenizer.pad_token = self._tokenizer.eos_token
@@ -136,6 +144,11 @@ class TransformersBackend:
     @property
     def top_n(self) -> int:
         return self._top_n
+
+    @property
+    def max_logprobs(self) -> int:
+        """Raw top logits kept per token for ``top_logprobs`` (at least K)."""
+        return self._max_logprobs
 
     @property
     def context_window(self) -> int | None:
@@ -309,6 +322,7 @@ class TransformersBackend:
             eos_ids=self._eos_ids,
             on_token=on_token,
             cancel=cancel,
+            max_logprobs=self._max_logprobs,
         )
         processors = []
         if options.dynamic is not None:

@@ -485,6 +485,9 @@ def test_public_api() -> None:
         "RETRACTED_EVENT",
         "ReviewVerdict",
         "human_review_node",
+        "LogTokUMiddleware",
+        "ReviewRequest",
+        "ReviewResponse",
     }
     for name in langchain_logtoku.__all__:
         assert getattr(langchain_logtoku, name) is not None

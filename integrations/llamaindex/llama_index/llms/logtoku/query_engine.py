@@ -22,7 +22,8 @@ The scores come through :func:`logtoku_guard.capture.capture_generations`, becau
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
-and the spans opened to act on it are tagged ``logtoku.action``/``logtoku.rule``/``logtoku.attempt``.
+(with the route: each attempt's action and rule) and the spans opened to act on it are tagged
+``logtoku.action``/``logtoku.rule``/``logtoku.attempt``/``logtoku.route``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from ._responses import (
     wider_engines,
 )
 from .base import LogTokULLM
+from .capture import WithheldCapture
 from .events import LogTokUDecisionEvent, query_payload
 
 if TYPE_CHECKING:
@@ -97,11 +99,13 @@ class LogTokUQueryEngine(BaseQueryEngine):
             decision changes the answer, the stream goes on with ``"\\n\\n"`` and the change
             (the disclaimer, the re-queried answer, or the abstain/review message).
             ``"after_decision"`` streams nothing until the decision is made, then the final
-            answer. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
+            answer; the LLM is not asked to stream meanwhile, so no stream or instrumentation
+            event (``LLMChatInProgressEvent``...) shows a draft the guard withdraws, and an
+            ``early_stop`` rule acts on the whole answer. ``"live"`` shows the first draft by
+            design. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
             ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
             has been read to the end.
-        tracer_provider: an OpenTelemetry ``TracerProvider`` for the guard's spans (default: the
-            global one when OpenTelemetry is installed; see :mod:`logtoku_guard.telemetry`).
+        tracer_provider: OpenTelemetry ``TracerProvider`` for the guard's spans (default: the global one).
 
     The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
     checks, statistics, per-token scores, trace and review ids, attempts with their source
@@ -347,7 +351,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
         run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
-        with capture_generations() as capture:  # the LLM reads it when called; a stream reports later
+        with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
             response = engine.synthesize(query_bundle, nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
@@ -359,7 +363,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
         run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
-        with capture_generations() as capture:
+        with capture_generations(self._new_capture()) as capture:
             response = await engine.asynthesize(query_bundle, nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_aiter(response.response_gen, capture)
@@ -367,6 +371,10 @@ class LogTokUQueryEngine(BaseQueryEngine):
             response.response_gen = captured_iter(response.response_gen, capture)
         run.generation_s += time.perf_counter() - t
         return capture, response
+
+    def _new_capture(self) -> GenerationCapture:
+        """after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
+        return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
 
     def _judge(
         self, run: _Run, nodes: list[NodeWithScore], capture: GenerationCapture, text: str, response: RESPONSE_TYPE
@@ -427,6 +435,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             "logtoku.action": decision.action,
             "logtoku.rule": decision.rule,
             "logtoku.attempt": len(run.attempts),
+            "logtoku.route": [a.decision.action for a in run.attempts],
         }
 
     def _requery(
@@ -475,8 +484,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         guard = self._guard
         timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
         result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
-        run.span.concluded(result)
-        run.span.end()
+        run.span.end(result)
         payload = query_payload(result, guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, decision, final=True, result=result)
