@@ -40,6 +40,7 @@ from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import ActionName, Decision, Policy, RetrieveSettings, default_policy
 from logtoku_guard.retrieving import Retriever, RetrieverLike, call_retriever
 from logtoku_guard.stats import ResponseStats
+from logtoku_guard.telemetry import GuardTelemetry, RunSpan
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
 
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One generation the guard made, with its decision and the context it was given."""
@@ -166,6 +169,8 @@ class Guard:
             quantile thresholds and quadrant shares.
         options: decoding options for every generation.
         system: a system message for every generation.
+        tracer_provider: OpenTelemetry spans of every decision go there (default: the global
+            provider, when OpenTelemetry is installed); or pass ``telemetry=GuardTelemetry(...)``.
     """
 
     def __init__(
@@ -178,6 +183,8 @@ class Guard:
         profile: ModelProfile | None = None,
         options: DecodingOptions | None = None,
         system: str | None = None,
+        tracer_provider: Any = None,
+        telemetry: GuardTelemetry | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy or default_policy()
@@ -211,16 +218,19 @@ class Guard:
             else None
         )
         self._watch = any(r.early_stop for r in self.policy.rules)
+        self.telemetry = telemetry if telemetry is not None else GuardTelemetry(tracer_provider)
 
     # -- public API ---------------------------------------------------------------------------
     def run(self, prompt: Prompt) -> GuardResult:
         """Answer ``prompt`` and apply the policy (raises :class:`GuardRejectedError` for ``raise``)."""
         messages = to_messages(prompt, self.system)
         clock = _Clock()
-        t = time.perf_counter()
-        generation = self.backend.generate(messages, self.options)
-        clock.generation_s += time.perf_counter() - t
-        return self._finish(messages, generation, clock, stopped_early=False)
+        with self.telemetry.start_run(self, messages) as span:
+            t = time.perf_counter()
+            with span.generation(1, messages) as g:
+                generation = g.record(self.backend.generate(messages, self.options))
+            clock.generation_s += time.perf_counter() - t
+            return self._finish(messages, generation, clock, stopped_early=False, span=span)
 
     async def arun(self, prompt: Prompt) -> GuardResult:
         """:meth:`run` in a worker thread (generation is CPU/GPU bound)."""
@@ -243,17 +253,20 @@ class Guard:
         stopped_early: bool = False,
         started: float | None = None,
         generation_s: float = 0.0,
+        span: RunSpan | None = None,
     ) -> GuardResult:
         """Apply the policy to a first answer already generated for ``messages``.
 
         Decides, retrieves and regenerates as the policy says, acts and records, as :meth:`run`
         does after its first generation (raises :class:`GuardRejectedError` for ``raise``).
         ``started``: when the question arrived (``time.perf_counter()``; default now);
-        ``generation_s``: the seconds the first generation took.
+        ``generation_s``: the seconds the first generation took; ``span``: the run's telemetry
+        span, when the caller started it (:meth:`GuardTelemetry.start_run`; ended here).
         """
         clock = _Clock() if started is None else _Clock(start=started)
         clock.generation_s = generation_s
-        return self._finish(list(messages), generation, clock, stopped_early=stopped_early)
+        with span if span is not None else self.telemetry.start_run(self, messages) as run_span:
+            return self._finish(list(messages), generation, clock, stopped_early=stopped_early, span=run_span)
 
     def abandon(
         self, messages: Sequence[ChatMessage], generation: Generation, *, started: float, generation_s: float
@@ -382,7 +395,9 @@ class Guard:
         return None, (), f"context too long for the model's window: {error}"
 
     # -- the loop ------------------------------------------------------------------------------
-    def _finish(self, messages: list[ChatMessage], generation: Generation, clock: _Clock, *, stopped_early: bool) -> GuardResult:
+    def _finish(
+        self, messages: list[ChatMessage], generation: Generation, clock: _Clock, *, stopped_early: bool, span: RunSpan
+    ) -> GuardResult:
         question = [m.content for m in messages if m.role == "user"][-1]
         t = time.perf_counter()
         attempts = [Attempt(generation, self.decide(generation))]
@@ -393,14 +408,19 @@ class Guard:
                 decision = step.decision
                 break
             t = time.perf_counter()
-            passages, why = self.retrieve(question)
+            with span.retrieval(step.number) as r:
+                passages, why = self.retrieve(question)
+                r.record(passages, why)
             clock.retrieval_s += time.perf_counter() - t
             if why is not None:
                 attempts[-1] = replace(attempts[-1], retrieval_error=why)
                 decision = self.give_up(step.decision, why)
                 break
             t = time.perf_counter()
-            generation_or_none, used, note = self.answer_with_context(messages, step, question, passages)
+            with span.generation(len(attempts) + 1, messages) as g:
+                generation_or_none, used, note = self.answer_with_context(messages, step, question, passages)
+                if generation_or_none is not None:
+                    g.record(generation_or_none)
             clock.generation_s += time.perf_counter() - t
             if generation_or_none is None:
                 why = note or "context too long for the model's window"
@@ -411,6 +431,7 @@ class Guard:
             attempts.append(Attempt(generation_or_none, self.decide(generation_or_none, attempts), used, note))
             clock.decision_s += time.perf_counter() - t
         result = self.conclude(question, decision, attempts, clock.timings(), stopped_early=stopped_early)
+        span.concluded(result)
         if result.action == "raise":
             raise GuardRejectedError(result)
         return result

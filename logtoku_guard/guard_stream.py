@@ -76,6 +76,8 @@ def _run(guard: Guard, messages: list[ChatMessage], state: _State) -> Iterator[T
     start = time.perf_counter()
     seen: list[TokenScore] = []
     abandoned = False
+    span = guard.telemetry.start_run(guard, messages)  # ended by guard.finish, or below when abandoned
+    generating = span.generation(1, messages)
     with guard.backend.stream(messages, guard.options) as stream:
         for token in stream:
             seen.append(token)
@@ -88,8 +90,12 @@ def _run(guard: Guard, messages: list[ChatMessage], state: _State) -> Iterator[T
                 state.stopped_early = True
                 break
     generation = stream.generation
+    generating.end_with(generation)
     elapsed = time.perf_counter() - start
     if abandoned:
         state.result = guard.abandon(messages, generation, started=start, generation_s=elapsed)
+        span.end(state.result)
         return
-    state.result = guard.finish(messages, generation, stopped_early=state.stopped_early, started=start, generation_s=elapsed)
+    state.result = guard.finish(
+        messages, generation, stopped_early=state.stopped_early, started=start, generation_s=elapsed, span=span
+    )

@@ -153,6 +153,8 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             tokens shown before an ``early_stop`` abstention lands are retracted the same way;
             answers regenerated after retrieval are never streamed.
         system: a system message put before every prompt that has none.
+        tracer_provider: an OpenTelemetry ``TracerProvider`` for the core guard's spans (default:
+            the global one when OpenTelemetry is installed; see :mod:`logtoku_guard.telemetry`).
 
     Input: a string, a list of messages, a ``PromptValue`` or a dict with ``"question"`` and
     optionally ``"context"`` (documents or strings, e.g. from a retriever step; they are put
@@ -176,6 +178,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     profile: ModelProfile | Literal["auto"] | None = "auto"
     stream_mode: StreamMode = "buffer"
     system: str | None = None
+    tracer_provider: Any = None
 
     _profile: list[ModelProfile | None] = PrivateAttr(default_factory=list)
 
@@ -209,6 +212,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             store=self.store,
             profile=self.resolved_profile(),
             system=self.system,
+            tracer_provider=self.tracer_provider,
         )
 
     def _retriever(self, config: RunnableConfig, question: str | None) -> RetrieverLike | None:
@@ -394,11 +398,17 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         messages = to_messages(prompt.messages, guard.system)
         start = time.perf_counter()
         watch = EarlyStop(guard=guard)
-        with capture_generations(watch):
-            generation = backend.generate(messages)
-        return guard.finish(
-            messages, generation, stopped_early=watch.stopped, started=start, generation_s=time.perf_counter() - start
-        )
+        with guard.telemetry.start_run(guard, messages) as span:  # the core guard's OpenTelemetry spans
+            with span.generation(1, messages) as g, capture_generations(watch):
+                generation = g.record(backend.generate(messages))
+            return guard.finish(
+                messages,
+                generation,
+                stopped_early=watch.stopped,
+                started=start,
+                generation_s=time.perf_counter() - start,
+                span=span,
+            )
 
     @staticmethod
     def _retracted(message: AIMessage, text: str, config: RunnableConfig) -> None:

@@ -61,6 +61,7 @@ from ._responses import (
     sync_iter,
     tail,
     text_of,
+    traced_query,
     wider_engines,
 )
 from .base import LogTokULLM
@@ -104,6 +105,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             design. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
             ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
             has been read to the end.
+        tracer_provider: OpenTelemetry ``TracerProvider`` for the guard's spans (default: the global one).
 
     The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
     checks, statistics, per-token scores, trace and review ids, attempts with their source
@@ -125,6 +127,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         streaming: bool = False,
         stream_mode: StreamMode = "live",
         callback_manager: CallbackManager | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         llm = resolve_llm(llm)
         if (query_engine is None) == (retriever is None):
@@ -154,7 +157,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             from logtoku_guard.calibration import load_profile_for
 
             profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
-        self._guard = Guard(backend, policy, store=store, profile=profile)
+        self._guard = Guard(backend, policy, store=store, profile=profile, tracer_provider=tracer_provider)
         self._engine = query_engine
         self._retries = (
             list(retry_query_engines)
@@ -202,6 +205,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     # -- query ----------------------------------------------------------------------------
     @dispatcher.span
+    @traced_query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         engine: BaseQueryEngine | None
@@ -227,6 +231,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
 
     @dispatcher.span
+    @traced_query
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         nodes = await self._aretrieve(run, self._engine, query_bundle)
@@ -327,13 +332,17 @@ class LogTokUQueryEngine(BaseQueryEngine):
     # -- steps ------------------------------------------------------------------------------
     def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
         t = time.perf_counter()
-        nodes = list(engine.retrieve(query_bundle))
+        with run.span.retrieval(len(run.attempts)) as r:  # 0: the retrieval before the first answer
+            nodes = list(engine.retrieve(query_bundle))
+            r.record(nodes)
         run.retrieval_s += time.perf_counter() - t
         return nodes
 
     async def _aretrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
         t = time.perf_counter()
-        nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+        with run.span.retrieval(len(run.attempts)) as r:
+            nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+            r.record(nodes)
         run.retrieval_s += time.perf_counter() - t
         return nodes
 
@@ -341,6 +350,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
         with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
             response = engine.synthesize(query_bundle, nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
@@ -352,6 +362,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
         with capture_generations(self._new_capture()) as capture:
             response = await engine.asynthesize(query_bundle, nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
@@ -370,6 +381,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     ) -> Decision:
         """Score the attempt just made and record it in ``run``."""
         generation = capture.last
+        run.generating.end_with(generation)
         t = time.perf_counter()
         if generation is None:
             if nodes:
@@ -472,6 +484,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         guard = self._guard
         timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
         result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
+        run.span.end(result)
         payload = query_payload(result, guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, decision, final=True, result=result)
