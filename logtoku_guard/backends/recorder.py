@@ -114,7 +114,13 @@ class StepScores:
 
 @dataclass
 class Row:
-    """Decoding state of one batch row: emitted tokens and those held back for stop strings."""
+    """Decoding state of one batch row: emitted tokens and those held back for stop strings.
+
+    A row may carry its own settings (a batch of independent requests): ``stop`` strings,
+    ``limit`` (its ``max_new_tokens``; None: the batch's) and ``cancel`` (ends this row only).
+    ``error`` is set, and the row closed, when its logits are not finite and the recorder
+    isolates rows (``on_row_done`` given): the other rows go on.
+    """
 
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
     held: list[TokenScore] = field(default_factory=list)
@@ -122,6 +128,10 @@ class Row:
     done: bool = False
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
+    stop: tuple[str, ...] = ()
+    limit: int | None = None
+    cancel: threading.Event | None = None
+    error: BaseException | None = None
 
 
 class StepRecorder:
@@ -131,11 +141,18 @@ class StepRecorder:
         k: top-K logits kept per token.
         evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.uncertainty.logtoku`).
         tokenizer: the model's tokenizer (only ``decode`` is used).
-        rows: batch size.
-        stop: stop strings; text is held back while it could still begin one.
+        rows: batch size, or the rows themselves (each with its own stop strings, token
+            limit and cancel event: a batch of independent requests).
+        stop: stop strings of every row given by count; text is held back while it could
+            still begin one.
         eos_ids: token ids that end a row (never emitted as tokens).
         on_token: called with ``(row, token)`` as each token is released.
         cancel: when set, every row ends with ``finish_reason == "cancelled"`` after this step.
+        on_row_done: called with ``(row index, row)`` as soon as a row ends (EOS, stop string,
+            its limit, its cancel event, or an error), so that its request can complete while
+            the batch goes on; rows still open when ``generate`` returns are not reported (see
+            :meth:`finish_row`). When given, non-finite logits end their row with ``error``
+            set instead of raising for the whole batch.
     """
 
     def __init__(
@@ -144,17 +161,19 @@ class StepRecorder:
         k: int,
         evidence: EvidenceMode,
         tokenizer: Any,
-        rows: int,
+        rows: int | Sequence[Row],
         stop: tuple[str, ...],
         eos_ids: frozenset[int],
         on_token: Callable[[int, TokenScore], None] | None,
         cancel: threading.Event | None,
+        on_row_done: Callable[[int, Row], None] | None = None,
     ) -> None:
         self.k = k
         self.evidence = evidence
         self.tokenizer = tokenizer
-        self.rows = [Row() for _ in range(rows)]
+        self.rows = [Row(stop=stop) for _ in range(rows)] if isinstance(rows, int) else list(rows)
         self.stop = stop
+        self.on_row_done = on_row_done
         self.eos_ids = eos_ids
         self.on_token = on_token
         self.cancel = cancel
@@ -216,7 +235,12 @@ class StepRecorder:
                 done.append(True)
                 continue
             if not all(map(math.isfinite, values[b])):
-                raise NonFiniteLogitsError(self.step, b, values[b])
+                if self.on_row_done is None:
+                    raise NonFiniteLogitsError(self.step, b, values[b])
+                row.error = NonFiniteLogitsError(self.step, b, values[b])
+                self._close(b, row, None)
+                done.append(True)
+                continue
             piece = row.detokenizer.step(self.tokenizer, token_id)
             token = TokenScore(
                 index=len(row.tokens) + len(row.held),
@@ -232,27 +256,29 @@ class StepRecorder:
             )
             row.held.append(token)
             self._release(b, row)
+            if not row.done and row.limit is not None and len(row.tokens) + len(row.held) >= row.limit:
+                self._close(b, row, "length")
             done.append(row.done)
         self.step += 1
-        if self.cancel is not None and self.cancel.is_set():
-            for b, row in enumerate(self.rows):
-                if not row.done:
-                    self._close(b, row, "cancelled")
-            done = [True] * len(self.rows)
+        every = self.cancel is not None and self.cancel.is_set()
+        for b, row in enumerate(self.rows):
+            if not row.done and (every or (row.cancel is not None and row.cancel.is_set())):
+                self._close(b, row, "cancelled")
+                done[b] = True
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     def _release(self, b: int, row: Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""
-        if not self.stop:
+        if not row.stop:
             self._emit(b, row, len(row.held))
             return
-        kept, seq = truncate_at_stop(row.held, self.stop)
+        kept, seq = truncate_at_stop(row.held, row.stop)
         if seq is not None:
             row.held = kept
             row.stop_sequence = seq
             self._close(b, row, "stop")
             return
-        self._emit(b, row, releasable(row.held, self.stop))
+        self._emit(b, row, releasable(row.held, row.stop))
 
     def _emit(self, b: int, row: Row, n: int) -> None:
         for t in row.held[:n]:
@@ -261,10 +287,13 @@ class StepRecorder:
                 self.on_token(b, t)
         del row.held[:n]
 
-    def _close(self, b: int, row: Row, reason: FinishReason) -> None:
-        self._emit(b, row, len(row.held))
+    def _close(self, b: int, row: Row, reason: FinishReason | None) -> None:
+        if row.error is None:
+            self._emit(b, row, len(row.held))
         row.done = True
         row.finish_reason = reason
+        if self.on_row_done is not None:
+            self.on_row_done(b, row)
 
     def finish_row(self, b: int) -> Row:
         """Row ``b`` after generation ended (tokens still held at ``max_new_tokens`` emitted)."""
