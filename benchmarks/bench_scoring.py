@@ -32,8 +32,14 @@ Measures, in one process:
 3. Load times: cold (convert the embedded GGUF into a fresh temporary cache dir) and warm
    (a second construction from that cache dir); ``--skip-cold`` leaves the conversion out.
 
+The headline overhead is the **paired CPU-time** ratio: for every repeat, the process CPU time
+(``time.process_time``, all threads) of the scored path over that of the plain path run just
+before or after it, minus 1; printed as the median of the repeats with its interquartile range
+and min..max. CPU time is far less hurt than wall time by other processes on a shared machine,
+and pairing cancels slow drifts; raise ``--repeats`` until the IQR is below the effect.
+
 Run: ``LOGTOKU_GUARD_CACHE=/tmp/ltg-cache python benchmarks/bench_scoring.py [--tokens N]
-[--repeats R] [--batch-sizes 1,8] [--json PATH] [--skip-cold]``.
+[--repeats R] [--batch-sizes 1,8] [--threads N] [--json PATH] [--skip-cold] [--skip-memory]``.
 """
 
 from __future__ import annotations
@@ -86,9 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=None,
-        help="torch.set_num_threads(N) first (default: leave torch's default; 1 helps on a shared, busy machine)",
+        help="torch threads on every path (default: the backend's default_threads(); 0: torch's own default)",
     )
     p.add_argument("--skip-cold", action="store_true", help="do not time the cold load (GGUF conversion)")
+    p.add_argument("--skip-memory", action="store_true", help="leave out section 2 (memory)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
     args = p.parse_args(argv)
     try:
@@ -399,6 +406,16 @@ def bench_speed(bench: Bench, n: int, repeats: int, batch_sizes: list[int]) -> l
             entry[f"{path}_cpu_overhead_median"] = (
                 entry[path]["cpu_ms_per_step_median"] / entry["plain"]["cpu_ms_per_step_median"] - 1
             )
+            paired = sorted(s / p - 1 for s, p in zip(cpu[path], cpu["plain"]))
+            q = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
+            entry[f"{path}_cpu_paired"] = {
+                "all": paired,
+                "median": statistics.median(paired),
+                "q1": q[0],
+                "q3": q[2],
+                "min": paired[0],
+                "max": paired[-1],
+            }
         entry["check"] = "ok" if not mismatches else "; ".join(mismatches)
         entry["unstable"] = max(entry[p]["spread"] for p in paths) > UNSTABLE_SPREAD
         results.append(entry)
@@ -543,13 +560,64 @@ def kb(x: float | None) -> str:
     return "n/a" if x is None else f"{x / 1024:,.2f} KiB"
 
 
+def print_memory(mem: dict[str, Any]) -> None:
+    print("== 2. memory, batch 1 (scored = backend.batch(); plain = model.generate), target < 1 KB/token")
+    hdr = (
+        f"{'tokens':>6} {'retained/tok':>13} {'graph/tok':>11} {'peak extra':>12} {'peak xtra/tok':>14} "
+        f"{'tensor B/step':>14} {'left tensors':>13} {'RSS delta':>12}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in mem["runs"]:
+        print(
+            f"{r['tokens']:>6} {kb(r['tracemalloc_retained_per_token']):>13} {kb(r['generation_graph_per_token']):>11} "
+            f"{kb(r['tracemalloc_peak_extra_bytes']):>12} {kb(r['tracemalloc_peak_extra_per_token']):>14} "
+            f"{r['in_generate_extra_tensor_bytes_per_step']:>14,.0f} {r['live_tensor_bytes_left_by_run']:>13,} "
+            f"{kb(r['rss_delta_bytes']):>12}"
+        )
+    print("  retained/tok: tracemalloc bytes freed when the returned Generation is deleted, / tokens")
+    print("  graph/tok:    sys.getsizeof over the Generation object graph, / tokens")
+    print("  peak extra:   tracemalloc peak during backend.batch() minus peak during plain generate")
+    print("  tensor B/step: growth of live torch tensor bytes from the first to the last step inside generate,")
+    print("                scored minus plain, per step (KV-cache growth cancels out); left tensors: bytes after the run")
+    print(
+        f"  marginal cost from {mem['runs'][0]['tokens']} to {mem['runs'][1]['tokens']} tokens: "
+        f"graph {mem['graph_per_extra_token']:,.0f} B/token, tracemalloc-retained {mem['retained_per_extra_token']:,.0f} B/token"
+    )
+    big = mem["runs"][-1]
+    worst = max(
+        mem["graph_per_extra_token"],
+        mem["retained_per_extra_token"],
+        big["generation_graph_per_token"],
+        big["tracemalloc_retained_per_token"],
+    )
+    print(
+        f"  per-token memory kept by the result: worst of the marginal costs and the {big['tokens']}-token figures "
+        f"= {worst:,.0f} B/token -> "
+        + ("meets target (< 1 KB/token)" if worst < TARGET_BYTES_PER_TOKEN else "MISSES target (< 1 KB/token)")
+    )
+    runs = mem["runs"]
+    print(
+        "  vocabulary-sized tensors: "
+        + (
+            "none kept per step (live tensor bytes inside generate grow no faster than plain, "
+            f"{runs[0]['in_generate_extra_vocab_sized_tensors_at_last_step']}/"
+            f"{runs[1]['in_generate_extra_vocab_sized_tensors_at_last_step']} extra "
+            "vocab-sized tensors at the last step, none left after the run, the Generation holds no tensor)"
+            if mem["no_vocab_sized_tensor_kept"]
+            else "WARNING: tensor memory grows with steps (see figures)"
+        )
+    )
+    print("  RSS delta is informational only: the allocator keeps freed pages, so it is not a per-token figure")
+
+
 def print_report(report: dict[str, Any]) -> None:
     m = report["machine"]
     print("== machine")
     print(f"platform          {m['platform']} ({m['machine']})")
     print(f"cpu               {m['cpu_model']}; cpu_count={m['cpu_count']} affinity={m['cpu_affinity']}")
     print(f"python / torch    {m['python']} / torch {m['torch']} / transformers {m['transformers']}; cuda={m['cuda']}")
-    how = "default, not changed" if report["args"]["threads"] is None else "set by --threads"
+    how = "the backend's default" if report["args"]["threads"] is None else "set by --threads"
     print(f"torch threads     {m['torch_threads']} (interop {m['torch_interop_threads']}; {how})")
     print(f"command           {report['command']}")
     print(f"load average      {report['loadavg_start']} at start, {report['loadavg_end']} at end (1/5/15 min)")
@@ -599,60 +667,18 @@ def print_report(report: dict[str, Any]) -> None:
                 f"  -> {verdict(e[path + '_overhead_median'])} (median)"
                 + (" [UNRELIABLE: noisy repeats]" if e["unstable"] else "")
             )
+            c = e[path + "_cpu_paired"]
             print(
                 f"  {'':>8} {'':>4}  CPU time (all threads): {e[path]['cpu_ms_per_step_median']:.2f} vs "
-                f"{e['plain']['cpu_ms_per_step_median']:.2f} ms/step, median {pct(e[path + '_cpu_overhead_median'])}"
+                f"{e['plain']['cpu_ms_per_step_median']:.2f} ms/step; paired CPU overhead median {pct(c['median'])} "
+                f"(IQR {pct(c['q1'])}..{pct(c['q3'])}, min..max {pct(c['min'])}..{pct(c['max'])}) "
+                f"-> {verdict(c['median'])}"
             )
     print()
-    mem = report["memory"]
-    print("== 2. memory, batch 1 (scored = backend.batch(); plain = model.generate), target < 1 KB/token")
-    hdr = (
-        f"{'tokens':>6} {'retained/tok':>13} {'graph/tok':>11} {'peak extra':>12} {'peak xtra/tok':>14} "
-        f"{'tensor B/step':>14} {'left tensors':>13} {'RSS delta':>12}"
-    )
-    print(hdr)
-    print("-" * len(hdr))
-    for r in mem["runs"]:
-        print(
-            f"{r['tokens']:>6} {kb(r['tracemalloc_retained_per_token']):>13} {kb(r['generation_graph_per_token']):>11} "
-            f"{kb(r['tracemalloc_peak_extra_bytes']):>12} {kb(r['tracemalloc_peak_extra_per_token']):>14} "
-            f"{r['in_generate_extra_tensor_bytes_per_step']:>14,.0f} {r['live_tensor_bytes_left_by_run']:>13,} "
-            f"{kb(r['rss_delta_bytes']):>12}"
-        )
-    print("  retained/tok: tracemalloc bytes freed when the returned Generation is deleted, / tokens")
-    print("  graph/tok:    sys.getsizeof over the Generation object graph, / tokens")
-    print("  peak extra:   tracemalloc peak during backend.batch() minus peak during plain generate")
-    print("  tensor B/step: growth of live torch tensor bytes from the first to the last step inside generate,")
-    print("                scored minus plain, per step (KV-cache growth cancels out); left tensors: bytes after the run")
-    print(
-        f"  marginal cost from {mem['runs'][0]['tokens']} to {mem['runs'][1]['tokens']} tokens: "
-        f"graph {mem['graph_per_extra_token']:,.0f} B/token, tracemalloc-retained {mem['retained_per_extra_token']:,.0f} B/token"
-    )
-    big = mem["runs"][-1]
-    worst = max(
-        mem["graph_per_extra_token"],
-        mem["retained_per_extra_token"],
-        big["generation_graph_per_token"],
-        big["tracemalloc_retained_per_token"],
-    )
-    print(
-        f"  per-token memory kept by the result: worst of the marginal costs and the {big['tokens']}-token figures "
-        f"= {worst:,.0f} B/token -> "
-        + ("meets target (< 1 KB/token)" if worst < TARGET_BYTES_PER_TOKEN else "MISSES target (< 1 KB/token)")
-    )
-    runs = mem["runs"]
-    print(
-        "  vocabulary-sized tensors: "
-        + (
-            "none kept per step (live tensor bytes inside generate grow no faster than plain, "
-            f"{runs[0]['in_generate_extra_vocab_sized_tensors_at_last_step']}/"
-            f"{runs[1]['in_generate_extra_vocab_sized_tensors_at_last_step']} extra "
-            "vocab-sized tensors at the last step, none left after the run, the Generation holds no tensor)"
-            if mem["no_vocab_sized_tensor_kept"]
-            else "WARNING: tensor memory grows with steps (see figures)"
-        )
-    )
-    print("  RSS delta is informational only: the allocator keeps freed pages, so it is not a per-token figure")
+    if report["memory"] is None:
+        print("== 2. memory: skipped (--skip-memory)")
+    else:
+        print_memory(report["memory"])
     print()
     load = report["load"]
     print("== 3. load times")
@@ -670,16 +696,15 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.embedded import embedded_cache_dir, is_cached
 
     was_cached = is_cached(embedded_cache_dir())
     start = time.perf_counter()
-    backend = TransformersBackend()
+    backend = TransformersBackend(threads=args.threads)
     first_load = time.perf_counter() - start
+    if backend.threads is not None:  # the same threads on the plain and hook paths as on the api path
+        torch.set_num_threads(backend.threads)
     bench = Bench(backend)
 
     n = args.tokens
@@ -688,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gen_cfg.min_new_tokens = n  # read by _run through its copy of the model's generation config
         speed = bench_speed(bench, n, args.repeats, args.batch_sizes)
-        memory = bench_memory(bench, args.mem_tokens)
+        memory = None if args.skip_memory else bench_memory(bench, args.mem_tokens)
     finally:
         gen_cfg.min_new_tokens = saved_min
     report: dict[str, Any] = {

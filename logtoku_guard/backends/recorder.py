@@ -94,6 +94,28 @@ def _overlap(text: str, stop: str) -> int:
 
 
 # -- per-step recording ----------------------------------------------------------------------------
+def lse_entropy(logits: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logsumexp`` and softmax entropy of ``(batch, vocab)`` float32 logits whose row maxima are ``top``.
+
+    The scoring cost of a step beyond its one top-K: the maximum comes free with the top-K,
+    then one ``exp(z - max)`` written in place, its sum ``s`` and its dot product with the
+    logits ``d``: ``logsumexp = max + log s`` and ``entropy = logsumexp - d / s`` (three passes
+    over the vocabulary instead of the seven of a separate logsumexp and ``p * z``; float32
+    error ~1e-6, smaller than the separate passes'). Rows with masked (-inf) or non-finite
+    logits fall back to :func:`~logtoku_guard.uncertainty.logsumexp_entropy`.
+    """
+    import torch
+
+    e = torch.sub(logits, top.unsqueeze(-1)).exp_()
+    s = e.sum(dim=-1)
+    d = torch.linalg.vecdot(e, logits)
+    lse = top + s.log()
+    entropy = (lse - d / s).clamp_min(0.0)
+    if not bool(torch.isfinite(entropy).all()):
+        lse, entropy = logsumexp_entropy(logits)
+    return lse, entropy
+
+
 @dataclass
 class StepScores:
     """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
@@ -188,7 +210,7 @@ class StepRecorder:
         logits = output.logits[:, -1, :].float()
         values, ids = logits.topk(self.k, dim=-1)
         au, eu = logtoku(values, self.evidence)
-        lse, entropy = logsumexp_entropy(logits)
+        lse, entropy = lse_entropy(logits, values[:, 0])
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
 
     def current_eu(self) -> torch.Tensor:
