@@ -270,3 +270,21 @@ def test_llamaindex_async_paths_run_concurrently(tiny_tokenizer: Any) -> None:
 
     assert asyncio.run(main()) == alone
     assert backend._batcher.largest == 4
+
+
+# -- the recorder's scoring: logsumexp and entropy from the top-K's maximum ---------------------------
+def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import lse_entropy
+    from logtoku_guard.uncertainty import logsumexp_entropy
+
+    torch.manual_seed(0)
+    z = torch.randn(4, 5000) * 4
+    z[2] = 0.0  # uniform: entropy log(V)
+    z[3, 10:] = float("-inf")  # masked tokens: the fallback
+    top = z.max(dim=-1).values
+    lse, ent = lse_entropy(z, top)
+    ref_lse, ref_ent = logsumexp_entropy(z.double())
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-4) and torch.allclose(ent.double(), ref_ent, atol=1e-4)
+    assert float(ent[2]) == pytest.approx(float(torch.log(torch.tensor(5000.0))), abs=1e-4)
