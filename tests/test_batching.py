@@ -220,7 +220,9 @@ def test_asyncio_tasks_meet_in_the_batcher(tiny_tokenizer: Any) -> None:
     stream, _ = hold_worker(backend)
 
     async def main() -> list[Generation]:
-        tasks = [asyncio.create_task(asyncio.to_thread(backend.generate, p, DecodingOptions(max_new_tokens=6))) for p in PROMPTS[:4]]
+        tasks = [
+            asyncio.create_task(asyncio.to_thread(backend.generate, p, DecodingOptions(max_new_tokens=6))) for p in PROMPTS[:4]
+        ]
         await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
         stream.close()
         return list(await asyncio.gather(*tasks))
