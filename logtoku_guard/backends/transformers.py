@@ -1,14 +1,17 @@
 """Hugging Face transformers backend: raw top-K logits captured inside ``generate``.
 
-:class:`TransformersBackend` renders the prompt (chat template), runs ``model.generate`` with
+:class:`TransformersBackend` renders the prompt (chat template) in the caller's thread, hands
+it to its :class:`~logtoku_guard.backends.batching.Batcher` (concurrent calls from threads,
+asyncio tasks or the server are merged into one left-padded batch; each returns as its own
+row ends), whose worker thread runs ``model.generate`` (with ``threads`` torch threads) with
 a :class:`~logtoku_guard.backends.recorder.StepRecorder` as forward hook and stopping
 criterion (raw top-K logits read before any logits processor, tokens scored, detokenized
 and streamed one step at a time) and, for dynamic decoding, a
 :class:`~logtoku_guard.backends.processors.DynamicTemperatureLogitsWarper`. Models are loaded
 by :mod:`logtoku_guard.backends.loading` (local files only).
 
-Modules of this backend: ``transformers`` (this one: the backend class), ``recorder`` (step
-capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
+Modules of this backend: ``transformers`` (this one: the backend class), ``batching`` (the
+batcher), ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
 embedded default).
 """
@@ -229,7 +232,7 @@ class TransformersBackend:
     def batch(
         self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
     ) -> list[Generation]:
-        """Generate several answers in one left-padded batch."""
+        """Generate several answers in one left-padded batch (other concurrent calls may join it)."""
         if isinstance(prompts, str) or not prompts:
             msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
             raise ConfigurationError(msg)
@@ -238,10 +241,11 @@ class TransformersBackend:
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
         """Yield each token with its AU/EU as soon as it is generated.
 
-        Generation runs in a worker thread; errors are re-raised in the consumer. With stop
-        strings, a token is held back while it could still be the start of a stop string.
-        A stream that is dropped unfinished (garbage-collected, or its iterator abandoned
-        half-read) stops generating and frees the model for the next call.
+        Generation runs in the batcher's worker thread (possibly in a batch with other
+        requests); errors are re-raised in the consumer. With stop strings, a token is held
+        back while it could still be the start of a stop string. A stream that is dropped
+        unfinished (garbage-collected, or its iterator abandoned half-read) stops generating
+        its row and frees the model for the next call.
         """
         opts = options or DecodingOptions()
         messages = to_messages(prompt, system)  # validate in the caller's thread
