@@ -290,3 +290,22 @@ def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
     ref_lse, ref_ent = logsumexp_entropy(z.double())
     assert torch.allclose(lse.double(), ref_lse, atol=1e-4) and torch.allclose(ent.double(), ref_ent, atol=1e-4)
     assert float(ent[2]) == pytest.approx(float(torch.log(torch.tensor(5000.0))), abs=1e-4)
+
+
+@pytest.mark.parametrize(("vocab", "k"), [(400, 2), (5000, 2), (5003, 5), (49152, 20), (300, 3), (100, 2)])
+def test_chunked_top_k_equals_torch_topk(vocab: int, k: int) -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import top_k
+
+    torch.manual_seed(vocab)
+    z = torch.randn(3, vocab) * 5
+    z[1, -1] = 100.0  # the maximum in the vocabulary's tail
+    z[2, :] = -2.0
+    z[2, [7, vocab - 2]] = 3.0  # two equal maxima
+    values, ids = top_k(z, k)
+    ref_values, ref_ids = z.topk(k, dim=-1)
+    assert torch.equal(values, ref_values)
+    assert torch.equal(ids[:2], ref_ids[:2])
+    assert set(ids[2, :2].tolist()) == {7, vocab - 2}
+    assert torch.equal(z.gather(1, ids), values)

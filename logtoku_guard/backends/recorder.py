@@ -3,8 +3,9 @@
 :class:`StepRecorder` is both a forward hook and a stopping criterion of transformers'
 ``generate``. The hook reads ``outputs.logits[:, -1]`` at every forward pass, *before* any
 logits processor (repetition penalty, temperature, top-k/p...) touches them, and keeps only
-what LogTokU needs (:class:`StepScores`): the top-K values and ids, AU, EU, the full-softmax
-entropy and its log-normaliser and, for one step only, the raw row from which the chosen
+what LogTokU needs (:class:`StepScores`): the top-K values and ids (:func:`top_k`), AU, EU,
+the full-softmax entropy and its log-normaliser (:func:`lse_entropy`, from the top-K's
+maximum) and, for one step only, the raw row from which the chosen
 token's log-probability is read (its logit minus the normaliser). The stopping criterion
 (called once per step, right after the token is chosen) pairs the chosen token with that
 step's scores, detokenizes it (:mod:`logtoku_guard.backends.detokenizer`), handles stop
@@ -94,6 +95,38 @@ def _overlap(text: str, stop: str) -> int:
 
 
 # -- per-step recording ----------------------------------------------------------------------------
+TOP_K_CHUNK = 128
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(k, dim=-1)`` of ``(batch, vocab)`` logits, in about one vectorised pass.
+
+    ``torch.topk`` over a whole vocabulary costs several times a plain reduction on CPU. The
+    vocabulary is cut into chunks of :data:`TOP_K_CHUNK`; the top ``k`` values lie in the
+    ``k`` chunks with the largest maxima (a chunk outside them has ``k`` larger chunk maxima
+    above its own, hence ``k`` larger values), so one ``amax`` per chunk, a top-K over the
+    chunk maxima and one over ``k`` chunks (plus the vocabulary's tail) give the same values
+    and ids (ids of exactly equal values may be another of the equal ones).
+    """
+    import torch
+
+    rows, vocab = logits.shape
+    n = vocab // TOP_K_CHUNK
+    if n <= k:
+        return logits.topk(k, dim=-1)
+    head = logits[:, : n * TOP_K_CHUNK].reshape(rows, n, TOP_K_CHUNK)
+    _, chunks = head.amax(dim=-1).topk(k, dim=-1)  # (rows, k)
+    cand = head.gather(1, chunks.unsqueeze(-1).expand(rows, k, TOP_K_CHUNK)).reshape(rows, k * TOP_K_CHUNK)
+    offsets = torch.arange(TOP_K_CHUNK, device=logits.device)
+    cand_ids = (chunks.unsqueeze(-1) * TOP_K_CHUNK + offsets).reshape(rows, k * TOP_K_CHUNK)
+    if n * TOP_K_CHUNK < vocab:
+        cand = torch.cat([cand, logits[:, n * TOP_K_CHUNK :]], dim=1)
+        tail = torch.arange(n * TOP_K_CHUNK, vocab, device=logits.device).expand(rows, -1)
+        cand_ids = torch.cat([cand_ids, tail], dim=1)
+    values, pos = cand.topk(k, dim=-1)
+    return values, cand_ids.gather(1, pos)
+
+
 def lse_entropy(logits: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``logsumexp`` and softmax entropy of ``(batch, vocab)`` float32 logits whose row maxima are ``top``.
 
@@ -208,7 +241,7 @@ class StepRecorder:
     # transformers calls this after every forward pass of the model (prefill and decode).
     def hook(self, module: Any, args: Any, output: Any) -> None:
         logits = output.logits[:, -1, :].float()
-        values, ids = logits.topk(self.k, dim=-1)
+        values, ids = top_k(logits, self.k)
         au, eu = logtoku(values, self.evidence)
         lse, entropy = lse_entropy(logits, values[:, 0])
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
