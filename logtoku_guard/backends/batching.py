@@ -99,6 +99,7 @@ class Batcher:
         self._queue: list[Job] = []
         self._thread: threading.Thread | None = None
         self._busy = False
+        self._collected = True
         self.batches = 0
         """Batches run so far (for tests and benchmarks)."""
         self.largest = 0
@@ -106,9 +107,11 @@ class Batcher:
 
     def submit(self, job: Job) -> Future[list[Generation]]:
         """Queue ``job``; its future completes when its rows end."""
-        if self._busy:
+        if self._busy and not self._collected:
             # An abandoned stream caught in a reference cycle cancels its generation only when
-            # finalised: collect now rather than wait behind it (as a model lock would).
+            # finalised: collect now rather than wait behind it (once per running batch with a
+            # stream in it: a full collection takes a while with a large heap).
+            self._collected = True
             gc.collect()
         with self._cond:
             self._queue.append(job)
@@ -131,6 +134,7 @@ class Batcher:
                     self._thread = None
                     return
                 self._busy = True
+                self._collected = not any(job.cancel is not None for job in batch)
             try:
                 self._run(batch)
             except BaseException as exc:  # handed to every job of the batch still waiting
