@@ -7,6 +7,7 @@ blocked job, or a slow stream) while the requests to batch are queued.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -309,3 +310,19 @@ def test_chunked_top_k_equals_torch_topk(vocab: int, k: int) -> None:
     assert torch.equal(ids[:2], ref_ids[:2])
     assert set(ids[2, :2].tolist()) == {7, vocab - 2}
     assert torch.equal(z.gather(1, ids), values)
+
+
+def test_python_clamped_scores_equal_the_tensor_maths() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import clamped_logtoku
+    from logtoku_guard.uncertainty import logtoku
+
+    torch.manual_seed(1)
+    rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])])
+    rows = torch.cat([rows, torch.rand(50, 5) * 0.01])
+    au, eu = logtoku(rows.double())
+    for r, a, e in zip(rows.tolist(), au.tolist(), eu.tolist()):
+        pa, pe = clamped_logtoku(r)
+        assert pa == pytest.approx(a, abs=1e-9) and pe == pytest.approx(e, abs=1e-12)
+    assert all(map(math.isnan, clamped_logtoku([float("nan"), 1.0])))

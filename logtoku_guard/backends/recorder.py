@@ -95,6 +95,36 @@ def _overlap(text: str, stop: str) -> int:
 
 
 # -- per-step recording ----------------------------------------------------------------------------
+def digamma(x: float) -> float:
+    """The digamma function for ``x > 0`` (recurrence up to 6, then the asymptotic series; ~1e-13)."""
+    shift = 0.0
+    while x < 6.0:
+        shift -= 1.0 / x
+        x += 1.0
+    f = 1.0 / (x * x)
+    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
+    return shift + math.log(x) - 0.5 / x - series
+
+
+def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
+    """AU and EU of one token's top-K logits, clamped evidence, in float64 Python.
+
+    The same maths as :func:`~logtoku_guard.uncertainty.logtoku` (``"clamped"``) without a
+    dozen tiny tensor operations per step: for the K values of a token (K is small) plain
+    floats are several times cheaper. Non-finite values give NaN (the caller raises).
+    """
+    if not all(map(math.isfinite, values)):
+        return math.nan, math.nan
+    alpha = [v if v > 0.0 else 0.0 for v in values]
+    alpha0 = sum(alpha)
+    eu = len(values) / (alpha0 + len(values))
+    if alpha0 <= 0.0:
+        return 0.0, eu
+    psi0 = digamma(alpha0 + 1.0)
+    au = -sum((a / alpha0) * (digamma(a + 1.0) - psi0) for a in alpha if a > 0.0)
+    return max(au, 0.0), eu
+
+
 TOP_K_CHUNK = 128
 
 
@@ -154,14 +184,15 @@ class StepScores:
     """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
 
     ``values``/``ids``: ``(batch, K)`` raw top-K logits (largest first) and their token ids;
-    ``au``/``eu``/``lse``/``entropy``: ``(batch,)``; ``logits``: ``(batch, vocab)``, this
+    ``au``/``eu``/``lse``/``entropy``: ``(batch,)`` (``au``/``eu`` None until asked for:
+    the criterion scores clamped evidence in Python, :func:`clamped_logtoku`); ``logits``: ``(batch, vocab)``, this
     step's raw row, kept only until the token is chosen.
     """
 
     values: torch.Tensor
     ids: torch.Tensor
-    au: torch.Tensor
-    eu: torch.Tensor
+    au: torch.Tensor | None
+    eu: torch.Tensor | None
     logits: torch.Tensor
     lse: torch.Tensor
     entropy: torch.Tensor
@@ -242,7 +273,9 @@ class StepRecorder:
     def hook(self, module: Any, args: Any, output: Any) -> None:
         logits = output.logits[:, -1, :].float()
         values, ids = top_k(logits, self.k)
-        au, eu = logtoku(values, self.evidence)
+        au = eu = None
+        if self.evidence != "clamped":
+            au, eu = logtoku(values, self.evidence)
         lse, entropy = lse_entropy(logits, values[:, 0])
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
 
@@ -251,6 +284,8 @@ class StepRecorder:
         if self.pending is None:
             msg = "internal error: the step's EU was read before its logits were recorded"
             raise RuntimeError(msg)
+        if self.pending.eu is None:
+            self.pending.au, self.pending.eu = logtoku(self.pending.values, self.evidence)
         return self.pending.eu
 
     def record_temperatures(self, temperatures: torch.Tensor) -> None:
@@ -273,8 +308,10 @@ class StepRecorder:
         logprob = chosen_logit - pending.lse
         values = pending.values.tolist()
         top_ids = pending.ids.tolist()
-        au = pending.au.tolist()
-        eu = pending.eu.tolist()
+        if pending.au is None or pending.eu is None:
+            au, eu = map(list, zip(*(clamped_logtoku(v) for v in values)))
+        else:
+            au, eu = pending.au.tolist(), pending.eu.tolist()
         lp = logprob.tolist()
         ent = pending.entropy.tolist()
         temps = self.temperatures.tolist() if self.temperatures is not None else None
