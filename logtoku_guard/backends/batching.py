@@ -34,7 +34,7 @@ from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 __all__ = ["DEFAULT_MAX_BATCH", "Batcher", "Job"]
 
 DEFAULT_MAX_BATCH = 8
-DEFAULT_WINDOW_S = 0.003
+DEFAULT_WINDOW_S = 0.02
 """How long a batch that is not full waits, from its first request's arrival, for more: long
 enough for requests sent together to meet, short against one decoding step of a real model."""
 IDLE_EXIT_S = 2.0
