@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -326,3 +328,40 @@ def test_python_clamped_scores_equal_the_tensor_maths() -> None:
         pa, pe = clamped_logtoku(r)
         assert pa == pytest.approx(a, abs=1e-9) and pe == pytest.approx(e, abs=1e-12)
     assert all(map(math.isnan, clamped_logtoku([float("nan"), 1.0])))
+
+
+def test_close_waits_for_the_running_batch_then_stops_the_worker() -> None:
+    """At exit the worker must leave the model first: a job completes while its batch still runs."""
+    finished = threading.Event()
+
+    def run(jobs: list[Job]) -> None:
+        for j in jobs:
+            j.future.set_result([])  # the request is answered...
+        time.sleep(0.2)  # ...while the batch is still in the model
+        finished.set()
+
+    batcher = Batcher(run, window_s=0)
+    assert batcher(job()) == []
+    worker = batcher._thread
+    assert worker is not None and worker.is_alive()
+    batcher.close(timeout=10)
+    assert finished.is_set() and not worker.is_alive()
+    assert batcher(job()) == []  # a later request starts a new worker
+    batcher.close(timeout=10)
+
+
+def test_the_exit_hook_stops_every_live_worker() -> None:
+    code = (
+        "import time\n"
+        "from logtoku_guard.backends.batching import Batcher, Job\n"
+        "from logtoku_guard.types import DecodingOptions\n"
+        "def run(jobs):\n"
+        "    for j in jobs: j.future.set_result([])\n"
+        "    time.sleep(0.5)\n"
+        "    print('batch done', flush=True)\n"
+        "b = Batcher(run, window_s=0)\n"
+        "print(b(Job([0], DecodingOptions())), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "batch", "done"]  # the interpreter waited for the batch to leave the model

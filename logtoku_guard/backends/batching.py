@@ -21,9 +21,11 @@ job's future. No torch import here.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,6 +41,22 @@ DEFAULT_WINDOW_S = 0.02
 enough for requests sent together to meet, short against one decoding step of a real model."""
 IDLE_EXIT_S = 2.0
 """The worker thread ends after this long without work (a new request starts it again)."""
+EXIT_JOIN_S = 30.0
+"""At interpreter exit, how long to wait for a worker to finish the batch it is running."""
+
+_LIVE: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """Let every worker leave the model before the interpreter (and torch's C++ runtime) shuts down.
+
+    A request completes as soon as its row ends, while its batch may still be inside the model's
+    forward pass; a daemon thread frozen there at exit can abort the process ("terminate called
+    without an active exception"). Runs before daemon threads are stopped.
+    """
+    for batcher in list(_LIVE):
+        batcher.close(EXIT_JOIN_S)
 
 
 @dataclass(eq=False)
@@ -100,6 +118,8 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._busy = False
         self._collected = True
+        self._closing = False
+        _LIVE.add(self)
         self.batches = 0
         """Batches run so far (for tests and benchmarks)."""
         self.largest = 0
@@ -120,6 +140,17 @@ class Batcher:
                 self._thread.start()
             self._cond.notify_all()
         return job.future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs, then stop the worker thread (a later ``submit`` starts a new one)."""
+        with self._cond:
+            self._closing = True
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._cond:
+            self._closing = False
 
     def __call__(self, job: Job) -> list[Generation]:
         """Submit ``job`` and wait for its generations."""
@@ -153,7 +184,7 @@ class Batcher:
         deadline = time.monotonic() + IDLE_EXIT_S
         while not self._queue:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._closing:
                 return None
             self._cond.wait(left)
         head = self._queue[0]
