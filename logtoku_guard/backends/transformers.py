@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
+from logtoku_guard.backends.prompt_capture import PromptCapture, question_span
 from logtoku_guard.backends.recorder import StepRecorder
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
@@ -118,6 +119,8 @@ class TransformersBackend:
         self._tokenizer.padding_side = "left"
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._lock = threading.Lock()
+        self.score_prompt = True
+        """Score the question's tokens at the prefill pass (``Generation.prompt_scores``)."""
         self._warned_template = False
 
     # -- properties -------------------------------------------------------------------
@@ -268,6 +271,7 @@ class TransformersBackend:
         texts = [self._render(m) for m in message_lists]
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
         enc = self._tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not has_template)
+        prompt_capture = self._prompt_capture(enc, texts, message_lists)
         lengths = enc["attention_mask"].sum(dim=1).tolist()
         ctx = self.context_window
         max_new = options.max_new_tokens
@@ -321,6 +325,8 @@ class TransformersBackend:
                 if torch.cuda.is_available():
                     torch.cuda.manual_seed_all(options.seed)
             handle = self._model.register_forward_hook(recorder.hook)
+            if prompt_capture is not None:
+                prompt_handle = self._model.get_decoder().register_forward_hook(prompt_capture.hook)
             start = time.perf_counter()
             recorder.start = start
             try:
@@ -333,6 +339,8 @@ class TransformersBackend:
                     )
             finally:
                 handle.remove()
+                if prompt_capture is not None:
+                    prompt_handle.remove()
             total = time.perf_counter() - start
         finally:
             self._lock.release()
@@ -358,9 +366,29 @@ class TransformersBackend:
                         first_token_s=recorder.first_token_s,
                         tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
                     ),
+                    prompt_scores=prompt_capture.scores[row] if prompt_capture is not None else (),
                 )
             )
         return out
+
+
+    def _prompt_capture(self, enc: Any, texts: list[str], message_lists: list[list[ChatMessage]]) -> PromptCapture | None:
+        """The prefill hook scoring each row's question tokens (None: no fast tokenizer offsets
+        or no decoder module to hook; the generations then have no prompt scores)."""
+        if not self.score_prompt or not getattr(self._tokenizer, "is_fast", False):
+            return None
+        if not callable(getattr(self._model, "get_decoder", None)) or self._model.get_decoder() is None:
+            return None
+        has_template = bool(getattr(self._tokenizer, "chat_template", None))
+        offsets = self._tokenizer(
+            texts, padding=True, add_special_tokens=not has_template, return_offsets_mapping=True
+        )["offset_mapping"]
+        spans = [
+            question_span(text, _question(msgs), offs, mask)
+            for text, msgs, offs, mask in zip(texts, message_lists, offsets, enc["attention_mask"].tolist())
+        ]
+        head = self._model.get_output_embeddings()
+        return PromptCapture(head, self._model.config, enc["input_ids"], spans, self._k, self._evidence)
 
 
 def _question(messages: list[ChatMessage]) -> str:
