@@ -31,7 +31,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
@@ -58,9 +58,15 @@ class Quantile(_Strict):
 
 
 class Compare(_Strict):
+    """``stat op value``. ``fallback``: the statistic compared instead when ``stat`` is
+    unavailable (its profile grid is missing or all NaN for a quantile threshold, its value NaN
+    for a fixed one), e.g. ``guard_score`` falling back to ``reliability`` with a profile that
+    holds no fitted guard; the recorded check names the statistic actually used."""
+
     stat: StatName
     op: Op
     value: Union[float, Quantile]  # noqa: UP007 - pydantic union
+    fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
 
     @field_validator("value")
     @classmethod
@@ -314,7 +320,19 @@ def _has_quantile(c: Any) -> bool:
     return _has_quantile(c.not_)
 
 
-def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float | None]:
+def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -> str:
+    """``c.stat``, or ``c.fallback`` when ``c.stat`` is unavailable (see :class:`Compare`)."""
+    if c.fallback is None:
+        return c.stat
+    if isinstance(c.value, Quantile):
+        available = profile is not None and profile.has_stat(c.stat)
+    else:
+        available = math.isfinite(stats.get(c.stat))
+    return c.stat if available else c.fallback
+
+
+def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None) -> tuple[float, float | None]:
+    stat = stat or c.stat
     if isinstance(c.value, Quantile):
         if profile is None:
             msg = (
@@ -322,16 +340,17 @@ def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float |
                 "run `logtoku-guard calibrate` or pass profile=..."
             )
             raise ConfigurationError(msg)
-        return float(profile.quantile(c.stat, c.value.quantile)), c.value.quantile
+        return float(profile.quantile(stat, c.value.quantile)), c.value.quantile
     return float(c.value), None
 
 
 def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check]) -> bool:
     if isinstance(c, Compare):
-        threshold, q = _threshold(c, profile)
-        observed = stats.get(c.stat)
+        stat = _stat_used(c, stats, profile)
+        threshold, q = _threshold(c, profile, stat)
+        observed = stats.get(stat)
         ok = math.isfinite(observed) and math.isfinite(threshold) and _OPS[c.op](observed, threshold)
-        checks.append(Check(c.stat, c.op, threshold, observed if math.isfinite(observed) else None, ok, q))
+        checks.append(Check(stat, c.op, threshold, observed if math.isfinite(observed) else None, ok, q))
         return ok
     if isinstance(c, AllOf):
         return all([_eval(x, stats, profile, checks) for x in c.all])  # evaluate all: every check is recorded

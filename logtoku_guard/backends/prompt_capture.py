@@ -134,7 +134,9 @@ class PromptCapture:
             au, eu = logtoku(values, self.evidence)
             lse, entropy = logsumexp_entropy(logits)
             logprob = logits.gather(-1, target[:, None]).squeeze(-1) - lse
-            rows = zip(target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist())
+            rows = zip(
+                target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist()
+            )
             for j, (tid, v, ti, a, e, lp, h) in enumerate(rows):
                 pos = lo + j
                 out.append(

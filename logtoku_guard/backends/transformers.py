@@ -371,7 +371,6 @@ class TransformersBackend:
             )
         return out
 
-
     def _prompt_capture(self, enc: Any, texts: list[str], message_lists: list[list[ChatMessage]]) -> PromptCapture | None:
         """The prefill hook scoring each row's question tokens (None: no fast tokenizer offsets
         or no decoder module to hook; the generations then have no prompt scores)."""
@@ -380,9 +379,9 @@ class TransformersBackend:
         if not callable(getattr(self._model, "get_decoder", None)) or self._model.get_decoder() is None:
             return None
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
-        offsets = self._tokenizer(
-            texts, padding=True, add_special_tokens=not has_template, return_offsets_mapping=True
-        )["offset_mapping"]
+        offsets = self._tokenizer(texts, padding=True, add_special_tokens=not has_template, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
         spans = [
             question_span(text, _question(msgs), offs, mask)
             for text, msgs, offs, mask in zip(texts, message_lists, offsets, enc["attention_mask"].tolist())
