@@ -193,7 +193,10 @@ def fit_guard(
     rel = np.array([r.reliability for r in rows])
     n_log = np.log1p(np.array([r.n_tokens for r in rows]))
     ok = np.isfinite(rel) & np.isfinite(n_log)
-    length_fit = [float(v) for v in np.polyfit(n_log[ok], rel[ok], 1)[::-1]] if ok.sum() >= 2 else [0.0, 0.0]
+    if ok.sum() >= 2 and float(np.ptp(n_log[ok])) > 0:
+        length_fit = [float(v) for v in np.polyfit(n_log[ok], rel[ok], 1)[::-1]]
+    else:  # one length only: the expected reliability is the mean
+        length_fit = [float(rel[ok].mean()) if ok.any() else 0.0, 0.0]
     return GuardModel(
         features=list(features),
         means=[float(v) for v in means],

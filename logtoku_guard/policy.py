@@ -364,28 +364,37 @@ def _describe(checks: list[Check]) -> str:
 
 
 def default_policy() -> Policy:
-    """The calibrated default: thresholds are quantiles of the model's own profile.
+    """The calibrated default: thresholds are quantiles of the model's own profile of ``guard_score``.
 
-    The 10% least reliable answers go to retrieval (then abstention when still uncertain or
-    without a retriever); the next 20% pass with a disclaimer; the rest pass.
+    ``guard_score`` (:mod:`logtoku_guard.guard_score`) is the profile's learned combination of
+    answer and prompt-side statistics, the predicted probability that the answer is right
+    (higher = more reliable). The 30% of answers it ranks lowest go to retrieval (then
+    abstention when still uncertain or without a retriever); the next 20% pass with a
+    disclaimer; the rest pass. On the known-vs-fabricated test half (RESULTS.md) these bands
+    flag most questions about invented things while passing most known ones. A profile
+    without a fitted guard (an older version, a model with no shipped fit and no
+    ``--labels``) uses the same quantiles of ``reliability`` instead (``fallback``).
     """
     return Policy.from_dict(
         {
             "name": "default",
-            "version": "1",
-            "description": "retrieve below the 10th reliability percentile of the model profile, warn below the 30th",
+            "version": "2",
+            "description": (
+                "retrieve below the 30th guard_score percentile of the model profile, warn below the 50th "
+                "(reliability percentiles when the profile has no fitted guard score)"
+            ),
             "rules": [
                 {
-                    "name": "least-reliable-10pct",
-                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.10}},
+                    "name": "lowest-guard-score-30pct",
+                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": 0.30}, "fallback": "reliability"},
                     "action": "retrieve",
-                    "reason": "the answer is among the 10% least reliable answers of this model",
+                    "reason": "the answer is among the 30% this model is least likely to get right",
                 },
                 {
-                    "name": "less-reliable-30pct",
-                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.30}},
+                    "name": "low-guard-score-50pct",
+                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": 0.50}, "fallback": "reliability"},
                     "action": "warn",
-                    "reason": "the answer is among the 30% least reliable answers of this model",
+                    "reason": "the answer is among the 50% this model is least likely to get right",
                 },
             ],
             "default_action": "pass",

@@ -167,6 +167,14 @@ def _grid(values: Sequence[float]) -> list[float]:
     return [float(x) for x in np.quantile(arr, np.linspace(0.0, 1.0, GRID))]
 
 
+def _stat_grids(rows: Sequence[ResponseStats]) -> dict[str, list[float]]:
+    """The quantile grid of every statistic defined for some row (an all-NaN one, e.g.
+    ``guard_score`` without a fitted guard or ``prompt_*`` without prompt scores, is left out:
+    :meth:`ModelProfile.has_stat` is then False)."""
+    grids = {name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES}
+    return {name: g for name, g in grids.items() if any(math.isfinite(v) for v in g)}
+
+
 def build_profile(generations: Sequence[Generation], source: str, guard: GuardModel | None = None) -> ModelProfile:
     """A profile from already scored generations (all from one model and setup); with a fitted
     ``guard``, ``guard_score`` and ``reliability_debiased`` get their quantile grids too."""
@@ -191,7 +199,7 @@ def build_profile(generations: Sequence[Generation], source: str, guard: GuardMo
         source=source,
         token_au=_grid([t.au for t in tokens]),
         token_eu=_grid([t.eu for t in tokens]),
-        stats={name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES},
+        stats=_stat_grids(rows),
         guard=guard,
     )
 
