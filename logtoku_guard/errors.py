@@ -22,12 +22,27 @@ Hierarchy::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from logtoku_guard.guard import GuardResult
+
+
+REPR_LIMIT = 80
+"""Longest echo of a user-given value in an error message (longer ones are cut with "...")."""
+
+
+def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a large container is summarised, never repr'd whole."""
+    if isinstance(value, (dict, list, tuple, set, frozenset)) and len(value) > limit:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    try:
+        text = repr(value)
+    except RecursionError:  # a self-referencing container
+        return f"<{type(value).__name__} nested too deeply to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class LogTokUError(Exception):
@@ -60,10 +75,15 @@ class PolicyError(ConfigurationError):
 
     @classmethod
     def from_validation(cls, exc: ValidationError) -> PolicyError:
+        errors = exc.errors()
         lines = []
-        for err in exc.errors():
+        for err in errors[:20]:
             loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"{loc or '<policy>'}: {err['msg']} (got {err.get('input')!r})")
+            loc = loc if len(loc) <= 120 else loc[:117] + "..."
+            msg = err["msg"] if len(err["msg"]) <= 300 else err["msg"][:297] + "..."
+            lines.append(f"{loc or '<policy>'}: {msg} (got {short_repr(err.get('input'))})")
+        if len(errors) > 20:
+            lines.append(f"... and {len(errors) - 20} more error(s)")
         return cls("invalid policy:\n  " + "\n  ".join(lines))
 
 

@@ -16,6 +16,12 @@ The guard loop is written once, here, as public steps that every adapter drives:
 
 How many retrievals are left is decided only by :meth:`Guard.next_step` (at most
 ``policy.retrieve.max_attempts``, then ``retrieve.fallback``).
+
+Hardening: the retriever runs in a daemon worker thread and is given up after
+``policy.retrieve.timeout_s`` (the stuck thread is abandoned, not killed: Python cannot stop
+a thread); a retrieved context too long for the model's window is trimmed passage by passage
+(then the fallback), and recorded; a :class:`GuardStream` closed or dropped before its end
+records what was generated (``finish_reason`` ``"cancelled"``).
 """
 
 from __future__ import annotations
@@ -24,15 +30,18 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError, UsageError
+from logtoku_guard.errors import ConfigurationError, GuardRejectedError, PromptTooLongError, UsageError
 from logtoku_guard.guard_score import with_guard_score
+from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import ActionName, Decision, Policy, RetrieveSettings, default_policy
+from logtoku_guard.retrieving import Retriever, RetrieverLike, call_retriever
 from logtoku_guard.stats import ResponseStats
+from logtoku_guard.telemetry import GuardTelemetry, RunSpan
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
 
@@ -55,16 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class Retriever(Protocol):
-    """Anything with ``retrieve(query) -> passages``; a plain callable works too."""
-
-    def retrieve(self, query: str) -> Sequence[Any]: ...
-
-
-RetrieverLike = Retriever | Callable[[str], Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -144,17 +143,6 @@ class GuardResult:
         return dict(result_payload(self, thresholds))
 
 
-def _passage_text(p: Any) -> str:
-    for attr in ("page_content", "text", "content"):
-        value = getattr(p, attr, None)
-        if isinstance(value, str):
-            return value
-    if isinstance(p, str):
-        return p
-    msg = f"a retriever returned {type(p).__name__} ({p!r:.80}); return strings or objects with .text / .page_content"
-    raise ConfigurationError(msg)
-
-
 @dataclass
 class _Clock:
     """Seconds spent per stage of one guarded question."""
@@ -182,6 +170,8 @@ class Guard:
             quantile thresholds and quadrant shares.
         options: decoding options for every generation.
         system: a system message for every generation.
+        tracer_provider: OpenTelemetry spans of every decision go there (default: the global
+            provider, when OpenTelemetry is installed); or pass ``telemetry=GuardTelemetry(...)``.
     """
 
     def __init__(
@@ -194,6 +184,8 @@ class Guard:
         profile: ModelProfile | None = None,
         options: DecodingOptions | None = None,
         system: str | None = None,
+        tracer_provider: Any = None,
+        telemetry: GuardTelemetry | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy or default_policy()
@@ -210,6 +202,14 @@ class Guard:
             raise ConfigurationError(msg)
         if profile is not None:
             profile.check_matches(backend.model_name, backend.k, self.backend_evidence())
+        self.policy.check_profile(profile)
+        shares = sorted(self.policy.stats_used() & {"quadrant_i_share", "quadrant_ii_share", "unreliable_share"})
+        if shares and profile is None:
+            msg = (
+                f"policy {self.policy.name!r} reads {shares}, which need quadrant thresholds from the model's profile; "
+                "pass profile=calibrate(...) or load one with load_profile_for(model)"
+            )
+            raise ConfigurationError(msg)
         if "human_review" in self.policy.actions() and store is None:
             msg = f"policy {self.policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
             raise ConfigurationError(msg)
@@ -219,16 +219,19 @@ class Guard:
             else None
         )
         self._watch = any(r.early_stop for r in self.policy.rules)
+        self.telemetry = telemetry if telemetry is not None else GuardTelemetry(tracer_provider)
 
     # -- public API ---------------------------------------------------------------------------
     def run(self, prompt: Prompt) -> GuardResult:
         """Answer ``prompt`` and apply the policy (raises :class:`GuardRejectedError` for ``raise``)."""
         messages = to_messages(prompt, self.system)
         clock = _Clock()
-        t = time.perf_counter()
-        generation = self.backend.generate(messages, self.options)
-        clock.generation_s += time.perf_counter() - t
-        return self._finish(messages, generation, clock, stopped_early=False)
+        with self.telemetry.start_run(self, messages) as span:
+            t = time.perf_counter()
+            with span.generation(1, messages) as g:
+                generation = g.record(self.backend.generate(messages, self.options))
+            clock.generation_s += time.perf_counter() - t
+            return self._finish(messages, generation, clock, stopped_early=False, span=span)
 
     async def arun(self, prompt: Prompt) -> GuardResult:
         """:meth:`run` in a worker thread (generation is CPU/GPU bound)."""
@@ -251,17 +254,35 @@ class Guard:
         stopped_early: bool = False,
         started: float | None = None,
         generation_s: float = 0.0,
+        span: RunSpan | None = None,
     ) -> GuardResult:
         """Apply the policy to a first answer already generated for ``messages``.
 
         Decides, retrieves and regenerates as the policy says, acts and records, as :meth:`run`
         does after its first generation (raises :class:`GuardRejectedError` for ``raise``).
         ``started``: when the question arrived (``time.perf_counter()``; default now);
-        ``generation_s``: the seconds the first generation took.
+        ``generation_s``: the seconds the first generation took; ``span``: the run's telemetry
+        span, when the caller started it (:meth:`GuardTelemetry.start_run`; ended here).
         """
         clock = _Clock() if started is None else _Clock(start=started)
         clock.generation_s = generation_s
-        return self._finish(list(messages), generation, clock, stopped_early=stopped_early)
+        with span if span is not None else self.telemetry.start_run(self, messages) as run_span:
+            return self._finish(list(messages), generation, clock, stopped_early=stopped_early, span=run_span)
+
+    def abandon(
+        self, messages: Sequence[ChatMessage], generation: Generation, *, started: float, generation_s: float
+    ) -> GuardResult:
+        """Decide and record an answer whose stream the caller closed before it ended (no retrieval;
+        the reason starts "stream closed by the caller before it ended"; never raises for ``raise``)."""
+        decision = self.decide(generation)
+        why = f"stream closed by the caller before it ended ({len(generation.tokens)} token(s), {generation.finish_reason})"
+        if decision.action == "retrieve":
+            decision = self.give_up(decision, f"{why}: no retrieval")
+        else:
+            decision = replace(decision, reason=f"{why}; {decision.reason}")
+        question = [m.content for m in messages if m.role == "user"][-1]
+        timings = GuardTimings(time.perf_counter() - started, generation_s, 0.0, 0.0)
+        return self.conclude(question, decision, [Attempt(generation, decision)], timings, stopped_early=True)
 
     def backend_top_n(self) -> int:
         """The backend's ``top_n`` (tokens averaged into the response reliability)."""
@@ -350,18 +371,38 @@ class Guard:
         """
         if self.retriever is None:
             return [], "no retriever configured"
-        try:
-            fn = self.retriever.retrieve if isinstance(self.retriever, Retriever) else self.retriever
-            found = [_passage_text(p) for p in list(fn(question))[: self.policy.retrieve.passages]]
-        except Exception as exc:  # recorded in the decision and the audit trail, and logged
-            logger.warning("retriever failed for %r: %s", question, exc, exc_info=True)
-            return [], f"the retriever failed: {exc.__class__.__name__}: {exc}"
-        if not found:
-            return [], "the retriever returned nothing"
-        return found, None
+        return call_retriever(self.retriever, question, self.policy.retrieve.timeout_s, self.policy.retrieve.passages)
+
+    def answer_with_context(
+        self, messages: Sequence[ChatMessage], step: Retrieve, question: str, passages: Sequence[str]
+    ) -> tuple[Generation | None, tuple[str, ...], str | None]:
+        """Generate with the retrieved ``passages``; when the prompt is too long for the model's
+        window (:class:`PromptTooLongError`), drop the last passage and try again.
+
+        Returns ``(generation, passages used, note)``: ``note`` says how the context was
+        trimmed ("context too long for the model's window: ..."); ``generation`` is None when
+        not even one passage fits (then ``note`` is the reason to give up).
+        """
+        kept = list(passages)
+        error: PromptTooLongError | None = None
+        while kept:
+            augmented = [*messages[:-1], ChatMessage("user", step.prompt(question, kept))]
+            try:
+                generation = self.backend.generate(augmented, self.options)
+            except PromptTooLongError as exc:
+                error = exc
+                kept.pop()
+                continue
+            note = None
+            if error is not None:
+                note = f"context too long for the model's window: kept {len(kept)} of {len(passages)} passage(s) ({error})"
+            return generation, tuple(kept), note
+        return None, (), f"context too long for the model's window: {error}"
 
     # -- the loop ------------------------------------------------------------------------------
-    def _finish(self, messages: list[ChatMessage], generation: Generation, clock: _Clock, *, stopped_early: bool) -> GuardResult:
+    def _finish(
+        self, messages: list[ChatMessage], generation: Generation, clock: _Clock, *, stopped_early: bool, span: RunSpan
+    ) -> GuardResult:
         question = [m.content for m in messages if m.role == "user"][-1]
         t = time.perf_counter()
         attempts = [Attempt(generation, self.decide(generation))]
@@ -372,20 +413,30 @@ class Guard:
                 decision = step.decision
                 break
             t = time.perf_counter()
-            passages, why = self.retrieve(question)
+            with span.retrieval(step.number) as r:
+                passages, why = self.retrieve(question)
+                r.record(passages, why)
             clock.retrieval_s += time.perf_counter() - t
             if why is not None:
                 attempts[-1] = replace(attempts[-1], retrieval_error=why)
                 decision = self.give_up(step.decision, why)
                 break
-            augmented = [*messages[:-1], ChatMessage("user", step.prompt(question, passages))]
             t = time.perf_counter()
-            generation = self.backend.generate(augmented, self.options)
+            with span.generation(len(attempts) + 1, messages) as g:
+                generation_or_none, used, note = self.answer_with_context(messages, step, question, passages)
+                if generation_or_none is not None:
+                    g.record(generation_or_none)
             clock.generation_s += time.perf_counter() - t
+            if generation_or_none is None:
+                why = note or "context too long for the model's window"
+                attempts[-1] = replace(attempts[-1], retrieval_error=why)
+                decision = self.give_up(step.decision, why)
+                break
             t = time.perf_counter()
-            attempts.append(Attempt(generation, self.decide(generation, attempts), tuple(passages)))
+            attempts.append(Attempt(generation_or_none, self.decide(generation_or_none, attempts), used, note))
             clock.decision_s += time.perf_counter() - t
         result = self.conclude(question, decision, attempts, clock.timings(), stopped_early=stopped_early)
+        span.concluded(result)
         if result.action == "raise":
             raise GuardRejectedError(result)
         return result
@@ -441,40 +492,3 @@ class Guard:
             return replace(result, review_id=item.id, answer=result.answer.format(review_id=item.id))
         store.record(record)
         return result
-
-
-@dataclass
-class GuardStream:
-    """Iterate for tokens (each with its scores); ``.result`` once the stream has ended."""
-
-    guard: Guard
-    messages: list[ChatMessage]
-    _result: GuardResult | None = None
-    _stopped_early: bool = False
-
-    def __iter__(self) -> Iterator[TokenScore]:
-        guard = self.guard
-        start = time.perf_counter()
-        seen: list[TokenScore] = []
-        with guard.backend.stream(self.messages, guard.options) as stream:
-            for token in stream:
-                seen.append(token)
-                yield token
-                if guard.early_stop(seen) is not None:
-                    self._stopped_early = True
-                    break
-        generation = stream.generation
-        self._result = guard.finish(
-            self.messages,
-            generation,
-            stopped_early=self._stopped_early,
-            started=start,
-            generation_s=time.perf_counter() - start,
-        )
-
-    @property
-    def result(self) -> GuardResult:
-        if self._result is None:
-            msg = "the guarded stream is not finished: iterate it to the end before reading .result"
-            raise UsageError(msg)
-        return self._result

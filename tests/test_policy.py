@@ -60,12 +60,19 @@ def test_rules_fire_in_order_with_reasons_and_checks() -> None:
     assert (d.action, d.rule, d.reason) == ("pass", None, "no rule fired")
 
 
-def test_nan_statistics_never_fire() -> None:
-    policy = Policy.from_dict(
-        {"name": "p", "rules": [{"name": "r", "when": {"stat": "reliability", "op": "<", "value": 0}, "action": "abstain"}]}
-    )
-    d = policy.decide(ResponseStats.from_tokens([]))
-    assert d.action == "pass"
+def test_undefined_statistics_count_as_least_reliable_unless_the_policy_says_never_fires() -> None:
+    rules = [
+        {"name": "unreliable", "when": {"stat": "reliability", "op": "<", "value": 0}, "action": "abstain"},
+        {"name": "too-sure", "when": {"stat": "reliability", "op": ">", "value": 0}, "action": "warn"},
+    ]
+    empty = ResponseStats.from_tokens([])
+    d = Policy.from_dict({"name": "p", "rules": rules}).decide(empty)
+    assert (d.action, d.rule) == ("abstain", "unreliable")
+    assert "undefined: empty answer" in d.reason and d.checks[0].observed is None and d.checks[0].undefined == "empty answer"
+    d = Policy.from_dict({"name": "p", "rules": rules[1:]}).decide(empty)  # NaN is not "more reliable than"
+    assert (d.action, d.reason) == ("pass", "no rule fired")
+    d = Policy.from_dict({"name": "p", "rules": rules, "undefined": "never_fires"}).decide(empty)
+    assert (d.action, d.reason) == ("pass", "no rule fired")
 
 
 @pytest.mark.parametrize(

@@ -55,12 +55,18 @@ def main() -> None:
         t_base.append(time.perf_counter() - t)
     m = statistics.median
     print(f"questions: {len(questions)}, max_new_tokens {args.max_new_tokens}, device {backend.device}")
-    print(f"median time to first token (prefill): off {m(first_off):.4f} s, on {m(first_on):.4f} s, ratio {m(first_on) / m(first_off):.3f}")
-    print(f"median total answer time: off {m(off):.4f} s, on {m(on):.4f} s, ratio {m(on) / m(off):.3f}")
+    print(
+        f"median time to first token (prefill): off {m(first_off):.4f} s, on {m(first_on):.4f} s, "
+        f"ratio {m(first_on) / m(first_off):.3f}"
+    )
+    ratio = m(on) / m(off)
+    print(f"median total answer time: off {m(off):.4f} s, on {m(on):.4f} s, ratio {ratio:.3f}")
     print(f"sum total answer time: off {sum(off):.3f} s, on {sum(on):.3f} s, ratio {sum(on) / sum(off):.3f}")
     extra = m(stat_s) - m(t_base)
-    print(f"new statistics + guard score: median {1000 * m(stat_s):.2f} ms vs {1000 * m(t_base):.2f} ms before "
-          f"(+{1000 * extra:.2f} ms = {100 * extra / m(on):.2f}% of an answer)")
+    print(
+        f"new statistics + guard score: median {1000 * m(stat_s):.2f} ms vs {1000 * m(t_base):.2f} ms before "
+        f"(+{1000 * extra:.2f} ms = {100 * extra / m(on):.2f}% of an answer)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,14 @@ two reviewers racing on the same item cannot both decide it.
 
 The schema is SQLAlchemy Core, so the same code runs on a local SQLite file (the default) or on
 a server through a database URL (``postgresql+psycopg://user@host/db``; the driver is the
-deployment's own dependency). Times are timezone-aware UTC in Python and stored as naive UTC.
+deployment's own dependency, e.g. the ``postgresql`` extra). Times are timezone-aware UTC in
+Python and stored as naive UTC.
+
+Schema: ``audit_meta`` holds ``SCHEMA_VERSION``; a store of another version is refused with a
+message saying which side is newer, before anything is created or altered. On PostgreSQL,
+opening holds a transaction-scoped advisory lock while it checks and creates the tables, so
+processes opening a new database at once all succeed (on SQLite, ``BEGIN IMMEDIATE`` does it).
+Concurrent writers need nothing more there: each transition is one row-locked ``UPDATE``.
 
 SQLite settings, on every connection: ``journal_mode=WAL`` (readers never block the writer),
 ``busy_timeout`` (a writer waits for the lock instead of failing, 30 s by default),
@@ -82,6 +89,34 @@ def _init_tables(path: Path) -> None:
         raise OSError(str(e.orig if e.orig is not None else e)) from e
     finally:
         engine.dispose()
+
+
+_SCHEMA_LOCK = 0x6C74_6B75_6175_6474  # "ltkuaudt": PostgreSQL advisory lock held while opening (tables, version)
+
+
+def _check_version(version: str | None, where: str) -> None:
+    """Refuse a store whose schema version is not this code's (the message says which is newer)."""
+    if version is None or version == str(SCHEMA_VERSION):
+        return
+    try:
+        found = int(version)
+    except ValueError:
+        msg = (
+            f"the audit store at {where} has schema version {version!r}, which is not a version number; "
+            "it is damaged or not an audit store"
+        )
+        raise AuditStoreError(msg) from None
+    if found > SCHEMA_VERSION:
+        msg = (
+            f"the audit store at {where} has schema version {found}, written by a newer logtoku_guard; this one reads "
+            f"version {SCHEMA_VERSION} only: upgrade logtoku_guard (pip install -U logtoku-guard) to open it"
+        )
+    else:
+        msg = (
+            f"the audit store at {where} has schema version {found}, written by an older logtoku_guard; this one reads "
+            f"version {SCHEMA_VERSION} only and does not migrate: export it with that version, then start a new store"
+        )
+    raise AuditStoreError(msg)
 
 
 def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat) -> int:
@@ -201,23 +236,23 @@ class AuditStore(ReviewQueue):
             if self._file is not None and not _files.check_existing(self._file, self._fix(OSError())):
                 _files.create_store_file(self._file, _init_tables, self._fix(OSError()))
             with self._transaction("create the tables of", write=True) as conn:
-                if self._file is not None and not sa.inspect(conn).has_table(_meta.name):
+                if not self._sqlite:  # one opener at a time creates the tables (SQLite: BEGIN IMMEDIATE)
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+                has_meta = sa.inspect(conn).has_table(_meta.name)
+                if self._file is not None and not has_meta:
                     msg = (
                         f"{self._where} is a SQLite database but not an audit store (it has no {_meta.name} table); "
                         "pass the path of an audit store, or a new path to start one"
                     )
                     raise AuditStoreError(msg)
+                version = None
+                if has_meta:  # checked before anything is created or altered
+                    version = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).scalar_one_or_none()
+                    _check_version(version, self._where)
                 _metadata.create_all(conn)
                 _add_missing_columns(conn)
-                version = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).scalar_one_or_none()
                 if version is None:
                     conn.execute(sa.insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-                elif version != str(SCHEMA_VERSION):
-                    msg = (
-                        f"the audit store at {self._where} has schema version {version}, this logtoku_guard "
-                        f"writes version {SCHEMA_VERSION}; use a new path, or the logtoku_guard version that made it"
-                    )
-                    raise AuditStoreError(msg)
                 else:  # the write probe: a read-only store fails now rather than at the first record
                     conn.execute(sa.update(_meta).where(_meta.c.key == "schema_version").values(value=version))
         except BaseException:
@@ -249,6 +284,8 @@ class AuditStore(ReviewQueue):
         text = str(error).lower()
         if "locked" in text or "busy" in text:
             return "another writer held the lock longer than busy_timeout_s; raise busy_timeout_s or shorten other transactions"
+        if not self._sqlite and ("0x00" in text or "\\u0000" in text):
+            return "PostgreSQL cannot store NUL characters in text; remove them first (e.g. with a redact function)"
         if self._sqlite:
             return (
                 "check that the folder exists and this user can write to it (and to the file), and that the disk has "

@@ -20,6 +20,7 @@ and maps it to token positions through the fast tokenizer's character offsets.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PromptCapture", "QuestionSpan", "question_span"]
+__all__ = ["PromptCapture", "QuestionSpan", "for_batch", "question_span"]
 
 CHUNK = 256
 """Positions sent through the output head at once (bounds the ``chunk x vocabulary`` buffer)."""
@@ -153,3 +154,17 @@ class PromptCapture:
                     )
                 )
         return tuple(out)
+
+
+def for_batch(
+    model: Any, input_ids: torch.Tensor, spans: Sequence[tuple[QuestionSpan | None, int]], k: int, evidence: EvidenceMode
+) -> PromptCapture | None:
+    """The capture for a left-padded batch: ``spans`` holds each row's span in its own ids and
+    its left padding. None when no row has a span or the model has no decoder module to hook."""
+    get_decoder = getattr(model, "get_decoder", None)
+    if not callable(get_decoder) or get_decoder() is None or all(span is None for span, _ in spans):
+        return None
+    shifted = [
+        None if span is None else dataclasses.replace(span, start=span.start + pad, end=span.end + pad) for span, pad in spans
+    ]
+    return PromptCapture(model.get_output_embeddings(), model.config, input_ids, shifted, k, evidence)

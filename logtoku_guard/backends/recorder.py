@@ -3,8 +3,9 @@
 :class:`StepRecorder` is both a forward hook and a stopping criterion of transformers'
 ``generate``. The hook reads ``outputs.logits[:, -1]`` at every forward pass, *before* any
 logits processor (repetition penalty, temperature, top-k/p...) touches them, and keeps only
-what LogTokU needs (:class:`StepScores`): the top-K values and ids, AU, EU, the full-softmax
-entropy and its log-normaliser and, for one step only, the raw row from which the chosen
+what LogTokU needs (:class:`StepScores`): the top-K values and ids (:func:`top_k`), AU, EU,
+the full-softmax entropy and its log-normaliser (:func:`lse_entropy`, from the top-K's
+maximum) and, for one step only, the raw row from which the chosen
 token's log-probability is read (its logit minus the normaliser). The stopping criterion
 (called once per step, right after the token is chosen) pairs the chosen token with that
 step's scores, detokenizes it (:mod:`logtoku_guard.backends.detokenizer`), handles stop
@@ -94,19 +95,105 @@ def _overlap(text: str, stop: str) -> int:
 
 
 # -- per-step recording ----------------------------------------------------------------------------
+def digamma(x: float) -> float:
+    """The digamma function for ``x > 0`` (recurrence up to 6, then the asymptotic series; ~1e-13)."""
+    shift = 0.0
+    while x < 6.0:
+        shift -= 1.0 / x
+        x += 1.0
+    f = 1.0 / (x * x)
+    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
+    return shift + math.log(x) - 0.5 / x - series
+
+
+def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
+    """AU and EU of one token's top-K logits, clamped evidence, in float64 Python.
+
+    The same maths as :func:`~logtoku_guard.uncertainty.logtoku` (``"clamped"``) without a
+    dozen tiny tensor operations per step: for the K values of a token (K is small) plain
+    floats are several times cheaper. Non-finite values give NaN (the caller raises).
+    """
+    if not all(map(math.isfinite, values)):
+        return math.nan, math.nan
+    alpha = [v if v > 0.0 else 0.0 for v in values]
+    alpha0 = sum(alpha)
+    eu = len(values) / (alpha0 + len(values))
+    if alpha0 <= 0.0:
+        return 0.0, eu
+    psi0 = digamma(alpha0 + 1.0)
+    au = -sum((a / alpha0) * (digamma(a + 1.0) - psi0) for a in alpha if a > 0.0)
+    return max(au, 0.0), eu
+
+
+TOP_K_CHUNK = 128
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(k, dim=-1)`` of ``(batch, vocab)`` logits, in about one vectorised pass.
+
+    ``torch.topk`` over a whole vocabulary costs several times a plain reduction on CPU. The
+    vocabulary is cut into chunks of :data:`TOP_K_CHUNK`; the top ``k`` values lie in the
+    ``k`` chunks with the largest maxima (a chunk outside them has ``k`` larger chunk maxima
+    above its own, hence ``k`` larger values), so one ``amax`` per chunk, a top-K over the
+    chunk maxima and one over ``k`` chunks (plus the vocabulary's tail) give the same values
+    and ids (ids of exactly equal values may be another of the equal ones).
+    """
+    import torch
+
+    rows, vocab = logits.shape
+    n = vocab // TOP_K_CHUNK
+    if n <= k:
+        return logits.topk(k, dim=-1)
+    head = logits[:, : n * TOP_K_CHUNK].reshape(rows, n, TOP_K_CHUNK)
+    _, chunks = head.amax(dim=-1).topk(k, dim=-1)  # (rows, k)
+    cand = head.gather(1, chunks.unsqueeze(-1).expand(rows, k, TOP_K_CHUNK)).reshape(rows, k * TOP_K_CHUNK)
+    offsets = torch.arange(TOP_K_CHUNK, device=logits.device)
+    cand_ids = (chunks.unsqueeze(-1) * TOP_K_CHUNK + offsets).reshape(rows, k * TOP_K_CHUNK)
+    if n * TOP_K_CHUNK < vocab:
+        cand = torch.cat([cand, logits[:, n * TOP_K_CHUNK :]], dim=1)
+        tail = torch.arange(n * TOP_K_CHUNK, vocab, device=logits.device).expand(rows, -1)
+        cand_ids = torch.cat([cand_ids, tail], dim=1)
+    values, pos = cand.topk(k, dim=-1)
+    return values, cand_ids.gather(1, pos)
+
+
+def lse_entropy(logits: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logsumexp`` and softmax entropy of ``(batch, vocab)`` float32 logits whose row maxima are ``top``.
+
+    The scoring cost of a step beyond its one top-K: the maximum comes free with the top-K,
+    then one ``exp(z - max)`` written in place, its sum ``s`` and its dot product with the
+    logits ``d``: ``logsumexp = max + log s`` and ``entropy = logsumexp - d / s`` (three passes
+    over the vocabulary instead of the seven of a separate logsumexp and ``p * z``; float32
+    error ~1e-6, smaller than the separate passes'). Rows with masked (-inf) or non-finite
+    logits fall back to :func:`~logtoku_guard.uncertainty.logsumexp_entropy`.
+    """
+    import torch
+
+    e = torch.sub(logits, top.unsqueeze(-1)).exp_()
+    s = e.sum(dim=-1)
+    d = torch.linalg.vecdot(e, logits)
+    lse = top + s.log()
+    entropy = (lse - d / s).clamp_min(0.0)
+    if not bool(torch.isfinite(entropy).all()):
+        lse, entropy = logsumexp_entropy(logits)
+    return lse, entropy
+
+
 @dataclass
 class StepScores:
     """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
 
-    ``values``/``ids``: ``(batch, K)`` raw top-K logits (largest first) and their token ids;
-    ``au``/``eu``/``lse``/``entropy``: ``(batch,)``; ``logits``: ``(batch, vocab)``, this
+    ``values``/``ids``: ``(batch, max(K, max_logprobs))`` raw top logits (largest first) and their
+    token ids (AU/EU read the first K); ``au``/``eu``/``lse``/``entropy``: ``(batch,)`` (``au``/``eu``
+    None until asked for: the criterion scores clamped evidence in Python, :func:`clamped_logtoku`);
+    ``logits``: ``(batch, vocab)``, this
     step's raw row, kept only until the token is chosen.
     """
 
     values: torch.Tensor
     ids: torch.Tensor
-    au: torch.Tensor
-    eu: torch.Tensor
+    au: torch.Tensor | None
+    eu: torch.Tensor | None
     logits: torch.Tensor
     lse: torch.Tensor
     entropy: torch.Tensor
@@ -114,7 +201,13 @@ class StepScores:
 
 @dataclass
 class Row:
-    """Decoding state of one batch row: emitted tokens and those held back for stop strings."""
+    """Decoding state of one batch row: emitted tokens and those held back for stop strings.
+
+    A row may carry its own settings (a batch of independent requests): ``stop`` strings,
+    ``limit`` (its ``max_new_tokens``; None: the batch's) and ``cancel`` (ends this row only).
+    ``error`` is set, and the row closed, when its logits are not finite and the recorder
+    isolates rows (``on_row_done`` given): the other rows go on.
+    """
 
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
     held: list[TokenScore] = field(default_factory=list)
@@ -122,6 +215,10 @@ class Row:
     done: bool = False
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
+    stop: tuple[str, ...] = ()
+    limit: int | None = None
+    cancel: threading.Event | None = None
+    error: BaseException | None = None
 
 
 class StepRecorder:
@@ -131,11 +228,20 @@ class StepRecorder:
         k: top-K logits kept per token.
         evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.uncertainty.logtoku`).
         tokenizer: the model's tokenizer (only ``decode`` is used).
-        rows: batch size.
-        stop: stop strings; text is held back while it could still begin one.
+        rows: batch size, or the rows themselves (each with its own stop strings, token
+            limit and cancel event: a batch of independent requests).
+        stop: stop strings of every row given by count; text is held back while it could
+            still begin one.
         eos_ids: token ids that end a row (never emitted as tokens).
         on_token: called with ``(row, token)`` as each token is released.
         cancel: when set, every row ends with ``finish_reason == "cancelled"`` after this step.
+        max_logprobs: raw top logits kept per token for ``top_logprobs`` (``alt_logits``;
+            only when larger than ``k``); AU/EU always read the first ``k``.
+        on_row_done: called with ``(row index, row)`` as soon as a row ends (EOS, stop string,
+            its limit, its cancel event, or an error), so that its request can complete while
+            the batch goes on; rows still open when ``generate`` returns are not reported (see
+            :meth:`finish_row`). When given, non-finite logits end their row with ``error``
+            set instead of raising for the whole batch.
     """
 
     def __init__(
@@ -144,17 +250,21 @@ class StepRecorder:
         k: int,
         evidence: EvidenceMode,
         tokenizer: Any,
-        rows: int,
+        rows: int | Sequence[Row],
         stop: tuple[str, ...],
         eos_ids: frozenset[int],
         on_token: Callable[[int, TokenScore], None] | None,
         cancel: threading.Event | None,
+        max_logprobs: int = 0,
+        on_row_done: Callable[[int, Row], None] | None = None,
     ) -> None:
         self.k = k
+        self.width = max(k, max_logprobs)
         self.evidence = evidence
         self.tokenizer = tokenizer
-        self.rows = [Row() for _ in range(rows)]
+        self.rows = [Row(stop=stop) for _ in range(rows)] if isinstance(rows, int) else list(rows)
         self.stop = stop
+        self.on_row_done = on_row_done
         self.eos_ids = eos_ids
         self.on_token = on_token
         self.cancel = cancel
@@ -167,9 +277,11 @@ class StepRecorder:
     # transformers calls this after every forward pass of the model (prefill and decode).
     def hook(self, module: Any, args: Any, output: Any) -> None:
         logits = output.logits[:, -1, :].float()
-        values, ids = logits.topk(self.k, dim=-1)
-        au, eu = logtoku(values, self.evidence)
-        lse, entropy = logsumexp_entropy(logits)
+        values, ids = top_k(logits, self.width)
+        au = eu = None
+        if self.evidence != "clamped":
+            au, eu = logtoku(values[:, : self.k], self.evidence)
+        lse, entropy = lse_entropy(logits, values[:, 0])
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
 
     def current_eu(self) -> torch.Tensor:
@@ -177,6 +289,8 @@ class StepRecorder:
         if self.pending is None:
             msg = "internal error: the step's EU was read before its logits were recorded"
             raise RuntimeError(msg)
+        if self.pending.eu is None:
+            self.pending.au, self.pending.eu = logtoku(self.pending.values[:, : self.k], self.evidence)
         return self.pending.eu
 
     def record_temperatures(self, temperatures: torch.Tensor) -> None:
@@ -199,8 +313,10 @@ class StepRecorder:
         logprob = chosen_logit - pending.lse
         values = pending.values.tolist()
         top_ids = pending.ids.tolist()
-        au = pending.au.tolist()
-        eu = pending.eu.tolist()
+        if pending.au is None or pending.eu is None:
+            au, eu = map(list, zip(*(clamped_logtoku(v[: self.k]) for v in values)))
+        else:
+            au, eu = pending.au.tolist(), pending.eu.tolist()
         lp = logprob.tolist()
         ent = pending.entropy.tolist()
         temps = self.temperatures.tolist() if self.temperatures is not None else None
@@ -215,44 +331,53 @@ class StepRecorder:
                 self._close(b, row, "stop")
                 done.append(True)
                 continue
-            if not all(map(math.isfinite, values[b])):
-                raise NonFiniteLogitsError(self.step, b, values[b])
+            if not all(map(math.isfinite, values[b][: self.k])):
+                if self.on_row_done is None:
+                    raise NonFiniteLogitsError(self.step, b, values[b][: self.k])
+                row.error = NonFiniteLogitsError(self.step, b, values[b][: self.k])
+                self._close(b, row, None)
+                done.append(True)
+                continue
             piece = row.detokenizer.step(self.tokenizer, token_id)
             token = TokenScore(
                 index=len(row.tokens) + len(row.held),
                 id=token_id,
                 text=piece,
-                top_logits=tuple(values[b]),
-                top_ids=tuple(top_ids[b]),
+                top_logits=tuple(values[b][: self.k]),
+                top_ids=tuple(top_ids[b][: self.k]),
                 au=au[b],
                 eu=eu[b],
                 logprob=lp[b],
                 entropy=ent[b],
                 temperature=None if temps is None else temps[b],
+                alt_logits=tuple(values[b]) if self.width > self.k else (),
+                alt_ids=tuple(top_ids[b]) if self.width > self.k else (),
             )
             row.held.append(token)
             self._release(b, row)
+            if not row.done and row.limit is not None and len(row.tokens) + len(row.held) >= row.limit:
+                self._close(b, row, "length")
             done.append(row.done)
         self.step += 1
-        if self.cancel is not None and self.cancel.is_set():
-            for b, row in enumerate(self.rows):
-                if not row.done:
-                    self._close(b, row, "cancelled")
-            done = [True] * len(self.rows)
+        every = self.cancel is not None and self.cancel.is_set()
+        for b, row in enumerate(self.rows):
+            if not row.done and (every or (row.cancel is not None and row.cancel.is_set())):
+                self._close(b, row, "cancelled")
+                done[b] = True
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     def _release(self, b: int, row: Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""
-        if not self.stop:
+        if not row.stop:
             self._emit(b, row, len(row.held))
             return
-        kept, seq = truncate_at_stop(row.held, self.stop)
+        kept, seq = truncate_at_stop(row.held, row.stop)
         if seq is not None:
             row.held = kept
             row.stop_sequence = seq
             self._close(b, row, "stop")
             return
-        self._emit(b, row, releasable(row.held, self.stop))
+        self._emit(b, row, releasable(row.held, row.stop))
 
     def _emit(self, b: int, row: Row, n: int) -> None:
         for t in row.held[:n]:
@@ -261,10 +386,13 @@ class StepRecorder:
                 self.on_token(b, t)
         del row.held[:n]
 
-    def _close(self, b: int, row: Row, reason: FinishReason) -> None:
-        self._emit(b, row, len(row.held))
+    def _close(self, b: int, row: Row, reason: FinishReason | None) -> None:
+        if row.error is None:
+            self._emit(b, row, len(row.held))
         row.done = True
         row.finish_reason = reason
+        if self.on_row_done is not None:
+            self.on_row_done(b, row)
 
     def finish_row(self, b: int) -> Row:
         """Row ``b`` after generation ended (tokens still held at ``max_new_tokens`` emitted)."""

@@ -1,36 +1,42 @@
 """Hugging Face transformers backend: raw top-K logits captured inside ``generate``.
 
-:class:`TransformersBackend` renders the prompt (chat template), runs ``model.generate`` with
+:class:`TransformersBackend` renders the prompt (chat template) in the caller's thread, hands
+it to its :class:`~logtoku_guard.backends.batching.Batcher` (concurrent calls from threads,
+asyncio tasks or the server are merged into one left-padded batch; each returns as its own
+row ends), whose worker thread runs ``model.generate`` (with ``threads`` torch threads) with
 a :class:`~logtoku_guard.backends.recorder.StepRecorder` as forward hook and stopping
 criterion (raw top-K logits read before any logits processor, tokens scored, detokenized
 and streamed one step at a time) and, for dynamic decoding, a
 :class:`~logtoku_guard.backends.processors.DynamicTemperatureLogitsWarper`. Models are loaded
 by :mod:`logtoku_guard.backends.loading` (local files only).
 
-Modules of this backend: ``transformers`` (this one: the backend class), ``recorder`` (step
-capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
+Modules of this backend: ``transformers`` (this one: the backend class), ``batching`` (the
+batcher), ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
-embedded default).
+embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
+``Generation.prompt_scores``).
 """
 
 from __future__ import annotations
 
 import copy
-import gc
 import logging
+import os
 import queue
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
-from logtoku_guard.backends.prompt_capture import PromptCapture, question_span
-from logtoku_guard.backends.recorder import StepRecorder
+from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, question_span
+from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
@@ -54,9 +60,37 @@ from logtoku_guard.uncertainty import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NoChatTemplateWarning", "TransformersBackend"]
+__all__ = ["THREADS_ENV", "NoChatTemplateWarning", "TransformersBackend", "default_threads"]
 
 logger = logging.getLogger(__name__)
+
+THREADS_ENV = "LOGTOKU_GUARD_THREADS"
+
+
+def default_threads(threads: int | None = None) -> int | None:
+    """torch intra-op threads for generation: ``threads``, else ``$LOGTOKU_GUARD_THREADS``, else a default.
+
+    ``0`` (argument or variable) leaves torch's own setting alone (None is returned). The
+    default is 1 on a machine with at most 2 CPUs, where torch's default of one spinning
+    OpenMP thread per core made a synchronous generation 4-7x slower than the same one in a
+    worker thread as soon as another process was busy (see benchmarks/bench_threads.py), and
+    half the CPUs (at most 8) elsewhere, leaving room for other processes.
+    """
+    if threads is None:
+        env = os.environ.get(THREADS_ENV, "").strip()
+        if env:
+            try:
+                threads = int(env)
+            except ValueError:
+                msg = f"${THREADS_ENV} must be a whole number of threads, got {env!r}"
+                raise ConfigurationError(msg) from None
+    if threads is None:
+        cpus = os.cpu_count() or 1
+        return 1 if cpus <= 2 else min(8, cpus // 2)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        msg = f"threads must be a whole number >= 0 (0: torch's default), got {threads!r}"
+        raise ConfigurationError(msg)
+    return threads or None
 
 
 class NoChatTemplateWarning(UserWarning):
@@ -71,6 +105,9 @@ class TransformersBackend:
             transformers folder, a ``.gguf`` file, or a Hugging Face model id that is
             already in the local hub cache (nothing is ever downloaded).
         k: top-K logits per token (``2 <= k <= vocab``); the paper uses 2.
+        max_logprobs: raw top logits kept per token for OpenAI-style ``top_logprobs``
+            (``TokenScore.alt_logits``; default 20, vLLM's ``--max-logprobs``); AU/EU and the
+            profile use only K.
         evidence: ``"clamped"`` (default) or ``"raw"`` (reference reproduction, may give NaN).
         top_n: number of least reliable tokens averaged into the response reliability.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``... or ``"auto"`` (CUDA when available).
@@ -80,6 +117,12 @@ class TransformersBackend:
         progress: called with a short message at each slow loading stage.
         model_obj, tokenizer: an already loaded model and tokenizer (then ``model`` only
             names it).
+        max_batch: most rows generated together: concurrent calls (threads, asyncio tasks
+            via worker threads, the server) are merged into batches of up to this many rows
+            (:mod:`logtoku_guard.backends.batching`); 1 runs them one at a time.
+        threads: torch intra-op threads while generating (:func:`default_threads`: this,
+            else ``$LOGTOKU_GUARD_THREADS``, else 1 on <= 2 CPUs, half the CPUs up to 8
+            otherwise; 0 keeps torch's setting). torch's setting is process-wide.
     """
 
     def __init__(
@@ -89,14 +132,21 @@ class TransformersBackend:
         k: int = DEFAULT_K,
         evidence: EvidenceMode = "clamped",
         top_n: int = DEFAULT_TOP_N,
+        max_logprobs: int = 20,
         device: str = "auto",
         dtype: str = "auto",
         cache_dir: str | Path | None = None,
         progress: ProgressCallback | None = None,
         model_obj: Any = None,
         tokenizer: Any = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        threads: int | None = None,
     ) -> None:
         validate_k(k)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            msg = f"max_batch must be a whole number >= 1, got {max_batch!r}"
+            raise ConfigurationError(msg)
+        self._threads = default_threads(threads)
         self._evidence = validate_evidence(evidence)
         self._top_n = validate_top_n(top_n)
         if dtype not in DTYPES:
@@ -113,14 +163,17 @@ class TransformersBackend:
         self._model.eval()
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:
+            msg = f"max_logprobs must be a non-negative integer (raw top logits kept per token), got {max_logprobs!r}"
+            raise ConfigurationError(msg)
+        self._max_logprobs = max(min(max_logprobs, vocab), self._k)
         self._vocab_size = vocab
         if self._tokenizer.pad_token_id is None:
             self._tokenizer.pad_token = self._tokenizer.eos_token
         self._tokenizer.padding_side = "left"
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
-        self._lock = threading.Lock()
-        self.score_prompt = True
-        """Score the question's tokens at the prefill pass (``Generation.prompt_scores``)."""
+        self._batcher = Batcher(self._generate_jobs, max_batch=max_batch)
+        self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
         self._warned_template = False
 
     # -- properties -------------------------------------------------------------------
@@ -139,6 +192,11 @@ class TransformersBackend:
     @property
     def top_n(self) -> int:
         return self._top_n
+
+    @property
+    def max_logprobs(self) -> int:
+        """Raw top logits kept per token for ``top_logprobs`` (at least K)."""
+        return self._max_logprobs
 
     @property
     def context_window(self) -> int | None:
@@ -166,6 +224,15 @@ class TransformersBackend:
     def device(self) -> torch.device:
         return self._model.device
 
+    @property
+    def max_batch(self) -> int:
+        return self._batcher.max_batch
+
+    @property
+    def threads(self) -> int | None:
+        """torch intra-op threads set while generating (None: torch's own setting)."""
+        return self._threads
+
     # -- public API -------------------------------------------------------------------
     def render(self, prompt: Prompt, system: str | None = None) -> str:
         """The exact text fed to the model (chat template applied)."""
@@ -181,7 +248,7 @@ class TransformersBackend:
     def batch(
         self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
     ) -> list[Generation]:
-        """Generate several answers in one left-padded batch."""
+        """Generate several answers in one left-padded batch (other concurrent calls may join it)."""
         if isinstance(prompts, str) or not prompts:
             msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
             raise ConfigurationError(msg)
@@ -190,10 +257,11 @@ class TransformersBackend:
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
         """Yield each token with its AU/EU as soon as it is generated.
 
-        Generation runs in a worker thread; errors are re-raised in the consumer. With stop
-        strings, a token is held back while it could still be the start of a stop string.
-        A stream that is dropped unfinished (garbage-collected, or its iterator abandoned
-        half-read) stops generating and frees the model for the next call.
+        Generation runs in the batcher's worker thread (possibly in a batch with other
+        requests); errors are re-raised in the consumer. With stop strings, a token is held
+        back while it could still be the start of a stop string. A stream that is dropped
+        unfinished (garbage-collected, or its iterator abandoned half-read) stops generating
+        its row and frees the model for the next call.
         """
         opts = options or DecodingOptions()
         messages = to_messages(prompt, system)  # validate in the caller's thread
@@ -248,15 +316,6 @@ class TransformersBackend:
             return messages[0].content
         return "\n".join(f"{m.role}: {m.content}" for m in messages) + "\nassistant:"
 
-    def _acquire_model(self) -> None:
-        """Take the model lock; when it is busy, first collect garbage so that an abandoned stream
-        caught in a reference cycle is finalised (which cancels its generation) instead of
-        generating to the end while this call waits."""
-        if self._lock.acquire(blocking=False):
-            return
-        gc.collect()
-        self._lock.acquire()
-
     def _run(
         self,
         prompts: list[Any],
@@ -265,33 +324,51 @@ class TransformersBackend:
         on_token: Callable[[int, TokenScore], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> list[Generation]:
-        import torch
+        """Generate ``prompts`` as one job of the batcher (which may add other requests' rows)."""
+        rows = [self._prepare(to_messages(p, system), options) for p in prompts]
+        return self._batcher(Job(rows, options, on_token, cancel))
 
-        message_lists = [to_messages(p, system) for p in prompts]
-        texts = [self._render(m) for m in message_lists]
+    def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> _Prepared:
+        """Render and tokenize one prompt in the caller's thread; check it fits the context."""
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
-        enc = self._tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not has_template)
-        prompt_capture = self._prompt_capture(enc, texts, message_lists)
-        lengths = enc["attention_mask"].sum(dim=1).tolist()
+        text = self._render(messages)
+        fast = bool(getattr(self._tokenizer, "is_fast", False))
+        enc = self._tokenizer(text, add_special_tokens=not has_template, return_offsets_mapping=fast)
+        ids = list(enc["input_ids"])
+        span = question_span(text, _question(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
         ctx = self.context_window
-        max_new = options.max_new_tokens
+        limit = options.max_new_tokens
         if ctx is not None:
-            longest = max(lengths)
-            if longest >= ctx:
-                raise PromptTooLongError(int(longest), ctx)
-            if longest + max_new > ctx:
+            if len(ids) >= ctx:
+                raise PromptTooLongError(len(ids), ctx)
+            if len(ids) + limit > ctx:
                 logger.warning(
                     "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
-                    max_new,
-                    longest,
+                    limit,
+                    len(ids),
                     ctx,
-                    ctx - longest,
+                    ctx - len(ids),
                 )
-                max_new = ctx - longest
+                limit = ctx - len(ids)
+        return _Prepared(messages, ids, limit, span)
+
+    def _generate_jobs(self, jobs: list[Job]) -> None:
+        """Run ``jobs`` (compatible options) as one left-padded batch; each job completes as its rows end."""
+        import torch
+
+        if self._threads is not None and torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
+        options = jobs[0].options
+        rows = [(job, i, p) for job in jobs for i, p in enumerate(job.rows)]
+        longest = max(len(p.ids) for _, _, p in rows)
+        pad = int(self._tokenizer.pad_token_id)
+        input_ids = torch.tensor([[pad] * (longest - len(p.ids)) + p.ids for _, _, p in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (longest - len(p.ids)) + [1] * len(p.ids) for _, _, p in rows], dtype=torch.long)
+        max_new = max(p.limit for _, _, p in rows)
         gen_cfg = copy.deepcopy(self._model.generation_config)
         settings: dict[str, Any] = {
             "max_new_tokens": max_new,
-            "pad_token_id": self._tokenizer.pad_token_id,
+            "pad_token_id": pad,
             "eos_token_id": sorted(self._eos_ids) or None,
             "return_dict_in_generate": False,
             "output_scores": False,
@@ -304,90 +381,103 @@ class TransformersBackend:
             settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         gen_cfg.update(**settings)
 
+        results: dict[int, dict[int, Generation]] = {id(job): {} for job in jobs}
+        start = time.perf_counter()
+
+        def on_token(b: int, token: TokenScore) -> None:
+            job, i, _ = rows[b]
+            if job.on_token is not None and not job.future.done():
+                job.on_token(i, token)
+
+        def on_row_done(b: int, state: Row) -> None:
+            job, i, prepared = rows[b]
+            if job.future.done():
+                return
+            if state.error is not None:
+                job.future.set_exception(state.error)
+                return
+            done = results[id(job)]
+            scores = capture.scores[b] if capture is not None else ()
+            done[i] = self._generation(prepared, state, job, start, recorder.first_token_s, scores)
+            if len(done) == len(job.rows):
+                job.future.set_result([done[n] for n in range(len(job.rows))])
+
         recorder = StepRecorder(
             k=self._k,
             evidence=self._evidence,
             tokenizer=self._tokenizer,
-            rows=len(texts),
-            stop=options.stop,
+            rows=[Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel) for job, _, p in rows],
+            stop=(),
             eos_ids=self._eos_ids,
             on_token=on_token,
-            cancel=cancel,
+            cancel=None,
+            max_logprobs=self._max_logprobs,
+            on_row_done=on_row_done,
         )
         processors = []
         if options.dynamic is not None:
             processors.append(DynamicTemperatureLogitsWarper(options.dynamic, recorder.current_eu, recorder.record_temperatures))
-
-        self._acquire_model()
+        if options.seed is not None:
+            torch.manual_seed(options.seed)
+            if torch.cuda.is_available():
+                torch.cuda.manual_seed_all(options.seed)
+        spans = [(p.span, longest - len(p.ids)) for _, _, p in rows]
+        capture = for_batch(self._model, input_ids, spans, self._k, self._evidence) if self.score_prompt else None
+        handle = self._model.register_forward_hook(recorder.hook)
+        prompt_handle = self._model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+        recorder.start = start
         try:
-            if options.seed is not None:
-                torch.manual_seed(options.seed)
-                if torch.cuda.is_available():
-                    torch.cuda.manual_seed_all(options.seed)
-            handle = self._model.register_forward_hook(recorder.hook)
-            if prompt_capture is not None:
-                prompt_handle = self._model.get_decoder().register_forward_hook(prompt_capture.hook)
-            start = time.perf_counter()
-            recorder.start = start
-            try:
-                with torch.inference_mode():
-                    self._model.generate(
-                        **enc.to(self._model.device),
-                        generation_config=gen_cfg,
-                        logits_processor=processors or None,
-                        stopping_criteria=[recorder],
-                    )
-            finally:
-                handle.remove()
-                if prompt_capture is not None:
-                    prompt_handle.remove()
-            total = time.perf_counter() - start
-        finally:
-            self._lock.release()
-        out = []
-        for row, (msgs, n_prompt) in enumerate(zip(message_lists, lengths)):
-            state = recorder.finish_row(row)
-            n = len(state.tokens)
-            decode_s = total - (recorder.first_token_s or 0.0)
-            out.append(
-                Generation(
-                    model=self._name,
-                    prompt=_question(msgs),
-                    text="".join(t.text for t in state.tokens),
-                    tokens=tuple(state.tokens),
-                    finish_reason=state.finish_reason or ("cancelled" if cancel is not None and cancel.is_set() else "length"),
-                    k=self._k,
-                    evidence=self._evidence,
-                    top_n=self._top_n,
-                    prompt_tokens=int(n_prompt),
-                    stop_sequence=state.stop_sequence,
-                    timings=Timings(
-                        total_s=total,
-                        first_token_s=recorder.first_token_s,
-                        tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-                    ),
-                    prompt_scores=prompt_capture.scores[row] if prompt_capture is not None else (),
+            with torch.inference_mode():
+                self._model.generate(
+                    input_ids=input_ids.to(self._model.device),
+                    attention_mask=mask.to(self._model.device),
+                    generation_config=gen_cfg,
+                    logits_processor=processors or None,
+                    stopping_criteria=[recorder],
                 )
-            )
-        return out
+        finally:
+            handle.remove()
+            if prompt_handle is not None:
+                prompt_handle.remove()
+        for b, state in enumerate(recorder.rows):
+            if not state.done:  # still open at max_new_tokens
+                on_row_done(b, recorder.finish_row(b))
 
-    def _prompt_capture(self, enc: Any, texts: list[str], message_lists: list[list[ChatMessage]]) -> PromptCapture | None:
-        """The prefill hook scoring each row's question tokens (None: no fast tokenizer offsets
-        or no decoder module to hook; the generations then have no prompt scores)."""
-        if not self.score_prompt or not getattr(self._tokenizer, "is_fast", False):
-            return None
-        if not callable(getattr(self._model, "get_decoder", None)) or self._model.get_decoder() is None:
-            return None
-        has_template = bool(getattr(self._tokenizer, "chat_template", None))
-        offsets = self._tokenizer(texts, padding=True, add_special_tokens=not has_template, return_offsets_mapping=True)[
-            "offset_mapping"
-        ]
-        spans = [
-            question_span(text, _question(msgs), offs, mask)
-            for text, msgs, offs, mask in zip(texts, message_lists, offsets, enc["attention_mask"].tolist())
-        ]
-        head = self._model.get_output_embeddings()
-        return PromptCapture(head, self._model.config, enc["input_ids"], spans, self._k, self._evidence)
+    def _generation(
+        self, prepared: _Prepared, state: Row, job: Job, start: float, first_token_s: float | None, prompt_scores: Any = ()
+    ) -> Generation:
+        total = time.perf_counter() - start
+        n = len(state.tokens)
+        decode_s = total - (first_token_s or 0.0)
+        cancelled = job.cancel is not None and job.cancel.is_set()
+        return Generation(
+            model=self._name,
+            prompt=_question(prepared.messages),
+            text="".join(t.text for t in state.tokens),
+            tokens=tuple(state.tokens),
+            finish_reason=state.finish_reason or ("cancelled" if cancelled else "length"),
+            k=self._k,
+            evidence=self._evidence,
+            top_n=self._top_n,
+            prompt_tokens=len(prepared.ids),
+            stop_sequence=state.stop_sequence,
+            timings=Timings(
+                total_s=total,
+                first_token_s=first_token_s,
+                tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            ),
+            prompt_scores=prompt_scores,
+        )
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One row ready to batch: its turns, prompt token ids and token limit."""
+
+    messages: list[ChatMessage]
+    ids: list[int]
+    limit: int
+    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
 
 
 def _question(messages: list[ChatMessage]) -> str:

@@ -7,11 +7,16 @@ of :class:`~logtoku_guard.stats.ResponseStats` over a calibration set of prompts
 can then say "flag the top 10% of max EU" (``{quantile: 0.9}``). :func:`calibrate` runs a
 backend over prompts and builds one (:func:`build_profile`); :func:`profile_path` and
 :func:`load_profile_for` keep it next to the model cache.
+
+Every grid is finite and sorted (checked on load and construction: a NaN grid would silently
+disable every quantile rule on it); a statistic with no finite value over the calibration set
+is left out of ``stats``, and a rule on it is refused when the guard is built.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import os
 import re
@@ -20,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from logtoku_guard.embedded import cache_root
 from logtoku_guard.errors import ConfigurationError
@@ -65,6 +70,25 @@ class ModelProfile(BaseModel):
         """Whether ``stat`` has a usable (not all-NaN) quantile grid in this profile."""
         grid = self.stats.get(stat)
         return grid is not None and any(math.isfinite(v) for v in grid)
+
+    @model_validator(mode="after")
+    def _grids_are_finite_and_sorted(self) -> ModelProfile:
+        grids = {"token_au": self.token_au, "token_eu": self.token_eu, **self.stats}
+        for name, grid in grids.items():
+            if len(grid) != GRID:
+                msg = f"the profile's {name!r} grid has {len(grid)} points, not {GRID}; re-run `logtoku-guard calibrate`"
+                raise ValueError(msg)
+            bad = next((i for i, v in enumerate(grid) if not math.isfinite(v)), None)
+            if bad is not None:
+                msg = (
+                    f"the profile's {name!r} grid is not finite (point {bad} is {grid[bad]!r}), so every quantile rule on "
+                    f"it would be meaningless; re-run `logtoku-guard calibrate --model {self.model}`"
+                )
+                raise ValueError(msg)
+            if any(b < a for a, b in itertools.pairwise(grid)):
+                msg = f"the profile's {name!r} grid is not sorted; re-run `logtoku-guard calibrate --model {self.model}`"
+                raise ValueError(msg)
+        return self
 
     def quantile(self, stat: str, q: float) -> float:
         """Value of ``stat`` (a response statistic, ``token_au`` or ``token_eu``) at quantile ``q``."""
@@ -132,6 +156,8 @@ class ModelProfile(BaseModel):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ModelProfile:
+        """The profile saved at ``path``; a pydantic ``ValidationError`` (a ValueError) names a
+        grid that is not finite or not sorted (re-run calibrate), ConfigurationError a missing file."""
         p = Path(path)
         try:
             return cls.model_validate_json(p.read_text())
@@ -158,21 +184,15 @@ def load_profile_for(
     return profile
 
 
-def _grid(values: Sequence[float]) -> list[float]:
+def _grid(values: Sequence[float]) -> list[float] | None:
+    """The GRID-point quantile grid of the finite ``values`` (None when there is none)."""
     import numpy as np
 
     arr = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
     if arr.size == 0:
-        return [math.nan] * GRID
-    return [float(x) for x in np.quantile(arr, np.linspace(0.0, 1.0, GRID))]
-
-
-def _stat_grids(rows: Sequence[ResponseStats]) -> dict[str, list[float]]:
-    """The quantile grid of every statistic defined for some row (an all-NaN one, e.g.
-    ``guard_score`` without a fitted guard or ``prompt_*`` without prompt scores, is left out:
-    :meth:`ModelProfile.has_stat` is then False)."""
-    grids = {name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES}
-    return {name: g for name, g in grids.items() if any(math.isfinite(v) for v in g)}
+        return None
+    grid = np.maximum.accumulate(np.quantile(arr, np.linspace(0.0, 1.0, GRID)))  # sorted despite rounding
+    return [float(x) for x in grid]
 
 
 def build_profile(generations: Sequence[Generation], source: str, guard: GuardModel | None = None) -> ModelProfile:
@@ -186,8 +206,13 @@ def build_profile(generations: Sequence[Generation], source: str, guard: GuardMo
     if not tokens:
         msg = "every calibration answer is empty; raise max_new_tokens or check the prompts"
         raise ConfigurationError(msg)
+    token_au, token_eu = _grid([t.au for t in tokens]), _grid([t.eu for t in tokens])
+    if token_au is None or token_eu is None:
+        msg = "no calibration token has a finite AU and EU (NaN token scores); use evidence='clamped' or other prompts"
+        raise ConfigurationError(msg)
     quadrants = QuadrantThresholds.from_quantile([t.au for t in tokens], [t.eu for t in tokens], 0.5, "calibration median")
     rows = [with_guard_score(ResponseStats.from_generation(g, quadrants), guard) for g in generations]
+    grids = {name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES}
     return ModelProfile(
         model=first.model,
         k=first.k,
@@ -197,9 +222,9 @@ def build_profile(generations: Sequence[Generation], source: str, guard: GuardMo
         n_prompts=len(generations),
         n_tokens=len(tokens),
         source=source,
-        token_au=_grid([t.au for t in tokens]),
-        token_eu=_grid([t.eu for t in tokens]),
-        stats=_stat_grids(rows),
+        token_au=token_au,
+        token_eu=token_eu,
+        stats={name: grid for name, grid in grids.items() if grid is not None},  # a stat never defined is left out
         guard=guard,
     )
 

@@ -1,7 +1,7 @@
 """The ``logtoku-guard serve`` command (a typer function; the CLI registers it).
 
 logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ...]
-                    [--max-batch 8] [--policy policy.yaml] [--max-tokens 1024] ...
+                    [--max-batch 8] [--threads N] [--policy policy.yaml] [--max-tokens 1024] ...
 """
 
 from __future__ import annotations
@@ -26,8 +26,15 @@ def serve(
     ] = None,
     allow_remote: Annotated[bool, typer.Option(help="Allow binding to a non-loopback address.")] = False,
     max_batch: Annotated[
-        int, typer.Option(help="Largest group of concurrent requests generated together (today: one at a time).")
+        int, typer.Option(help="Most concurrent requests generated together in one batch (1: one at a time).")
     ] = 8,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            envvar="LOGTOKU_GUARD_THREADS",
+            help="torch CPU threads for generation (default: 1 on <= 2 CPUs, else half the CPUs up to 8; 0: torch's).",
+        ),
+    ] = None,
     policy: Annotated[Path | None, typer.Option(help="Guard every answer with this policy (YAML or JSON).")] = None,
     profile: Annotated[Path | None, typer.Option(help="Model profile JSON, for a policy with quantile thresholds.")] = None,
     top_k: Annotated[
@@ -68,7 +75,16 @@ def serve(
             prof = ModelProfile.load(profile)
         from logtoku_guard.backends.transformers import TransformersBackend
 
-        backend = TransformersBackend(model, k=top_k, top_n=top_n, device=device, dtype=dtype, cache_dir=cache_dir)
+        backend = TransformersBackend(
+            model,
+            k=top_k,
+            top_n=top_n,
+            device=device,
+            dtype=dtype,
+            cache_dir=cache_dir,
+            max_batch=max_batch,
+            threads=threads,
+        )
         if pol is not None and prof is None and pol.uses_quantiles():
             from logtoku_guard.calibration import load_profile_for
 
@@ -82,7 +98,9 @@ def serve(
     except Exception as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"serving {backend.model_name!r} on http://{host}:{port}/v1 (K={backend.k})", err=True)
+    typer.echo(
+        f"serving {backend.model_name!r} on http://{host}:{port}/v1 (K={backend.k}, max batch {backend.max_batch})", err=True
+    )
     run_server(
         backend,
         host=host,

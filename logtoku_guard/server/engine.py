@@ -1,10 +1,12 @@
 """What the server runs for a request: generation (and, with a policy, the guard) off the event loop.
 
-The one seam a batcher replaces is :class:`Runner`: ``await runner.run(fn)`` calls
-``fn(backend)`` in a worker thread and returns its result. :class:`ThreadRunner` (today) runs
-at most ``workers`` such calls at once, each on the shared backend; a batching runner will
-hand ``fn`` a backend view whose ``generate`` joins a batch. Everything above it (guard,
-streaming, wire format) stays as it is.
+:class:`Runner` is the seam: ``await runner.run(fn)`` calls ``fn(backend)`` in a worker thread
+and returns its result. :class:`ThreadRunner` runs up to ``workers`` such calls at once on the
+shared backend (by default twice the backend's ``max_batch``); a
+:class:`~logtoku_guard.backends.transformers.TransformersBackend` merges the calls that meet
+into batched generations (:mod:`logtoku_guard.backends.batching`), so concurrent requests are
+generated together and each returns as soon as its own answer ends. Everything above it
+(guard, streaming, wire format) stays as it is.
 """
 
 from __future__ import annotations
@@ -33,11 +35,17 @@ class Runner(Protocol):
 
 
 class ThreadRunner:
-    """At most ``workers`` generations at once, each in a worker thread (requests queue in order)."""
+    """At most ``workers`` generations at once, each in a worker thread (requests queue in order).
 
-    def __init__(self, backend: Backend, workers: int = 1) -> None:
+    ``workers`` defaults to twice the backend's ``max_batch`` (1 for a backend without one):
+    while one batch generates, the next one gathers in the backend's queue.
+    """
+
+    def __init__(self, backend: Backend, workers: int | None = None) -> None:
         import anyio
 
+        if workers is None:
+            workers = 2 * int(getattr(backend, "max_batch", 0)) or 1
         self.backend = backend
         self._limiter = anyio.CapacityLimiter(workers)
 

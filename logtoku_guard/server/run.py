@@ -47,7 +47,7 @@ def build_app(
     profile: Any = None,
     store: Any = None,
     settings: ServerSettings | None = None,
-    workers: int = 1,
+    workers: int | None = None,
 ) -> Any:
     """The ASGI app for ``backend`` (optionally guarded by ``policy``)."""
     engine = Engine(ThreadRunner(backend, workers), policy=policy, profile=profile, store=store)

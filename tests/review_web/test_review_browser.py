@@ -6,6 +6,7 @@ does it). Skipped only when no chromium executable is found.
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -17,10 +18,12 @@ from logtoku_guard.audit import AuditStore, ReviewItem
 
 from .support import ADMIN_TOKEN, live_server, queue
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if os.environ.get("CI", "").lower() == "true" and CHROMIUM is None:  # CI installs it (scripts/install.sh --dev)
+    msg = "CI=true but no chromium executable on PATH: `bash scripts/install.sh --dev` installs Debian's chromium"
+    raise RuntimeError(msg)
 pytest.importorskip("uvicorn")
 sync_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium executable on PATH: apt-get install chromium"),

@@ -1,6 +1,7 @@
 """Conversions between LangChain objects and the core's typed objects (no maths here).
 
-- LangChain messages <-> core :class:`~logtoku_guard.types.ChatMessage` turns;
+- LangChain messages <-> core :class:`~logtoku_guard.types.ChatMessage` turns (tool calls and
+  tool results rendered as text by :mod:`langchain_logtoku.tools`);
 - OpenAI-format ``"logprobs"`` items and usage from a core :class:`~logtoku_guard.types.Generation`;
 - :class:`GuardPayload`, the type of the guard's ``response_metadata["logtoku_guard"]``.
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
 
-from logtoku_guard.errors import InvalidPromptError
+from langchain_logtoku.tools import render_tool_calls, render_tool_result
+from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.payloads import ResultPayload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, TokenScore
@@ -44,28 +46,38 @@ def _text_of(message: BaseMessage, i: int) -> str:
 
 
 def to_core_messages(messages: Sequence[BaseMessage]) -> list[CoreMessage]:
-    """LangChain messages -> core chat turns (system / human / ai; ``name`` is dropped).
+    """LangChain messages -> core chat turns (system / human / ai / tool; ``name`` is dropped).
 
-    Raises :class:`~logtoku_guard.errors.InvalidPromptError` for tool messages, tool calls and
-    non-text content, which the model cannot read.
+    An AI message with tool calls becomes an assistant turn with ``<tool_call>`` blocks; tool
+    messages become a user turn of ``<tool_response>`` blocks (consecutive ones share the turn;
+    :mod:`langchain_logtoku.tools`). Raises :class:`~logtoku_guard.errors.InvalidPromptError`
+    for function messages and non-text content, which the model cannot read.
     """
     out: list[CoreMessage] = []
     for i, m in enumerate(messages):
+        if isinstance(m, ToolMessage):
+            text = render_tool_result(m)
+            if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
+                out[-1] = CoreMessage("user", f"{out[-1].content}\n{text}")
+            else:
+                out.append(CoreMessage("user", text))
+            continue
         if isinstance(m, SystemMessage):
             role = "system"
         elif isinstance(m, HumanMessage):
             role = "user"
         elif isinstance(m, AIMessage):
             if m.tool_calls:
-                msg = f"message {i} is an AI message with tool calls; ChatLogTokU does not support tool calling"
-                raise InvalidPromptError(msg)
+                _text_of(m, i)  # text content only
+                out.append(CoreMessage("assistant", render_tool_calls(m)))
+                continue
             role = "assistant"
         elif isinstance(m, ChatMessage) and m.role in _ROLES:
             role = _ROLES[m.role]
         else:
             msg = (
-                f"message {i} is a {type(m).__name__} (type {m.type!r}); ChatLogTokU takes system, human and ai "
-                "messages only (no tool or function messages: the model cannot call tools)"
+                f"message {i} is a {type(m).__name__} (type {m.type!r}); ChatLogTokU takes system, human, ai "
+                "and tool messages (no legacy function messages)"
             )
             raise InvalidPromptError(msg)
         out.append(CoreMessage(role, _text_of(m, i)))  # type: ignore[arg-type]
@@ -100,7 +112,8 @@ class GuardPayload(_GuardRequired, total=False):
 def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], str]) -> dict[str, Any]:
     """One token in the OpenAI ``logprobs.content`` format.
 
-    ``top_logprobs`` come from the stored top-K **raw logits**: every log-probability shares
+    ``top_logprobs`` come from the stored **raw logits** (the backend's ``max_logprobs`` of them,
+    ``token.alt_logits``, else the top K): every log-probability shares
     the normaliser ``logsumexp(z)`` over the vocabulary, and the chosen token gives it away,
     ``logsumexp(z) = z_chosen - logprob_chosen``, so ``logprob_j = z_j - z_chosen +
     logprob_chosen``. This needs the chosen token among the K stored ids (always true for
@@ -109,12 +122,9 @@ def logprob_item(token: TokenScore, top_logprobs: int, decode: Callable[[int], s
     text (an incomplete multi-byte character has empty text and no bytes).
     """
     tops: list[dict[str, Any]] = []
-    if top_logprobs > 0 and token.id in token.top_ids:
-        chosen = token.top_ids.index(token.id)
-        lse = token.top_logits[chosen] - token.logprob
-        for tid, z in list(zip(token.top_ids, token.top_logits))[:top_logprobs]:
-            text = token.text if tid == token.id else decode(tid)
-            tops.append({"token": text, "logprob": z - lse, "bytes": list(text.encode("utf-8"))})
+    for tid, logprob in token.top_logprobs(top_logprobs):  # TokenScore.top_logprobs: the maths
+        text = token.text if tid == token.id else decode(tid)
+        tops.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))})
     return {
         "token": token.text,
         "logprob": token.logprob,
@@ -127,3 +137,18 @@ def usage(generation: Generation) -> UsageMetadata:
     """Prompt tokens in, scored answer tokens out (the end-of-sequence token is not counted)."""
     n_in, n_out = int(generation.prompt_tokens), len(generation.tokens)
     return UsageMetadata(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out)
+
+
+def check_top_logprobs(n: Any, k: int, capacity: int) -> int:
+    """``n`` validated as a ``top_logprobs`` request against the raw logits kept per token."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        msg = f"top_logprobs must be a non-negative integer, got {n!r}"
+        raise ConfigurationError(msg)
+    if n > capacity:
+        msg = (
+            f"top_logprobs={n} but only max_logprobs={capacity} raw logits are kept per token "
+            f"(K={k}, top_k, is what LogTokU scores and is unaffected): build the model with "
+            f"ChatLogTokU(max_logprobs={n}) or TransformersBackend(max_logprobs={n})"
+        )
+        raise ConfigurationError(msg)
+    return n

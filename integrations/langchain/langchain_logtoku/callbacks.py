@@ -3,11 +3,12 @@
 The guard (:class:`~langchain_logtoku.guard.LogTokUGuard`) dispatches two custom events on its
 own run (``on_custom_event``; ``astream_events(version="v2")`` shows them as ``on_custom_event``):
 
-- :data:`FLAGGED_EVENT` (``"logtoku_flagged"``) for every route other than a plain pass (warn,
-  retrieve, abstain, human review, raise): ``data`` is the decision, the same
-  :class:`~langchain_logtoku._convert.GuardPayload` as the answer's
-  ``response_metadata["logtoku_guard"]``, plus the flat ``logtoku.action``,
-  ``logtoku.reliability`` and ``logtoku.rule`` keys.
+- :data:`FLAGGED_EVENT` (``"logtoku_flagged"``) for every route other than a single plain pass
+  (warn, retrieve (even when the retrieved answer then passed), abstain, human review, raise):
+  ``data`` is the decision, the same :class:`~langchain_logtoku._convert.GuardPayload` as the
+  answer's ``response_metadata["logtoku_guard"]`` (``route``: each attempt's action and rule),
+  plus the flat ``logtoku.action``, ``logtoku.reliability``, ``logtoku.rule``,
+  ``logtoku.route`` and ``logtoku.rules`` keys.
 - :data:`RETRACTED_EVENT` (``"logtoku_retracted"``), in ``stream_mode="retract"`` only, when
   an answer already streamed is withdrawn: ``data`` is the decision plus ``retracted_text``
   (what was streamed); the replacement is ``data["answer"]``.

@@ -12,18 +12,26 @@ the message metadata:
   OpenAI format ``{"content": [{token, logprob, bytes, top_logprobs}]}``.
 - ``usage_metadata``, ``response_metadata["model_name"]`` and ``["finish_reason"]``.
 
+``top_logprobs`` alternatives come from the backend's ``max_logprobs`` raw top logits per token
+(default 20), stored apart from the K that LogTokU scores: asking for 15 changes neither K,
+AU/EU nor the profile. Tools (``bind_tools``) use the JSON tool-call prompt of
+:mod:`langchain_logtoku.tools`; the answer's tool-call blocks become ``AIMessage.tool_calls``.
+
 Streaming and merging. LangChain adds streamed chunks with ``merge_dicts``: strings are
 concatenated, ints summed, lists concatenated, and two different floats under one key
 raise. So each streamed chunk carries only its own token, as one-item lists
 (``{"logtoku": {"tokens": [item]}, "logprobs": {"content": [item]}}``), and a final empty
 chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_name``,
 ``finish_reason`` and ``usage_metadata``. The aggregated stream therefore ends with exactly
-the metadata of :meth:`invoke`. Consumers that keep only the last chunk's metadata (the
-``stream_events(version="v3")`` protocol) see the summary but not the per-token lists.
+the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation).
+Consumers that keep only the last chunk's metadata (the ``stream_events(version="v3")``
+protocol) see the summary but not the per-token lists.
 
-Every call also reports its core :class:`~logtoku_guard.types.Generation` (and, streaming, each
-token, a cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that
-is how :class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages.
+Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
+cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that is how
+:class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages. With a
+capture active, ``invoke`` generates through the token stream internally (same result, nothing
+streamed to callbacks), so a capture can stop it early.
 """
 
 from __future__ import annotations
@@ -31,17 +39,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from langchain_logtoku import _convert
+from langchain_logtoku import tools as _tools
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.capture import active_captures
@@ -51,10 +63,14 @@ from logtoku_guard.payloads import summary_payload, token_payload
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
 
-_CALL_ARGS = frozenset({"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"})
-_TOOL_ARGS = frozenset({"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"})
-_BUILD_FIELDS = ("model", "device", "dtype", "cache_dir")
+_CALL_ARGS = frozenset(
+    {"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"}
+    | {"tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format"}
+)
+_TOOL_ARGS = frozenset({"functions", "function_call"})
+_BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20
+"""The default ``max_logprobs``: raw top logits kept per token for ``top_logprobs`` (vLLM's default)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,8 @@ class _Call:
     backend_k: int
     logprobs: bool
     top_logprobs: int
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | None = None
 
 
 class ChatLogTokU(BaseChatModel):
@@ -87,7 +105,9 @@ class ChatLogTokU(BaseChatModel):
         max_tokens: new tokens at most (default 256). seed: sampling seed.
         stop: stop strings (cut from the answer, ``finish_reason="stop"``).
         logprobs, top_logprobs: add OpenAI-format ``response_metadata["logprobs"]``;
-            ``top_logprobs`` (0-20) must not exceed the backend's K, the logits it stores.
+            ``top_logprobs`` alternatives per token, at most ``max_logprobs``.
+        max_logprobs: raw top logits a built backend keeps per token for ``top_logprobs``
+            (default 20); separate from K (``top_k``), which alone drives AU/EU.
         logtoku_profile: the model's calibration profile, for token quadrants; ``"auto"``
             (default) loads the saved profile of this model when there is one, ``None`` never.
         streaming: stream by default inside chains (LangChain's standard flag).
@@ -97,8 +117,10 @@ class ChatLogTokU(BaseChatModel):
 
     Every per-call keyword (``invoke(..., temperature=0.7, max_tokens=32, seed=1, top_k=2,
     top_p=0.9, logprobs=True, top_logprobs=2)``) overrides its field for that call; any other
-    keyword is an error. Tool calling is not supported (the 135M model cannot call tools):
-    ``bind_tools`` raises ``NotImplementedError`` and tool messages are refused.
+    keyword is an error. Tools: ``bind_tools(tools, tool_choice=...)`` (``"auto"``, ``"any"``,
+    ``"none"`` or a tool name) through the JSON tool-call prompt of :mod:`langchain_logtoku.tools`;
+    ``ToolMessage`` inputs are accepted. With tools bound, ``stream()`` yields the whole answer as
+    one chunk (``disable_streaming="tool_calling"``), tool calls parsed.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -117,6 +139,8 @@ class ChatLogTokU(BaseChatModel):
     stop: list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    max_logprobs: int = MAX_TOP_LOGPROBS
+    disable_streaming: bool | Literal["tool_calling"] = "tool_calling"
     logtoku_profile: ModelProfile | Literal["auto"] | None = Field(default="auto", exclude=True, repr=False)
     streaming: bool = False
     timeout: float | None = None
@@ -159,7 +183,7 @@ class ChatLogTokU(BaseChatModel):
             stop=tuple(self.stop or ()),
         )
         if self.top_logprobs is not None:
-            self._check_top_logprobs(self.top_logprobs, self._configured_k())
+            _convert.check_top_logprobs(self.top_logprobs, self._configured_k(), self._capacity(self.backend))
         return self
 
     # -- identity ------------------------------------------------------------------------
@@ -271,23 +295,28 @@ class ChatLogTokU(BaseChatModel):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- per-call settings ---------------------------------------------------------------
-    @staticmethod
-    def _check_top_logprobs(n: Any, k: int) -> int:
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
-            msg = f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {n!r}"
-            raise ConfigurationError(msg)
-        if n > k:
-            msg = (
-                f"top_logprobs={n} but only the K={k} largest logits are kept per token; "
-                f"build the model with top_k >= {n} (e.g. ChatLogTokU(top_k={n}))"
-            )
-            raise ConfigurationError(msg)
-        return n
+    def _capacity(self, backend: Any) -> int:
+        """Raw top logits kept per token: the backend's ``max_logprobs`` (else its K), or the field."""
+        return (
+            max(self.max_logprobs, self._configured_k()) if backend is None else int(getattr(backend, "max_logprobs", backend.k))
+        )
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (OpenAI format), described to the model by the JSON tool-call prompt."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        _tools.tool_choice_name(tool_choice, _tools.names(formatted))  # fail early
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
         unknown = set(kwargs) - _CALL_ARGS
         if unknown & _TOOL_ARGS:
-            msg = f"ChatLogTokU does not support tool calling (got {sorted(unknown & _TOOL_ARGS)}): the model cannot call tools"
+            msg = f"legacy function calling is not supported (got {sorted(unknown & _TOOL_ARGS)}): use tool calling, bind_tools"
             raise NotImplementedError(msg)
         if unknown:
             msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {sorted(_CALL_ARGS - {'stream'})} and stop"
@@ -315,13 +344,22 @@ class ChatLogTokU(BaseChatModel):
             raise ConfigurationError(msg)
         top_lp = kwargs.get("top_logprobs", self.top_logprobs)
         logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
+        bound = tuple(convert_to_openai_tool(t) for t in kwargs.get("tools") or ())
+        choice = _tools.tool_choice_name(kwargs.get("tool_choice"), _tools.names(bound))
         return _Call(
             options=options,
             k=k,
             backend_k=backend_k,
             logprobs=logprobs,
-            top_logprobs=0 if top_lp is None else self._check_top_logprobs(top_lp, backend_k),
+            top_logprobs=0 if top_lp is None else _convert.check_top_logprobs(top_lp, k, self._capacity(self.core_backend)),
+            tools=bound if choice != "none" else (),
+            tool_choice=choice,
         )
+
+    @staticmethod
+    def _prompt(messages: list[BaseMessage], call: _Call) -> list[Any]:
+        prompt = _convert.to_core_messages(messages)
+        return _tools.with_tool_prompt(prompt, _tools.tool_prompt(call.tools, call.tool_choice))
 
     def _rescored(self, token: TokenScore, call: _Call) -> TokenScore:
         if call.k == call.backend_k:
@@ -374,15 +412,21 @@ class ChatLogTokU(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         call = self._call(stop, kwargs)
-        prompt = _convert.to_core_messages(messages)
+        if active_captures() and not call.tools:  # token by token, so that a capture can stop it early (cancel_stream)
+            return generate_from_stream(self._stream(messages, stop, None, **kwargs))
+        prompt = self._prompt(messages, call)
         sinks = active_captures()
         for sink in sinks:
             sink.started()
         generation = self._finished(self.core_backend.generate(prompt, call.options), call)
         for sink in sinks:
             sink.finished(generation)
+        names = _tools.names(call.tools)
+        content, calls, invalid = _tools.parse_tool_calls(generation.text, names) if names else (generation.text, [], [])
         message = AIMessage(
-            content=generation.text,
+            content=content,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
             response_metadata=self._final_metadata(generation, call, with_tokens=True),
             usage_metadata=_convert.usage(generation),
         )
@@ -396,7 +440,11 @@ class ChatLogTokU(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         call = self._call(stop, kwargs)
-        prompt = _convert.to_core_messages(messages)
+        if call.tools:  # tool calls are parsed from the whole answer: one chunk
+            message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
+            yield ChatGenerationChunk(message=_tools.as_last_chunk(message))  # type: ignore[arg-type]
+            return
+        prompt = self._prompt(messages, call)
         sinks = active_captures()
         decode = self._decoder()
         stream = self.core_backend.stream(prompt, call.options)

@@ -4,7 +4,9 @@ The policy, the statistics and the actions are the core's; this module only feed
 guard from LangChain inputs and makes every step a traced run:
 
 - each generation is a call of the :class:`~langchain_logtoku.ChatLogTokU` (a child chat-model
-  run, with the guard's callbacks, tags and metadata);
+  run, with the guard's callbacks, tags and metadata, tagged ``logtoku:draft``); a draft the
+  guard may withdraw is never streamed to callbacks (``nostream``, ``stream=False``: see
+  :mod:`langchain_logtoku._traced`), except the first attempt's tokens in ``stream_mode="retract"``;
 - the ``retrieve`` route calls the LangChain retriever with the child config (a child
   retriever run);
 - the guard's own run gets the decision as its output (``response_metadata["logtoku_guard"]``)
@@ -12,16 +14,19 @@ guard from LangChain inputs and makes every step a traced run:
 
 Tags and metadata of a run are fixed when it starts, before the decision exists. So the
 decision travels in the output and in the custom event; in addition, tracers attached to the
-run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get the tag ``logtoku:<action>``
-and the metadata ``logtoku.action``, ``logtoku.reliability`` and ``logtoku.rule`` added to the
-guard's run before it ends, so the run can be filtered by them once it is posted.
+run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get a tag ``logtoku:<action>`` for
+every action of the route (``logtoku:retrieve`` and ``logtoku:pass`` when retrieval rescued the
+answer) and the metadata ``logtoku.action``, ``logtoku.reliability``, ``logtoku.rule``,
+``logtoku.route`` (the actions, in order) and ``logtoku.rules`` (the rules that fired) added to
+the guard's run before it ends, so the run can be filtered by them once it is posted. These are
+new tag lists and dicts: the ones other handlers received when the run started are not changed.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import operator
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -36,18 +41,18 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from langchain_logtoku import _convert
 from langchain_logtoku._convert import GuardPayload
+from langchain_logtoku._traced import EarlyStop, TracedBackend
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT
 from langchain_logtoku.chat_models import ChatLogTokU
-from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import GenerationCapture, capture_generations
+from logtoku_guard.capture import capture_generations
 from logtoku_guard.errors import ConfigurationError, GuardRejectedError, InvalidPromptError
 from logtoku_guard.guard import Guard, GuardResult, RetrieverLike
 from logtoku_guard.payloads import result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.types import ChatMessage as CoreMessage
-from logtoku_guard.types import DecodingOptions, Generation, Prompt, to_messages
-from logtoku_guard.uncertainty import EvidenceMode, QuadrantThresholds
+from logtoku_guard.types import to_messages
+from logtoku_guard.uncertainty import QuadrantThresholds
 
 StreamMode = Literal["buffer", "retract"]
 
@@ -56,90 +61,6 @@ StreamMode = Literal["buffer", "retract"]
 class _Prompt:
     messages: list[CoreMessage]
     question: str | None  # the bare question, when the input named it (dict input)
-
-
-class _TracedBackend:
-    """The core backend protocol over the chat model: every generation is a traced chat-model run.
-
-    The core guard needs :class:`~logtoku_guard.types.Generation` objects (raw top-K logits
-    included), which LangChain messages do not carry; the chat model hands them over through
-    the core side channel (:mod:`logtoku_guard.capture`) active around each call. Decoding settings are the chat
-    model's fields and the guard call's keywords; the core guard's own options are not used.
-    """
-
-    def __init__(self, llm: ChatLogTokU, config: RunnableConfig, llm_kwargs: Mapping[str, Any]) -> None:
-        self.llm = llm
-        self.config = config
-        self.llm_kwargs = dict(llm_kwargs)
-        self.generations: list[Generation] = []
-
-    @property
-    def model_name(self) -> str:
-        return self.llm.model_name
-
-    @property
-    def k(self) -> int:
-        return self.llm.scoring_k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return cast(EvidenceMode, self.llm.scoring_evidence)
-
-    @property
-    def top_n(self) -> int:
-        return self.llm.core_backend.top_n
-
-    def _take(self, capture: GenerationCapture) -> Generation:
-        generation = capture.take()
-        if generation is None:
-            msg = (
-                "the chat model returned an answer without token scores (an LLM cache hit?); "
-                "LogTokUGuard needs fresh generations: create the model with ChatLogTokU(cache=False)"
-            )
-            raise ConfigurationError(msg)
-        self.generations.append(generation)
-        return generation
-
-    def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation:
-        messages = _convert.to_langchain_messages(to_messages(prompt))
-        with capture_generations() as capture:
-            self.llm.invoke(messages, config=self.config, **self.llm_kwargs)
-        return self._take(capture)
-
-    def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]:
-        return [self.generate(p, options) for p in prompts]
-
-    def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream:
-        messages = _convert.to_langchain_messages(to_messages(prompt))
-        capture = GenerationCapture()
-        chunks: Any = self.llm.stream(messages, config=self.config, **self.llm_kwargs)  # a generator: closed on cancel
-        done = object()
-
-        def step(fn: Any, *args: Any) -> Any:
-            with capture_generations(capture):
-                return fn(*args)
-
-        def tokens() -> Iterator[Any]:
-            seen = 0
-            while True:
-                chunk = step(next, chunks, done)
-                live = capture.live_tokens
-                yield from live[seen:]
-                seen = len(live)
-                if chunk is done:
-                    return
-
-        def cancel() -> None:
-            if capture.cancel_stream():  # stop generating, then let the chat-model run end normally
-                step(collections.deque, chunks, 0)
-            else:  # the chat model is not generating: nothing to stop
-                step(chunks.close)
-
-        def result() -> Generation:
-            step(chunks.close)
-            return self._take(capture)
-
-        return TokenStream(tokens(), result, cancel)
 
 
 def _passages(context: Any) -> list[str]:
@@ -159,25 +80,47 @@ def _passages(context: Any) -> list[str]:
     return [p for p in out if p.strip()]
 
 
+def _route(decision: GuardPayload) -> list[str]:
+    """Every action of the route, in order: each attempt's own, then the final one when it differs
+    (``["retrieve", "pass"]``; ``["retrieve", "abstain"]`` when retrieval brought nothing)."""
+    actions = [a["action"] for a in decision["route"]]
+    return actions if actions and actions[-1] == decision["action"] else [*actions, decision["action"]]
+
+
 def _flat(decision: GuardPayload) -> dict[str, Any]:
-    """The decision as flat, scalar run metadata (OpenTelemetry-friendly)."""
+    """The decision as flat run metadata (OpenTelemetry-friendly: scalars and lists of strings).
+
+    ``logtoku.route``: every action taken (:func:`_route`); ``logtoku.rules``: the rules that
+    fired on the way, in order (each attempt's rule, then the final one).
+    """
+    rules = [a["rule"] for a in decision["route"]] + [decision["rule"]]
     return {
         "logtoku.action": decision["action"],
         "logtoku.reliability": decision["reliability"],
         "logtoku.rule": decision["rule"],
+        "logtoku.route": _route(decision),
+        "logtoku.rules": list(dict.fromkeys(r for r in rules if r is not None)),
     }
 
 
 def _annotate_run(run_manager: CallbackManagerForChainRun, decision: GuardPayload) -> None:
-    """Add the decision's tag and metadata to this run in every attached tracer (before it ends)."""
+    """Tag this run ``logtoku:<action>`` for every action of the route, and add the flat decision
+    metadata, in every attached tracer (before it ends).
+
+    New tag list, ``extra`` and metadata dicts are assigned: the dicts the run started with are
+    shared with other handlers (they received them in ``on_chain_start``) and stay untouched.
+    """
     from langchain_core.tracers.base import BaseTracer
 
+    tags = [f"logtoku:{action}" for action in dict.fromkeys(_route(decision))]
     for handler in run_manager.handlers:
         if isinstance(handler, BaseTracer):
             run = handler.run_map.get(str(run_manager.run_id))
             if run is not None:
-                run.tags = [*(run.tags or []), f"logtoku:{decision['action']}"]
-                run.extra.setdefault("metadata", {}).update(_flat(decision))
+                run.tags = [*(run.tags or []), *(t for t in tags if t not in (run.tags or []))]
+                extra = dict(run.extra or {})
+                extra["metadata"] = {**(extra.get("metadata") or {}), **_flat(decision)}
+                run.extra = extra
 
 
 class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
@@ -199,12 +142,19 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         profile: the model's :class:`~logtoku_guard.calibration.ModelProfile` for quantile
             thresholds; ``"auto"`` (default) loads the saved profile of the model, if any.
         stream_mode: ``"buffer"`` (default): ``stream()`` yields the answer once decided, as
-            one chunk. ``"retract"``: tokens are streamed as generated; when the decision
+            one chunk, and no event exposes a draft to stream consumers (``astream_events``
+            has no ``on_chat_model_stream`` for it, LangGraph ``stream_mode="messages"`` never
+            sends it); ``early_stop`` rules still stop generating as soon as they fire, with
+            nothing shown. ``"retract"``: tokens are streamed as generated; when the decision
             withdraws them (abstain, review, a regenerated answer, raise) the custom event
             ``logtoku_retracted`` fires and the last chunk carries the replacement answer,
             so discard what was shown on that event (the aggregated stream then holds both;
-            ``response_metadata["logtoku_guard"]["answer"]`` is always the final answer).
+            ``response_metadata["logtoku_guard"]["answer"]`` is always the final answer). The
+            tokens shown before an ``early_stop`` abstention lands are retracted the same way;
+            answers regenerated after retrieval are never streamed.
         system: a system message put before every prompt that has none.
+        tracer_provider: an OpenTelemetry ``TracerProvider`` for the core guard's spans (default:
+            the global one when OpenTelemetry is installed; see :mod:`logtoku_guard.telemetry`).
 
     Input: a string, a list of messages, a ``PromptValue`` or a dict with ``"question"`` and
     optionally ``"context"`` (documents or strings, e.g. from a retriever step; they are put
@@ -228,6 +178,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     profile: ModelProfile | Literal["auto"] | None = "auto"
     stream_mode: StreamMode = "buffer"
     system: str | None = None
+    tracer_provider: Any = None
 
     _profile: list[ModelProfile | None] = PrivateAttr(default_factory=list)
 
@@ -239,7 +190,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
                 f"retriever must be a LangChain retriever/Runnable, an object with .retrieve(query) or a callable, got {r!r:.80}"
             )
             raise ConfigurationError(msg)
-        self._core_guard(_TracedBackend(self.llm, {}, {}), {}, None)  # the core validates policy, profile and store
+        self._core_guard(TracedBackend(self.llm, {}, {}), {}, None)  # the core validates policy, profile and store
         return self
 
     # -- building the core guard -------------------------------------------------------------
@@ -253,7 +204,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             self._profile.append(profile)
         return self._profile[0]
 
-    def _core_guard(self, backend: _TracedBackend, config: RunnableConfig, question: str | None) -> Guard:
+    def _core_guard(self, backend: TracedBackend, config: RunnableConfig, question: str | None) -> Guard:
         return Guard(
             backend,
             self.policy,
@@ -261,6 +212,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             store=self.store,
             profile=self.resolved_profile(),
             system=self.system,
+            tracer_provider=self.tracer_provider,
         )
 
     def _retriever(self, config: RunnableConfig, question: str | None) -> RetrieverLike | None:
@@ -315,14 +267,14 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         self,
         result: GuardResult,
         prompt: _Prompt,
-        backend: _TracedBackend,
+        backend: TracedBackend,
         run_manager: CallbackManagerForChainRun,
         config: RunnableConfig,
     ) -> AIMessage:
         """Annotate the run, fire ``logtoku_flagged`` when not a plain pass, and build the answer."""
         decision = self._decision(result, prompt, self.llm.quadrant_thresholds())
         _annotate_run(run_manager, decision)
-        if result.action != "pass" or len(result.attempts) > 1:
+        if _route(decision) != ["pass"]:
             dispatch_custom_event(FLAGGED_EVENT, {**decision, **_flat(decision)}, config=config)
         n_in = sum(g.prompt_tokens for g in backend.generations)
         n_out = sum(len(g.tokens) for g in backend.generations)
@@ -343,7 +295,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
 
     def _invoke(self, value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig, **kwargs: Any) -> AIMessage:
         prompt = self._prompt(value)
-        backend = _TracedBackend(self.llm, config, kwargs)
+        backend = TracedBackend(self.llm, config, kwargs)
         guard = self._core_guard(backend, config, prompt.question)
         try:
             result = guard.run(prompt.messages)
@@ -396,19 +348,21 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
         prompt = self._prompt(_join(list(values)))
-        backend = _TracedBackend(self.llm, config, kwargs)
+        backend = TracedBackend(self.llm, config, kwargs)
         guard = self._core_guard(backend, config, prompt.question)
         retract = self.stream_mode == "retract"
         thresholds = self.llm.quadrant_thresholds() if retract else None
         streamed: list[str] = []
-        guarded = guard.stream(prompt.messages)
         try:
-            for token in guarded:
-                if retract:
+            if retract:
+                guarded = guard.stream(prompt.messages)
+                for token in guarded:
                     streamed.append(token.text)
                     item = token_payload(token, thresholds)
                     yield AIMessageChunk(content=token.text, response_metadata={"logtoku": {"tokens": [item]}})
-            result = guarded.result
+                result = guarded.result
+            else:
+                result = self._buffered(guard, backend, prompt)
         except GuardRejectedError as exc:
             message = self._report(exc.result, prompt, backend, run_manager, config)
             if retract and streamed:
@@ -436,6 +390,25 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         decided: GuardPayload = meta["logtoku_guard"]
         meta["logtoku_guard"] = GuardPayload(**decided, retracted=retracted)
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
+
+    @staticmethod
+    def _buffered(guard: Guard, backend: TracedBackend, prompt: _Prompt) -> GuardResult:
+        """Buffer mode: the draft is held back (never streamed to callbacks) while an
+        ``early_stop`` rule still stops its generation as soon as it fires."""
+        messages = to_messages(prompt.messages, guard.system)
+        start = time.perf_counter()
+        watch = EarlyStop(guard=guard)
+        with guard.telemetry.start_run(guard, messages) as span:  # the core guard's OpenTelemetry spans
+            with span.generation(1, messages) as g, capture_generations(watch):
+                generation = g.record(backend.generate(messages))
+            return guard.finish(
+                messages,
+                generation,
+                stopped_early=watch.stopped,
+                started=start,
+                generation_s=time.perf_counter() - start,
+                span=span,
+            )
 
     @staticmethod
     def _retracted(message: AIMessage, text: str, config: RunnableConfig) -> None:

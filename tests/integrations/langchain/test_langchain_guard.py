@@ -170,6 +170,7 @@ def test_warn_appends_the_disclaimer() -> None:
             "observed": pytest.approx(d["reliability"]),
             "passed": True,
             "quantile": None,
+            "undefined": None,
         },
     ]
 
@@ -485,6 +486,9 @@ def test_public_api() -> None:
         "RETRACTED_EVENT",
         "ReviewVerdict",
         "human_review_node",
+        "LogTokUMiddleware",
+        "ReviewRequest",
+        "ReviewResponse",
     }
     for name in langchain_logtoku.__all__:
         assert getattr(langchain_logtoku, name) is not None

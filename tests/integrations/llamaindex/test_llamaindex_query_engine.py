@@ -96,8 +96,13 @@ def test_retrieve_requeries_with_more_context_then_passes(index: Any, decisions:
     assert len(response.source_nodes) == 6  # the nodes of the final attempt
     assert len(script.prompts) == 2 and script.prompts[1].count("capital of") > script.prompts[0].count("capital of")
     assert [(e.action, e.final, e.attempt) for e in decisions] == [("retrieve", False, 1), ("pass", True, 2)]
-    assert decisions[0].tags == {"logtoku.action": "retrieve", "logtoku.rule": "low-reliability", "logtoku.attempt": 1}
-    assert decisions[1].tags["logtoku.action"] == "pass"
+    assert decisions[0].tags == {
+        "logtoku.action": "retrieve",
+        "logtoku.rule": "low-reliability",
+        "logtoku.attempt": 1,
+        "logtoku.route": ["retrieve"],
+    }
+    assert decisions[1].tags["logtoku.action"] == "pass" and decisions[1].tags["logtoku.route"] == ["retrieve", "pass"]
     # the spans opened to act on each decision carry its action
     assert [t["logtoku.action"] for t in tagged(spans, "_retry")] == ["retrieve"]
     assert [t["logtoku.action"] for t in tagged(spans, "_apply")] == ["pass"]

@@ -8,8 +8,11 @@ engines, and the resolution of the engine's LLM.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import time
 from collections.abc import AsyncGenerator, Generator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,7 @@ from llama_index.core.settings import Settings
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.guard import Attempt
 from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.telemetry import GenerationSpan, RunSpan
 
 from .base import LogTokULLM
 
@@ -39,6 +43,52 @@ class QueryRun:
     retrieval_s: float = 0.0
     decision_s: float = 0.0
     stopped_early: bool = False
+    span: RunSpan = field(default_factory=lambda: _RUN_SPAN.get() or RunSpan(None))  # the GUARDRAIL span (see traced_query)
+    generating: GenerationSpan = field(default_factory=lambda: GenerationSpan(None))  # the generation's span
+
+
+_RUN_SPAN: ContextVar[RunSpan | None] = ContextVar("logtoku_query_span", default=None)
+
+
+def traced_query(method: Any) -> Any:
+    """Run the engine's ``_query``/``_aquery`` under its guard's GUARDRAIL span (the :class:`QueryRun`
+    made inside takes it); when the query raises, the span ends with the error, otherwise the engine
+    ends it once the decision is acted on."""
+
+    def start(self: Any, query_bundle: Any) -> RunSpan:
+        return self.guard.telemetry.start_run(self.guard, query_bundle.query_str)
+
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def atraced(self: Any, query_bundle: Any) -> Any:
+            span = start(self, query_bundle)
+            token = _RUN_SPAN.set(span)
+            try:
+                return await method(self, query_bundle)
+            except BaseException as exc:
+                span.fail(exc)
+                span.end()
+                raise
+            finally:
+                _RUN_SPAN.reset(token)
+
+        return atraced
+
+    @functools.wraps(method)
+    def traced(self: Any, query_bundle: Any) -> Any:
+        span = start(self, query_bundle)
+        token = _RUN_SPAN.set(span)
+        try:
+            return method(self, query_bundle)
+        except BaseException as exc:
+            span.fail(exc)
+            span.end()
+            raise
+        finally:
+            _RUN_SPAN.reset(token)
+
+    return traced
 
 
 def wider_engines(query_engine: BaseQueryEngine, step: int, count: int) -> list[BaseQueryEngine]:

@@ -16,6 +16,9 @@ message) comes on the last chunk only, so each chunk is held back until the next
 
 Because query engines drop response metadata (``llm.predict()`` returns a string), every
 finished generation is also handed to the active :func:`~logtoku_guard.capture.capture_generations` blocks.
+While a :class:`~llama_index.llms.logtoku.capture.WithheldCapture` is active (a guard holds the
+answer back until it has decided), ``stream()``/``astream()`` generate the whole answer first
+(``predict()``) and yield it as one piece: no in-progress event carries the draft.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.capture import GenerationCapture, active_captures
@@ -51,6 +56,8 @@ from logtoku_guard.payloads import summary_payload as _summary_payload
 from logtoku_guard.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+
+from .capture import withheld
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +90,16 @@ def summary_payload(generation: Generation) -> SummaryPayload:
     return _summary_payload(generation)
 
 
-def _logprobs(tokens: Sequence[TokenScore]) -> list[list[LogProb]]:
-    return [[LogProb(token=t.text, logprob=t.logprob, bytes=list(t.text.encode("utf-8")))] for t in tokens]
+def _logprobs(tokens: Sequence[TokenScore], n: int = 0, decode: Any = None) -> list[list[LogProb]]:
+    """Per token: the chosen token, then (``n`` > 0) its likeliest alternatives from the stored raw logits
+    (``n`` entries in all; per call ``top_logprobs=n``, on whole responses: streamed chunks carry the chosen token)."""
+
+    def one(t: TokenScore) -> list[LogProb]:
+        alts = [(decode(i) if decode is not None else f"<id {i}>", lp) for i, lp in t.top_logprobs(n) if i != t.id]
+        items = [(t.text, t.logprob), *alts][: max(n, 1)]
+        return [LogProb(token=text, logprob=lp, bytes=list(text.encode("utf-8"))) for text, lp in items]
+
+    return [one(t) for t in tokens]
 
 
 def to_core_messages(messages: Sequence[ChatMessage]) -> list[CoreMessage]:
@@ -184,12 +199,18 @@ class LogTokULLM(LLM):
             model_name=backend.model_name,
         )
 
+    def _alternatives(self, kwargs: dict[str, Any]) -> tuple[int, Any]:
+        """``(n, decode)`` for ``logprobs``: ``top_logprobs=n`` per call fills n entries per token."""
+        n = kwargs.get("top_logprobs") or 0
+        tokenizer = getattr(self.backend, "tokenizer", None)  # optional: ids are shown as "<id N>" without one
+        return int(n), (None if tokenizer is None else lambda i: str(tokenizer.decode([i], skip_special_tokens=False)))
+
     def decoding_options(self, **kwargs: Any) -> DecodingOptions:
         """The decoding options of one call: the defaults with ``kwargs`` applied (validated)."""
         changes = {name: kwargs[name] for name in _OPTION_KWARGS if name in kwargs}
         if "max_tokens" in kwargs and "max_new_tokens" not in changes:
             changes["max_new_tokens"] = kwargs["max_tokens"]
-        ignored = sorted(set(kwargs) - set(_OPTION_KWARGS) - {"max_tokens", "formatted"})
+        ignored = sorted(set(kwargs) - set(_OPTION_KWARGS) - {"max_tokens", "formatted", "top_logprobs", "logprobs"})
         if ignored:
             logger.debug("LogTokULLM ignores keyword arguments %s", ignored)
         return self._options.replace(**changes) if changes else self._options
@@ -254,6 +275,19 @@ class LogTokULLM(LLM):
             out["summary"] = summary_payload(generation)
         return {"logtoku": out}
 
+    # -- prompt-level streaming (what synthesisers call) ------------------------------------
+    def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
+        """Stream predict; while a guard withholds the answer, the whole answer as one piece."""
+        if withheld():
+            return _once(self.predict(prompt, **prompt_args))
+        return super().stream(prompt, **prompt_args)
+
+    async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
+        """Async stream predict; while a guard withholds the answer, the whole answer as one piece."""
+        if withheld():
+            return _one(await self.apredict(prompt, **prompt_args))
+        return await super().astream(prompt, **prompt_args)
+
     # -- chat -----------------------------------------------------------------------------
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -261,7 +295,7 @@ class LogTokULLM(LLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -294,7 +328,7 @@ class LogTokULLM(LLM):
         return CompletionResponse(
             text=generation.text,
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -330,7 +364,7 @@ class LogTokULLM(LLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -345,7 +379,7 @@ class LogTokULLM(LLM):
         return CompletionResponse(
             text=generation.text,
             raw=generation,
-            logprobs=_logprobs(generation.tokens),
+            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
 
@@ -362,6 +396,14 @@ class LogTokULLM(LLM):
             active_captures(),
         )
         return _in_thread(self._completion_chunks(messages, options, sinks))
+
+
+def _once(text: str) -> Generator[str, None, None]:
+    yield text
+
+
+async def _one(text: str) -> AsyncGenerator[str, None]:
+    yield text
 
 
 async def _in_thread(gen: Generator[Any, None, None]) -> AsyncGenerator[Any, None]:

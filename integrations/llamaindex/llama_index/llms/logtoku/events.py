@@ -13,8 +13,9 @@ engine module, so any handler added to the root dispatcher receives it::
 
     get_dispatcher().add_event_handler(Decisions())
 
-Its ``tags`` (and those of the spans opened to act on it) hold ``logtoku.action``,
-``logtoku.rule`` and ``logtoku.attempt``. Every value in it comes from the core payload builders
+Its ``route`` holds every attempt's own action and rule. The spans opened to act on a decision
+are tagged ``logtoku.action``, ``logtoku.rule``, ``logtoku.attempt`` and ``logtoku.route`` (the
+actions of the attempts so far). Every value in it comes from the core payload builders
 (:mod:`logtoku_guard.payloads`), as does :class:`QueryPayload`, the ``metadata["logtoku"]`` of a
 guarded response.
 """
@@ -77,6 +78,8 @@ class LogTokUDecisionEvent(BaseEvent):
     ``final=False`` for each attempt that led to a re-query, then the final one, whose
     ``action`` is what was done (the retrieve fallback once attempts ran out).
 
+    ``route``: every attempt so far with its own action and rule (``retrieve`` with the rule that
+    asked for it, then ``pass``...), so a retrieval that rescued the answer stays visible.
     ``reliability``: the answer's LogTokU reliability, higher = more reliable (None when
     undefined). ``stats``: every response statistic the policy could read, by name.
     ``decision`` and ``result`` (final event only) are the typed core objects
@@ -100,6 +103,9 @@ class LogTokUDecisionEvent(BaseEvent):
     trace_id: str | None = Field(default=None, description="Audit trace id (final event only).")
     review_id: int | None = Field(default=None, description="Human-review item id (human_review only).")
     stopped_early: bool = False
+    route: list[dict[str, Any]] = Field(
+        default_factory=list, description="Every attempt so far with its own action and rule (payloads.AttemptPayload)."
+    )
     decision: Any = Field(default=None, exclude=True)
     result: Any = Field(default=None, exclude=True)
 
@@ -139,6 +145,7 @@ class LogTokUDecisionEvent(BaseEvent):
             trace_id=result.trace_id if result is not None else None,
             review_id=result.review_id if result is not None else None,
             stopped_early=stopped_early,
+            route=[dict(attempt_payload(i, a)) for i, a in enumerate(attempts, 1)],
             decision=decision,
             result=result,
         )

@@ -22,7 +22,8 @@ The scores come through :func:`logtoku_guard.capture.capture_generations`, becau
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
-and the spans opened to act on it are tagged ``logtoku.action``/``logtoku.rule``/``logtoku.attempt``.
+(with the route: each attempt's action and rule) and the spans opened to act on it are tagged
+``logtoku.action``/``logtoku.rule``/``logtoku.attempt``/``logtoku.route``.
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ from ._responses import (
     sync_iter,
     tail,
     text_of,
+    traced_query,
     wider_engines,
 )
 from .base import LogTokULLM
+from .capture import WithheldCapture
 from .events import LogTokUDecisionEvent, query_payload
 
 if TYPE_CHECKING:
@@ -96,9 +99,13 @@ class LogTokUQueryEngine(BaseQueryEngine):
             decision changes the answer, the stream goes on with ``"\\n\\n"`` and the change
             (the disclaimer, the re-queried answer, or the abstain/review message).
             ``"after_decision"`` streams nothing until the decision is made, then the final
-            answer. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
+            answer; the LLM is not asked to stream meanwhile, so no stream or instrumentation
+            event (``LLMChatInProgressEvent``...) shows a draft the guard withdraws, and an
+            ``early_stop`` rule acts on the whole answer. ``"live"`` shows the first draft by
+            design. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
             ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
             has been read to the end.
+        tracer_provider: OpenTelemetry ``TracerProvider`` for the guard's spans (default: the global one).
 
     The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
     checks, statistics, per-token scores, trace and review ids, attempts with their source
@@ -120,6 +127,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         streaming: bool = False,
         stream_mode: StreamMode = "live",
         callback_manager: CallbackManager | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         llm = resolve_llm(llm)
         if (query_engine is None) == (retriever is None):
@@ -149,7 +157,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             from logtoku_guard.calibration import load_profile_for
 
             profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
-        self._guard = Guard(backend, policy, store=store, profile=profile)
+        self._guard = Guard(backend, policy, store=store, profile=profile, tracer_provider=tracer_provider)
         self._engine = query_engine
         self._retries = (
             list(retry_query_engines)
@@ -197,6 +205,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     # -- query ----------------------------------------------------------------------------
     @dispatcher.span
+    @traced_query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         engine: BaseQueryEngine | None
@@ -222,6 +231,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
 
     @dispatcher.span
+    @traced_query
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         nodes = await self._aretrieve(run, self._engine, query_bundle)
@@ -322,13 +332,17 @@ class LogTokUQueryEngine(BaseQueryEngine):
     # -- steps ------------------------------------------------------------------------------
     def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
         t = time.perf_counter()
-        nodes = list(engine.retrieve(query_bundle))
+        with run.span.retrieval(len(run.attempts)) as r:  # 0: the retrieval before the first answer
+            nodes = list(engine.retrieve(query_bundle))
+            r.record(nodes)
         run.retrieval_s += time.perf_counter() - t
         return nodes
 
     async def _aretrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
         t = time.perf_counter()
-        nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+        with run.span.retrieval(len(run.attempts)) as r:
+            nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+            r.record(nodes)
         run.retrieval_s += time.perf_counter() - t
         return nodes
 
@@ -336,7 +350,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
-        with capture_generations() as capture:  # the LLM reads it when called; a stream reports later
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
+        with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
             response = engine.synthesize(query_bundle, nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
@@ -347,7 +362,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
     ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
         t = time.perf_counter()
-        with capture_generations() as capture:
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
+        with capture_generations(self._new_capture()) as capture:
             response = await engine.asynthesize(query_bundle, nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_aiter(response.response_gen, capture)
@@ -356,11 +372,16 @@ class LogTokUQueryEngine(BaseQueryEngine):
         run.generation_s += time.perf_counter() - t
         return capture, response
 
+    def _new_capture(self) -> GenerationCapture:
+        """after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
+        return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
+
     def _judge(
         self, run: _Run, nodes: list[NodeWithScore], capture: GenerationCapture, text: str, response: RESPONSE_TYPE
     ) -> Decision:
         """Score the attempt just made and record it in ``run``."""
         generation = capture.last
+        run.generating.end_with(generation)
         t = time.perf_counter()
         if generation is None:
             if nodes:
@@ -414,6 +435,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             "logtoku.action": decision.action,
             "logtoku.rule": decision.rule,
             "logtoku.attempt": len(run.attempts),
+            "logtoku.route": [a.decision.action for a in run.attempts],
         }
 
     def _requery(
@@ -462,6 +484,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         guard = self._guard
         timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
         result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
+        run.span.end(result)
         payload = query_payload(result, guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, decision, final=True, result=result)

@@ -1,0 +1,183 @@
+"""Tool calling for ``ChatLogTokU``: a documented JSON tool-call prompt and its parser.
+
+The embedded SmolLM2-135M-Instruct's chat template (ChatML, read from the converted model's
+``chat_template.jinja``) has no tools section, and the core backends take plain chat turns.
+So tools are described in the system turn, in the Hermes/Qwen style that many open models
+were trained on:
+
+- the system turn gets :data:`TOOL_PROMPT`: the tools as OpenAI JSON schemas, and the rule
+  "to call a tool, answer with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``"
+  (one block per call); ``tool_choice`` adds "you must call a tool" / "you must call X",
+  ``"none"`` leaves the tools out;
+- an assistant turn that called tools is rendered with the same blocks, and each
+  ``ToolMessage`` becomes a user turn ``<tool_response>{"name", "tool_call_id", "content"}</tool_response>``;
+- the answer is parsed back (:func:`parse_tool_calls`): each block whose JSON has a ``name``
+  and an object of ``arguments`` becomes an ``AIMessage.tool_calls`` item, any other block an
+  ``invalid_tool_calls`` item with the error; a whole answer that is one such JSON object
+  naming a bound tool (no tags) counts too. The text outside the blocks is the content.
+
+The tokens of a tool call are generated and scored like any others, so the guard and the
+middleware see (and can flag) an uncertain tool call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call, tool_call_chunk
+
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.types import ChatMessage as CoreMessage
+
+__all__ = [
+    "TOOL_PROMPT",
+    "as_last_chunk",
+    "names",
+    "parse_tool_calls",
+    "render_tool_calls",
+    "render_tool_result",
+    "tool_choice_name",
+    "tool_prompt",
+    "with_tool_prompt",
+]
+
+TOOL_PROMPT = (
+    "You can call tools. To call a tool, answer with only a block\n"
+    '<tool_call>{{"name": "<tool name>", "arguments": {{<the arguments as JSON>}}}}</tool_call>\n'
+    "(one block per call). When you do not need a tool, answer normally.{rule}\n"
+    "The tools, as JSON schemas:\n{tools}"
+)
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of OpenAI-format tools (a tool without one is a configuration error)."""
+    out = []
+    for t in tools:
+        function = t.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            msg = f"a tool needs a name: pass LangChain tools, functions or OpenAI tool dicts, got {t!r:.80}"
+            raise ConfigurationError(msg)
+        out.append(name)
+    return out
+
+
+def tool_choice_name(tool_choice: Any, names: Sequence[str]) -> str | None:
+    """``tool_choice`` as ``None`` (model decides), ``"none"``, ``"any"`` or a tool name (validated)."""
+    if tool_choice is None or tool_choice == "auto":
+        return None
+    if tool_choice in ("none", "any", "required") or tool_choice is True:
+        return "any" if tool_choice in ("required", True) else str(tool_choice)
+    name = tool_choice
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool_choice.get("name")
+    if not isinstance(name, str) or name not in names:
+        msg = f"tool_choice={tool_choice!r} names no bound tool; bound tools: {list(names)} (or use 'auto', 'any', 'none')"
+        raise ConfigurationError(msg)
+    return name
+
+
+def tool_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: str | None) -> str | None:
+    """The system-turn text describing ``tools`` (OpenAI tool dicts); None when there are none or choice is ``"none"``."""
+    if not tools or tool_choice == "none":
+        return None
+    if tool_choice == "any":
+        rule = " You must call one of the tools."
+    elif tool_choice is not None:
+        rule = f" You must call the tool {tool_choice!r}."
+    else:
+        rule = ""
+    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    return TOOL_PROMPT.format(rule=rule, tools=schemas)
+
+
+def with_tool_prompt(messages: list[CoreMessage], prompt: str | None) -> list[CoreMessage]:
+    """``messages`` with ``prompt`` appended to the system turn (or a system turn added)."""
+    if prompt is None:
+        return messages
+    if messages and messages[0].role == "system":
+        return [CoreMessage("system", f"{messages[0].content}\n\n{prompt}"), *messages[1:]]
+    return [CoreMessage("system", prompt), *messages]
+
+
+def render_tool_calls(message: AIMessage) -> str:
+    """An assistant turn that called tools, as text: its content, then one block per call."""
+    blocks = [
+        f"<tool_call>{json.dumps({'name': c['name'], 'arguments': c['args']}, ensure_ascii=False)}</tool_call>"
+        for c in message.tool_calls
+    ]
+    return "\n".join([message.text, *blocks] if message.text else blocks)
+
+
+def render_tool_result(message: ToolMessage) -> str:
+    """A tool's result, as the text of a user turn."""
+    body = {"name": message.name, "tool_call_id": message.tool_call_id, "content": message.text}
+    return f"<tool_response>{json.dumps(body, ensure_ascii=False)}</tool_response>"
+
+
+def _one(raw: str) -> ToolCall | InvalidToolCall:
+    call_id = f"call_{uuid.uuid4().hex[:24]}"
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return invalid_tool_call(name=None, args=raw, id=call_id, error=f"not JSON: {exc}")
+    name = data.get("name") if isinstance(data, dict) else None
+    args = data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        with contextlib.suppress(json.JSONDecodeError):
+            args = json.loads(args)
+    if not isinstance(name, str) or not name or not isinstance(args, dict):
+        why = "a tool call needs a 'name' string and an 'arguments' object"
+        return invalid_tool_call(name=name if isinstance(name, str) else None, args=raw, id=call_id, error=why)
+    return tool_call(name=name, args=args, id=call_id)
+
+
+def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
+    """Split a model answer into ``(content, tool_calls, invalid_tool_calls)``.
+
+    ``names``: the bound tools; a call naming another tool is invalid.
+    """
+    found = [m.group(1).strip() for m in _BLOCK.finditer(text)]
+    content = _BLOCK.sub("", text).strip()
+    stripped = text.strip()
+    if not found and stripped.startswith("{") and stripped.endswith("}"):
+        try:
+            whole = json.loads(stripped)
+        except json.JSONDecodeError:
+            whole = None
+        if isinstance(whole, dict) and whole.get("name") in names:
+            found, content = [stripped], ""
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for raw in found:
+        call = _one(raw)
+        if "error" in call:
+            invalid.append(call)  # type: ignore[arg-type]
+        elif call["name"] not in names:
+            invalid.append(invalid_tool_call(name=call["name"], args=raw, id=call["id"], error=f"no tool named {call['name']!r}"))
+        else:
+            calls.append(call)
+    return content, calls, invalid
+
+
+def as_last_chunk(message: AIMessage) -> AIMessageChunk:
+    """A whole answer (tool calls parsed) as the one, last chunk of a stream."""
+    chunks = [
+        tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i) for i, c in enumerate(message.tool_calls)
+    ]
+    return AIMessageChunk(
+        content=message.content,
+        response_metadata=message.response_metadata,
+        usage_metadata=message.usage_metadata,
+        tool_call_chunks=chunks,
+        chunk_position="last",
+    )

@@ -1,0 +1,151 @@
+"""Bounded reading of policy files and data: size, node count and nesting depth are capped.
+
+A policy file is small, hand-written data; anything else is refused before (or while) it is
+parsed, with a :class:`~logtoku_guard.errors.PolicyError` naming the file and the bound:
+
+- at most :data:`MAX_POLICY_BYTES` bytes (checked before reading), valid UTF-8 (the message
+  gives the byte offset of the first bad byte);
+- YAML is read by a safe loader that refuses aliases (``*name``: the "billion laughs" bomb
+  needs them) and counts nodes and depth while composing, so nothing is expanded;
+- at most :data:`MAX_POLICY_NODES` values and :data:`MAX_POLICY_DEPTH` levels of nesting, in
+  files and in dicts given directly (:func:`check_bounds`).
+
+:func:`~logtoku_guard.errors.short_repr` bounds every echo of user input in error messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from logtoku_guard.errors import PolicyError, short_repr
+
+__all__ = [
+    "MAX_POLICY_BYTES",
+    "MAX_POLICY_DEPTH",
+    "MAX_POLICY_NODES",
+    "check_bounds",
+    "parse_policy_text",
+    "read_policy_file",
+]
+
+MAX_POLICY_BYTES = 1_000_000
+"""Largest policy file read, in bytes (a real policy is a few kB)."""
+MAX_POLICY_NODES = 100_000
+"""Most values (mappings, lists and scalars) in one policy."""
+MAX_POLICY_DEPTH = 64
+"""Deepest nesting of mappings and lists in one policy."""
+
+
+def check_bounds(data: Any, source: str = "policy") -> None:
+    """Raise :class:`PolicyError` when ``data`` has more than the allowed values or nesting.
+
+    Iterative (no recursion), stops at the first bound crossed; shared or self-referencing
+    containers are counted at every place they appear, so they cannot hide an expansion.
+    """
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_POLICY_NODES:
+            msg = f"{source} has more than {MAX_POLICY_NODES} values; a policy is a short list of rules"
+            raise PolicyError(msg)
+        if depth > MAX_POLICY_DEPTH:
+            msg = f"{source} is nested more than {MAX_POLICY_DEPTH} levels deep; flatten the conditions"
+            raise PolicyError(msg)
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+            nodes += len(value)  # the keys
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _bounded_loader(source: str) -> type:
+    import yaml
+
+    class BoundedSafeLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses aliases and counts nodes and depth while composing."""
+
+        nodes = 0
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.get_event()
+                msg = (
+                    f"{source}: YAML aliases are not allowed in policy files (found *{short_repr(event.anchor)} "
+                    f"at line {event.start_mark.line + 1}); write the value out in full"
+                )
+                raise PolicyError(msg)
+            self.nodes += 1
+            if self.nodes > MAX_POLICY_NODES:
+                msg = f"{source} has more than {MAX_POLICY_NODES} values; a policy is a short list of rules"
+                raise PolicyError(msg)
+            self.depth += 1
+            try:
+                if self.depth > MAX_POLICY_DEPTH:
+                    msg = f"{source} is nested more than {MAX_POLICY_DEPTH} levels deep; flatten the conditions"
+                    raise PolicyError(msg)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return BoundedSafeLoader
+
+
+def parse_policy_text(text: str, kind: str, source: str) -> Any:
+    """Parse ``text`` as ``kind`` (``"YAML"`` or ``"JSON"``) within the bounds; ``source`` names it in errors."""
+    if kind == "YAML":
+        import yaml
+
+        try:
+            loader = _bounded_loader(source)(text)  # the reader checks the characters here already
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
+        except yaml.YAMLError as exc:
+            msg = f"{source} is not valid YAML: {str(exc)[:500]}"
+            raise PolicyError(msg) from exc
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            msg = f"{source} is not valid JSON: {exc}"
+            raise PolicyError(msg) from exc
+        except RecursionError as exc:
+            msg = f"{source} is nested more than {MAX_POLICY_DEPTH} levels deep; flatten the conditions"
+            raise PolicyError(msg) from exc
+    check_bounds(data, source)
+    return data
+
+
+def read_policy_file(path: str | Path) -> Any:
+    """The parsed content of a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds."""
+    p = Path(path)
+    source = f"policy file {str(p)!r}"
+    try:
+        size = p.stat().st_size
+        if size > MAX_POLICY_BYTES:
+            msg = f"{source} is {size} bytes, over the {MAX_POLICY_BYTES}-byte limit for policy files; is it the right file?"
+            raise PolicyError(msg)
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        msg = f"cannot read {source}: {exc.strerror or exc}; check the path"
+        raise PolicyError(msg) from exc
+    if len(raw) > MAX_POLICY_BYTES:  # grew since stat, or not a regular file
+        msg = f"{source} is over the {MAX_POLICY_BYTES}-byte limit for policy files; is it the right file?"
+        raise PolicyError(msg)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = (
+            f"{source} is not valid UTF-8: byte {short_repr(raw[exc.start : exc.start + 1])} at offset {exc.start} "
+            f"({exc.reason}); save the file as UTF-8"
+        )
+        raise PolicyError(msg) from exc
+    return parse_policy_text(text, "YAML" if p.suffix.lower() in (".yaml", ".yml") else "JSON", source)

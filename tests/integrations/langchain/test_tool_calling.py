@@ -1,0 +1,88 @@
+"""ChatLogTokU tool calling: the JSON tool-call prompt, parsing into tool_calls, ToolMessage input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain_core")
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+
+from langchain_logtoku import ChatLogTokU
+from langchain_logtoku.tools import parse_tool_calls
+from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
+
+CALL = '<tool_call>{"name": "lookup", "arguments": {"name": "Elena"}}</tool_call>'
+
+
+@tool
+def lookup(name: str) -> str:
+    """Look a name up in the company directory."""
+    return f"{name}: no entry"
+
+
+def test_parse_valid_invalid_and_unknown() -> None:
+    content, calls, invalid = parse_tool_calls(f"Let me check.\n{CALL}", ["lookup"])
+    assert content == "Let me check." and calls[0]["name"] == "lookup" and calls[0]["args"] == {"name": "Elena"}
+    _, calls, invalid = parse_tool_calls('<tool_call>{"name": "lookup", "arguments": {"name": </tool_call>', ["lookup"])
+    assert calls == [] and invalid[0]["error"].startswith("not JSON")
+    _, calls, invalid = parse_tool_calls('<tool_call>{"name": "delete", "arguments": {}}</tool_call>', ["lookup"])
+    assert calls == [] and "no tool named 'delete'" in invalid[0]["error"]
+    _, calls, _ = parse_tool_calls('{"name": "lookup", "arguments": {"name": "Bo"}}', ["lookup"])  # untagged
+    assert calls[0]["args"] == {"name": "Bo"}
+    assert parse_tool_calls("Paris.", ["lookup"]) == ("Paris.", [], [])
+
+
+def _model(seen: list[Any]) -> ChatLogTokU:
+    pieces = ["<tool_call>", '{"name": "lookup", ', '"arguments": {"name": "Elena"}}', "</tool_call>"]
+
+    def answer(messages: list[Any]) -> ScriptedAnswer:
+        seen.append(messages)
+        if "<tool_response>" in messages[-1].content:
+            return ScriptedAnswer(["No", " entry", "."], [[9.0, 0.1]] * 3)
+        return ScriptedAnswer(pieces, [[9.0, 0.1], [1.0, 0.9], [2.0, 1.5], [9.0, 0.2]])
+
+    return ChatLogTokU(backend=ScriptedBackend(answer), logtoku_profile=None)
+
+
+def test_bound_tools_are_prompted_parsed_and_scored() -> None:
+    seen: list[Any] = []
+    message = _model(seen).bind_tools([lookup], tool_choice="any").invoke("Who is Elena?")
+    system = seen[0][0]
+    assert system.role == "system" and '"name": "lookup"' in system.content and "must call one of the tools" in system.content
+    assert message.tool_calls[0]["name"] == "lookup" and message.tool_calls[0]["args"] == {"name": "Elena"}
+    tokens = message.response_metadata["logtoku"]["tokens"]
+    assert len(tokens) == 4 and tokens[1]["eu"] > tokens[0]["eu"]  # the call's tokens are scored: an unsure argument
+
+
+def test_tool_messages_are_accepted() -> None:
+    seen: list[Any] = []
+    model = _model(seen).bind_tools([lookup])
+    first = model.invoke([HumanMessage("Who is Elena?")])
+    history = [
+        HumanMessage("Who is Elena?"),
+        first,
+        ToolMessage("Elena: no entry", tool_call_id=first.tool_calls[0]["id"], name="lookup"),
+    ]
+    answer = model.invoke(history)
+    assert answer.content == "No entry." and answer.tool_calls == []
+    turns = seen[-1]
+    assert turns[-2].role == "assistant" and turns[-2].content.startswith("<tool_call>")
+    assert turns[-1].role == "user" and '"content": "Elena: no entry"' in turns[-1].content
+
+
+def test_stream_with_tools_is_one_chunk() -> None:
+    chunks = list(_model([]).bind_tools([lookup]).stream("Who is Elena?"))
+    assert len(chunks) == 1 and chunks[0].tool_calls[0]["name"] == "lookup"
+
+
+def test_tool_choice_must_name_a_bound_tool() -> None:
+    with pytest.raises(ConfigurationError, match="names no bound tool"):
+        _model([]).bind_tools([lookup], tool_choice="search")
+    seen: list[Any] = []
+    message = _model(seen).bind_tools([lookup], tool_choice="none").invoke("Who is Elena?")
+    assert seen[0][0].role != "system" or "lookup" not in seen[0][0].content
+    assert message.tool_calls == [] and isinstance(message, AIMessage)

@@ -1,0 +1,328 @@
+"""Batching concurrent requests: the Batcher's grouping, and TransformersBackend rows that equal their solo runs.
+
+No timed assertions: batches are formed deterministically by holding the worker busy (a
+blocked job, or a slow stream) while the requests to batch are queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from support.tiny import make_model
+
+from logtoku_guard.backends.batching import Batcher, Job
+from logtoku_guard.backends.transformers import TransformersBackend
+from logtoku_guard.types import DecodingOptions, Generation
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Hi",
+    "Count from one to ten, slowly, and then stop counting",
+    "Tell me about Rome",
+    "Uncertainty",
+    "naïve café",
+    "Retrieval augmented generation adds context",
+    "Paris or Rome?",
+]
+
+
+def wait_until(cond: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def assert_same(a: Generation, b: Generation) -> None:
+    assert [t.id for t in a.tokens] == [t.id for t in b.tokens]
+    assert a.text == b.text and a.finish_reason == b.finish_reason and a.stop_sequence == b.stop_sequence
+    for x, y in zip(a.tokens, b.tokens):
+        assert x.au == pytest.approx(y.au, abs=1e-4) and x.eu == pytest.approx(y.eu, abs=1e-4)
+        assert x.logprob == pytest.approx(y.logprob, abs=1e-4) and x.entropy == pytest.approx(y.entropy, abs=1e-4)
+        assert x.top_ids == y.top_ids
+        assert x.top_logits == pytest.approx(y.top_logits, abs=1e-4)
+
+
+# -- the Batcher on its own ------------------------------------------------------------------------
+class Recorded:
+    """A ``run`` for the Batcher that records its batches; the first one blocks until released."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Job]] = []
+        self.release = threading.Event()
+
+    def __call__(self, jobs: list[Job]) -> None:
+        self.batches.append(jobs)
+        if len(self.batches) == 1:
+            self.release.wait(30)
+        for job in jobs:
+            job.future.set_result([])
+
+
+def job(rows: int = 1, **options: Any) -> Job:
+    return Job(list(range(rows)), DecodingOptions(**options))
+
+
+def test_jobs_queued_while_a_batch_runs_form_the_next_batch() -> None:
+    run = Recorded()
+    batcher = Batcher(run, max_batch=4, window_s=0)
+    first = batcher.submit(job())
+    wait_until(lambda: len(run.batches) == 1, "the first batch")
+    greedy = [batcher.submit(job(max_new_tokens=3 + i, stop=("x",) if i else ())) for i in range(5)]
+    sampled = batcher.submit(job(temperature=0.7))
+    seeded = [batcher.submit(job(temperature=0.7, seed=1)) for _ in range(2)]
+    big = batcher.submit(job(rows=6))
+    run.release.set()
+    for f in [first, *greedy, sampled, *seeded, big]:
+        assert f.result(30) == []
+    sizes = [[len(j.rows) for j in b] for b in run.batches]
+    # per-row max_new_tokens and stop strings do not split a batch; max_batch rows at most;
+    # seeded sampling runs alone; a job larger than max_batch still runs (alone)
+    assert sizes[1] == [1, 1, 1, 1]
+    assert sorted(map(sum, sizes)) == [1, 1, 1, 1, 1, 4, 6]
+    assert batcher.largest == 6
+    keys = [{j.key() for j in b} for b in run.batches]
+    assert all(len(k) == 1 for k in keys)
+
+
+def test_a_failing_batch_fails_each_of_its_jobs() -> None:
+    def run(jobs: list[Job]) -> None:
+        raise RuntimeError("boom")
+
+    batcher = Batcher(run)
+    with pytest.raises(RuntimeError, match="boom"):
+        batcher(job())
+
+
+def test_max_batch_must_be_positive(tiny_tokenizer: Any) -> None:
+    from logtoku_guard.errors import ConfigurationError
+
+    with pytest.raises(ValueError, match="max_batch"):
+        Batcher(lambda jobs: None, max_batch=0)
+    with pytest.raises(ConfigurationError, match="max_batch"):
+        TransformersBackend("tiny", model_obj=make_model(tiny_tokenizer), tokenizer=tiny_tokenizer, max_batch=0)
+
+
+# -- the backend ------------------------------------------------------------------------------------
+def slow_backend(tokenizer: Any, seconds_per_step: float = 0.02, **kwargs: Any) -> TransformersBackend:
+    model = make_model(tokenizer, seed=1)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step))
+    return TransformersBackend("tiny", model_obj=model, tokenizer=tokenizer, **kwargs)
+
+
+def hold_worker(backend: TransformersBackend) -> Any:
+    """A stream that keeps the worker busy until closed (then the queued requests form one batch)."""
+    stream = backend.stream("hold", DecodingOptions(max_new_tokens=200))
+    tokens = iter(stream)
+    next(tokens)
+    return stream, tokens
+
+
+def queued(backend: TransformersBackend) -> int:
+    return len(backend._batcher._queue)
+
+
+OPTIONS = [
+    DecodingOptions(max_new_tokens=12),
+    DecodingOptions(max_new_tokens=3),
+    DecodingOptions(max_new_tokens=20, stop=("e",)),
+    DecodingOptions(max_new_tokens=7),
+    DecodingOptions(max_new_tokens=16),
+    DecodingOptions(max_new_tokens=1),
+    DecodingOptions(max_new_tokens=9, stop=("is", "o")),
+    DecodingOptions(max_new_tokens=25),
+]
+
+
+def test_concurrent_greedy_requests_batch_and_equal_their_solo_runs(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    alone = [backend.generate(p, o) for p, o in zip(PROMPTS, OPTIONS)]
+    before = backend._batcher.batches
+    stream, _ = hold_worker(backend)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [pool.submit(backend.generate, p, o) for p, o in zip(PROMPTS, OPTIONS)]
+        wait_until(lambda: queued(backend) == len(PROMPTS), "the requests to queue")
+        stream.close()
+        together = [f.result(60) for f in futures]
+    assert backend._batcher.batches == before + 2  # the held stream's batch, then all eight in one
+    assert backend._batcher.largest == len(PROMPTS)
+    for a, b in zip(alone, together):
+        assert_same(a, b)
+    assert {g.finish_reason for g in together} >= {"length", "stop"}
+
+
+def test_backend_batch_equals_generate(tiny_backend: TransformersBackend) -> None:
+    alone = [tiny_backend.generate(p, DecodingOptions(max_new_tokens=10)) for p in PROMPTS]
+    for a, b in zip(alone, tiny_backend.batch(PROMPTS, DecodingOptions(max_new_tokens=10))):
+        assert_same(a, b)
+
+
+def test_a_request_that_ends_early_leaves_the_batch_at_once(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer)
+    stream, _ = hold_worker(backend)
+    with ThreadPoolExecutor(2) as pool:
+        long = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
+        short = pool.submit(backend.generate, PROMPTS[1], DecodingOptions(max_new_tokens=2))
+        wait_until(lambda: queued(backend) == 2, "both requests to queue")
+        stream.close()
+        g = short.result(60)  # returns while the long one, in the same batch, still generates
+        assert len(g.tokens) == 2 and g.finish_reason == "length"
+        read = list(zip(range(5), long))
+        assert len(read) == 5
+        assert backend._batcher.largest == 2
+        long.close()
+        assert long.generation.finish_reason == "cancelled" and len(long.generation.tokens) < 200
+
+
+def test_concurrent_streams_each_get_their_own_tokens(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    alone = [backend.generate(p, o) for p, o in zip(PROMPTS[:4], OPTIONS[:4])]
+    stream, _ = hold_worker(backend)
+
+    def consume(i: int) -> tuple[list[Any], Generation]:
+        s = backend.stream(PROMPTS[i], OPTIONS[i])
+        return list(s), s.generation
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(consume, i) for i in range(4)]
+        wait_until(lambda: queued(backend) == 4, "the streams to queue")
+        stream.close()
+        for a, f in zip(alone, futures):
+            tokens, g = f.result(60)
+            assert_same(a, g)
+            assert [t.id for t in tokens] == [t.id for t in a.tokens]
+
+
+def test_cancelling_one_stream_leaves_the_others_running(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    other = backend.generate(PROMPTS[2], DecodingOptions(max_new_tokens=30))
+    stream, _ = hold_worker(backend)
+    with ThreadPoolExecutor(1) as pool:
+        doomed = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
+        survivor = pool.submit(backend.generate, PROMPTS[2], DecodingOptions(max_new_tokens=30))
+        wait_until(lambda: queued(backend) == 2, "both requests to queue")
+        stream.close()
+        next(iter(doomed))
+        doomed.close()
+        assert doomed.generation.finish_reason == "cancelled"
+        assert_same(other, survivor.result(60))
+
+
+def test_asyncio_tasks_meet_in_the_batcher(tiny_tokenizer: Any) -> None:
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    alone = [backend.generate(p, DecodingOptions(max_new_tokens=6)) for p in PROMPTS[:4]]
+    stream, _ = hold_worker(backend)
+
+    async def main() -> list[Generation]:
+        tasks = [
+            asyncio.create_task(asyncio.to_thread(backend.generate, p, DecodingOptions(max_new_tokens=6))) for p in PROMPTS[:4]
+        ]
+        await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
+        stream.close()
+        return list(await asyncio.gather(*tasks))
+
+    for a, b in zip(alone, asyncio.run(main())):
+        assert_same(a, b)
+    assert backend._batcher.largest == 4
+
+
+def test_langchain_batch_uses_the_batcher(tiny_tokenizer: Any) -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_logtoku import ChatLogTokU
+
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
+    llm = ChatLogTokU(backend=backend, logtoku_profile=None, max_tokens=6)
+    alone = [llm.invoke(p).content for p in PROMPTS[:4]]
+    # BaseChatModel.batch runs invoke in a thread pool: the calls meet in the batcher
+    stream, _ = hold_worker(backend)
+    with ThreadPoolExecutor(1) as pool:
+        batched = pool.submit(llm.batch, PROMPTS[:4], config={"max_concurrency": 4})
+        wait_until(lambda: queued(backend) == 4, "the batch's calls to queue")
+        stream.close()
+        assert [m.content for m in batched.result(60)] == alone
+    assert backend._batcher.largest == 4
+
+    async def main() -> list[Any]:
+        return await llm.abatch(PROMPTS[:4], config={"max_concurrency": 4})
+
+    assert [m.content for m in asyncio.run(main())] == alone
+
+
+def test_llamaindex_async_paths_run_concurrently(tiny_tokenizer: Any) -> None:
+    pytest.importorskip("llama_index.core")
+    from llama_index.llms.logtoku import LogTokULLM
+
+    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
+    llm = LogTokULLM(backend=backend, max_new_tokens=6)
+    alone = [llm.complete(p).text for p in PROMPTS[:4]]
+
+    stream, _ = hold_worker(backend)
+
+    async def main() -> list[str]:
+        tasks = [asyncio.create_task(llm.acomplete(p)) for p in PROMPTS[:4]]
+        await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
+        stream.close()
+        return [r.text for r in await asyncio.gather(*tasks)]
+
+    assert asyncio.run(main()) == alone
+    assert backend._batcher.largest == 4
+
+
+# -- the recorder's scoring: logsumexp and entropy from the top-K's maximum ---------------------------
+def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import lse_entropy
+    from logtoku_guard.uncertainty import logsumexp_entropy
+
+    torch.manual_seed(0)
+    z = torch.randn(4, 5000) * 4
+    z[2] = 0.0  # uniform: entropy log(V)
+    z[3, 10:] = float("-inf")  # masked tokens: the fallback
+    top = z.max(dim=-1).values
+    lse, ent = lse_entropy(z, top)
+    ref_lse, ref_ent = logsumexp_entropy(z.double())
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-4) and torch.allclose(ent.double(), ref_ent, atol=1e-4)
+    assert float(ent[2]) == pytest.approx(float(torch.log(torch.tensor(5000.0))), abs=1e-4)
+
+
+@pytest.mark.parametrize(("vocab", "k"), [(400, 2), (5000, 2), (5003, 5), (49152, 20), (300, 3), (100, 2)])
+def test_chunked_top_k_equals_torch_topk(vocab: int, k: int) -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import top_k
+
+    torch.manual_seed(vocab)
+    z = torch.randn(3, vocab) * 5
+    z[1, -1] = 100.0  # the maximum in the vocabulary's tail
+    z[2, :] = -2.0
+    z[2, [7, vocab - 2]] = 3.0  # two equal maxima
+    values, ids = top_k(z, k)
+    ref_values, ref_ids = z.topk(k, dim=-1)
+    assert torch.equal(values, ref_values)
+    assert torch.equal(ids[:2], ref_ids[:2])
+    assert set(ids[2, :2].tolist()) == {7, vocab - 2}
+    assert torch.equal(z.gather(1, ids), values)
+
+
+def test_python_clamped_scores_equal_the_tensor_maths() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import clamped_logtoku
+    from logtoku_guard.uncertainty import logtoku
+
+    torch.manual_seed(1)
+    rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])])
+    rows = torch.cat([rows, torch.rand(50, 5) * 0.01])
+    au, eu = logtoku(rows.double())
+    for r, a, e in zip(rows.tolist(), au.tolist(), eu.tolist()):
+        pa, pe = clamped_logtoku(r)
+        assert pa == pytest.approx(a, abs=1e-9) and pe == pytest.approx(e, abs=1e-12)
+    assert all(map(math.isnan, clamped_logtoku([float("nan"), 1.0])))

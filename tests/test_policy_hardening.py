@@ -1,0 +1,237 @@
+"""Hostile and careless policy input: bombs, huge files, bad UTF-8, bad templates; NaN semantics; profile validation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
+from logtoku_guard.calibration import ModelProfile, build_profile
+from logtoku_guard.errors import PolicyError
+from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.policy_loading import MAX_POLICY_BYTES, MAX_POLICY_DEPTH, MAX_POLICY_NODES
+from logtoku_guard.stats import STAT_NAMES, ResponseStats
+
+YAML_BOMB = """\
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+name: [*i]
+"""
+
+
+def _profile() -> ModelProfile:
+    answers = [ScriptedAnswer(["t"], [[float(v), 0.0]]) for v in range(1, 21)]
+    backend = ScriptedBackend(answers, model_name="m")
+    return build_profile([backend.generate("q") for _ in answers], source="test")
+
+
+# -- files: bounded before and while parsing -------------------------------------------------
+def test_a_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    p = tmp_path / "bomb.yaml"
+    p.write_text(YAML_BOMB)
+    with pytest.raises(PolicyError, match="YAML aliases are not allowed") as info:
+        Policy.from_file(p)
+    assert "bomb.yaml" in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_10_mb_policy_is_refused_by_size_before_it_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "huge.json"
+    rules = [{"name": f"r{i}", "when": {"stat": "max_eu", "op": ">", "value": 1}, "action": "warn"} for i in range(120_000)]
+    p.write_text(json.dumps({"name": "huge", "rules": rules}))
+    assert p.stat().st_size > 10_000_000
+    with pytest.raises(PolicyError, match=f"over the {MAX_POLICY_BYTES}-byte limit") as info:
+        Policy.from_file(p)
+    assert "huge.json" in str(info.value) and len(str(info.value)) < 300
+
+
+def test_node_count_and_depth_are_bounded_in_files_and_dicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: x\nrules: " + "[" * (MAX_POLICY_DEPTH + 5) + "]" * (MAX_POLICY_DEPTH + 5) + "\n")
+    with pytest.raises(PolicyError, match="nested more than"):
+        Policy.from_file(deep)
+    deep_json = tmp_path / "deep.json"
+    deep_json.write_text('{"name": "x", "rules": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(PolicyError, match=r"nested more than|over the"):
+        Policy.from_file(deep_json)
+    with pytest.raises(PolicyError, match=f"more than {MAX_POLICY_NODES} values"):
+        Policy.from_dict({"name": "x", "description": [1] * MAX_POLICY_NODES})
+    nested: dict = {"stat": "max_eu", "op": ">", "value": 1}
+    for _ in range(MAX_POLICY_DEPTH):
+        nested = {"not": nested}
+    with pytest.raises(PolicyError, match="nested more than"):
+        Policy.from_dict({"name": "x", "rules": [{"name": "r", "when": nested, "action": "warn"}]})
+    cyclic: dict = {"name": "x"}
+    cyclic["rules"] = [cyclic]
+    with pytest.raises(PolicyError, match="nested more than"):
+        Policy.from_dict(cyclic)
+    with pytest.raises(PolicyError, match="must be a mapping"):
+        Policy.from_dict(["not", "a", "mapping"])  # type: ignore[arg-type]
+    monkeypatch.setattr("logtoku_guard.policy_loading.MAX_POLICY_NODES", 50)
+    many = tmp_path / "many.yaml"
+    many.write_text("name: x\ndescription: [" + ",".join(["1"] * 60) + "]\n")
+    with pytest.raises(PolicyError, match="more than 50 values"):
+        Policy.from_file(many)
+
+
+def test_invalid_utf8_names_the_file_and_the_byte_offset(tmp_path: Path) -> None:
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes(b"name: caf" + b"\xe9\n")
+    with pytest.raises(PolicyError, match=r"latin1\.yaml.*not valid UTF-8.*offset 9") as info:
+        Policy.from_file(p)
+    assert "save the file as UTF-8" in str(info.value)
+
+
+def test_error_messages_never_repr_unbounded_input() -> None:
+    huge = "x" * 1_000_000
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict({"name": "p", "colour": huge, "version": ["y"] * 10_000})
+    assert len(str(info.value)) < 1000 and "colour" in str(info.value) and "..." in str(info.value)
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict({"name": "p", "retrieve": {"context_template": huge}})
+    assert len(str(info.value)) < 1000
+    many_errors = {"name": "p", "rules": [{"name": "r"}] * 5000}
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict(many_errors)
+    assert len(str(info.value)) < 10_000 and "more error(s)" in str(info.value)
+
+
+def test_the_duplicate_rule_check_is_linear() -> None:
+    rules = [{"name": f"r{i}", "when": {"stat": "max_eu", "op": ">", "value": 1}, "action": "warn"} for i in range(5_000)]
+    rules.append(rules[0])
+    with pytest.raises(PolicyError, match=r"unique, repeated: \['r0'\]"):
+        Policy.from_dict({"name": "p", "rules": rules})
+
+
+# -- templates are validated when the policy loads -----------------------------------------------
+@pytest.mark.parametrize(
+    ("section", "value", "needle"),
+    [
+        ("human_review", {"message": "review {id}"}, "may only use {review_id}"),
+        ("human_review", {"message": "review {review_id"}, "not a valid format string"),
+        ("human_review", {"message": "review {}"}, "may only use {review_id}"),
+        ("human_review", {"message": "review {review_id.real}"}, "may only use {review_id}"),
+        ("human_review", {"message": "review {review_id:q}"}, "cannot be filled in"),
+        ("retrieve", {"context_template": "{context} {question} {lang}"}, "may only use {context}, {question}"),
+        ("retrieve", {"context_template": "{context}"}, "must contain {question}"),
+        ("retrieve", {"context_template": "{context} {question} }"}, "not a valid format string"),
+    ],
+)
+def test_message_templates_are_checked_at_load(section: str, value: dict, needle: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict({"name": "p", section: value})
+    assert needle in str(info.value)
+
+
+def test_good_templates_still_load() -> None:
+    p = Policy.from_dict(
+        {
+            "name": "p",
+            "human_review": {"message": "held {{for review}}: #{review_id:04d}"},
+            "retrieve": {"context_template": "C: {context}\nQ: {question} {{literal}}", "timeout_s": 2.5},
+        }
+    )
+    assert p.human_review.message.format(review_id=7) == "held {for review}: #0007"
+    assert p.retrieve.prompt("q", ["a", "b"]) == "C: a\n\nb\nQ: q {literal}" and p.retrieve.timeout_s == 2.5
+    with pytest.raises(PolicyError, match="timeout_s"):
+        Policy.from_dict({"name": "p", "retrieve": {"timeout_s": 0}})
+
+
+# -- NaN semantics --------------------------------------------------------------------------------
+def test_an_empty_answer_never_passes_silently_under_the_default_policy() -> None:
+    d = default_policy().decide(ResponseStats.from_tokens([]), _profile())
+    assert d.action == "retrieve" and d.rule == "least-reliable-10pct"
+    assert "undefined: empty answer" in d.reason and d.checks[0].undefined == "empty answer"
+
+
+@pytest.mark.parametrize(
+    ("stat", "op", "fires"),
+    [
+        ("reliability", "<", True),
+        ("reliability", "<=", True),
+        ("reliability", ">", False),
+        ("entropy_reliability", "<", True),
+        ("max_eu", ">", True),
+        ("max_eu", "<", False),
+        ("unreliable_share", ">=", True),
+        ("first_eu", ">", True),
+    ],
+)
+def test_undefined_statistics_are_the_least_reliable_value(stat: str, op: str, fires: bool) -> None:
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": stat, "op": op, "value": 0.5}, "action": "warn"}]}
+    )
+    d = policy.decide(ResponseStats.from_tokens([]))
+    assert (d.action == "warn") is fires
+    negated = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"not": {"stat": stat, "op": op, "value": 0.5}}, "action": "warn"}]}
+    )
+    assert (negated.decide(ResponseStats.from_tokens([])).action == "warn") is not fires
+
+
+def test_raw_mode_nan_token_scores_say_so() -> None:
+    # raw evidence: a top logit <= -1 makes AU undefined (NaN) for a non-empty answer
+    g = ScriptedBackend([ScriptedAnswer(["x"], [[-2.0, -3.0]])], evidence="raw").generate("q")
+    stats = ResponseStats.from_generation(g)
+    assert math.isnan(stats.max_au) and stats.undefined_reason("max_au") == "NaN token scores"
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": "max_au", "op": ">", "value": 9}, "action": "warn"}]}
+    )
+    d = policy.decide(stats)
+    assert d.action == "warn" and "undefined: NaN token scores" in d.reason
+    assert ResponseStats.from_tokens([]).undefined_reason("n_tokens") is None
+
+
+# -- profiles are validated on load ---------------------------------------------------------------
+def test_a_profile_with_a_nan_or_unsorted_grid_is_refused_on_load(tmp_path: Path) -> None:
+    good = _profile()
+    data = json.loads(good.model_dump_json())
+    nan_grid = dict(data, stats=dict(data["stats"], reliability=[math.nan] * 101))
+    p = tmp_path / "nan.json"
+    p.write_text(json.dumps(nan_grid))  # json writes NaN
+    with pytest.raises(ValueError, match=r"'reliability' grid is not finite.*re-run `logtoku-guard calibrate"):
+        ModelProfile.load(p)
+    unsorted = dict(data, token_eu=list(reversed(sorted(data["token_eu"]))))
+    unsorted["token_eu"][0] += 1.0  # strictly decreasing somewhere
+    p.write_text(json.dumps(unsorted))
+    with pytest.raises(ValueError, match="'token_eu' grid is not sorted"):
+        ModelProfile.load(p)
+    with pytest.raises(ValueError, match="'max_eu' grid has 3 points"):
+        ModelProfile.model_validate(dict(data, stats=dict(data["stats"], max_eu=[1.0, 2.0, 3.0])))
+    assert ModelProfile.load(good.save(tmp_path / "good.json")) == good
+
+
+def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_refused() -> None:
+    from logtoku_guard.guard import Guard
+
+    blanks = [ScriptedAnswer([" "], [[float(v), 0.0]]) for v in range(1, 6)]  # whitespace only: first_eu is NaN
+    backend = ScriptedBackend(blanks, model_name="m")
+    profile = build_profile([backend.generate("q") for _ in blanks], "t")
+    assert "first_eu" not in profile.stats and set(profile.stats) == set(STAT_NAMES) - {"first_eu"}
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "rules": [{"name": "r", "when": {"stat": "first_eu", "op": ">", "value": {"quantile": 0.9}}, "action": "warn"}],
+        }
+    )
+    with pytest.raises(ConfigurationError, match="no statistic 'first_eu'"):
+        Guard(ScriptedBackend(blanks, model_name="m"), policy, profile=profile)
+
+
+def test_quadrant_share_rules_need_a_profile() -> None:
+    from logtoku_guard.guard import Guard
+
+    policy = Policy.from_dict(
+        {"name": "p", "rules": [{"name": "r", "when": {"stat": "unreliable_share", "op": ">", "value": 0.5}, "action": "warn"}]}
+    )
+    with pytest.raises(ConfigurationError, match="quadrant thresholds"):
+        Guard(ScriptedBackend([]), policy)
