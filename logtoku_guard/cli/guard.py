@@ -19,6 +19,7 @@ from logtoku_guard.uncertainty import DEFAULT_K, validate_k
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.guard_score import GuardModel
 
 ACTION_STYLE = {
     "pass": "green",
@@ -66,10 +67,11 @@ def calibrate(
         _common.check_load_options(device, cache_dir)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         labelled = read_labels(labels) if labels is not None else None
+        guard: GuardModel | None
         backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence)
         opts = DecodingOptions(max_new_tokens=max_new_tokens)
-        if labelled is not None:
-            guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")  # type: ignore[union-attr]
+        if labels is not None and labelled is not None:
+            guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")
         else:
             guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
         source = str(prompts or f"default ({n} questions)")
