@@ -28,6 +28,10 @@ from logtoku_guard.types import Generation, TokenScore
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 
 
+_CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
+"""Content blocks of an AI message that describe a tool call (Anthropic, LangChain v1, OpenAI formats)."""
+
+
 def _text_of(message: BaseMessage, i: int) -> str:
     content = message.content
     if isinstance(content, str):
@@ -38,6 +42,8 @@ def _text_of(message: BaseMessage, i: int) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(str(block.get("text", "")))
+        elif isinstance(message, AIMessage) and isinstance(block, dict) and block.get("type") in _CALL_BLOCKS:
+            continue  # the call itself is in message.tool_calls, rendered as a <tool_call> block
         else:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             msg = f"message {i} holds a {kind!r} content block; ChatLogTokU reads text only: send text blocks (or a plain string)"

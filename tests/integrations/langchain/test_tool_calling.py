@@ -12,8 +12,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from langchain_logtoku import ChatLogTokU
+from langchain_logtoku._convert import to_core_messages
 from langchain_logtoku.tools import parse_tool_calls
-from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
+from logtoku_guard import ConfigurationError, InvalidPromptError, ScriptedAnswer, ScriptedBackend
 
 CALL = '<tool_call>{"name": "lookup", "arguments": {"name": "Elena"}}</tool_call>'
 
@@ -86,3 +87,21 @@ def test_tool_choice_must_name_a_bound_tool() -> None:
     message = _model(seen).bind_tools([lookup], tool_choice="none").invoke("Who is Elena?")
     assert seen[0][0].role != "system" or "lookup" not in seen[0][0].content
     assert message.tool_calls == [] and isinstance(message, AIMessage)
+
+
+def test_ai_message_tool_use_blocks_are_read_from_tool_calls() -> None:
+    """Anthropic-style list content: the ``tool_use`` block is the same call as ``tool_calls``."""
+    call = {"name": "magic_function", "args": {"input": 3}, "id": "call_1", "type": "tool_call"}
+    ai = AIMessage(
+        content=[
+            {"type": "text", "text": "Let me call it."},
+            {"type": "tool_use", "id": "call_1", "name": "magic_function", "input": {"input": 3}},
+        ],
+        tool_calls=[call],
+    )
+    turns = to_core_messages([HumanMessage("What is magic_function(3)?"), ai, ToolMessage("5", tool_call_id="call_1")])
+    assert turns[1].role == "assistant"
+    assert turns[1].content.startswith("Let me call it.")
+    assert turns[1].content.count("magic_function") == 1  # rendered once, from tool_calls
+    with pytest.raises(InvalidPromptError, match="'image_url' content block"):
+        to_core_messages([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])])
