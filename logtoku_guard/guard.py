@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, GuardRejectedError, PromptTooLongError, UsageError
+from logtoku_guard.guard_score import with_guard_score
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import ActionName, Decision, Policy, RetrieveSettings, default_policy
 from logtoku_guard.retrieving import Retriever, RetrieverLike, call_retriever
@@ -309,7 +310,9 @@ class Guard:
         made with retrieved context) a decision that does not ask for more retrieval says so:
         its reason starts with ``"after retrieval: "``.
         """
-        stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)
+        stats = with_guard_score(
+            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile
+        )
         decision = self.policy.decide(stats, self.profile)
         if attempts and decision.action != "retrieve":
             decision = replace(decision, reason=f"after retrieval: {decision.reason}")
@@ -342,7 +345,9 @@ class Guard:
 
     def unanswerable(self, generation: Generation, why: str) -> Decision:
         """The ``retrieve.fallback`` decision, without a rule, for an answer made with nothing to answer from."""
-        stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)
+        stats = with_guard_score(
+            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile
+        )
         base = self.policy.decide(stats, self.profile)
         return replace(base, action=self.policy.retrieve.fallback, rule=None, reason=why)
 

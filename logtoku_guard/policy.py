@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
@@ -69,9 +69,15 @@ class Quantile(_Strict):
 
 
 class Compare(_Strict):
+    """``stat op value``. ``fallback``: the statistic compared instead when ``stat`` is
+    unavailable (its profile grid is missing or all NaN for a quantile threshold, its value NaN
+    for a fixed one), e.g. ``guard_score`` falling back to ``reliability`` with a profile that
+    holds no fitted guard; the recorded check names the statistic actually used."""
+
     stat: StatName
     op: Op
     value: Union[float, Quantile]  # noqa: UP007 - pydantic union
+    fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
 
     @field_validator("value")
     @classmethod
@@ -380,7 +386,8 @@ def _collect_stats(c: Any, found: set[str]) -> None:
 
 def _check_quantiles(c: Any, profile: ModelProfile | None) -> None:
     if isinstance(c, Compare):
-        _threshold(c, profile)
+        usable = c.fallback is None or not isinstance(c.value, Quantile) or (profile is not None and profile.has_stat(c.stat))
+        _threshold(c, profile, c.stat if usable else c.fallback)
     elif isinstance(c, (AllOf, AnyOf)):
         for x in c.all if isinstance(c, AllOf) else c.any:
             _check_quantiles(x, profile)
@@ -398,7 +405,19 @@ def _has_quantile(c: Any) -> bool:
     return _has_quantile(c.not_)
 
 
-def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float | None]:
+def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -> str:
+    """``c.stat``, or ``c.fallback`` when ``c.stat`` is unavailable (see :class:`Compare`)."""
+    if c.fallback is None:
+        return c.stat
+    if isinstance(c.value, Quantile):
+        available = profile is not None and profile.has_stat(c.stat)
+    else:
+        available = math.isfinite(stats.get(c.stat))
+    return c.stat if available else c.fallback
+
+
+def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None) -> tuple[float, float | None]:
+    stat = stat or c.stat
     if isinstance(c.value, Quantile):
         if profile is None:
             msg = (
@@ -406,9 +425,9 @@ def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float |
                 "run `logtoku-guard calibrate` or pass profile=..."
             )
             raise ConfigurationError(msg)
-        value = float(profile.quantile(c.stat, c.value.quantile))
+        value = float(profile.quantile(stat, c.value.quantile))
         if not math.isfinite(value):  # a validated profile never has one
-            msg = f"the profile's {c.stat!r} grid is not finite at q{c.value.quantile:g}; re-run `logtoku-guard calibrate`"
+            msg = f"the profile's {stat!r} grid is not finite at q{c.value.quantile:g}; re-run `logtoku-guard calibrate`"
             raise ConfigurationError(msg)
         return value, c.value.quantile
     return float(c.value), None
@@ -416,15 +435,16 @@ def _threshold(c: Compare, profile: ModelProfile | None) -> tuple[float, float |
 
 def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
     if isinstance(c, Compare):
-        threshold, q = _threshold(c, profile)
-        observed = stats.get(c.stat)
-        why = stats.undefined_reason(c.stat) if math.isnan(observed) else None
+        stat = _stat_used(c, stats, profile)
+        threshold, q = _threshold(c, profile, stat)
+        observed = stats.get(stat)
+        why = stats.undefined_reason(stat) if math.isnan(observed) else None
         if undefined == "never_fires":
             ok = math.isfinite(observed) and _OPS[c.op](observed, threshold)
         else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
-            value = (-math.inf if c.stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
+            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
             ok = _OPS[c.op](value, threshold)
-        checks.append(Check(c.stat, c.op, threshold, None if why is not None else observed, ok, q, why))
+        checks.append(Check(stat, c.op, threshold, None if why is not None else observed, ok, q, why))
         return ok
     if isinstance(c, AllOf):
         return all([_eval(x, stats, profile, checks, undefined) for x in c.all])  # evaluate all: every check is recorded
@@ -438,28 +458,37 @@ def _describe(checks: list[Check]) -> str:
 
 
 def default_policy() -> Policy:
-    """The calibrated default: thresholds are quantiles of the model's own profile.
+    """The calibrated default: thresholds are quantiles of the model's own profile of ``guard_score``.
 
-    The 10% least reliable answers go to retrieval (then abstention when still uncertain or
-    without a retriever); the next 20% pass with a disclaimer; the rest pass.
+    ``guard_score`` (:mod:`logtoku_guard.guard_score`) is the profile's learned combination of
+    answer and prompt-side statistics, the predicted probability that the answer is right
+    (higher = more reliable). The 30% of answers it ranks lowest go to retrieval (then
+    abstention when still uncertain or without a retriever); the next 20% pass with a
+    disclaimer; the rest pass. On the known-vs-fabricated test half (RESULTS.md) these bands
+    flag most questions about invented things while passing most known ones. A profile
+    without a fitted guard (an older version, a model with no shipped fit and no
+    ``--labels``) uses the same quantiles of ``reliability`` instead (``fallback``).
     """
     return Policy.from_dict(
         {
             "name": "default",
-            "version": "1",
-            "description": "retrieve below the 10th reliability percentile of the model profile, warn below the 30th",
+            "version": "2",
+            "description": (
+                "retrieve below the 30th guard_score percentile of the model profile, warn below the 50th "
+                "(reliability percentiles when the profile has no fitted guard score)"
+            ),
             "rules": [
                 {
-                    "name": "least-reliable-10pct",
-                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.10}},
+                    "name": "lowest-guard-score-30pct",
+                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": 0.30}, "fallback": "reliability"},
                     "action": "retrieve",
-                    "reason": "the answer is among the 10% least reliable answers of this model",
+                    "reason": "the answer is among the 30% this model is least likely to get right",
                 },
                 {
-                    "name": "less-reliable-30pct",
-                    "when": {"stat": "reliability", "op": "<", "value": {"quantile": 0.30}},
+                    "name": "low-guard-score-50pct",
+                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": 0.50}, "fallback": "reliability"},
                     "action": "warn",
-                    "reason": "the answer is among the 30% least reliable answers of this model",
+                    "reason": "the answer is among the 50% this model is least likely to get right",
                 },
             ],
             "default_action": "pass",

@@ -20,8 +20,9 @@ from typing import Literal, get_args
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import quadrant_shares
+from logtoku_guard.prompt_scores import PromptStats
 from logtoku_guard.types import Generation, ResponseScore, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds, word_scores
 
 StatName = Literal[
     "reliability",
@@ -37,10 +38,27 @@ StatName = Literal[
     "quadrant_ii_share",
     "unreliable_share",
     "n_tokens",
+    "first_max_eu",
+    "word_mean_eu",
+    "prompt_max_eu",
+    "prompt_mean_eu",
+    "prompt_mean_logprob",
+    "prompt_min_logprob",
+    "reliability_debiased",
+    "guard_score",
 ]
 STAT_NAMES: tuple[str, ...] = get_args(StatName)
 HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
-    {"reliability", "reliability_mean", "probability_reliability", "entropy_reliability"}
+    {
+        "reliability",
+        "reliability_mean",
+        "probability_reliability",
+        "entropy_reliability",
+        "reliability_debiased",
+        "guard_score",
+        "prompt_mean_logprob",
+        "prompt_min_logprob",
+    }
 )
 """Statistics where higher means more reliable; every other one (``*_eu``, ``*_au``,
 ``*_share``, ``n_tokens``) is higher = more uncertain (or longer). A policy's
@@ -63,6 +81,14 @@ class ResponseStats:
     empty pieces skipped). ``quadrant_*_share``: share of *all* tokens in quadrant I / II / I or
     II (``unreliable_share``) against the given quadrant thresholds (NaN without thresholds); a
     token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.payloads.quadrant_shares`).
+    ``first_max_eu``: max EU over those first content tokens; ``word_mean_eu``: mean over the
+    answer's words of each word's max EU (:func:`~logtoku_guard.uncertainty.word_scores`).
+    ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass
+    (:class:`~logtoku_guard.prompt_scores.PromptStats`; NaN without prompt scores).
+    ``reliability_debiased`` and ``guard_score`` need a fitted guard model
+    (:func:`logtoku_guard.guard_score.with_guard_score`; NaN otherwise): reliability minus its
+    expected value at this answer length, and the predicted probability that the answer is
+    correct/known (both higher = more reliable).
     """
 
     score: ResponseScore
@@ -75,6 +101,14 @@ class ResponseStats:
     quadrant_ii_share: float
     unreliable_share: float
     n_tokens: float
+    first_max_eu: float = math.nan
+    word_mean_eu: float = math.nan
+    prompt_max_eu: float = math.nan
+    prompt_mean_eu: float = math.nan
+    prompt_mean_logprob: float = math.nan
+    prompt_min_logprob: float = math.nan
+    reliability_debiased: float = math.nan
+    guard_score: float = math.nan
 
     @property
     def reliability(self) -> float:
@@ -112,8 +146,12 @@ class ResponseStats:
             return "empty answer"
         if name in ("quadrant_i_share", "quadrant_ii_share", "unreliable_share") and math.isnan(self.quadrant_i_share):
             return "no quadrant thresholds (no profile)"
-        if name == "first_eu":
+        if name in ("first_eu", "first_max_eu"):
             return "no content tokens or NaN token scores"
+        if name.startswith("prompt_"):
+            return "no prompt scores (the backend does not see the prompt's logits)"
+        if name in ("guard_score", "reliability_debiased") and math.isnan(self.guard_score):
+            return "no fitted guard score in the profile"
         return "NaN token scores"
 
     def as_dict(self) -> dict[str, float | None]:
@@ -130,8 +168,10 @@ class ResponseStats:
         first_tokens: int = DEFAULT_FIRST_TOKENS,
         *,
         score: ResponseScore | None = None,
+        prompt_tokens: Sequence[TokenScore] = (),
     ) -> ResponseStats:
-        """The statistics of ``tokens`` (``score``: their ResponseScore, when already computed)."""
+        """The statistics of ``tokens`` (``score``: their ResponseScore, when already computed;
+        ``prompt_tokens``: the question's teacher-forced scores, for the ``prompt_*`` statistics)."""
         score = score if score is not None else ResponseScore.from_tokens(tokens, top_n)
         nan = math.nan
         n = len(tokens)
@@ -152,6 +192,9 @@ class ResponseStats:
             quadrant_ii_share=q2,
             unreliable_share=q1 + q2,
             n_tokens=float(n),
+            first_max_eu=_max(content),
+            word_mean_eu=_word_mean_eu(tokens),
+            **vars(PromptStats.from_tokens(prompt_tokens)),
         )
 
     @classmethod
@@ -159,7 +202,14 @@ class ResponseStats:
         cls, generation: Generation, quadrants: QuadrantThresholds | None = None, first_tokens: int = DEFAULT_FIRST_TOKENS
     ) -> ResponseStats:
         """The statistics of a generation (its cached ``score`` is reused)."""
-        return cls.from_tokens(generation.tokens, generation.top_n, quadrants, first_tokens, score=generation.score)
+        return cls.from_tokens(
+            generation.tokens,
+            generation.top_n,
+            quadrants,
+            first_tokens,
+            score=generation.score,
+            prompt_tokens=generation.prompt_scores,
+        )
 
 
 def _max(values: Sequence[float]) -> float:
@@ -168,3 +218,11 @@ def _max(values: Sequence[float]) -> float:
     if any(math.isnan(v) for v in values):
         return math.nan
     return max(values)
+
+
+def _word_mean_eu(tokens: Sequence[TokenScore]) -> float:
+    """Mean over words of each word's max EU (NaN: no word, or a NaN EU)."""
+    words = word_scores([t.text for t in tokens], [t.au for t in tokens], [t.eu for t in tokens])
+    if not words:
+        return math.nan
+    return sum(w.eu for w in words) / len(words)

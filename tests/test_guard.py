@@ -140,7 +140,8 @@ def test_default_policy_routes_by_the_models_own_distribution() -> None:
     guard = Guard(ScriptedBackend(by_question, model_name="m"), default_policy(), profile=profile)
     assert guard.run("What is the capital of France?").action == "pass"
     r = guard.run("Who founded the Zarnovian Institute?")
-    assert r.action == "abstain" and r.decision.rule == "least-reliable-10pct" and r.decision.checks[0].quantile == 0.1
+    assert r.action == "abstain" and r.decision.rule == "lowest-guard-score-30pct"
+    assert (r.decision.checks[0].stat, r.decision.checks[0].quantile) == ("reliability", 0.3)  # no fitted guard: fallback
 
 
 def test_every_decision_is_recorded_and_review_items_are_queued(tmp_path: Path) -> None:

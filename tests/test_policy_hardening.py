@@ -149,7 +149,7 @@ def test_good_templates_still_load() -> None:
 # -- NaN semantics --------------------------------------------------------------------------------
 def test_an_empty_answer_never_passes_silently_under_the_default_policy() -> None:
     d = default_policy().decide(ResponseStats.from_tokens([]), _profile())
-    assert d.action == "retrieve" and d.rule == "least-reliable-10pct"
+    assert d.action == "retrieve" and d.rule == "lowest-guard-score-30pct"
     assert "undefined: empty answer" in d.reason and d.checks[0].undefined == "empty answer"
 
 
@@ -216,7 +216,9 @@ def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_re
     blanks = [ScriptedAnswer([" "], [[float(v), 0.0]]) for v in range(1, 6)]  # whitespace only: first_eu is NaN
     backend = ScriptedBackend(blanks, model_name="m")
     profile = build_profile([backend.generate("q") for _ in blanks], "t")
-    assert "first_eu" not in profile.stats and set(profile.stats) == set(STAT_NAMES) - {"first_eu"}
+    undefined = {"first_eu", "first_max_eu", "word_mean_eu", "guard_score", "reliability_debiased"}
+    undefined |= {s for s in STAT_NAMES if s.startswith("prompt_")}  # no prompt scores from a scripted backend
+    assert "first_eu" not in profile.stats and set(profile.stats) == set(STAT_NAMES) - undefined
     policy = Policy.from_dict(
         {
             "name": "p",

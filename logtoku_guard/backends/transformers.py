@@ -13,7 +13,8 @@ by :mod:`logtoku_guard.backends.loading` (local files only).
 Modules of this backend: ``transformers`` (this one: the backend class), ``batching`` (the
 batcher), ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
-embedded default).
+embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
+``Generation.prompt_scores``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
+from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, question_span
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
@@ -171,6 +173,7 @@ class TransformersBackend:
         self._tokenizer.padding_side = "left"
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch)
+        self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
         self._warned_template = False
 
     # -- properties -------------------------------------------------------------------
@@ -329,7 +332,10 @@ class TransformersBackend:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
         text = self._render(messages)
-        ids = list(self._tokenizer(text, add_special_tokens=not has_template)["input_ids"])
+        fast = bool(getattr(self._tokenizer, "is_fast", False))
+        enc = self._tokenizer(text, add_special_tokens=not has_template, return_offsets_mapping=fast)
+        ids = list(enc["input_ids"])
+        span = question_span(text, _question(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
         ctx = self.context_window
         limit = options.max_new_tokens
         if ctx is not None:
@@ -344,7 +350,7 @@ class TransformersBackend:
                     ctx - len(ids),
                 )
                 limit = ctx - len(ids)
-        return _Prepared(messages, ids, limit)
+        return _Prepared(messages, ids, limit, span)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
         """Run ``jobs`` (compatible options) as one left-padded batch; each job completes as its rows end."""
@@ -391,7 +397,8 @@ class TransformersBackend:
                 job.future.set_exception(state.error)
                 return
             done = results[id(job)]
-            done[i] = self._generation(prepared, state, job, start, recorder.first_token_s)
+            scores = capture.scores[b] if capture is not None else ()
+            done[i] = self._generation(prepared, state, job, start, recorder.first_token_s, scores)
             if len(done) == len(job.rows):
                 job.future.set_result([done[n] for n in range(len(job.rows))])
 
@@ -414,7 +421,10 @@ class TransformersBackend:
             torch.manual_seed(options.seed)
             if torch.cuda.is_available():
                 torch.cuda.manual_seed_all(options.seed)
+        spans = [(p.span, longest - len(p.ids)) for _, _, p in rows]
+        capture = for_batch(self._model, input_ids, spans, self._k, self._evidence) if self.score_prompt else None
         handle = self._model.register_forward_hook(recorder.hook)
+        prompt_handle = self._model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
         recorder.start = start
         try:
             with torch.inference_mode():
@@ -427,11 +437,15 @@ class TransformersBackend:
                 )
         finally:
             handle.remove()
+            if prompt_handle is not None:
+                prompt_handle.remove()
         for b, state in enumerate(recorder.rows):
             if not state.done:  # still open at max_new_tokens
                 on_row_done(b, recorder.finish_row(b))
 
-    def _generation(self, prepared: _Prepared, state: Row, job: Job, start: float, first_token_s: float | None) -> Generation:
+    def _generation(
+        self, prepared: _Prepared, state: Row, job: Job, start: float, first_token_s: float | None, prompt_scores: Any = ()
+    ) -> Generation:
         total = time.perf_counter() - start
         n = len(state.tokens)
         decode_s = total - (first_token_s or 0.0)
@@ -452,6 +466,7 @@ class TransformersBackend:
                 first_token_s=first_token_s,
                 tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
             ),
+            prompt_scores=prompt_scores,
         )
 
 
@@ -462,6 +477,7 @@ class _Prepared:
     messages: list[ChatMessage]
     ids: list[int]
     limit: int
+    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
 
 
 def _question(messages: list[ChatMessage]) -> str:

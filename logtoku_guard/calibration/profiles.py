@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from logtoku_guard.embedded import cache_root
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.guard_score import GuardModel, with_guard_score
 from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
 from logtoku_guard.uncertainty import QuadrantThresholds
@@ -56,6 +57,19 @@ class ModelProfile(BaseModel):
     token_au: list[float] = Field(min_length=GRID, max_length=GRID)
     token_eu: list[float] = Field(min_length=GRID, max_length=GRID)
     stats: dict[str, list[float]]
+    guard: GuardModel | None = None
+    """The fitted guard score (:mod:`logtoku_guard.guard_score`); None in profiles made before it
+    existed or without labelled data: ``guard_score`` is then unavailable (NaN)."""
+
+    @property
+    def guard_available(self) -> bool:
+        """Whether this profile can compute ``guard_score`` (it holds a fitted guard model)."""
+        return self.guard is not None
+
+    def has_stat(self, stat: str) -> bool:
+        """Whether ``stat`` has a usable (not all-NaN) quantile grid in this profile."""
+        grid = self.stats.get(stat)
+        return grid is not None and any(math.isfinite(v) for v in grid)
 
     @model_validator(mode="after")
     def _grids_are_finite_and_sorted(self) -> ModelProfile:
@@ -181,8 +195,9 @@ def _grid(values: Sequence[float]) -> list[float] | None:
     return [float(x) for x in grid]
 
 
-def build_profile(generations: Sequence[Generation], source: str) -> ModelProfile:
-    """A profile from already scored generations (all from one model and setup)."""
+def build_profile(generations: Sequence[Generation], source: str, guard: GuardModel | None = None) -> ModelProfile:
+    """A profile from already scored generations (all from one model and setup); with a fitted
+    ``guard``, ``guard_score`` and ``reliability_debiased`` get their quantile grids too."""
     if not generations:
         msg = "cannot build a profile from zero generations; give at least one prompt"
         raise ConfigurationError(msg)
@@ -196,7 +211,7 @@ def build_profile(generations: Sequence[Generation], source: str) -> ModelProfil
         msg = "no calibration token has a finite AU and EU (NaN token scores); use evidence='clamped' or other prompts"
         raise ConfigurationError(msg)
     quadrants = QuadrantThresholds.from_quantile([t.au for t in tokens], [t.eu for t in tokens], 0.5, "calibration median")
-    rows = [ResponseStats.from_generation(g, quadrants) for g in generations]
+    rows = [with_guard_score(ResponseStats.from_generation(g, quadrants), guard) for g in generations]
     grids = {name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES}
     return ModelProfile(
         model=first.model,
@@ -210,6 +225,7 @@ def build_profile(generations: Sequence[Generation], source: str) -> ModelProfil
         token_au=token_au,
         token_eu=token_eu,
         stats={name: grid for name, grid in grids.items() if grid is not None},  # a stat never defined is left out
+        guard=guard,
     )
 
 
@@ -220,6 +236,7 @@ def calibrate(
     batch_size: int = 8,
     source: str = "user prompts",
     on_batch: Callable[[int], None] | None = None,
+    guard: GuardModel | None = None,
 ) -> ModelProfile:
     """Run ``backend`` over ``prompts`` (in batches) and build its profile.
 
@@ -235,4 +252,4 @@ def calibrate(
         generations.extend(backend.batch(chunk, opts))
         if on_batch is not None:
             on_batch(len(chunk))
-    return build_profile(generations, source)
+    return build_profile(generations, source, guard)

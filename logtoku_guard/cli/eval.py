@@ -432,3 +432,53 @@ def guard_end_to_end(
         raise _common.fail(exc) from exc
     typer.echo(result.report.to_markdown())
     _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+
+
+@eval_app.command("fabricated")
+def fabricated(
+    model: ModelOpt = "smollm2-135m-instruct",
+    limit: Annotated[
+        int | None, typer.Option(help="First N known and first N fabricated questions of each half, for a quick run.")
+    ] = None,
+    l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
+    batch_size: BatchOpt = 8,
+    cache_dir: CacheDirOpt = Path("results/cache"),
+    out_dir: OutDirOpt = Path("results"),
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """Known vs fabricated questions: the guard score fit on the tune half, AUROC and policy rates on the test half."""
+    from logtoku_guard.errors import LogTokUError
+    from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
+    from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, write_fabricated
+    from logtoku_guard.evaluation.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
+
+    if limit is not None and limit < 1:
+        msg = f"--limit must be a positive number of questions, got {limit!r}"
+        raise typer.BadParameter(msg)
+    try:
+        name = _model_name(model)
+        halves = {s: _first_of_each_kind(load_fabricated(s), limit) for s in ("tune", "test")}
+        cache = greedy_cache(cache_dir, name, dataset_name(), GreedySpec())
+        todo = [it.to_qa_item() for s in halves for it in halves[s] if it.id not in cache]
+        if todo:
+            with _progress() as progress:
+                total = sum(len(h) for h in halves.values())
+                on = _progress_factory(progress)("fabricated", total, total - len(todo))
+                backend = _backend_loader(model, K_STORED, device, model_cache)()
+                run_greedy(backend, todo, cache, spec=GreedySpec(), batch_size=batch_size, on_progress=on)
+        pairs = {s: [(cache.get(it.id), it.is_known) for it in halves[s]] for s in halves}
+        report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
+        files = write_fabricated(report, out_dir)
+    except LogTokUError as exc:
+        raise _common.fail(exc) from exc
+    typer.echo(report.to_markdown())
+    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+
+
+def _first_of_each_kind(items: list[Any], limit: int | None) -> list[Any]:
+    if limit is None:
+        return items
+    return [it for kind in ("known", "fabricated") for it in [x for x in items if x.kind == kind][:limit]]

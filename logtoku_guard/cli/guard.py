@@ -19,6 +19,7 @@ from logtoku_guard.uncertainty import DEFAULT_K, validate_k
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.guard_score import GuardModel
 
 ACTION_STYLE = {
     "pass": "green",
@@ -46,17 +47,35 @@ def calibrate(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
+    labels: Annotated[
+        Path | None,
+        typer.Option(help="JSONL of {question, correct: bool}: fit the guard score on your own labelled answers."),
+    ] = None,
 ) -> None:
-    """Profile a model over a calibration set so policies can use quantile thresholds."""
+    """Profile a model over a calibration set so policies can use quantile thresholds.
+
+    The profile also holds the guard score: fitted on ``--labels`` when given, else the
+    project's shipped fit for the embedded model (none for other models: ``guard_score`` is
+    then unavailable and the default policy uses reliability).
+    """
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
+    from logtoku_guard.calibration.guard_fit import fit_on_labels, read_labels, shipped_guard
 
     try:
         validate_k(top_k)
         _common.check_at_least_one(("--n", n), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
         _common.check_load_options(device, cache_dir)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
+        labelled = read_labels(labels) if labels is not None else None
+        guard: GuardModel | None
         backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence)
-        profile = run_calibration(backend, questions, max_new_tokens, batch_size, str(prompts or f"default ({n} questions)"))
+        opts = DecodingOptions(max_new_tokens=max_new_tokens)
+        if labels is not None and labelled is not None:
+            guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")
+        else:
+            guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
+        source = str(prompts or f"default ({n} questions)")
+        profile = run_calibration(backend, questions, max_new_tokens, batch_size, source, guard)
         path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
@@ -67,10 +86,16 @@ def calibrate(
     for stat in ("reliability", "max_eu", "mean_eu", "mean_au", "first_eu", "token_au", "token_eu"):
         table.add_row(stat, *(_common.fmt(profile.quantile(stat, q)) for q in (0.1, 0.5, 0.9)))
     _common.out.print(table)
+    if profile.guard is not None:
+        _common.out.print(f"guard score: {profile.guard.describe()}", highlight=False)
+    else:
+        _common.out.print("guard score: unavailable (no labels and no shipped fit); policies fall back to reliability")
     _common.out.print(f"profile written to {path}")
 
 
-def run_calibration(backend: Any, questions: list[str], max_new_tokens: int, batch_size: int, source: str) -> ModelProfile:
+def run_calibration(
+    backend: Any, questions: list[str], max_new_tokens: int, batch_size: int, source: str, guard: Any = None
+) -> ModelProfile:
     """Calibrate with a progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -86,6 +111,7 @@ def run_calibration(backend: Any, questions: list[str], max_new_tokens: int, bat
             batch_size=batch_size,
             source=source,
             on_batch=lambda k: bar.advance(task, k),
+            guard=guard,
         )
 
 
@@ -129,7 +155,11 @@ def ask(
             _common.err.print(
                 f"No profile for {backend.model_name} yet: calibrating once on {calibration_size} questions (saved to {path})."
             )
-            prof = run_calibration(backend, default_calibration_prompts(calibration_size), 64, 8, f"default ({calibration_size})")
+            from logtoku_guard.calibration.guard_fit import shipped_guard
+
+            shipped = shipped_guard(backend.model_name, backend.k, backend.evidence)
+            questions = default_calibration_prompts(calibration_size)
+            prof = run_calibration(backend, questions, 64, 8, f"default ({calibration_size})", shipped)
             prof.save(path)
         guard = Guard(
             backend,

@@ -64,25 +64,21 @@ class CachedGeneration:
     answer: str
     finish_reason: str
     tokens: tuple[CachedToken, ...]
+    prompt_tokens: tuple[CachedToken, ...] = ()
+    """The user turn's tokens scored teacher-forced at the prefill pass
+    (:attr:`logtoku_guard.types.Generation.prompt_scores`); empty in older caches."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "question": self.question,
             "answer": self.answer,
             "finish_reason": self.finish_reason,
-            "tokens": [
-                {
-                    "id": t.id,
-                    "text": t.text,
-                    "top_logits": [_num(v) for v in t.top_logits],
-                    "top_ids": list(t.top_ids),
-                    "logprob": _num(t.logprob),
-                    "entropy": _num(t.entropy),
-                }
-                for t in self.tokens
-            ],
+            "tokens": [_token_json(t) for t in self.tokens],
         }
+        if self.prompt_tokens:
+            out["prompt_tokens"] = [_token_json(t) for t in self.prompt_tokens]
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> CachedGeneration:
@@ -91,18 +87,31 @@ class CachedGeneration:
             question=obj["question"],
             answer=obj["answer"],
             finish_reason=obj["finish_reason"],
-            tokens=tuple(
-                CachedToken(
-                    id=int(t["id"]),
-                    text=t["text"],
-                    top_logits=tuple(_float(v) for v in t["top_logits"]),
-                    top_ids=tuple(int(i) for i in t["top_ids"]),
-                    logprob=_float(t["logprob"]),
-                    entropy=_float(t["entropy"]),
-                )
-                for t in obj["tokens"]
-            ),
+            tokens=tuple(_token_from_json(t) for t in obj["tokens"]),
+            prompt_tokens=tuple(_token_from_json(t) for t in obj.get("prompt_tokens", ())),
         )
+
+
+def _token_json(t: CachedToken) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "text": t.text,
+        "top_logits": [_num(v) for v in t.top_logits],
+        "top_ids": list(t.top_ids),
+        "logprob": _num(t.logprob),
+        "entropy": _num(t.entropy),
+    }
+
+
+def _token_from_json(t: dict[str, Any]) -> CachedToken:
+    return CachedToken(
+        id=int(t["id"]),
+        text=t["text"],
+        top_logits=tuple(_float(v) for v in t["top_logits"]),
+        top_ids=tuple(int(i) for i in t["top_ids"]),
+        logprob=_float(t["logprob"]),
+        entropy=_float(t["entropy"]),
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from logtoku_guard.evaluation.cache import (
     JsonlCache,
 )
 from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.types import DecodingOptions, Generation, Prompt
+from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 
 PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"
 K_STORED = 5
@@ -113,23 +113,25 @@ def samples_cache(
 
 
 def to_cached(item: QAItem, generation: Generation) -> CachedGeneration:
-    """A backend's :class:`Generation` as a cache record."""
+    """A backend's :class:`Generation` as a cache record (with its prompt-side scores)."""
     return CachedGeneration(
         id=item.id,
         question=item.question,
         answer=generation.text.strip(),
         finish_reason=generation.finish_reason,
-        tokens=tuple(
-            CachedToken(
-                id=t.id,
-                text=t.text,
-                top_logits=tuple(float(v) for v in t.top_logits),
-                top_ids=tuple(int(i) for i in t.top_ids),
-                logprob=float(t.logprob),
-                entropy=float(t.entropy),
-            )
-            for t in generation.tokens
-        ),
+        tokens=tuple(_cached_token(t) for t in generation.tokens),
+        prompt_tokens=tuple(_cached_token(t) for t in generation.prompt_scores),
+    )
+
+
+def _cached_token(t: TokenScore) -> CachedToken:
+    return CachedToken(
+        id=t.id,
+        text=t.text,
+        top_logits=tuple(float(v) for v in t.top_logits),
+        top_ids=tuple(int(i) for i in t.top_ids),
+        logprob=float(t.logprob),
+        entropy=float(t.entropy),
     )
 
 

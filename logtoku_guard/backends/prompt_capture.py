@@ -1,0 +1,170 @@
+"""Prompt-side scores from the prefill pass: how surprising the user's question is to the model.
+
+An invented name is surprising before the model answers. :class:`PromptCapture` is a forward
+hook on the model's decoder (the module whose output feeds the LM head). At the *prefill*
+pass only (the first call of ``generate``) it takes the final hidden states at the positions
+just before each question token, applies the model's own output head (and its logit
+soft-capping or scaling, where the config has one), and scores each question token
+teacher-forced: the logits at position ``i`` score the token at ``i + 1``. Each prompt token
+gets a :class:`~logtoku_guard.types.TokenScore` exactly as an answer token does (raw top-K
+logits, AU/EU, log-probability of the actual token, entropy).
+
+Why a hook: transformers computes the logits of the last position only during ``generate``
+(``logits_to_keep=1``), and asking for all positions would keep ``prompt x vocabulary``
+floats for the whole prompt (template, retrieved passages). The hook runs the head on the
+question's positions only, in chunks, inside the same forward pass: no second forward.
+
+:func:`question_span` finds the question (the last user turn's text) in the rendered prompt
+and maps it to token positions through the fast tokenizer's character offsets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard.types import TokenScore
+from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PromptCapture", "QuestionSpan", "for_batch", "question_span"]
+
+CHUNK = 256
+"""Positions sent through the output head at once (bounds the ``chunk x vocabulary`` buffer)."""
+
+
+@dataclass(frozen=True)
+class QuestionSpan:
+    """Token positions ``[start, end)`` of the question in a (padded) row and each token's text.
+
+    ``texts`` concatenate to the question exactly (the whitespace before a token belongs to
+    the token before it, as the offsets place it).
+    """
+
+    start: int
+    end: int
+    texts: tuple[str, ...]
+
+
+def question_span(rendered: str, question: str, offsets: Sequence[tuple[int, int]], mask: Sequence[int]) -> QuestionSpan | None:
+    """The tokens of ``question`` (its last occurrence in ``rendered``), or None when not found.
+
+    ``offsets``: each token's ``(start, end)`` character offsets in ``rendered`` (a fast
+    tokenizer's ``offset_mapping``); ``mask``: the attention mask (0 = padding, skipped).
+    """
+    pos = rendered.rfind(question) if question else -1
+    if pos < 0:
+        return None
+    end_char = pos + len(question)
+    idx = [j for j, ((a, b), m) in enumerate(zip(offsets, mask)) if m and b > a and b > pos and a < end_char]
+    if not idx:
+        return None
+    starts = [max(offsets[j][0], pos) for j in idx]
+    starts[0] = pos
+    bounds = [*starts[1:], end_char]
+    texts = tuple(rendered[s:e] for s, e in zip(starts, bounds))
+    return QuestionSpan(idx[0], idx[-1] + 1, texts)
+
+
+class PromptCapture:
+    """Forward hook on the decoder: scores the question tokens of each row at the prefill pass.
+
+    Args:
+        head: the model's output embedding (``model.get_output_embeddings()``).
+        config: the model config (``final_logit_softcapping``/``logit_scale`` are applied).
+        input_ids: ``(batch, seq)`` prompt ids (left-padded), on any device.
+        spans: each row's :class:`QuestionSpan` (None: nothing scored for that row).
+        k: top-K logits kept per token; evidence: ``"clamped"`` or ``"raw"``.
+    """
+
+    def __init__(
+        self,
+        head: Any,
+        config: Any,
+        input_ids: torch.Tensor,
+        spans: Sequence[QuestionSpan | None],
+        k: int,
+        evidence: EvidenceMode,
+    ) -> None:
+        self.head = head
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.scale = getattr(config, "logit_scale", None)
+        self.input_ids = input_ids
+        self.spans = list(spans)
+        self.k = k
+        self.evidence = evidence
+        self.done = False
+        self.scores: list[tuple[TokenScore, ...]] = [() for _ in spans]
+
+    def hook(self, module: Any, args: Any, output: Any) -> None:
+        if self.done:
+            return
+        self.done = True  # decode steps (one new token each) are not the prompt
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None:
+            hidden = output[0]
+        if hidden.shape[1] != self.input_ids.shape[1]:
+            return  # not the prefill of these ids (e.g. a cached prefix): nothing to score
+        for row, span in enumerate(self.spans):
+            if span is not None:
+                self.scores[row] = self._score_row(hidden[row], self.input_ids[row], span)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Raw float32 logits of ``hidden`` ``(n, d)`` as the model computes them."""
+        import torch
+
+        logits = self.head(hidden).float()
+        if isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool):
+            logits = logits * float(self.scale)
+        if isinstance(self.softcap, (int, float)) and self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _score_row(self, hidden: torch.Tensor, ids: torch.Tensor, span: QuestionSpan) -> tuple[TokenScore, ...]:
+        first = max(span.start, 1)  # position 0 has no prediction
+        out: list[TokenScore] = []
+        for lo in range(first, span.end, CHUNK):
+            hi = min(lo + CHUNK, span.end)
+            logits = self.logits(hidden[lo - 1 : hi - 1])
+            target = ids[lo:hi].to(logits.device)
+            values, top_ids = logits.topk(self.k, dim=-1)
+            au, eu = logtoku(values, self.evidence)
+            lse, entropy = logsumexp_entropy(logits)
+            logprob = logits.gather(-1, target[:, None]).squeeze(-1) - lse
+            rows = zip(
+                target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist()
+            )
+            for j, (tid, v, ti, a, e, lp, h) in enumerate(rows):
+                pos = lo + j
+                out.append(
+                    TokenScore(
+                        index=pos - span.start,
+                        id=int(tid),
+                        text=span.texts[pos - span.start],
+                        top_logits=tuple(v),
+                        top_ids=tuple(ti),
+                        au=a,
+                        eu=e,
+                        logprob=lp,
+                        entropy=h,
+                    )
+                )
+        return tuple(out)
+
+
+def for_batch(
+    model: Any, input_ids: torch.Tensor, spans: Sequence[tuple[QuestionSpan | None, int]], k: int, evidence: EvidenceMode
+) -> PromptCapture | None:
+    """The capture for a left-padded batch: ``spans`` holds each row's span in its own ids and
+    its left padding. None when no row has a span or the model has no decoder module to hook."""
+    get_decoder = getattr(model, "get_decoder", None)
+    if not callable(get_decoder) or get_decoder() is None or all(span is None for span, _ in spans):
+        return None
+    shifted = [
+        None if span is None else dataclasses.replace(span, start=span.start + pad, end=span.end + pad) for span, pad in spans
+    ]
+    return PromptCapture(model.get_output_embeddings(), model.config, input_ids, shifted, k, evidence)

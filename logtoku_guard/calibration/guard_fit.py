@@ -1,0 +1,91 @@
+"""Fitting the guard score for a profile: on the user's labelled questions, or the shipped fit.
+
+* :func:`read_labels`: a JSONL file, one ``{"question": ..., "correct": true|false}`` per line
+  (``logtoku-guard calibrate --labels FILE``); ``correct`` says whether the model's answer to
+  that question is right (or the question is about something it knows).
+* :func:`fit_on_labels`: answers every labelled question with the backend (greedy, as the guard
+  would), computes its :class:`~logtoku_guard.stats.ResponseStats` and fits
+  :func:`~logtoku_guard.guard_score.fit_guard` (5-fold CV AUROC kept in the model).
+* :func:`shipped_guard`: the guard fitted by the project on its own labelled data (the tune half
+  of the known-vs-fabricated benchmark; see RESULTS.md), shipped in ``calibration/data/`` for
+  the embedded model at K = 2, clamped evidence; None for any other setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.guard_score import GuardModel, fit_guard
+from logtoku_guard.stats import ResponseStats
+from logtoku_guard.types import DecodingOptions
+
+__all__ = ["fit_on_labels", "read_labels", "shipped_guard", "shipped_guard_path"]
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def read_labels(path: str | os.PathLike[str]) -> list[tuple[str, bool]]:
+    """``(question, correct)`` pairs from a JSONL file; a malformed line raises, naming it."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        msg = f"cannot read the labels file {str(p)!r}: {exc}"
+        raise ConfigurationError(msg) from exc
+    out: list[tuple[str, bool]] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            msg = f'{p}:{i}: not JSON ({exc.msg}); each line must be {{"question": ..., "correct": true|false}}'
+            raise ConfigurationError(msg) from exc
+        q, c = (obj.get("question"), obj.get("correct")) if isinstance(obj, dict) else (None, None)
+        if not isinstance(q, str) or not q.strip() or not isinstance(c, bool):
+            msg = f"{p}:{i}: needs a non-empty string 'question' and a boolean 'correct', got {line[:120]!r}"
+            raise ConfigurationError(msg)
+        out.append((q, c))
+    if not out:
+        msg = f"the labels file {str(p)!r} has no labelled question"
+        raise ConfigurationError(msg)
+    return out
+
+
+def fit_on_labels(
+    backend: Any,
+    labelled: Sequence[tuple[str, bool]],
+    options: DecodingOptions | None = None,
+    batch_size: int = 8,
+    source: str = "user labels",
+    on_batch: Callable[[int], None] | None = None,
+    seed: int = 0,
+) -> GuardModel:
+    """Answer each labelled question with ``backend`` and fit the guard score on the labels."""
+    opts = options or DecodingOptions(max_new_tokens=64)
+    rows: list[ResponseStats] = []
+    for i in range(0, len(labelled), batch_size):
+        chunk = [q for q, _ in labelled[i : i + batch_size]]
+        rows.extend(ResponseStats.from_generation(g) for g in backend.batch(chunk, opts))
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return fit_guard(rows, [c for _, c in labelled], [source], seed=seed)
+
+
+def shipped_guard_path(model: str, k: int = 2, evidence: str = "clamped") -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
+    return DATA_DIR / f"guard-{safe}-k{k}-{evidence}.json"
+
+
+def shipped_guard(model: str, k: int = 2, evidence: str = "clamped") -> GuardModel | None:
+    """The project's fitted guard for this model and setup, or None when none is shipped."""
+    path = shipped_guard_path(model, k, evidence)
+    if not path.exists():
+        return None
+    return GuardModel.model_validate_json(path.read_text(encoding="utf-8"))

@@ -1,0 +1,247 @@
+"""The learned guard score: a small, transparent logistic regression over single-pass statistics.
+
+``guard_score`` = predicted probability that an answer is correct (or its question is about
+something the model knows), higher = more reliable. It combines a few statistics of
+:class:`~logtoku_guard.stats.ResponseStats` (:data:`FEATURES`: answer reliability and EU, the
+question's own teacher-forced surprise, the answer length), each standardised with the mean
+and standard deviation of the data it was fit on, with an L2 penalty. A statistic that is
+undefined for an answer (NaN: an empty answer, a backend without prompt scores) takes the
+fit data's mean, i.e. contributes nothing.
+
+A :class:`GuardModel` keeps everything needed to read and audit it: features, means, stds,
+coefficients, intercept, penalty, the data it was fit on (dataset names, n, positives) and
+its cross-validated AUROC. It is saved inside the model's
+:class:`~logtoku_guard.calibration.profiles.ModelProfile` (field ``guard``); a profile
+without one (made by an older version) still loads, ``guard_score`` is then NaN and the
+default policy falls back to reliability (:func:`logtoku_guard.policy.default_policy`).
+
+:func:`fit_guard` is deterministic for a seed (Newton iterations, no random start; the seed
+only draws the cross-validation folds). :func:`with_guard_score` fills ``guard_score`` and
+``reliability_debiased`` (reliability minus its least-squares fit on ``log(1 + n_tokens)``
+over the fit data: higher = more reliable than answers of the same length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from logtoku_guard.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from logtoku_guard.stats import ResponseStats
+
+__all__ = ["FEATURES", "GuardModel", "auroc", "feature_matrix", "fit_guard", "with_guard_score"]
+
+FEATURES: tuple[str, ...] = (
+    "reliability",
+    "probability_reliability",
+    "max_eu",
+    "first_eu",
+    "word_mean_eu",
+    "prompt_max_eu",
+    "prompt_mean_eu",
+    "prompt_mean_logprob",
+    "prompt_min_logprob",
+    "n_tokens",
+)
+"""Statistics the guard score combines (``n_tokens`` enters as ``log(1 + n_tokens)``)."""
+
+
+class GuardModel(BaseModel):
+    """A fitted logistic regression ``P(reliable) = sigmoid(intercept + sum(coef * (x - mean) / std))``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    guard_version: int = 1
+    features: list[str]
+    means: list[float]
+    stds: list[float]
+    coef: list[float]
+    intercept: float
+    l2: float
+    length_fit: list[float]
+    """``[a, b]``: expected reliability ``a + b * log(1 + n_tokens)`` on the fit data."""
+    datasets: list[str]
+    n: int
+    n_positive: int
+    cv_auroc: float | None
+    cv_folds: int
+    seed: int
+    created_at: str
+
+    def predict(self, x: Sequence[float]) -> float:
+        """``guard_score`` of one raw feature vector (in :attr:`features` order; NaN = the mean)."""
+        z = self.intercept
+        for v, m, s, c in zip(x, self.means, self.stds, self.coef):
+            if math.isfinite(v):
+                z += c * (v - m) / s
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def describe(self) -> str:
+        """One line per feature: its weight on the standardised scale (sign = direction)."""
+        terms = ", ".join(f"{f} {c:+.2f}" for f, c in zip(self.features, self.coef))
+        cv = f"CV AUROC {self.cv_auroc:.3f}" if self.cv_auroc is not None else "no CV"
+        return f"logistic regression on {', '.join(self.datasets)} (n={self.n}, {cv}): {terms}"
+
+
+def _value(stats: ResponseStats, name: str) -> float:
+    v = stats.get(name)
+    return math.log1p(v) if name == "n_tokens" and math.isfinite(v) else v
+
+
+def feature_matrix(rows: Sequence[ResponseStats], features: Sequence[str] = FEATURES) -> np.ndarray:
+    """``(n, len(features))`` raw feature values (NaN kept)."""
+    import numpy as np
+
+    return np.array([[_value(r, f) for f in features] for r in rows], dtype=np.float64).reshape(len(rows), len(features))
+
+
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
+    """Rank AUROC (ties count half) of ``scores`` for ``labels`` (True = positive); NaN scores rank lowest."""
+    import numpy as np
+
+    s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+    y = np.asarray(labels, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if pos.size == 0 or neg.size == 0:
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return float((greater + 0.5 * ties) / (pos.size * neg.size))
+
+
+def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import numpy as np
+
+    means = np.array([np.nanmean(c) if np.isfinite(c).any() else 0.0 for c in x.T])
+    filled = np.where(np.isfinite(x), x, means)
+    stds = filled.std(axis=0)
+    stds = np.where(stds > 1e-12, stds, 1.0)
+    return (filled - means) / stds, means, stds
+
+
+def _newton(z: np.ndarray, y: np.ndarray, l2: float, iterations: int = 100) -> np.ndarray:
+    """L2-penalised logistic regression (intercept unpenalised) by Newton's method."""
+    import numpy as np
+
+    design = np.hstack([np.ones((z.shape[0], 1)), z])
+    w = np.zeros(design.shape[1])
+    penalty = np.full(design.shape[1], l2)
+    penalty[0] = 0.0
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -700, 700)))
+        grad = design.T @ (p - y) + penalty * w
+        hess = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty) + 1e-9 * np.eye(design.shape[1])
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    return w
+
+
+def _fit_arrays(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    z, means, stds = _standardise(x)
+    return _newton(z, y, l2), means, stds
+
+
+def _predict_arrays(x: np.ndarray, w: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    z = (np.where(np.isfinite(x), x, means) - means) / stds
+    return 1.0 / (1.0 + np.exp(-np.clip(w[0] + z @ w[1:], -700, 700)))
+
+
+def fit_guard(
+    rows: Sequence[ResponseStats],
+    labels: Sequence[bool],
+    datasets: Sequence[str],
+    *,
+    features: Sequence[str] = FEATURES,
+    l2: float = 1.0,
+    folds: int = 5,
+    seed: int = 0,
+) -> GuardModel:
+    """Fit the guard on ``rows`` (one per labelled answer; ``labels``: True = correct/known).
+
+    ``datasets`` names what the rows came from (kept in the model). The reported CV AUROC is
+    from ``folds``-fold stratified cross-validation (folds drawn with ``seed``).
+    """
+    import numpy as np
+
+    y = np.asarray(labels, dtype=np.float64)
+    if len(rows) != y.size:
+        msg = f"fit_guard needs one label per row, got {len(rows)} rows and {y.size} labels"
+        raise ConfigurationError(msg)
+    n_pos = int(y.sum())
+    if n_pos < 2 or y.size - n_pos < 2:
+        msg = f"fit_guard needs at least 2 correct and 2 incorrect labelled answers, got {n_pos} and {y.size - n_pos}"
+        raise ConfigurationError(msg)
+    if not l2 >= 0:
+        msg = f"l2 must be >= 0, got {l2!r}"
+        raise ConfigurationError(msg)
+    x = feature_matrix(rows, features)
+    w, means, stds = _fit_arrays(x, y, l2)
+    cv = _cross_validate(x, y, l2, folds, seed) if folds >= 2 else None
+    rel = np.array([r.reliability for r in rows])
+    n_log = np.log1p(np.array([r.n_tokens for r in rows]))
+    ok = np.isfinite(rel) & np.isfinite(n_log)
+    if ok.sum() >= 2 and float(np.ptp(n_log[ok])) > 0:
+        length_fit = [float(v) for v in np.polyfit(n_log[ok], rel[ok], 1)[::-1]]
+    else:  # one length only: the expected reliability is the mean
+        length_fit = [float(rel[ok].mean()) if ok.any() else 0.0, 0.0]
+    return GuardModel(
+        features=list(features),
+        means=[float(v) for v in means],
+        stds=[float(v) for v in stds],
+        coef=[float(v) for v in w[1:]],
+        intercept=float(w[0]),
+        l2=float(l2),
+        length_fit=length_fit,
+        datasets=sorted(set(datasets)),
+        n=int(y.size),
+        n_positive=n_pos,
+        cv_auroc=cv,
+        cv_folds=folds,
+        seed=seed,
+        created_at=datetime.now(timezone.utc).isoformat(),
+    )
+
+
+def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: int) -> float:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    fold = np.empty(y.size, dtype=int)
+    for cls in (0.0, 1.0):
+        idx = np.flatnonzero(y == cls)
+        fold[rng.permutation(idx)] = np.arange(idx.size) % folds
+    pred = np.empty(y.size)
+    for f in range(folds):
+        test = fold == f
+        w, means, stds = _fit_arrays(x[~test], y[~test], l2)
+        pred[test] = _predict_arrays(x[test], w, means, stds)
+    return auroc(pred, y.astype(bool))
+
+
+def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None) -> ResponseStats:
+    """``stats`` with ``guard_score`` and ``reliability_debiased`` filled from ``guard``.
+
+    ``guard``: a :class:`GuardModel`, or a profile holding one in ``.guard`` (None, or a
+    profile without one: ``stats`` unchanged, both stay NaN).
+    """
+    model = guard if isinstance(guard, GuardModel) or guard is None else getattr(guard, "guard", None)
+    if model is None:
+        return stats
+    x = [_value(stats, f) for f in model.features]
+    a, b = model.length_fit
+    n = stats.n_tokens
+    debiased = stats.reliability - (a + b * math.log1p(n)) if math.isfinite(n) else math.nan
+    return dataclasses.replace(stats, guard_score=model.predict(x), reliability_debiased=debiased)

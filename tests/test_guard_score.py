@@ -1,0 +1,170 @@
+"""Prompt-side scores, the learned guard score, its profile round-trip and ``eval fabricated`` (no real model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from logtoku_guard.calibration import ModelProfile
+from logtoku_guard.calibration.profiles import build_profile
+from logtoku_guard.cli import app
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
+from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
+from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
+from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
+from logtoku_guard.guard_score import fit_guard, with_guard_score
+from logtoku_guard.policy import default_policy
+from logtoku_guard.prompt_scores import PromptStats, focus_tokens
+from logtoku_guard.stats import ResponseStats
+from logtoku_guard.types import DecodingOptions
+from logtoku_guard.uncertainty import logsumexp_entropy, logtoku
+
+
+# -- prompt-side capture ---------------------------------------------------------------------------
+def test_prompt_scores_equal_a_separate_teacher_forced_pass(tiny_backend: Any) -> None:
+    import torch
+
+    question = "What is the capital of France?"
+    gen = tiny_backend.generate(question, DecodingOptions(max_new_tokens=3))
+    assert "".join(t.text for t in gen.prompt_scores) == question
+    rendered = tiny_backend.render(question)
+    ids = tiny_backend.tokenizer(rendered, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        logits = tiny_backend.model(input_ids=ids).logits[0].float()
+    offsets = tiny_backend.tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    start = rendered.rfind(question)
+    positions = [j for j, (a, b) in enumerate(offsets) if b > start and a < start + len(question)]
+    assert len(positions) == len(gen.prompt_scores)
+    for pos, tok in zip(positions, gen.prompt_scores):
+        row = logits[pos - 1]
+        assert tok.id == int(ids[0, pos])
+        lse, entropy = logsumexp_entropy(row[None])
+        values = row.topk(tiny_backend.k).values
+        au, eu = logtoku(values[None], "clamped")
+        assert tok.logprob == pytest.approx(float(row[tok.id] - lse[0]), abs=1e-5)
+        assert tok.entropy == pytest.approx(float(entropy[0]), abs=1e-5)
+        assert tok.au == pytest.approx(float(au[0]), abs=1e-5)
+        assert tok.eu == pytest.approx(float(eu[0]), abs=1e-5)
+        assert tok.top_logits == pytest.approx(values.tolist(), abs=1e-5)
+    stats = ResponseStats.from_generation(gen)
+    assert stats.prompt_min_logprob == pytest.approx(min(t.logprob for t in gen.prompt_scores))
+    assert stats.prompt_max_eu == pytest.approx(max(t.eu for t in gen.prompt_scores))
+
+
+def test_prompt_scores_in_a_padded_batch_match_single_prompts(tiny_backend: Any) -> None:
+    prompts = ["Paris is a city", "What is the capital of Italy? Rome."]
+    batch = tiny_backend.batch(prompts, DecodingOptions(max_new_tokens=2))
+    for p, g in zip(prompts, batch):
+        single = tiny_backend.generate(p, DecodingOptions(max_new_tokens=2))
+        assert [t.id for t in g.prompt_scores] == [t.id for t in single.prompt_scores]
+        assert [t.logprob for t in g.prompt_scores] == pytest.approx([t.logprob for t in single.prompt_scores], abs=1e-4)
+
+
+def test_focus_tokens_keeps_the_question_only() -> None:
+    rec = _record("q1", "Who wrote Zorblax?", known=False, prefix="Answer concisely. Q: ", suffix=" A:")
+    gen = generation_from_cached(rec, "m")
+    assert "".join(t.text for t in gen.prompt_scores).strip() == "Who wrote Zorblax?"
+    assert focus_tokens(gen.prompt_scores, "absent") == gen.prompt_scores
+    assert math.isnan(PromptStats.from_tokens(()).prompt_max_eu)
+
+
+# -- synthetic cached answers: known = peaked logits, fabricated = flat ones ------------------------
+def _tok(text: str, peak: float, rng: random.Random) -> CachedToken:
+    top = sorted((rng.gauss(0, 1) + (peak if i == 0 else 0.0) for i in range(5)), reverse=True)
+    return CachedToken(
+        id=rng.randrange(100), text=text, top_logits=tuple(top), top_ids=(1, 2, 3, 4, 5), logprob=-1.0 / peak, entropy=1.0 / peak
+    )
+
+
+def _record(rid: str, question: str, *, known: bool, prefix: str = "", suffix: str = "", seed: int = 0) -> CachedGeneration:
+    rng = random.Random(f"{rid}-{seed}")
+    peak = (8.0 if known else 2.0) + rng.uniform(-1.5, 1.5)
+    words = [prefix, *(" " + w if i else w for i, w in enumerate(question.split())), suffix]
+    prompt = tuple(_tok(w, peak, rng) for w in words if w)
+    answer = tuple(_tok(w, peak, rng) for w in ["The", " answer", " is", " X", "."])
+    return CachedGeneration(rid, question, "The answer is X.", "stop", answer, prompt)
+
+
+def _rows(n: int, seed: int = 0) -> tuple[list[ResponseStats], list[bool]]:
+    labels = [i % 2 == 0 for i in range(n)]
+    rows = [stats_from_cached(_record(f"r{i}", f"question number {i}?", known=y, seed=seed)) for i, y in enumerate(labels)]
+    return rows, labels
+
+
+def test_fit_is_deterministic_and_round_trips_through_the_profile(tmp_path: Path) -> None:
+    rows, labels = _rows(40)
+    a = fit_guard(rows, labels, ["synthetic"], seed=3)
+    b = fit_guard(rows, labels, ["synthetic"], seed=3)
+    assert a.model_dump(exclude={"created_at"}) == b.model_dump(exclude={"created_at"})
+    assert a.cv_auroc is not None and a.cv_auroc > 0.9
+    assert a.n == 40 and a.n_positive == 20 and a.datasets == ["synthetic"]
+    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    profile = build_profile(gens, "synthetic", a)
+    path = profile.save(tmp_path / "p.json")
+    loaded = ModelProfile.load(path)
+    assert loaded.guard == a and loaded.guard_available
+    scored = [with_guard_score(r, loaded) for r in rows]
+    assert [s.guard_score for s in scored] == [with_guard_score(r, a).guard_score for r in rows]
+    assert all(0.0 <= s.guard_score <= 1.0 for s in scored)
+    known = [s.guard_score for s, y in zip(scored, labels) if y]
+    fab = [s.guard_score for s, y in zip(scored, labels) if not y]
+    assert min(known) > max(fab)  # higher = more reliable
+    assert loaded.has_stat("guard_score")
+
+
+def test_a_profile_without_a_guard_loads_and_the_default_policy_falls_back_to_reliability(tmp_path: Path) -> None:
+    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    data = json.loads(build_profile(gens, "synthetic").model_dump_json())
+    data.pop("guard")
+    for stat in ("guard_score", "reliability_debiased", "prompt_max_eu", "first_max_eu"):
+        data["stats"].pop(stat, None)  # what an older version wrote
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = ModelProfile.load(tmp_path / "old.json")
+    assert not old.guard_available and not old.has_stat("guard_score")
+    stats = with_guard_score(ResponseStats.from_generation(gens[0]), old)
+    assert math.isnan(stats.guard_score)
+    decision = default_policy().decide(stats, old)
+    assert decision.checks and all(c.stat == "reliability" for c in decision.checks)
+
+
+def test_evaluate_fabricated_reports_auroc_and_policy_rates() -> None:
+    tune = [(_record(f"t{i}", f"tune question {i}?", known=i % 2 == 0), i % 2 == 0) for i in range(40)]
+    test = [(_record(f"s{i}", f"test question {i}?", known=i % 2 == 0, seed=1), i % 2 == 0) for i in range(40)]
+    report = evaluate_fabricated(tune, test, model="m", n_boot=50)
+    by_name = {r.method.name: r for r in report.table.results}
+    assert by_name["guard-score"].auroc.value > 0.9
+    assert report.table.comparisons and report.table.comparisons[0].method == "guard-score"
+    assert 0.0 <= report.flagged_fabricated[0] <= 1.0 and 0.0 <= report.passed_known[0] <= 1.0
+    assert "Known vs fabricated" in report.to_markdown()
+
+
+def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
+    cache = greedy_cache(tmp_path / "cache", EMBEDDED_MODEL, dataset_name(), GreedySpec())
+    items = load_fabricated("tune")[:10] + load_fabricated("test")[:10]
+    cache.append(_record(it.id, it.question, known=it.is_known, prefix="Q: ") for it in items)
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "fabricated",
+            "--limit",
+            "10",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--n-boot",
+            "20",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "guard-score" in result.output
+    payload = json.loads((tmp_path / "out" / "fabricated.json").read_text())
+    assert payload["n_test"] == 20 and payload["guard"]["datasets"] == ["fabricated-tune"]
