@@ -295,6 +295,24 @@ def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
     assert float(ent[2]) == pytest.approx(float(torch.log(torch.tensor(5000.0))), abs=1e-4)
 
 
+def test_logsumexp_entropy_reuses_one_scratch_buffer_with_the_same_results() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import lse_entropy, scratch_for
+
+    torch.manual_seed(1)
+    z = torch.randn(3, 4000) * 6
+    top = z.max(dim=-1).values
+    scratch = scratch_for(None, z)
+    assert scratch_for(scratch, z) is scratch  # a decoding loop keeps one buffer
+    assert scratch_for(scratch, z[:2]) is not scratch  # a batch of another size gets its own
+    with_buf = lse_entropy(z, top, scratch)
+    fresh = lse_entropy(z, top)
+    assert all(torch.equal(a, b) for a, b in zip(with_buf, fresh))
+    again = lse_entropy(z * 0.5, top * 0.5, scratch)  # the buffer's old contents do not leak in
+    assert all(torch.equal(a, b) for a, b in zip(again, lse_entropy(z * 0.5, top * 0.5)))
+
+
 @pytest.mark.parametrize(("vocab", "k"), [(400, 2), (5000, 2), (5003, 5), (49152, 20), (300, 3), (100, 2)])
 def test_chunked_top_k_equals_torch_topk(vocab: int, k: int) -> None:
     import torch

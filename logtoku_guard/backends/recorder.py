@@ -128,6 +128,10 @@ def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
 TOP_K_CHUNK = 128
 
 
+LOG2E = 1.0 / math.log(2.0)
+"""``log2 e``: ``exp(x) = exp2(x * LOG2E)``."""
+
+
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits.topk(k, dim=-1)`` of ``(batch, vocab)`` logits, in about one vectorised pass.
 
@@ -157,19 +161,26 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, cand_ids.gather(1, pos)
 
 
-def lse_entropy(logits: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def lse_entropy(
+    logits: torch.Tensor, top: torch.Tensor, scratch: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``logsumexp`` and softmax entropy of ``(batch, vocab)`` float32 logits whose row maxima are ``top``.
 
     The scoring cost of a step beyond its one top-K: the maximum comes free with the top-K,
     then one ``exp(z - max)`` written in place, its sum ``s`` and its dot product with the
     logits ``d``: ``logsumexp = max + log s`` and ``entropy = logsumexp - d / s`` (three passes
-    over the vocabulary instead of the seven of a separate logsumexp and ``p * z``; float32
-    error ~1e-6, smaller than the separate passes'). Rows with masked (-inf) or non-finite
-    logits fall back to :func:`~logtoku_guard.uncertainty.logsumexp_entropy`.
+    over the vocabulary instead of the seven of a separate logsumexp and ``p * z``). The
+    exponential is taken as ``exp2((z - max) * log2 e)``: torch's CPU ``exp2`` kernel is about
+    3x faster than its ``exp`` (float32 error ~1e-6, as before). ``scratch``, a float32 tensor
+    of the logits' shape, receives the exponentials: a decoding loop passes the same one at
+    every step (:func:`scratch_for`), which spares a fresh vocabulary-sized allocation (and
+    its page faults, the larger cost at batch 8 on CPU) per step. Rows with masked (-inf) or
+    non-finite logits fall back to :func:`~logtoku_guard.uncertainty.logsumexp_entropy`.
     """
     import torch
 
-    e = torch.sub(logits, top.unsqueeze(-1)).exp_()
+    e = torch.mul(logits, LOG2E, out=scratch) if scratch is not None else logits * LOG2E
+    e.sub_((top * LOG2E).unsqueeze(-1)).exp2_()
     s = e.sum(dim=-1)
     d = torch.linalg.vecdot(e, logits)
     lse = top + s.log()
@@ -177,6 +188,15 @@ def lse_entropy(logits: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, 
     if not bool(torch.isfinite(entropy).all()):
         lse, entropy = logsumexp_entropy(logits)
     return lse, entropy
+
+
+def scratch_for(scratch: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+    """``scratch`` when it fits ``logits`` (shape, dtype, device), else a new buffer that does."""
+    import torch
+
+    if scratch is None or scratch.shape != logits.shape or scratch.dtype != logits.dtype or scratch.device != logits.device:
+        return torch.empty_like(logits)
+    return scratch
 
 
 @dataclass
@@ -269,6 +289,8 @@ class StepRecorder:
         self.on_token = on_token
         self.cancel = cancel
         self.pending: StepScores | None = None
+        self.scratch: torch.Tensor | None = None
+        """The vocabulary-sized buffer :func:`lse_entropy` reuses at every step."""
         self.temperatures: torch.Tensor | None = None
         self.step = 0
         self.start = 0.0
@@ -281,7 +303,8 @@ class StepRecorder:
         au = eu = None
         if self.evidence != "clamped":
             au, eu = logtoku(values[:, : self.k], self.evidence)
-        lse, entropy = lse_entropy(logits, values[:, 0])
+        self.scratch = scratch_for(self.scratch, logits)
+        lse, entropy = lse_entropy(logits, values[:, 0], self.scratch)
         self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
 
     def current_eu(self) -> torch.Tensor:
