@@ -125,7 +125,7 @@ def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
     return max(au, 0.0), eu
 
 
-TOP_K_CHUNK = 128
+TOP_K_CHUNK = 64
 
 
 LOG2E = 1.0 / math.log(2.0)
