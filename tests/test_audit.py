@@ -9,6 +9,7 @@ Most tests take the store's location from the ``store_url`` fixture (here: SQLit
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -184,6 +185,8 @@ def test_from_result_builds_the_record_and_round_trips(store: AuditStore) -> Non
     assert record.stats == payload["stats"] and record.timings == payload["timings"]
     assert record.review_id is None
     assert AuditRecord.from_result(result, question="q", draft="edited").answer == "edited"
+    from_payload = AuditRecord.from_payload(payload, question="Who founded Zarnovia?")
+    assert dataclasses.replace(from_payload, created_at=record.created_at) == record
     store.record(record)
     assert store.get(record.trace_id) == record
 

@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.payloads import json_float, stats_payload, token_payload
+from logtoku_guard.payloads import ResultPayload, json_float, result_payload
 
 if TYPE_CHECKING:
     from logtoku_guard.guard import GuardResult
@@ -202,29 +202,37 @@ class AuditRecord:
         ``result.generation.text``, the model's answer *before* the action (a disclaimer, an
         abstention message), so reviewers see what the model said.
 
-        Fields come from :mod:`logtoku_guard.payloads`: ``tokens`` are
-        :func:`~logtoku_guard.payloads.token_payload` dicts, ``stats`` is
-        :func:`~logtoku_guard.payloads.stats_payload` of the final decision, ``timings`` the
-        guard's durations in seconds. ``trace_id`` is the result's; ``review_id`` is left to
-        the store.
+        Built through :meth:`from_payload` from the result's
+        :func:`~logtoku_guard.payloads.result_payload`, so a record made from a result and one
+        made from the same result's payload (a LangChain callback's event) are equal.
         """
-        g = result.generation
-        d = result.decision
+        return cls.from_payload(result_payload(result, thresholds), question=question, draft=draft)
+
+    @classmethod
+    def from_payload(cls, payload: ResultPayload, *, question: str, draft: str | None = None) -> AuditRecord:
+        """The record of a guarded answer from its :class:`~logtoku_guard.payloads.ResultPayload`.
+
+        For an adapter that holds the payload rather than the :class:`GuardResult` (LangChain's
+        ``logtoku_flagged`` event, ``response_metadata["logtoku_guard"]``). ``tokens`` are the
+        payload's token dicts, ``stats`` the final decision's, ``timings`` the guard's durations
+        in seconds (NaN -> None); ``answer`` is ``draft``, by default the payload's ``draft``
+        (the model's answer before the action, so reviewers see what the model said).
+        """
         return cls(
-            trace_id=result.trace_id,
-            model=g.model,
-            policy_name=result.policy_name,
-            policy_version=result.policy_version,
+            trace_id=payload["trace_id"],
+            model=payload["model"],
+            policy_name=payload["policy"]["name"],
+            policy_version=payload["policy"]["version"],
             prompt=question,
-            answer=g.text if draft is None else draft,
-            action=result.action,
-            reason=d.reason,
-            rule=d.rule,
-            reliability=json_float(g.score.reliability),
-            attempts=len(result.attempts),
-            tokens=[dict(token_payload(t, thresholds)) for t in g.tokens],
-            stats=stats_payload(d.stats),
-            timings={f.name: json_float(getattr(result.timings, f.name)) for f in dataclasses.fields(result.timings)},
+            answer=payload["draft"] if draft is None else draft,
+            action=payload["action"],
+            reason=payload["reason"],
+            rule=payload["rule"],
+            reliability=json_float(payload["reliability"]),
+            attempts=payload["attempts"],
+            tokens=[dict(t) for t in payload["tokens"]],
+            stats=dict(payload["stats"]),
+            timings={name: json_float(value) for name, value in payload["timings"].items()},
         )
 
     def to_dict(self) -> dict[str, Any]:

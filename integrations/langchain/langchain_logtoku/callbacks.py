@@ -147,19 +147,4 @@ class FlaggedAnswerHandler(BaseCallbackHandler):
     def _record(store: AuditStore, item: FlaggedAnswer, d: GuardPayload) -> None:
         from logtoku_guard.audit import AuditRecord
 
-        store.record(
-            AuditRecord(
-                trace_id=item.trace_id,
-                model=d["model"],
-                policy_name=d["policy"]["name"],
-                policy_version=d["policy"]["version"],
-                prompt=item.question,
-                answer=item.draft,
-                action=item.action,
-                reason=item.reason,
-                rule=item.rule,
-                reliability=item.reliability,
-                attempts=d["attempts"],
-                stats=dict(d["stats"]),
-            )
-        )
+        store.record(AuditRecord.from_payload(d, question=item.question, draft=item.draft))

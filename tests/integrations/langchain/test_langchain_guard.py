@@ -320,6 +320,11 @@ def test_flagged_answers_without_a_guard_store_go_to_the_handler_store(tmp_path:
     record = store.get(out.response_metadata["logtoku_guard"]["trace_id"])
     assert record.action == "abstain" and record.answer == "Maybe Bob?" and record.policy_name == "test"
     assert record.rule == "unsure" and record.stats["n_tokens"] == 3
+    # the same record as the guard's own store would keep: tokens and timings included
+    meta = out.response_metadata["logtoku_guard"]
+    assert record.tokens == meta["tokens"] and len(record.tokens) == 3
+    assert record.timings == meta["timings"] and record.timings["total_s"] > 0
+    assert record.attempts == meta["attempts"] and record.reliability == meta["reliability"]
 
 
 class _Collect(BaseTracer):
