@@ -80,9 +80,21 @@ def safe_text(value: object, style: str = "") -> Text:
     return Text(text, style=style)
 
 
+_TERMINAL_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""Characters JSON may leave raw that a terminal or a log viewer acts on: DEL and the C1 controls
+(U+009B starts a control sequence on many terminals), line/paragraph separators and the
+bidirectional overrides (which reorder what is shown)."""
+
+
 def print_json(data: Any) -> None:
-    """One JSON object on stdout (strict JSON: NaN already mapped to null)."""
-    typer.echo(json.dumps(data, ensure_ascii=False, allow_nan=False))
+    """One JSON object on stdout (strict JSON: NaN already mapped to null).
+
+    Non-ASCII text stays readable, but the characters of :data:`_TERMINAL_UNSAFE` (only ever
+    inside strings: JSON's own syntax is ASCII) are written as ``\\uXXXX`` escapes, so a
+    model's answer or a stored question cannot drive the terminal that shows the output.
+    """
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    typer.echo(_TERMINAL_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
 def load_backend(

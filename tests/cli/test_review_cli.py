@@ -107,3 +107,15 @@ def test_the_os_user_is_recorded_beside_the_reviewer_name_and_claims_can_be_rele
     assert (item.reviewer, item.reviewer_os_user, item.claimed_os_user) == ("bob", me, me)
     row = json.loads(invoke("review", "list", "--store", store, "--json").output)["items"][0]
     assert {"claimed_os_user", "reviewer_os_user"} <= set(row)
+
+
+def test_json_output_escapes_what_a_terminal_would_act_on(tmp_path: Path) -> None:
+    hostile = "csi \x9b31m red, del \x7f, bidi \u202egnp.exe\u202c, sep \u2028 end, caf\u00e9 \u4e2d"
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as audit:
+        audit.record_for_review(make_record(prompt=hostile, answer=hostile, reason="r", tokens=[]))
+    res = invoke("review", "list", "--store", str(path), "--json")
+    assert res.exit_code == 0, res.output
+    assert not any(c in res.output for c in "\x9b\x7f\u202e\u202c\u2028")
+    assert "\\u009b" in res.output and "\\u202e" in res.output and "caf\u00e9 \u4e2d" in res.output  # readable text stays
+    assert json.loads(res.output)["items"][0]["prompt"] == hostile  # still the same JSON value
