@@ -296,7 +296,7 @@ class Policy(_Strict):
         return acts
 
     def stats_used(self) -> set[str]:
-        """The statistics the rules read."""
+        """The statistics the rules read, each comparison's ``fallback`` included."""
         found: set[str] = set()
         for r in self.rules:
             _collect_stats(r.when, found)
@@ -377,6 +377,8 @@ class Decision:
 def _collect_stats(c: Any, found: set[str]) -> None:
     if isinstance(c, Compare):
         found.add(c.stat)
+        if c.fallback is not None:
+            found.add(c.fallback)
     elif isinstance(c, (AllOf, AnyOf)):
         for x in c.all if isinstance(c, AllOf) else c.any:
             _collect_stats(x, found)

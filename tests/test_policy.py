@@ -140,3 +140,20 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 def test_default_policy_is_calibrated() -> None:
     p = default_policy()
     assert p.uses_quantiles() and {"retrieve", "warn", "pass", "abstain"} <= p.actions()
+
+
+def test_stats_used_names_each_comparisons_fallback() -> None:
+    assert {"guard_score", "reliability"} <= default_policy().stats_used()
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "rules": [
+                {
+                    "name": "shares",
+                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": 0.2}, "fallback": "unreliable_share"},
+                    "action": "warn",
+                }
+            ],
+        }
+    )
+    assert policy.stats_used() == {"guard_score", "unreliable_share"}
