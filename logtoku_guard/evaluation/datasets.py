@@ -166,25 +166,26 @@ def load_nq_open(
     _check_limit(limit)
     p = _file(path, data_dir, NQ_OPEN_FILE)
     items = []
-    expected = "each line must be a JSON object with a 'question' (text) and an 'answer' (a list of texts)"
-    try:
-        with open(p, encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise _bad_file(p, f":{i + 1}", "not JSON", exc, expected) from exc
-                if not isinstance(obj, dict) or "question" not in obj or not isinstance(obj.get("answer"), list):
-                    raise _bad_file(p, f":{i + 1}", f"got {line.strip()[:80]!r}", None, expected)
-                q = str(obj["question"]).strip()
-                answers = tuple(str(a) for a in obj["answer"])
-                items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=answers))
-                if limit is not None and len(items) >= limit:
-                    break
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(p, exc) from exc
+    expected = "each line must be a UTF-8 JSON object with a 'question' (text) and an 'answer' (a list of texts)"
+    with open(p, "rb") as fh:
+        for i, raw in enumerate(fh):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _bad_file(p, f":{i + 1}", f"not UTF-8 text (byte {raw[exc.start]:#04x})", None, expected) from exc
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _bad_file(p, f":{i + 1}", "not JSON", exc, expected) from exc
+            if not isinstance(obj, dict) or "question" not in obj or not isinstance(obj.get("answer"), list):
+                raise _bad_file(p, f":{i + 1}", f"got {line.strip()[:80]!r}", None, expected)
+            q = str(obj["question"]).strip()
+            answers = tuple(str(a) for a in obj["answer"])
+            items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=answers))
+            if limit is not None and len(items) >= limit:
+                break
     return items
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import numpy as np
@@ -24,12 +23,11 @@ from logtoku_guard.guard_score import auroc, fit_guard, with_guard_score
 from .support import cached_answer
 
 
-def _rows(n: int, flip: float = 0.15) -> tuple[list, np.ndarray]:
-    """``n`` answers, peaked logits for the right ones; a share ``flip`` of labels disagree with the logits."""
-    rng = random.Random(7)
-    right = [i % 2 == 0 for i in range(n)]
-    rows = [stats_from_cached(cached_answer(f"a{i}", f"question number {i}?", right=y)) for i, y in enumerate(right)]
-    labels = np.array([y != (rng.random() < flip) for y in right])
+def _rows(n: int) -> tuple[list, np.ndarray]:
+    """``n`` answers, peaked logits on even rows; the label disagrees with the logits on every 7th row."""
+    peaked = [i % 2 == 0 for i in range(n)]
+    rows = [stats_from_cached(cached_answer(f"a{i}", f"question number {i}?", right=y)) for i, y in enumerate(peaked)]
+    labels = np.array([y != (i % 7 == 3) for i, y in enumerate(peaked)])
     return rows, labels
 
 

@@ -94,7 +94,7 @@ def test_malformed_dataset_files_name_the_file_the_line_and_the_format(tmp_path:
             load_nq_open(nq)
         assert f"{nq}:2" in str(info.value) and what in str(info.value), str(info.value)
     nq.write_bytes(good.encode() + b"caf\xe9\n")
-    with pytest.raises(ConfigurationError, match=r"nq.jsonl' is not UTF-8 text \(byte 0xe9"):
+    with pytest.raises(ConfigurationError, match=r"nq\.jsonl:2: not UTF-8 text \(byte 0xe9\)"):
         load_nq_open(nq)
     assert load_nq_open(nq, limit=1)[0].correct == ("me",)  # lines before the damage still read
 
