@@ -155,9 +155,10 @@ def cross_fit_guard(
             )
             guards.append(None)
             continue
-        guard = fit_guard([rows[i] for i in train], y[train].tolist(), [f"{dataset}, folds != {f}"], l2=l2, folds=0, seed=seed)
+        train_rows = [rows[i] for i in train.tolist()]
+        guard = fit_guard(train_rows, y[train].tolist(), [f"{dataset}, folds != {f}"], l2=l2, folds=0, seed=seed)
         guards.append(guard)
-        scores[test] = [with_guard_score(rows[i], guard).guard_score for i in test]
+        scores[test] = [with_guard_score(rows[i], guard).guard_score for i in test.tolist()]
     return CrossFit(scores, fold, folds, seed, tuple(guards), tuple(skipped))
 
 
