@@ -44,12 +44,23 @@ class KeywordRetriever:
 
     @classmethod
     def from_file(cls, path: str | Path, k: int = 4) -> KeywordRetriever:
-        """Passages separated by blank lines in a UTF-8 text file."""
+        """Passages separated by blank lines in a UTF-8 text file (a missing, unreadable or non-UTF-8
+        file raises :class:`ConfigurationError` naming it and the fix)."""
         p = Path(path)
         if not p.is_file():
-            msg = f"context file {str(p)!r} does not exist; give a text file with passages separated by blank lines"
+            what = "is a folder" if p.is_dir() else "does not exist"
+            msg = f"context file {str(p)!r} {what}; give a text file with passages separated by blank lines"
             raise ConfigurationError(msg)
-        return cls([x.strip() for x in re.split(r"\n\s*\n", p.read_text(encoding="utf-8"))], k=k)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            byte = f"byte {exc.object[exc.start]:#04x} at byte {exc.start}"
+            msg = f"context file {str(p)!r} is not UTF-8 text ({byte}); save it as UTF-8"
+            raise ConfigurationError(msg) from exc
+        except OSError as exc:
+            msg = f"context file {str(p)!r} cannot be read ({exc.strerror}); check its permissions"
+            raise ConfigurationError(msg) from exc
+        return cls([x.strip() for x in re.split(r"\n\s*\n", text)], k=k)
 
     def retrieve(self, query: str) -> list[str]:
         terms = set(_words(query))

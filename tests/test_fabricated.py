@@ -142,6 +142,15 @@ def test_malformed_file_is_refused(tmp_path):
     missing = tmp_path / "missing.jsonl"
     with pytest.raises(ConfigurationError, match="does not exist"):
         load_fabricated(path=missing)
+    bad.write_text('{"id": "x", "question": "broken\n', encoding="utf-8")
+    with pytest.raises(ConfigurationError, match=r"bad.jsonl:1: not JSON .*make_questions.py"):
+        load_fabricated(path=bad)
+    bad.write_text("[1]\n", encoding="utf-8")
+    with pytest.raises(ConfigurationError, match=r"bad.jsonl:1: not a known-vs-fabricated record \(a JSON object\)"):
+        load_fabricated(path=bad)
+    bad.write_bytes(b"\xff\n")
+    with pytest.raises(ConfigurationError, match="is not UTF-8"):
+        load_fabricated(path=bad)
 
 
 def test_dataset_name_follows_the_content(tmp_path):

@@ -38,3 +38,12 @@ def test_from_file_splits_on_blank_lines(tmp_path: Path) -> None:
     path.write_text("\n\n".join(PASSAGES) + "\n", encoding="utf-8")
     r = KeywordRetriever.from_file(path, k=2)
     assert r.passages == PASSAGES and r.k == 2
+
+
+def test_from_file_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    bad = tmp_path / "kb.txt"
+    bad.write_bytes(b"caf\xe9 au lait\n")
+    with pytest.raises(ConfigurationError, match=r"kb.txt' is not UTF-8 text \(byte 0xe9 at byte 3\); save it as UTF-8"):
+        KeywordRetriever.from_file(bad)
+    with pytest.raises(ConfigurationError, match="is a folder; give a text file"):
+        KeywordRetriever.from_file(tmp_path)

@@ -35,6 +35,13 @@ ModelCacheOpt = Annotated[
 BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples for the confidence intervals.")]
 BatchOpt = Annotated[int, typer.Option(help="Questions per greedy generation batch.")]
 PlotsOpt = Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")]
+GuardFoldsOpt = Annotated[
+    int,
+    typer.Option(
+        help="Folds of the cross-fitted guard-score (each fold scored by the guard fit on the other folds' "
+        "labelled answers of this run, never on its own; 0 = off)."
+    ),
+]
 JudgeOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -55,23 +62,6 @@ def _backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> 
         return _common.load_backend(model, k, device, "auto", cache_dir)
 
     return load
-
-
-def _read_nq_open(load: Callable[..., list[Any]], path: Path | None, data_dir: Path | None, limit: int | None) -> list[Any]:
-    """``load_nq_open`` with a malformed file (bad JSON line, missing field, not UTF-8) as a ConfigurationError."""
-    from logtoku_guard.errors import ConfigurationError
-
-    try:
-        return load(path, data_dir=data_dir, limit=limit)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        if isinstance(exc, ConfigurationError):
-            raise
-        where = f"--path {str(path)!r}" if path is not None else "the NQ-open file of --data-dir"
-        msg = (
-            f"{where} is not NQ-open JSONL ({exc.__class__.__name__}: {exc}); "
-            "each line must be a UTF-8 JSON object with 'question' and 'answer' (a list)"
-        )
-        raise ConfigurationError(msg) from exc
 
 
 def _progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int], None]]:
@@ -141,6 +131,7 @@ def _run_qa(
     plots: bool,
     device: str,
     model_cache: Path | None,
+    guard_folds: int,
 ) -> None:
     from logtoku_guard.evaluation.generate import K_STORED, SamplingSpec
     from logtoku_guard.evaluation.judges import MINILM_PACKAGE, TransformerEmbedder
@@ -163,6 +154,7 @@ def _run_qa(
         n_boot=n_boot,
         seed=seed,
         plots=plots,
+        guard_folds=guard_folds,
     )
     with _progress() as progress:
         result = run_qa(
@@ -196,12 +188,16 @@ def truthfulqa(
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
+    guard_folds: GuardFoldsOpt = 5,
 ) -> None:
-    """TruthfulQA response reliability (spec section 7): AUROC/AUPRC/PRR/AURC of every method."""
+    """TruthfulQA response reliability (spec section 7): AUROC/AUPRC/PRR/AURC of every method.
+
+    Per judge, the cross-fitted guard-score and its paired difference against the best single-pass baseline.
+    """
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_truthfulqa
 
@@ -225,6 +221,7 @@ def truthfulqa(
             plots=plots,
             device=device,
             model_cache=model_cache,
+            guard_folds=guard_folds,
         )
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
@@ -243,17 +240,18 @@ def nq_open(
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the sampled answers.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
+    guard_folds: GuardFoldsOpt = 5,
 ) -> None:
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_nq_open
 
     try:
-        items = _read_nq_open(load_nq_open, path, data_dir, limit)
+        items = load_nq_open(path, data_dir=data_dir, limit=limit)
         _run_qa(
             "nq-open",
             items,
@@ -272,6 +270,7 @@ def nq_open(
             plots=plots,
             device=device,
             model_cache=model_cache,
+            guard_folds=guard_folds,
         )
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
@@ -377,16 +376,18 @@ def guard_end_to_end(
     cache_dir: CacheDirOpt = Path("results/cache"),
     out_dir: OutDirOpt = Path("results"),
     n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the knowledge base's coverage draw.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the knowledge base's coverage, the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
+    guard_folds: GuardFoldsOpt = 5,
 ) -> None:
     """The guard end to end on NQ-open with a FAQ knowledge base: accuracy vs retrievals spent.
 
     Never/always retrieve, and guards that retrieve when LogTokU, entropy or probability
-    reliability is low, at matched retrieval budgets (replayed from cached closed-book and
-    retrieval answers), plus a live run of the real Guard on the first questions.
+    reliability or the cross-fitted guard-score (fit on the closed-book answers' labels) is
+    low, at matched retrieval budgets (replayed from cached closed-book and retrieval
+    answers), plus a live run of the real Guard (LogTokU rule) on the first questions.
     """
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_nq_open
@@ -415,6 +416,7 @@ def guard_end_to_end(
             live=live,
             live_budget=live_budget,
             plots=plots,
+            guard_folds=guard_folds,
         )
         pool = load_nq_open(path, data_dir=data_dir)
         items = pool[:limit] if limit is not None else pool

@@ -73,6 +73,8 @@ _EXPORTS = {
     "QAConfig": "qa",
     "run_qa": "qa",
     "evaluate": "qa",
+    "CrossFit": "crossfit",
+    "cross_fit_guard": "crossfit",
     # the guard end to end
     "KnowledgeBase": "knowledge_base",
     "RagSetup": "knowledge_base",

@@ -4,6 +4,10 @@ Line 1 is a header ``{"meta": {...}}`` naming what the file holds; every further
 question's record, appended (and flushed) as soon as it is generated, so an interrupted run
 resumes where it stopped: ids already present are skipped. A half-written last line (the
 process was killed mid-write) is ignored when reading and cut off before the next append.
+Any other line that is not a valid record (edited by hand, damaged) stops the read with a
+:class:`~logtoku_guard.errors.ConfigurationError` naming the file, the line number and the fix
+(delete that line, or the file: the cache is resumable); reading never changes the file, so
+no other line is lost. Lines are split on ``\n`` only (an answer may hold U+2028).
 One writer per file at a time (readers may run alongside). Re-scoring a method reads the
 records and never regenerates.
 
@@ -22,7 +26,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,6 +169,7 @@ class CachedLabelLogits:
 
 
 R = TypeVar("R", CachedGeneration, CachedSamples, CachedLabelLogits)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -223,23 +228,39 @@ class JsonlCache(Generic[R]):
         # A partial last line (interrupted mid-write) is ignored here and cut off before the
         # next append, so reading never modifies the file.
         raw = raw[: raw.rfind(b"\n") + 1]
-        lines = raw.decode("utf-8").splitlines()
+        lines = raw.split(b"\n")[:-1]
         if not lines:
             msg = f"cache file {str(self.path)!r} is empty (no header); delete it to start again"
             raise ConfigurationError(msg)
-        header = json.loads(lines[0]).get("meta", {})
-        found = {k: header.get(k) for k in asdict(self.meta)}
+        header = self._parse(1, lines[0], lambda obj: obj["meta"], 'the cache header {"meta": ...}')
+        found = {k: header.get(k) for k in asdict(self.meta)} if isinstance(header, dict) else {}
         if found != asdict(self.meta):
-            diff = {k: (found[k], v) for k, v in asdict(self.meta).items() if found[k] != v}
+            diff = {k: (found.get(k), v) for k, v in asdict(self.meta).items() if found.get(k) != v}
             msg = (
                 f"cache file {str(self.path)!r} holds another run (field: (file, wanted) = {diff}); "
                 "use another --cache-dir or delete the file"
             )
             raise ConfigurationError(msg)
-        for line in lines[1:]:
+        for number, line in enumerate(lines[1:], 2):
             if line.strip():
-                rec = self._type.from_json(json.loads(line))
+                rec = self._parse(number, line, self._type.from_json, f"a {self._type.kind!r} record")
                 self._records[rec.id] = rec  # a later line for the same id wins
+
+    def _parse(self, number: int, line: bytes, build: Callable[[Any], T], what: str) -> T:
+        """One line through ``build``; a corrupt line is a ConfigurationError naming the file, the line and the fix."""
+        try:
+            return build(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            fix = (
+                "delete the cache file (it was written for another run or is damaged)"
+                if number == 1
+                else "delete that line (or the whole file): the cache is resumable, only the missing answers are generated again"
+            )
+            msg = (
+                f"cache file {str(self.path)!r}, line {number}: not {what} ({exc.__class__.__name__}: {exc}; "
+                f"starts {line[:60]!r}); {fix}. Nothing was changed in the file"
+            )
+            raise ConfigurationError(msg) from exc
 
     def __len__(self) -> int:
         return len(self._records)

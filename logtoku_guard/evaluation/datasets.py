@@ -13,7 +13,9 @@ Where the data folder is, first match wins (:func:`data_root`):
    sibling folder: set the variable or pass the folder.
 
 A missing folder or file raises :class:`DatasetUnavailableError` naming the path and the
-fix, so callers (and tests) can skip clearly. The calibration prompts
+fix, so callers (and tests) can skip clearly; a malformed file (not UTF-8, a line that is not
+JSON, a missing field or column) raises :class:`ConfigurationError` naming the file, the line
+and the expected format. The calibration prompts
 (:func:`logtoku_guard.calibration.default_calibration_prompts`) read TruthfulQA and NQ-open
 through these loaders.
 """
@@ -99,6 +101,18 @@ def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] 
     return p
 
 
+def _bad_file(p: Path, where: str, what: str, exc: BaseException | None, expected: str) -> ConfigurationError:
+    detail = f" ({exc.__class__.__name__}: {exc})" if exc is not None else ""
+    return ConfigurationError(f"{p}{where}: {what}{detail}; {expected}")
+
+
+def _not_utf8(p: Path, exc: UnicodeDecodeError) -> ConfigurationError:
+    return ConfigurationError(
+        f"dataset file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); "
+        "save it as UTF-8 or point to the original file"
+    )
+
+
 def _split_answers(field: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in field.split(";") if a.strip())
 
@@ -120,20 +134,28 @@ def load_truthfulqa(
     _check_limit(limit)
     p = _file(path, data_dir, TRUTHFULQA_FILE)
     items = []
-    with open(p, encoding="utf-8-sig", newline="") as fh:
-        for i, row in enumerate(csv.DictReader(fh)):
-            correct = tuple(dict.fromkeys([row["Best Answer"].strip(), *_split_answers(row["Correct Answers"])]))
-            items.append(
-                QAItem(
-                    id=f"tqa-{i}",
-                    question=row["Question"].strip(),
-                    correct=tuple(c for c in correct if c),
-                    incorrect=_split_answers(row["Incorrect Answers"]),
-                    category=row.get("Category", "") or "",
+    expected = "TruthfulQA.csv needs the columns 'Question', 'Best Answer', 'Correct Answers', 'Incorrect Answers'"
+    try:
+        with open(p, encoding="utf-8-sig", newline="") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                try:
+                    correct = tuple(dict.fromkeys([row["Best Answer"].strip(), *_split_answers(row["Correct Answers"])]))
+                    question, incorrect = row["Question"].strip(), _split_answers(row["Incorrect Answers"])
+                except (KeyError, AttributeError) as exc:  # a missing column, or a short row (None)
+                    raise _bad_file(p, f", row {i + 1}", "missing or empty column", exc, expected) from exc
+                items.append(
+                    QAItem(
+                        id=f"tqa-{i}",
+                        question=question,
+                        correct=tuple(c for c in correct if c),
+                        incorrect=incorrect,
+                        category=row.get("Category", "") or "",
+                    )
                 )
-            )
-            if limit is not None and len(items) >= limit:
-                break
+                if limit is not None and len(items) >= limit:
+                    break
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(p, exc) from exc
     return items
 
 
@@ -144,13 +166,24 @@ def load_nq_open(
     _check_limit(limit)
     p = _file(path, data_dir, NQ_OPEN_FILE)
     items = []
-    with open(p, encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
+    expected = "each line must be a UTF-8 JSON object with a 'question' (text) and an 'answer' (a list of texts)"
+    with open(p, "rb") as fh:
+        for i, raw in enumerate(fh):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _bad_file(p, f":{i + 1}", f"not UTF-8 text (byte {raw[exc.start]:#04x})", None, expected) from exc
             if not line.strip():
                 continue
-            obj = json.loads(line)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _bad_file(p, f":{i + 1}", "not JSON", exc, expected) from exc
+            if not isinstance(obj, dict) or "question" not in obj or not isinstance(obj.get("answer"), list):
+                raise _bad_file(p, f":{i + 1}", f"got {line.strip()[:80]!r}", None, expected)
             q = str(obj["question"]).strip()
-            items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=tuple(obj["answer"])))
+            answers = tuple(str(a) for a in obj["answer"])
+            items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=answers))
             if limit is not None and len(items) >= limit:
                 break
     return items
@@ -159,7 +192,11 @@ def load_nq_open(
 def load_emotion_names(data_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """The 28 GoEmotions label names in id order (27 = neutral)."""
     p = _file(None, data_dir, GOEMOTIONS_DIR / "emotions.txt")
-    return [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(p, exc) from exc
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def load_goemotions(split: str, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[EmotionItem]:
@@ -170,15 +207,22 @@ def load_goemotions(split: str, *, data_dir: str | os.PathLike[str] | None = Non
     _check_limit(limit)
     p = _file(None, data_dir, GOEMOTIONS_DIR / f"{split}.tsv")
     items = []
-    with open(p, encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) < 2:
-                continue
-            labels = tuple(int(x) for x in parts[1].split(",") if x.strip())
-            items.append(
-                EmotionItem(id=parts[2] if len(parts) > 2 and parts[2] else f"{split}-{i}", text=parts[0], labels=labels)
-            )
-            if limit is not None and len(items) >= limit:
-                break
+    try:
+        with open(p, encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) < 2:
+                    continue
+                try:
+                    labels = tuple(int(x) for x in parts[1].split(",") if x.strip())
+                except ValueError as exc:
+                    expected = "each line must be <text> TAB <comma-separated label ids> [TAB <comment id>]"
+                    raise _bad_file(p, f":{i + 1}", "label ids are not integers", exc, expected) from exc
+                items.append(
+                    EmotionItem(id=parts[2] if len(parts) > 2 and parts[2] else f"{split}-{i}", text=parts[0], labels=labels)
+                )
+                if limit is not None and len(items) >= limit:
+                    break
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(p, exc) from exc
     return items

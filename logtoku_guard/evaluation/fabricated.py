@@ -115,8 +115,22 @@ def load_fabricated(split: str = "all", path: str | os.PathLike[str] | None = No
         msg = f"the known-vs-fabricated benchmark file {str(p)!r} does not exist; pass an existing path"
         raise ConfigurationError(msg)
     items = []
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                items.append(_item(json.loads(line), f"{p.name}:{n}"))
+    fix = "regenerate it with benchmarks/fabricated/make_questions.py"
+    try:
+        with open(p, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    msg = f"{p}:{n}: not JSON ({exc.msg} at column {exc.colno}); {fix}"
+                    raise ConfigurationError(msg) from exc
+                if not isinstance(obj, dict):
+                    msg = f"{p}:{n}: not a known-vs-fabricated record (a JSON object), got {line.strip()[:80]!r}; {fix}"
+                    raise ConfigurationError(msg)
+                items.append(_item(obj, f"{p.name}:{n}"))
+    except UnicodeDecodeError as exc:
+        msg = f"the known-vs-fabricated benchmark file {str(p)!r} is not UTF-8 (byte {exc.start}); {fix}"
+        raise ConfigurationError(msg) from exc
     return [it for it in items if split == "all" or it.split == split]

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from logtoku_guard.evaluation.live import LiveCheck
-from logtoku_guard.evaluation.replay import CURVE_BUDGETS, SIGNALS, BudgetPoint, Replay
+from logtoku_guard.evaluation.replay import CURVE_BUDGETS, BudgetPoint, Replay
+from logtoku_guard.payloads import json_float
 
-__all__ = ["GuardEvalReport", "write_report"]
+__all__ = ["HEADLINE_BUDGET", "GuardEvalReport", "write_report"]
+
+HEADLINE_BUDGET = 0.3
+"""The budget whose paired differences the report states in words (issue 12's target)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class GuardEvalReport:
             "diagnostics": self.diagnostics,
             "points": [p.to_json() for p in self.points],
             "area_under_accuracy_budget": self.areas,
-            "paired": list(self.paired),
+            "paired": [{k: json_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in self.paired],
             "live_check": self.live.to_json() if self.live else None,
             "plots": list(self.plots),
         }
@@ -70,16 +74,17 @@ class GuardEvalReport:
         if self.paired:
             lines += [
                 "",
-                "Paired bootstrap of accuracy, LogTokU guard minus the other guard at the same budget:",
+                "Paired bootstrap of accuracy, one guard minus another at the same budget (same resamples; "
+                "against `random`, its expected accuracy on each resample):",
                 "",
-                "| budget | vs | difference (pts) [95% CI] | p |",
-                "|---|---|---|---|",
-                *[
-                    f"| {r['budget']:g} | {r['vs']} | {100 * r['diff']:+.2f} [{100 * r['low']:+.2f}, {100 * r['high']:+.2f}] "
-                    f"| {r['p']:.3f} |"
-                    for r in self.paired
-                ],
+                "| budget | guard | vs | difference (pts) [95% CI] | p |",
+                "|---|---|---|---|---|",
+                *[f"| {r['budget']:g} | {r['guard']} | {r['vs']} | {_diff(r)} | {r['p']:.3f} |" for r in self.paired],
             ]
+            head = [r for r in self.paired if r["guard"] == "guard-score" and r["budget"] == HEADLINE_BUDGET]
+            if head:
+                said = "; ".join(f"minus {r['vs']} {_diff(r)} pts (p = {r['p']:.3f})" for r in head)
+                lines += ["", f"**At budget {HEADLINE_BUDGET:g}, the guard-score guard {said}.**"]
         if self.live is not None:
             v = self.live
             lines += [
@@ -99,6 +104,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
 
 
+def _diff(r: dict[str, Any]) -> str:
+    return f"{100 * r['diff']:+.2f} [{100 * r['low']:+.2f}, {100 * r['high']:+.2f}]"
+
+
 def write_report(
     report: GuardEvalReport, replay: Replay, out_dir: str | Path, *, plots: bool = True
 ) -> tuple[GuardEvalReport, list[Path]]:
@@ -109,7 +118,7 @@ def write_report(
     if plots:
         from logtoku_guard.evaluation.plots import plot_budget_curves
 
-        curves = {g: (CURVE_BUDGETS, replay.curve(g)) for g in [*SIGNALS, "random", "oracle"]}
+        curves = {g: (CURVE_BUDGETS, replay.curve(g)) for g in [*replay.scores, "random", "oracle"]}
         png = plot_budget_curves(
             out / "guard-e2e-budget.png", curves, f"Guard end to end, NQ-open, {report.setup['knowledge_base']}"
         )

@@ -19,7 +19,7 @@ from logtoku_guard.evaluation.datasets import QAItem
 from logtoku_guard.evaluation.generate import GreedySpec, ProgressFn
 from logtoku_guard.evaluation.judges import MatchJudge
 from logtoku_guard.evaluation.knowledge_base import RagSetup
-from logtoku_guard.evaluation.replay import SIGNALS, Replay, json_fields, threshold_for
+from logtoku_guard.evaluation.replay import CROSS_FITTED, SIGNALS, Replay, json_fields, threshold_for
 
 __all__ = ["LiveCheck", "live_check"]
 
@@ -68,8 +68,9 @@ def live_check(
     from logtoku_guard.guard import Guard
     from logtoku_guard.policy import Policy
 
-    if guard not in SIGNALS:
-        msg = f"unknown guard signal {guard!r}; choose one of {sorted(SIGNALS)}"
+    if guard not in SIGNALS or guard in CROSS_FITTED:
+        why = " (cross-fitted: one model per fold, no single rule to run)" if guard in CROSS_FITTED else ""
+        msg = f"the live check cannot run the guard signal {guard!r}{why}; choose one of {sorted(set(SIGNALS) - CROSS_FITTED)}"
         raise ConfigurationError(msg)
     n = len(items)
     if n > replay.n or [it.id for it in items] != list(replay.ids[:n]):

@@ -4,6 +4,14 @@ Data flow: items -> greedy answers with raw top-5 logits (cached) [+ sampled ans
 subset (cached)] -> judges label each answer -> every method's reliability, re-scored from
 the cache -> metrics with bootstrap intervals -> markdown, JSON, plots.
 
+Methods: the single-pass ones (:func:`~logtoku_guard.evaluation.methods.single_pass_methods`),
+the statistics of ``eval fabricated`` that need no fitted guard (EU maxima, the question's
+own log-probability: :func:`~logtoku_guard.evaluation.crossfit.plain_stat_methods`), per
+judge the cross-fitted ``guard-score`` (:func:`~logtoku_guard.evaluation.crossfit.cross_fit_guard`,
+labels depend on the judge; ``guard_folds = 0``: off) and ``guard-score-shipped`` when the
+model has a shipped guard; the sampling baselines on a subset. Paired bootstraps: the LogTokU
+headline and ``guard-score``, each minus the best baseline.
+
 :func:`run_qa` needs a model only for answers missing from the caches: ``backend`` may be a
 zero-argument callable that loads one, and is called only then.
 """
@@ -21,7 +29,15 @@ import numpy as np
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.cache import CachedGeneration, CachedSamples
+from logtoku_guard.evaluation.crossfit import (
+    GUARD_SCORE,
+    GUARD_SCORE_SHIPPED,
+    guard_scores,
+    plain_stat_methods,
+    plain_stat_scores,
+)
 from logtoku_guard.evaluation.datasets import QAItem
+from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
 from logtoku_guard.evaluation.generate import (
     PROMPT_TEMPLATE,
     GreedySpec,
@@ -48,12 +64,13 @@ DEFAULT_SAMPLES_LIMIT = 50
 """Default subset for the sampling baselines: the first 50 evaluated questions (10 samples
 each cost about 10x a greedy pass; ask for more with ``samples_limit``)."""
 
-PLOT_METHODS = (HEADLINE, "logtoku-k2-clamped-mean", "probability-top25", "entropy-top25")
+PLOT_METHODS = (HEADLINE, "guard-score", "logtoku-k2-clamped-mean", "probability-top25", "entropy-top25")
 
 
 @dataclass(frozen=True)
 class QAConfig:
-    """Settings of one QA run (``samples_limit = 0``: no sampling baselines)."""
+    """Settings of one QA run (``samples_limit = 0``: no sampling baselines; ``guard_folds = 0``:
+    no cross-fitted ``guard-score``)."""
 
     dataset: str
     cache_dir: Path
@@ -68,10 +85,14 @@ class QAConfig:
     plots: bool = True
     template: str = PROMPT_TEMPLATE
     semantic_threshold: float = 0.85
+    guard_folds: int = 5
 
     def __post_init__(self) -> None:
         if self.samples_limit < 0:
             msg = f"samples_limit must be >= 0 (0 = no sampling baselines), got {self.samples_limit!r}"
+            raise ConfigurationError(msg)
+        if self.guard_folds < 0 or self.guard_folds == 1:
+            msg = f"guard_folds must be 0 (no cross-fitted guard score) or at least 2, got {self.guard_folds!r}"
             raise ConfigurationError(msg)
 
 
@@ -178,16 +199,33 @@ def evaluate(
     ordered = [by_id[g.id] for g in gens]
     answers = [g.answer for g in gens]
     single, subset = score_all(gens, samples, embedder, config)
-    methods = single_pass_methods(config.top_n)
+    rows = [stats_from_cached(g, top_n=config.top_n) for g in gens]  # K = 2, clamped: the guard's own statistics
+    stats = plain_stat_scores(rows)
+    single.update(stats)
+    if subset:
+        subset.update({k: v[: len(samples)] for k, v in stats.items()})
+    methods = [*single_pass_methods(config.top_n), GUARD_SCORE, GUARD_SCORE_SHIPPED, *plain_stat_methods()]
+    heads = (HEADLINE, GUARD_SCORE.name)
     title = name or f"{config.dataset} ({model})"
     reports: list[EvalReport] = []
     all_labels: dict[str, np.ndarray] = {}
+    per_judge: dict[str, dict[str, np.ndarray]] = {}
     for judge in judges:
         labels = np.array([v.correct for v in judge.judge_many(ordered, answers)], dtype=bool)
         all_labels[judge.name] = labels
+        guard, guard_notes, fit = guard_scores(
+            rows, labels, model=model, folds=config.guard_folds, seed=config.seed, dataset=f"{config.dataset}, {judge.name}"
+        )
+        per_judge[judge.name] = guard
         tables = [
             evaluate_methods(
-                f"All {len(gens)} questions, single-pass methods", methods, single, labels, n_boot=config.n_boot, seed=config.seed
+                f"All {len(gens)} questions, single-pass methods",
+                methods,
+                {**single, **guard},
+                labels,
+                n_boot=config.n_boot,
+                seed=config.seed,
+                headline=heads,
             )
         ]
         if subset:
@@ -196,10 +234,11 @@ def evaluate(
                 evaluate_methods(
                     f"Sampling subset: first {n} questions, {config.sampling.n} samples at T={config.sampling.temperature:g}",
                     [*methods, *SAMPLING_METHODS],
-                    subset,
+                    {**subset, **{k: v[:n] for k, v in guard.items()}},
                     labels[:n],
                     n_boot=config.n_boot,
                     seed=config.seed,
+                    headline=heads,
                 )
             )
         reports.append(
@@ -209,13 +248,13 @@ def evaluate(
                 dataset=config.dataset,
                 judge=judge.name,
                 tables=tuple(tables),
-                notes=tuple(_notes(config, embedder, single)),
-                settings=_settings(config),
+                notes=(*_notes(config, embedder, single), *guard_notes),
+                settings={**_settings(config), "guard_crossfit": fit.to_json() if fit else None},
             )
         )
     files: list[Path] = []
     if config.out_dir is not None:
-        reports, files = _write(reports, all_labels, gens, single, config)
+        reports, files = _write(reports, all_labels, gens, single, per_judge, config)
     return reports, files
 
 
@@ -229,12 +268,15 @@ def _settings(config: QAConfig) -> dict[str, Any]:
         "n_boot": config.n_boot,
         "seed": config.seed,
         "semantic_threshold": config.semantic_threshold,
+        "guard_folds": config.guard_folds,
     }
 
 
 def _notes(config: QAConfig, embedder: Embedder | None, single: dict[str, np.ndarray]) -> list[str]:
     notes = [BLEURT_NOTE] if config.dataset == "truthfulqa" else []
     notes.append("NaN scores (empty answers; raw evidence outside its domain) are kept and ranked least reliable.")
+    if "prompt-mean-logprob" not in single:
+        notes.append("No prompt-side statistics: the cache predates prompt scoring (regenerate into a new --cache-dir).")
     raw_inf = int(np.isinf(single.get("logtoku-k2-raw-top25", np.zeros(0))).sum())
     if raw_inf:
         notes.append(
@@ -255,6 +297,7 @@ def _write(
     labels: dict[str, np.ndarray],
     gens: Sequence[CachedGeneration],
     single: dict[str, np.ndarray],
+    guard: dict[str, dict[str, np.ndarray]],
     config: QAConfig,
 ) -> tuple[list[EvalReport], list[Path]]:
     out = Path(config.out_dir or ".")
@@ -267,7 +310,8 @@ def _write(
 
         primary = reports[0].judge
         y = labels[primary]
-        chosen = {m: single[m] for m in PLOT_METHODS if m in single}
+        scores = {**single, **guard[primary]}
+        chosen = {m: scores[m] for m in PLOT_METHODS if m in scores}
         label = f"{config.dataset}, judge {primary}"
         au, eu = response_au_eu(gens)
         for p in (
@@ -290,6 +334,7 @@ def _write(
                 "n_tokens": len(g.tokens),
                 "labels": {j: bool(v[i]) for j, v in labels.items()},
                 "scores": {m: _j(single[m][i]) for m in PLOT_METHODS if m in single},
+                "guard_scores": {j: {m: _j(v[i]) for m, v in g.items()} for j, g in guard.items()},
             }
             for i, g in enumerate(gens)
         ],

@@ -29,7 +29,9 @@ import numpy as np
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.cache import CachedGeneration
+from logtoku_guard.evaluation.crossfit import cross_fit_guard
 from logtoku_guard.evaluation.datasets import QAItem
+from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
 from logtoku_guard.evaluation.generate import GreedySpec, ProgressFn
 from logtoku_guard.evaluation.guard_report import GuardEvalReport, write_report
 from logtoku_guard.evaluation.judges import MatchJudge
@@ -38,8 +40,10 @@ from logtoku_guard.evaluation.live import LiveCheck, live_check
 from logtoku_guard.evaluation.methods import single_pass_scores
 from logtoku_guard.evaluation.metrics import PairedDifference, bootstrap_indices
 from logtoku_guard.evaluation.replay import (
+    CROSS_FITTED,
     CURVE_BUDGETS,
     DEFAULT_BUDGETS,
+    PAIRED,
     SIGNALS,
     BudgetPoint,
     Replay,
@@ -87,8 +91,13 @@ def evaluate_guard(
     n_boot: int = 1000,
     seed: int = 0,
     top_n: int = DEFAULT_TOP_N,
+    guard_folds: int = 5,
 ) -> tuple[GuardEvalReport, Replay]:
-    """Label both answer sets, replay every guard at every budget, with bootstrap intervals."""
+    """Label both answer sets, replay every guard at every budget, with bootstrap intervals.
+
+    ``guard_folds`` (0 = off): the ``guard-score`` signal, cross-fitted on the closed-book
+    answers' labels with that many folds (seed ``seed``).
+    """
     if [g.id for g in closed] != [it.id for it in items] or [g.id for g in rag] != [it.id for it in items]:
         msg = "closed-book and retrieval answers must cover the evaluated questions, in order"
         raise ConfigurationError(msg)
@@ -100,10 +109,16 @@ def evaluate_guard(
     closed_ok = np.array([v.correct for v in judge.judge_many(items, [g.answer for g in closed])], dtype=bool)
     rag_ok = np.array([v.correct for v in judge.judge_many(items, [g.answer for g in rag])], dtype=bool)
     scored = single_pass_scores(closed, top_n)
-    replay = Replay(tuple(it.id for it in items), closed_ok, rag_ok, {g: scored[m] for g, (m, _) in SIGNALS.items()})
+    fit = None
+    if guard_folds:
+        rows = [stats_from_cached(g, top_n=top_n) for g in closed]
+        fit = cross_fit_guard(rows, closed_ok, folds=guard_folds, seed=seed, dataset="nq-open closed-book, nq-match")
+        scored["guard-score"] = fit.scores
+    signals = {g: scored[m] for g, (m, _) in SIGNALS.items() if m in scored}
+    replay = Replay(tuple(it.id for it in items), closed_ok, rag_ok, signals)
     n = replay.n
     idx = bootstrap_indices(n, n_boot, seed) if n_boot else np.zeros((0, n), dtype=int)
-    guards = [*SIGNALS, "random", "oracle"]
+    guards = [*signals, "random", "oracle"]
     points: list[BudgetPoint] = []
     for b in sorted(set(budgets)):
         if b in (0.0, 1.0):  # every guard is the same there
@@ -113,10 +128,11 @@ def evaluate_guard(
             points.extend(replay.point(g, b, idx) for g in guards)
     areas = {g: float(replay.curve(g).mean()) for g in guards}
     paired = tuple(
-        {"budget": b, "vs": other, **_paired_row(replay.paired("logtoku", other, b, idx))}
-        for b in budgets
+        {"budget": b, "guard": g, "vs": other, **_paired_row(replay.paired(g, other, b, idx))}
+        for b in sorted(set(budgets))
         if 0.0 < b < 1.0 and n_boot
-        for other in ("entropy", "probability")
+        for g, other in PAIRED
+        if g in guards and other in guards
     )
     covered = np.array([it.id in setup.kb.covered for it in items], dtype=bool)
     # the nq-match judge applied to the retrieved context: a gold answer in it as whole words
@@ -143,10 +159,13 @@ def evaluate_guard(
         "prompt": setup.template,
         "retrieval_prompt": setup.prompt_template,
         "judge": judge.name,
-        "signals": {g: m for g, (m, _) in SIGNALS.items()},
+        "signals": {g: m for g, (m, _) in SIGNALS.items() if g in signals},
+        "guard_folds": guard_folds,
+        "guard_crossfit": fit.to_json() if fit else None,
         "n_boot": n_boot,
         "seed": seed,
         "notes": (
+            *([fit.describe("their closed-book nq-match labels")] if fit else []),
             "Budgets are matched in sample: at budget b every signal retrieves for its round(b n) least reliable "
             "closed-book answers; a deployed guard sets the threshold from its calibration profile instead.",
             "random = expected accuracy of retrieving the same number of questions uniformly at random; "
@@ -184,13 +203,21 @@ class GuardEvalConfig:
     live_guard: str = "logtoku"
     live_budget: float = 0.3
     plots: bool = True
+    guard_folds: int = 5
 
     def __post_init__(self) -> None:
         if self.live < 0:
             msg = f"live must be >= 0 (questions for the live Guard check; 0 = none), got {self.live!r}"
             raise ConfigurationError(msg)
+        live_ok = sorted(set(SIGNALS) - CROSS_FITTED)
+        if self.live_guard in CROSS_FITTED:
+            msg = f"the live check cannot run {self.live_guard!r} (cross-fitted: one model per fold); choose one of {live_ok}"
+            raise ConfigurationError(msg)
         if self.live_guard not in SIGNALS:
-            msg = f"unknown live guard signal {self.live_guard!r}; choose one of {sorted(SIGNALS)}"
+            msg = f"unknown live guard signal {self.live_guard!r}; choose one of {live_ok}"
+            raise ConfigurationError(msg)
+        if self.guard_folds < 0 or self.guard_folds == 1:
+            msg = f"guard_folds must be 0 (no guard-score signal) or at least 2, got {self.guard_folds!r}"
             raise ConfigurationError(msg)
         if not 0.0 < self.live_budget < 1.0:
             msg = f"live_budget must be strictly between 0 and 1, got {self.live_budget!r}"
@@ -238,7 +265,15 @@ def run_guard_eval(
         )
     rag = cache.records([it.id for it in items])
     report, replay = evaluate_guard(
-        items, closed, rag, setup, model=model, budgets=config.budgets, n_boot=config.n_boot, seed=config.seed
+        items,
+        closed,
+        rag,
+        setup,
+        model=model,
+        budgets=config.budgets,
+        n_boot=config.n_boot,
+        seed=config.seed,
+        guard_folds=config.guard_folds,
     )
     if config.live:
         live_items = list(items[: config.live])

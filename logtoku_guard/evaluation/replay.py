@@ -8,7 +8,10 @@ caches, for every signal and budget, without generating again. Budgets are match
 budget ``b`` each signal retrieves for its ``round(b n)`` least reliable closed-book answers
 (in-sample thresholds; a NaN score never fires, as in the guard). ``random`` is the expected
 accuracy of retrieving ``round(b n)`` questions at random; ``oracle`` retrieves where it
-helps first and where it hurts last (an upper bound).
+helps first and where it hurts last (an upper bound). ``guard-score`` is the learned guard
+score cross-fitted on the closed-book answers' labels
+(:func:`~logtoku_guard.evaluation.crossfit.cross_fit_guard`): k models, one per fold, so the
+live check cannot run it as one rule (:data:`CROSS_FITTED`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from logtoku_guard.evaluation.metrics import PairedDifference, paired_difference
 from logtoku_guard.payloads import json_float
 
 __all__ = [
+    "CROSS_FITTED",
     "CURVE_BUDGETS",
     "DEFAULT_BUDGETS",
+    "PAIRED",
     "SIGNALS",
     "BudgetPoint",
     "Replay",
@@ -41,8 +46,19 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "logtoku": (HEADLINE, "reliability"),
     "entropy": ("entropy-top25", "entropy_reliability"),
     "probability": ("probability-top25", "probability_reliability"),
+    "guard-score": ("guard-score", "guard_score"),
 }
 """Guard signal -> (the evaluation method re-scored from the cache, the guard's statistic)."""
+CROSS_FITTED = frozenset({"guard-score"})
+"""Signals scored by one model per fold (no single rule for the live check to run)."""
+PAIRED: tuple[tuple[str, str], ...] = (
+    ("logtoku", "entropy"),
+    ("logtoku", "probability"),
+    ("guard-score", "random"),
+    ("guard-score", "entropy"),
+    ("guard-score", "logtoku"),
+)
+"""(guard, other) pairs whose accuracy difference is bootstrapped at every budget strictly inside (0, 1)."""
 
 DEFAULT_BUDGETS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 """Retrieval budgets (shares of the questions) reported by default."""
@@ -174,7 +190,15 @@ class Replay:
             return np.array([self.random_accuracy(b) for b in budgets])
         return np.array([self.accuracy(self.mask(guard, b)) for b in budgets])
 
+    def outcome(self, guard: str, budget: float) -> np.ndarray:
+        """Per question, 1.0 where the guard's final answer is right, else 0.0; for ``random``, its
+        expected value ``closed + k/n (rag - closed)`` (``k = round(b n)`` retrieved at random)."""
+        if guard == "random":
+            share = round(budget * self.n) / self.n if self.n else 0.0
+            return self.closed.astype(float) + share * (self.rag.astype(float) - self.closed.astype(float))
+        return self.final(self.mask(guard, budget)).astype(float)
+
     def paired(self, a: str, b: str, budget: float, idx: np.ndarray, level: float = 0.95) -> PairedDifference:
-        """Accuracy of ``a`` minus ``b`` at ``budget`` on the resamples ``idx``: interval and two-sided p."""
-        d = self.final(self.mask(a, budget)).astype(float) - self.final(self.mask(b, budget)).astype(float)
+        """Accuracy of ``a`` minus ``b`` (either may be ``random``) at ``budget`` on the resamples ``idx``."""
+        d = self.outcome(a, budget) - self.outcome(b, budget)
         return paired_difference(float(d.mean()), d[idx].mean(axis=1), idx.shape[0], level)

@@ -127,12 +127,14 @@ def evaluate_methods(
     *,
     n_boot: int = 1000,
     seed: int = 0,
-    headline: str = HEADLINE,
+    headline: str | Sequence[str] = HEADLINE,
 ) -> ResultTable:
     """Metrics with bootstrap CIs for each method in ``methods`` present in ``scores``.
 
-    The paired bootstrap compares ``headline`` with the baseline of highest AUROC (every
-    non-LogTokU method in the table), on the same resamples.
+    The paired bootstrap compares each ``headline`` method (one name or several, e.g. the
+    LogTokU headline and ``guard-score``) with the baseline of highest AUROC (every
+    non-LogTokU method in the table), on the same resamples; a headline absent from
+    ``scores`` or NaN for every answer gets no comparison.
     """
     y = np.asarray(labels, dtype=bool)
     results = []
@@ -155,9 +157,11 @@ def evaluate_methods(
     table = ResultTable(title, int(y.size), float(y.mean()) if y.size else math.nan, tuple(results), ())
     best = table.best(["single-pass baseline", "sampling baseline"])
     comparisons: list[Comparison] = []
-    if best is not None and headline in scores:
-        diffs = paired_all(scores[headline], scores[best.method.name], y, n_boot=n_boot, seed=seed)
-        comparisons.append(Comparison(headline, best.method.name, diffs["auroc"], diffs["prr"]))
+    for head in (headline,) if isinstance(headline, str) else headline:
+        if best is None or head not in scores or np.isnan(np.asarray(scores[head], dtype=np.float64)).all():
+            continue
+        diffs = paired_all(scores[head], scores[best.method.name], y, n_boot=n_boot, seed=seed)
+        comparisons.append(Comparison(head, best.method.name, diffs["auroc"], diffs["prr"]))
     return ResultTable(title, table.n, table.accuracy, table.results, tuple(comparisons))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
+from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
 from logtoku_guard.evaluation.datasets import QAItem
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -109,3 +111,28 @@ def nq_script(calls: list[str]) -> Any:
         return ScriptedAnswer([" no", " idea"], [SHAKY, SHAKY])
 
     return script
+
+
+def _token(text: str, peak: float, rng: random.Random) -> CachedToken:
+    top = sorted((rng.gauss(0, 1) + (peak if i == 0 else 0.0) for i in range(5)), reverse=True)
+    return CachedToken(rng.randrange(100), text, tuple(top), (1, 2, 3, 4, 5), -1.0 / peak, 1.0 / peak)
+
+
+def cached_answer(rid: str, question: str, *, right: bool, noise: float = 1.5) -> CachedGeneration:
+    """A cached greedy answer "The answer is X." to ``question`` with prompt scores: peaked
+    logits (answer and question tokens) when ``right``, flat ones otherwise, seeded by ``rid``."""
+    rng = random.Random(rid)
+    peak = (8.0 if right else 2.0) + rng.uniform(-noise, noise)
+    words = ["Answer the question concisely. Q:", *(" " + w for w in question.split()), " A:"]
+    prompt = tuple(_token(w, peak, rng) for w in words)
+    answer = tuple(_token(w, peak, rng) for w in ["The", " answer", " is", " X", "."])
+    return CachedGeneration(rid, question, "The answer is X.", "stop", answer, prompt)
+
+
+def judged_answers(n: int) -> tuple[list[QAItem], list[CachedGeneration], list[bool]]:
+    """``n`` NQ-like questions, their cached answers and the ``nq-match`` labels: every third
+    answer is wrong ("X" is not its gold answer), with flat logits."""
+    labels = [i % 3 != 0 for i in range(n)]
+    items = [QAItem(f"nq-{i}", f"what is thing number {i}?", ("X" if y else "Y",)) for i, y in enumerate(labels)]
+    gens = [cached_answer(it.id, it.question, right=y) for it, y in zip(items, labels)]
+    return items, gens, labels

@@ -40,8 +40,29 @@ def test_cli_truthfulqa_rescoring_from_a_filled_cache(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "rouge-l-rule" in res.output and HEADLINE in res.output
     assert (tmp_path / "out" / "truthfulqa.json").exists()
+    # 4 answers, 2 right: every fold's training part has fewer than 2 of a class -> NaN with the reason
+    assert "| guard-score | logtoku |" in res.output and "Scored NaN: fold 0" in res.output
+    off = CliRunner().invoke(app, [*args, "--guard-folds", "0"])
+    assert off.exit_code == 0, off.output
+    assert "| guard-score |" not in off.output and "cross-fitted" not in off.output
+    one = CliRunner().invoke(app, [*args, "--guard-folds", "1"])
+    assert one.exit_code == 2 and "guard_folds must be 0" in one.output and "got 1" in one.output
     bad = CliRunner().invoke(app, ["eval", "truthfulqa", "--data-dir", str(tmp_path / "nowhere")])
     assert bad.exit_code == 2
+
+
+def test_cli_help_documents_guard_folds() -> None:
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    commands = get_command(app).commands["eval"].commands  # type: ignore[attr-defined]
+    for command in ("truthfulqa", "nq-open", "guard"):
+        res = CliRunner().invoke(app, ["eval", command, "--help"])
+        assert res.exit_code == 0 and "--guard-folds" in res.output, res.output
+        option = next(p for p in commands[command].params if p.name == "guard_folds")
+        assert option.default == 5 and "0 = off" in option.help and "never on its own" in option.help
 
 
 def test_cli_dynamic_decoding_from_a_filled_cache(tmp_path: Path) -> None:
@@ -92,6 +113,9 @@ def test_cli_guard_from_a_filled_cache(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "always retrieve" in res.output and (tmp_path / "out" / "guard-e2e.json").exists()
+    assert "| guard-score | 0.3 |" in res.output and "| 0.3 | guard-score | random |" in res.output
+    off = CliRunner().invoke(app, [*args, "--guard-folds", "0"])
+    assert off.exit_code == 0 and "guard-score" not in off.output
     bad = CliRunner().invoke(app, [*args, "--budgets", "0,1.5"])
     assert bad.exit_code == 2 and "1.5" in bad.output
     bad = CliRunner().invoke(app, [*args, "--passages", "0"])

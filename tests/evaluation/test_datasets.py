@@ -78,3 +78,38 @@ def test_calibration_prompts_read_through_the_loaders(tmp_path: Path, monkeypatc
     monkeypatch.setenv("LOGTOKU_GUARD_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DatasetUnavailableError, match="own prompts file"):
         default_calibration_prompts(4)
+
+
+def test_malformed_dataset_files_name_the_file_the_line_and_the_format(tmp_path: Path) -> None:
+    nq = tmp_path / "nq.jsonl"
+    good = '{"question": "who?", "answer": ["me"]}\n'
+    for bad, what in [
+        ('{"question": "broken\n', "not JSON"),
+        ('{"question": "no answer"}\n', 'got \'{"question": "no answer"}\''),
+        ('{"question": "q", "answer": "not a list"}\n', "'answer' (a list of texts)"),
+        ("[1, 2]\n", "got '[1, 2]'"),
+    ]:
+        nq.write_text(good + bad, encoding="utf-8")
+        with pytest.raises(ConfigurationError) as info:
+            load_nq_open(nq)
+        assert f"{nq}:2" in str(info.value) and what in str(info.value), str(info.value)
+    nq.write_bytes(good.encode() + b"caf\xe9\n")
+    with pytest.raises(ConfigurationError, match=r"nq\.jsonl:2: not UTF-8 text \(byte 0xe9\)"):
+        load_nq_open(nq)
+    assert load_nq_open(nq, limit=1)[0].correct == ("me",)  # lines before the damage still read
+
+    tqa = tmp_path / "tqa.csv"
+    tqa.write_text("Question,Best Answer\nWhat?,This\n", encoding="utf-8")
+    with pytest.raises(ConfigurationError, match=r"tqa.csv, row 1: missing or empty column.*'Correct Answers'"):
+        load_truthfulqa(tqa)
+    tqa.write_bytes(b"Question,Best Answer,Correct Answers,Incorrect Answers\nWh\xffat?,a,b,c\n")
+    with pytest.raises(ConfigurationError, match=r"tqa\.csv' is not UTF-8"):
+        load_truthfulqa(tqa)
+
+    root = make_data_dir(tmp_path / "data")
+    (root / "goemotions" / "dev.tsv").write_text("a comment\tjoy\tc1\n", encoding="utf-8")
+    with pytest.raises(ConfigurationError, match=r"dev.tsv:1: label ids are not integers"):
+        load_goemotions("dev", data_dir=root)
+    (root / "goemotions" / "emotions.txt").write_bytes(b"\xff\n")
+    with pytest.raises(ConfigurationError, match=r"emotions\.txt' is not UTF-8"):
+        load_emotion_names(root)

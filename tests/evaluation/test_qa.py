@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 from support.tiny import make_model
 
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.evaluation.crossfit import cross_fit_guard
 from logtoku_guard.evaluation.datasets import QAItem, load_truthfulqa
+from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
 from logtoku_guard.evaluation.generate import GreedySpec, SamplingSpec, qa_prompt
-from logtoku_guard.evaluation.judges import EmbeddingJudge, RougeJudge
+from logtoku_guard.evaluation.judges import EmbeddingJudge, MatchJudge, RougeJudge
 from logtoku_guard.evaluation.methods import HEADLINE
-from logtoku_guard.evaluation.qa import QAConfig, run_qa
+from logtoku_guard.evaluation.qa import QAConfig, evaluate, run_qa
+from logtoku_guard.guard_score import auroc
 
-from .support import HAS_MPL, BagOfWords, make_data_dir, qa_backend
+from .support import HAS_MPL, BagOfWords, judged_answers, make_data_dir, qa_backend
 
 
 def test_harness_end_to_end_and_rescoring_never_regenerates(tmp_path: Path) -> None:
@@ -73,3 +81,34 @@ def test_harness_on_the_tiny_model(tiny_tokenizer: Any, tmp_path: Path) -> None:
         for t in g.tokens:
             assert len(t.top_logits) == 5 and list(t.top_logits) == sorted(t.top_logits, reverse=True)
             assert "\n" not in t.text
+
+
+def test_qa_report_has_the_cross_fitted_guard_score_and_its_paired_difference(tmp_path: Path) -> None:
+    items, gens, labels = judged_answers(45)
+    config = QAConfig("nq-open", cache_dir=tmp_path, out_dir=tmp_path / "out", n_boot=50, plots=False)
+    (report,), _ = evaluate(items, gens, [], [MatchJudge()], config, model=EMBEDDED_MODEL)
+    assert [bool(v) for v in labels] == [i % 3 != 0 for i in range(45)]
+    (table,) = report.tables
+    by_name = {r.method.name: r for r in table.results}
+    assert {"guard-score", "guard-score-shipped", "max-eu", "prompt-mean-logprob", HEADLINE} <= set(by_name)
+    assert by_name["guard-score"].n_nan == 0 and by_name["guard-score"].auroc.value > 0.9
+    rows = [stats_from_cached(g) for g in gens]
+    expected = cross_fit_guard(rows, np.array(labels), folds=5, seed=0).scores
+    assert by_name["guard-score"].auroc.value == pytest.approx(auroc(expected, labels))
+    best = table.best(["single-pass baseline", "sampling baseline"])
+    assert best is not None
+    pairs = [(c.method, c.baseline) for c in table.comparisons]
+    assert pairs == [(HEADLINE, best.method.name), ("guard-score", best.method.name)]
+    md = report.to_markdown()
+    assert "guard-score minus" in md and "cross-fitted: 5 folds" in md and "guard-score-shipped is the guard shipped" in md
+    data = json.loads((tmp_path / "out" / "nq-open.json").read_text())
+    assert data["reports"][0]["settings"]["guard_crossfit"]["n_fitted"] == 5
+    assert data["answers"][0]["guard_scores"]["nq-match"]["guard-score"] == pytest.approx(expected[0])
+    # off, and a model without a shipped guard: neither row, no guard comparison
+    off = replace(config, guard_folds=0, out_dir=None)
+    (plain,), _ = evaluate(items, gens, [], [MatchJudge()], off, model="other-model")
+    names = {r.method.name for r in plain.tables[0].results}
+    assert "guard-score" not in names and "guard-score-shipped" not in names
+    assert [c.method for c in plain.tables[0].comparisons] == [HEADLINE]
+    with pytest.raises(ConfigurationError, match="guard_folds must be 0"):
+        QAConfig("nq-open", cache_dir=tmp_path, guard_folds=1)

@@ -46,7 +46,16 @@ def test_guard_eval_end_to_end_scripted(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "guard-e2e.md").read_text()
     assert "| never retrieve | 0 | 0 | 50.00" in md and "Live check" in md and "8/8" in md
     data = json.loads((tmp_path / "out" / "guard-e2e.json").read_text())
-    assert data["live_check"]["same_answer"] == 8 and len(data["points"]) == 2 + 5 * 5
+    assert data["live_check"]["same_answer"] == 8 and len(data["points"]) == 2 + 5 * 6  # 4 signals, random, oracle
+    # the cross-fitted guard-score guard: every fold fit on the other folds' closed-book labels
+    assert data["setup"]["guard_crossfit"]["n_fitted"] == 5 and rep.diagnostics["nan_scores"]["guard-score"] == 0
+    guard_half = next(p for p in rep.points if p.guard == "guard-score" and p.budget == 0.5)
+    assert guard_half.accuracy == half.accuracy and guard_half.hurt == 0  # the shaky answers score lowest here too
+    pairs = {(r["budget"], r["guard"], r["vs"]) for r in rep.paired}
+    assert {(0.3, "guard-score", "random"), (0.3, "guard-score", "entropy"), (0.5, "logtoku", "probability")} <= pairs
+    vs_random = next(r for r in rep.paired if (r["budget"], r["guard"], r["vs"]) == (0.5, "guard-score", "random"))
+    assert vs_random["diff"] == pytest.approx(guard_half.accuracy - replay.random_accuracy(0.5))
+    assert "**At budget 0.3, the guard-score guard minus random" in md and "| 0.3 | guard-score | entropy |" in md
     if HAS_MPL:
         assert (tmp_path / "out" / "guard-e2e-budget.png").stat().st_size > 1000
 
@@ -56,6 +65,9 @@ def test_guard_eval_end_to_end_scripted(tmp_path: Path) -> None:
 
     again = run_guard_eval(items, pool, "scripted", no_model, GuardEvalConfig(cache_dir=tmp_path / "cache", coverage=0.5, live=0))
     assert [p.accuracy for p in again.report.points] == [p.accuracy for p in rep.points]
+    off = GuardEvalConfig(cache_dir=tmp_path / "cache", coverage=0.5, live=0, guard_folds=0, n_boot=20)
+    without = run_guard_eval(items, pool, "scripted", no_model, off).report
+    assert "guard-score" not in {p.guard for p in without.points} and {r["guard"] for r in without.paired} == {"logtoku"}
 
 
 def test_guard_eval_config_errors(tmp_path: Path) -> None:
@@ -65,6 +77,10 @@ def test_guard_eval_config_errors(tmp_path: Path) -> None:
         GuardEvalConfig(cache_dir=tmp_path, live_guard="eu")
     with pytest.raises(ConfigurationError, match="live_budget"):
         GuardEvalConfig(cache_dir=tmp_path, live_budget=1.0)
+    with pytest.raises(ConfigurationError, match=r"cannot run 'guard-score' \(cross-fitted"):
+        GuardEvalConfig(cache_dir=tmp_path, live_guard="guard-score")
+    with pytest.raises(ConfigurationError, match="guard_folds must be 0"):
+        GuardEvalConfig(cache_dir=tmp_path, guard_folds=-1)
     items = nq_items(4)
     with pytest.raises(ConfigurationError, match=r"K=2 clamped score.*k=5"):
         run_guard_eval(items, items, "scripted", ScriptedBackend(nq_script([]), k=5), GuardEvalConfig(cache_dir=tmp_path, live=2))

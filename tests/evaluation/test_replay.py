@@ -56,3 +56,17 @@ def test_replay_accuracy_random_and_oracle_hand_computed() -> None:
     assert with_ci.low <= 0.75 <= with_ci.high
     with pytest.raises(ConfigurationError, match="one value per question"):
         Replay(("a",), closed, rag, {})
+
+
+def test_paired_difference_against_random_uses_its_expected_accuracy_per_question() -> None:
+    closed = np.array([True, False, False, True])
+    rag = np.array([True, True, False, False])
+    replay = Replay(("a", "b", "c", "d"), closed, rag, {"guard-score": np.array([0.9, 0.1, 0.2, 0.8])})
+    # random at budget 0.25 retrieves 1 of 4: expected outcome closed + (rag - closed) / 4
+    assert replay.outcome("random", 0.25).tolist() == [1.0, 0.25, 0.0, 0.75]
+    assert replay.outcome("guard-score", 0.25).tolist() == [1.0, 1.0, 0.0, 1.0]  # retrieves b only
+    idx = np.random.default_rng(0).integers(0, 4, size=(300, 4))
+    d = replay.paired("guard-score", "random", 0.25, idx)
+    assert d.diff == pytest.approx(replay.point("guard-score", 0.25).accuracy - replay.random_accuracy(0.25))
+    assert d.diff == pytest.approx(0.25) and d.low <= d.diff <= d.high
+    assert replay.paired("random", "random", 0.25, idx).diff == 0.0
