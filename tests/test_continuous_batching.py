@@ -201,7 +201,8 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
     assert batch.mask is not None and batch.mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
     layer = batch.cache.layers[0]
     assert torch.equal(layer.keys[0], a_keys[0]) and torch.equal(layer.keys[1:, :, 1:], b_keys)
-    assert torch.equal(layer.keys[1:, :, 0], torch.zeros(2, 2, 4)) and torch.equal(layer.values, layer.keys + 100)
+    assert torch.equal(layer.values[0], a_keys[0] + 100) and torch.equal(layer.values[1:, :, 1:], b_keys + 100)
+    assert not layer.keys[1:, :, 0].any() and not layer.values[1:, :, 0].any()  # the padding: zeros
     batch.last = torch.tensor([7, 8, 9])
     batch.keep([2, 1])  # the first row leaves: its column 0 held no one else's token
     assert batch.mask.tolist() == [[1, 1], [0, 1]] and batch.last.tolist() == [9, 8]

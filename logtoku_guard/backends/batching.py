@@ -169,7 +169,8 @@ class Batcher:
     def take_joiners(self, live_rows: int) -> list[Job]:
         """Queued jobs that join the running batch now, which holds ``live_rows`` rows.
 
-        Called by ``run`` (in the worker thread) between decoding steps. Takes the longest
+        Called by ``run`` (in the worker thread) between decoding steps (with ``live_rows == 0``
+        once the batch has drained: the jobs taken then start a new batch). Takes the longest
         run of jobs at the head of the queue that share the running batch's settings and fit
         in ``max_batch - live_rows`` rows, so that no request is overtaken forever; nothing
         joins a seeded (exclusive) batch. The returned jobs are the batch's from now on: the
@@ -189,7 +190,10 @@ class Batcher:
             if taken:
                 del self._queue[: len(taken)]
                 self._running.extend(taken)
-                self.joins += len(taken)
+                if live_rows:
+                    self.joins += len(taken)
+                else:  # the batch had drained: this starts a new one
+                    self.batches += 1
                 self.largest = max(self.largest, rows)
                 if any(job.cancel is not None for job in taken):
                     self._collected = False
