@@ -156,7 +156,7 @@ def _mergeable(cache: Any) -> bool:
     """A cache of plain full-attention ``DynamicLayer`` s (its tensors can be padded and concatenated)."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers: list[Any] = list(getattr(cache, "layers", None) or [])
     return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
 
 
@@ -302,7 +302,7 @@ class DecodeLoop:
         if self.row_processors:
             scores = torch.cat([self._apply_row(row, scores[b : b + 1]) for b, row in enumerate(self.live)])
         if self.warpers:
-            scores = self.warpers(fed[:, None], scores.clone() if scores is logits else scores)
+            scores = self.warpers(fed[:, None], scores.clone() if scores is logits else scores)  # type: ignore[arg-type]
         if self.options.sampling:
             probs = torch.softmax(scores, dim=-1)
             broken = ~torch.isfinite(probs).all(dim=-1)
@@ -394,4 +394,4 @@ class DecodeLoop:
         import torch
 
         ids = torch.tensor([row.history], dtype=torch.long, device=scores.device)
-        return row.processors(ids, scores.clone())  # type: ignore[no-any-return]
+        return row.processors(ids, scores.clone())
