@@ -209,3 +209,25 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
     assert torch.equal(batch.cache.layers[0].keys, b_keys.flip(0)) and len(batch) == 2
     batch.keep([])
     assert len(batch) == 0 and batch.cache is None
+
+
+@pytest.mark.slow
+def test_embedded_model_answers_equal_generate_and_survive_joins(embedded_backend: Any) -> None:
+    """The real model: our decode loop gives generate()'s greedy tokens, and joined rows equal their solo runs."""
+    import torch
+
+    backend: TransformersBackend = embedded_backend
+    questions = ["What is the capital of France?", "Name three primary colours.", "Who wrote Hamlet?"]
+    options = DecodingOptions(max_new_tokens=24)
+    alone = [backend.generate(q, options) for q in questions]
+    enc = backend.tokenizer(backend.render(questions[0]), return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        ref = backend.model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=backend.tokenizer.pad_token_id)
+    assert [t.id for t in alone[0].tokens] == ref[0, enc["input_ids"].shape[1] :].tolist()[: len(alone[0].tokens)]
+    gate = Gate(backend.model)
+    try:
+        together = join_mid_generation(backend, gate, (questions[0], options), [(q, options) for q in questions[1:]])
+    finally:
+        gate.handle.remove()
+    for a, b in zip(alone, together):
+        assert_same(a, b)

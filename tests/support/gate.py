@@ -23,7 +23,7 @@ class Gate:
         self._open = threading.Event()
         self._open.set()
         self.paused = threading.Event()
-        model.register_forward_pre_hook(self._hook)
+        self.handle = model.register_forward_pre_hook(self._hook)
 
     def _hook(self, module: Any, args: Any) -> None:
         if not self._open.is_set():
