@@ -7,9 +7,12 @@ forward pass (:class:`support.gate.Gate`) while the joiners queue.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,6 +212,29 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
     assert torch.equal(batch.cache.layers[0].keys, b_keys.flip(0)) and len(batch) == 2
     batch.keep([])
     assert len(batch) == 0 and batch.cache is None
+
+
+def test_the_interpreter_exits_cleanly_while_a_batch_runs() -> None:
+    """At exit the worker leaves the model first (the batcher's atexit hook), even mid-generation with joined rows."""
+    tests = Path(__file__).resolve().parent
+    code = (
+        f"import sys, threading; sys.path.insert(0, {str(tests)!r})\n"
+        "from support.tiny import make_model, make_tokenizer\n"
+        "from logtoku_guard.backends.transformers import TransformersBackend\n"
+        "from logtoku_guard.types import DecodingOptions\n"
+        "tok = make_tokenizer()\n"
+        "b = TransformersBackend('tiny', model_obj=make_model(tok, max_positions=1024), tokenizer=tok)\n"
+        "s = b.stream('hello', DecodingOptions(max_new_tokens=600))\n"
+        "it = iter(s); next(it)\n"
+        "threading.Thread(target=b.generate, args=('Hi', DecodingOptions(max_new_tokens=600)), daemon=True).start()\n"
+        "import time\n"
+        "deadline = time.monotonic() + 30\n"
+        "while b._batcher.joins < 1 and time.monotonic() < deadline: time.sleep(0.001)\n"
+        "print('exiting', b._batcher.joins, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["exiting", "1"] and "terminate called" not in done.stderr
 
 
 @pytest.mark.slow
