@@ -12,14 +12,16 @@ Measures, in one process:
      criterion (``StepRecorder``), built here exactly as ``TransformersBackend._run`` builds
      them: the per-step scoring cost alone.
    * ``api``    - ``backend.batch(prompts, DecodingOptions(max_new_tokens=N))``: the public
-     path, which also renders the chat template, tokenizes and builds the ``Generation``.
+     path, which also renders the chat template, tokenizes and builds the ``Generation``; it
+     runs the backend's own decode loop (``logtoku_guard/backends/decode_loop.py``, continuous
+     batching), not ``generate``, so its figure also holds the difference between the two loops.
 
    Forcing exactly N tokens: transformers 5 refills a ``None`` ``eos_token_id`` from the
    model's own generation config, so "eos_token_id=None" does not disable EOS. Instead every
    path uses ``min_new_tokens == max_new_tokens == N`` (EOS is masked for N steps, and the
    EOS id stays set, as in ``_run``). For the ``api`` path, ``min_new_tokens`` is set on
-   ``backend.model.generation_config`` for the duration of the benchmark (``_run`` copies that
-   config and does not touch ``min_new_tokens``); every run is checked to give N tokens per row
+   ``backend.model.generation_config`` for the duration of the benchmark (the decode loop builds
+   the config's logits processors as ``generate`` does, per row); every run is checked to give N tokens per row
    and the same token ids as the plain path.
 
 2. Memory: Python-heap bytes (``tracemalloc``) retained by the scored result per generated
@@ -655,7 +657,7 @@ def print_report(report: dict[str, Any]) -> None:
     a = report["args"]
     print(f"== 1. time per token, greedy, exactly {a['tokens']} new tokens, {a['repeats']} repeats interleaved after 1 warm-up")
     print("   plain = model.generate; hook = same call + LogTokU hook/criterion;")
-    print("   api = backend.batch() (chat template, tokenize, generate with hook/criterion, build Generation)")
+    print("   api = backend.batch() (chat template, tokenize, the backend's decode loop with the recorder, build Generation)")
     print("   ms/step = wall time of the whole call (prefill included) / new tokens; one step = one token for every row")
     print("   ovh = scored/plain - 1 (median of each, min of each, median of the per-repeat ratios); spread = (max-min)/median")
     hdr = (

@@ -6,9 +6,10 @@ per second (all clients together) and the median request latency, then the ratio
 requests sent at once to the same 8 sent one after another (the "Done when" figure of
 issue 15: >= 3x once concurrent requests are batched).
 
-Concurrent requests are merged into batches of up to ``--max-batch`` rows by the backend's
-batcher (static micro-batches with early exit, :mod:`logtoku_guard.backends.batching`);
-``--max-batch 1`` gives the unbatched baseline (one generation at a time). The load average
+Concurrent requests share one running batch of up to ``--max-batch`` rows (continuous
+batching: they join it between decoding steps and leave it as they end,
+:mod:`logtoku_guard.backends.batching`); ``--max-batch 1`` gives the unbatched baseline (one
+generation at a time). The load average
 is printed before and after: on a shared machine the figures move with the other processes.
 
     python benchmarks/bench_server.py                 # embedded SmolLM2-135M-Instruct
@@ -128,7 +129,8 @@ def main() -> None:
         con_wall, con_tokens, _ = run(srv.base_url, backend.model_name, 8, 1, args.max_tokens)
     print(f"8 sequential: {seq_wall:.2f} s ({seq_tokens} tokens); 8 concurrent: {con_wall:.2f} s ({con_tokens} tokens)")
     print(f"ratio 8-concurrent vs 8-sequential (time): {seq_wall / con_wall:.2f}x (target >= 3x)")
-    print(f"batches run: {backend._batcher.batches}, largest: {backend._batcher.largest} rows")
+    b = backend._batcher
+    print(f"batches started: {b.batches}, requests that joined a running batch: {b.joins}, largest: {b.largest} rows")
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -1,7 +1,9 @@
-"""Batching concurrent requests: the Batcher's grouping, and TransformersBackend rows that equal their solo runs.
+"""Batching concurrent requests: the Batcher's grouping and joining, and TransformersBackend rows that equal their solo runs.
 
-No timed assertions: batches are formed deterministically by holding the worker busy (a
-blocked job, or a slow stream) while the requests to batch are queued.
+No timed assertions: batches are formed deterministically by holding the worker (a blocked
+job, or a running stream held inside a forward pass by :class:`support.gate.Gate`) while the
+requests to batch are queued. Joining and leaving a running batch in depth:
+``tests/test_continuous_batching.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from support.gate import Forwards, Gate
 from support.tiny import make_model
 
 from logtoku_guard.backends.batching import Batcher, Job
@@ -103,6 +106,87 @@ def test_a_failing_batch_fails_each_of_its_jobs() -> None:
         batcher(job())
 
 
+class Joining:
+    """A ``run`` that waits until released, takes the jobs that may join once, then completes them all."""
+
+    def __init__(self) -> None:
+        self.batcher: Batcher | None = None
+        self.started: list[list[Job]] = []
+        self.joined: list[list[Job]] = []
+        self.release = threading.Event()
+
+    def __call__(self, jobs: list[Job]) -> None:
+        assert self.batcher is not None
+        self.started.append(jobs)
+        self.release.wait(30)
+        taken = self.batcher.take_joiners(sum(len(j.rows) for j in jobs))
+        self.joined.append(taken)
+        for j in [*jobs, *taken]:
+            j.future.set_result([])
+
+
+def joining_batcher(max_batch: int = 4) -> tuple[Batcher, Joining]:
+    run = Joining()
+    run.batcher = Batcher(run, max_batch=max_batch, window_s=0)
+    return run.batcher, run
+
+
+def test_queued_compatible_jobs_join_the_running_batch_first_come_first_served() -> None:
+    batcher, run = joining_batcher(max_batch=4)
+    first = batcher.submit(job())
+    wait_until(lambda: len(run.started) == 1, "the first batch")
+    jobs = [job(max_new_tokens=5, stop=("x",)), job(rows=2), job(), job()]
+    futures = [batcher.submit(j) for j in jobs]
+    run.release.set()
+    for f in [first, *futures]:
+        assert f.result(30) == []
+    # per-row settings do not matter; 1 + 1 + 2 rows fill max_batch: the fourth job and the one
+    # behind it wait (nothing overtakes a job that does not fit) and form the next batch
+    assert run.joined[0] == jobs[:2]
+    assert run.started[1] == jobs[2:]
+    assert batcher.joins == 2 and batcher.largest == 4 and batcher.batches == 2
+
+
+def test_other_settings_and_seeded_jobs_neither_join_nor_are_overtaken() -> None:
+    batcher, run = joining_batcher()
+    first = batcher.submit(job())
+    wait_until(lambda: len(run.started) == 1, "the first batch")
+    sampled, greedy = job(temperature=0.7), job()
+    futures = [batcher.submit(sampled), batcher.submit(greedy)]
+    run.release.set()
+    for f in [first, *futures]:
+        assert f.result(30) == []
+    assert run.joined[0] == []  # the sampled job heads the queue: the greedy one behind it waits too
+    assert run.started[1:] == [[sampled], [greedy]] and batcher.joins == 0
+
+    batcher, run = joining_batcher()
+    seeded = batcher.submit(job(temperature=0.7, seed=3))
+    wait_until(lambda: len(run.started) == 1, "the seeded batch")
+    late = batcher.submit(job(temperature=0.7, seed=3))
+    run.release.set()
+    assert seeded.result(30) == [] and late.result(30) == []
+    assert run.joined[0] == [] and len(run.started) == 2  # nothing joins seeded sampling
+
+
+def test_a_failing_batch_fails_the_jobs_that_joined_it() -> None:
+    release = threading.Event()
+    batcher: Batcher
+
+    def run(jobs: list[Job]) -> None:
+        release.wait(30)
+        assert batcher.take_joiners(1)
+        raise RuntimeError("boom")
+
+    batcher = Batcher(run, window_s=0)
+    first = batcher.submit(job())
+    wait_until(lambda: batcher._busy, "the first batch")
+    joiner = batcher.submit(job())
+    release.set()
+    for f in (first, joiner):
+        with pytest.raises(RuntimeError, match="boom"):
+            f.result(30)
+
+
 def test_max_batch_must_be_positive(tiny_tokenizer: Any) -> None:
     from logtoku_guard.errors import ConfigurationError
 
@@ -113,14 +197,15 @@ def test_max_batch_must_be_positive(tiny_tokenizer: Any) -> None:
 
 
 # -- the backend ------------------------------------------------------------------------------------
-def slow_backend(tokenizer: Any, seconds_per_step: float = 0.02, **kwargs: Any) -> TransformersBackend:
+def slow_backend(tokenizer: Any, seconds_per_step: float = 0.02, **kwargs: Any) -> tuple[TransformersBackend, Gate]:
+    """A tiny model whose forward passes take a little while, and a gate to hold its worker."""
     model = make_model(tokenizer, seed=1)
     model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step))
-    return TransformersBackend("tiny", model_obj=model, tokenizer=tokenizer, **kwargs)
+    return TransformersBackend("tiny", model_obj=model, tokenizer=tokenizer, **kwargs), Gate(model)
 
 
 def hold_worker(backend: TransformersBackend) -> Any:
-    """A stream that keeps the worker busy until closed (then the queued requests form one batch)."""
+    """A running stream (one token read) that keeps the worker generating until closed."""
     stream = backend.stream("hold", DecodingOptions(max_new_tokens=200))
     tokens = iter(stream)
     next(tokens)
@@ -143,21 +228,27 @@ OPTIONS = [
 ]
 
 
-def test_concurrent_greedy_requests_batch_and_equal_their_solo_runs(tiny_tokenizer: Any) -> None:
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+def test_concurrent_greedy_requests_join_the_running_batch_and_equal_their_solo_runs(tiny_tokenizer: Any) -> None:
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    batcher = backend._batcher
     alone = [backend.generate(p, o) for p, o in zip(PROMPTS, OPTIONS)]
-    before = backend._batcher.batches
+    before, joins = batcher.batches, batcher.joins
     stream, _ = hold_worker(backend)
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures = [pool.submit(backend.generate, p, o) for p, o in zip(PROMPTS, OPTIONS)]
-        wait_until(lambda: queued(backend) == len(PROMPTS), "the requests to queue")
-        stream.close()
+        with gate.held():
+            futures = [pool.submit(backend.generate, p, o) for p, o in zip(PROMPTS, OPTIONS)]
+            wait_until(lambda: queued(backend) == len(PROMPTS), "the requests to queue")
         together = [f.result(60) for f in futures]
-    assert backend._batcher.batches == before + 2  # the held stream's batch, then all eight in one
-    assert backend._batcher.largest == len(PROMPTS)
+    stream.close()
+    # no new batch: all eight joined the held stream's running batch (seven at once, the
+    # eighth as soon as a row had left: max_batch is 8)
+    assert batcher.batches == before + 1
+    assert batcher.joins == joins + len(PROMPTS)
+    assert batcher.largest == len(PROMPTS)
     for a, b in zip(alone, together):
         assert_same(a, b)
     assert {g.finish_reason for g in together} >= {"length", "stop"}
+    assert stream.generation.finish_reason == "cancelled"
 
 
 def test_backend_batch_equals_generate(tiny_backend: TransformersBackend) -> None:
@@ -167,24 +258,31 @@ def test_backend_batch_equals_generate(tiny_backend: TransformersBackend) -> Non
 
 
 def test_a_request_that_ends_early_leaves_the_batch_at_once(tiny_tokenizer: Any) -> None:
-    backend = slow_backend(tiny_tokenizer)
+    backend, gate = slow_backend(tiny_tokenizer)
+    forwards = Forwards(backend.model)
     stream, _ = hold_worker(backend)
     with ThreadPoolExecutor(2) as pool:
-        long = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
-        short = pool.submit(backend.generate, PROMPTS[1], DecodingOptions(max_new_tokens=2))
-        wait_until(lambda: queued(backend) == 2, "both requests to queue")
-        stream.close()
+        with gate.held():
+            long = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
+            short = pool.submit(backend.generate, PROMPTS[1], DecodingOptions(max_new_tokens=2))
+            wait_until(lambda: queued(backend) == 2, "both requests to queue")
         g = short.result(60)  # returns while the long one, in the same batch, still generates
         assert len(g.tokens) == 2 and g.finish_reason == "length"
+        mark = len(forwards.seen)
         read = list(zip(range(5), long))
         assert len(read) == 5
-        assert backend._batcher.largest == 2
+        assert backend._batcher.largest == 3
+        # the short row was removed from the batch: the next steps feed 2 rows, and the KV cache holds 2
+        steps = [f for f in forwards.seen[mark:] if f.new == 1]
+        assert steps and all(f.rows == 2 and f.cached_rows == 2 for f in steps)
+        assert any(f.rows == 3 and f.cached_rows == 3 for f in forwards.seen[:mark])
         long.close()
         assert long.generation.finish_reason == "cancelled" and len(long.generation.tokens) < 200
+    stream.close()
 
 
 def test_concurrent_streams_each_get_their_own_tokens(tiny_tokenizer: Any) -> None:
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
     alone = [backend.generate(p, o) for p, o in zip(PROMPTS[:4], OPTIONS[:4])]
     stream, _ = hold_worker(backend)
 
@@ -193,23 +291,25 @@ def test_concurrent_streams_each_get_their_own_tokens(tiny_tokenizer: Any) -> No
         return list(s), s.generation
 
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(consume, i) for i in range(4)]
-        wait_until(lambda: queued(backend) == 4, "the streams to queue")
-        stream.close()
+        with gate.held():
+            futures = [pool.submit(consume, i) for i in range(4)]
+            wait_until(lambda: queued(backend) == 4, "the streams to queue")
         for a, f in zip(alone, futures):
             tokens, g = f.result(60)
             assert_same(a, g)
             assert [t.id for t in tokens] == [t.id for t in a.tokens]
+    stream.close()
 
 
 def test_cancelling_one_stream_leaves_the_others_running(tiny_tokenizer: Any) -> None:
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
     other = backend.generate(PROMPTS[2], DecodingOptions(max_new_tokens=30))
     stream, _ = hold_worker(backend)
     with ThreadPoolExecutor(1) as pool:
-        doomed = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
-        survivor = pool.submit(backend.generate, PROMPTS[2], DecodingOptions(max_new_tokens=30))
-        wait_until(lambda: queued(backend) == 2, "both requests to queue")
+        with gate.held():
+            doomed = backend.stream(PROMPTS[0], DecodingOptions(max_new_tokens=200))
+            survivor = pool.submit(backend.generate, PROMPTS[2], DecodingOptions(max_new_tokens=30))
+            wait_until(lambda: queued(backend) == 2, "both requests to queue")
         stream.close()
         next(iter(doomed))
         doomed.close()
@@ -218,38 +318,41 @@ def test_cancelling_one_stream_leaves_the_others_running(tiny_tokenizer: Any) ->
 
 
 def test_asyncio_tasks_meet_in_the_batcher(tiny_tokenizer: Any) -> None:
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.005)
     alone = [backend.generate(p, DecodingOptions(max_new_tokens=6)) for p in PROMPTS[:4]]
     stream, _ = hold_worker(backend)
 
     async def main() -> list[Generation]:
-        tasks = [
-            asyncio.create_task(asyncio.to_thread(backend.generate, p, DecodingOptions(max_new_tokens=6))) for p in PROMPTS[:4]
-        ]
-        await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
-        stream.close()
+        with gate.held():
+            tasks = [
+                asyncio.create_task(asyncio.to_thread(backend.generate, p, DecodingOptions(max_new_tokens=6)))
+                for p in PROMPTS[:4]
+            ]
+            await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
         return list(await asyncio.gather(*tasks))
 
     for a, b in zip(alone, asyncio.run(main())):
         assert_same(a, b)
-    assert backend._batcher.largest == 4
+    stream.close()
+    assert backend._batcher.largest == 5
 
 
 def test_langchain_batch_uses_the_batcher(tiny_tokenizer: Any) -> None:
     pytest.importorskip("langchain_core")
     from langchain_logtoku import ChatLogTokU
 
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
     llm = ChatLogTokU(backend=backend, logtoku_profile=None, max_tokens=6)
     alone = [llm.invoke(p).content for p in PROMPTS[:4]]
     # BaseChatModel.batch runs invoke in a thread pool: the calls meet in the batcher
     stream, _ = hold_worker(backend)
     with ThreadPoolExecutor(1) as pool:
-        batched = pool.submit(llm.batch, PROMPTS[:4], config={"max_concurrency": 4})
-        wait_until(lambda: queued(backend) == 4, "the batch's calls to queue")
-        stream.close()
+        with gate.held():
+            batched = pool.submit(llm.batch, PROMPTS[:4], config={"max_concurrency": 4})
+            wait_until(lambda: queued(backend) == 4, "the batch's calls to queue")
         assert [m.content for m in batched.result(60)] == alone
-    assert backend._batcher.largest == 4
+    stream.close()
+    assert backend._batcher.largest == 5
 
     async def main() -> list[Any]:
         return await llm.abatch(PROMPTS[:4], config={"max_concurrency": 4})
@@ -261,20 +364,21 @@ def test_llamaindex_async_paths_run_concurrently(tiny_tokenizer: Any) -> None:
     pytest.importorskip("llama_index.core")
     from llama_index.llms.logtoku import LogTokULLM
 
-    backend = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
+    backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
     llm = LogTokULLM(backend=backend, max_new_tokens=6)
     alone = [llm.complete(p).text for p in PROMPTS[:4]]
 
     stream, _ = hold_worker(backend)
 
     async def main() -> list[str]:
-        tasks = [asyncio.create_task(llm.acomplete(p)) for p in PROMPTS[:4]]
-        await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
-        stream.close()
+        with gate.held():
+            tasks = [asyncio.create_task(llm.acomplete(p)) for p in PROMPTS[:4]]
+            await asyncio.to_thread(wait_until, lambda: queued(backend) == 4, "the tasks to queue")
         return [r.text for r in await asyncio.gather(*tasks)]
 
     assert asyncio.run(main()) == alone
-    assert backend._batcher.largest == 4
+    stream.close()
+    assert backend._batcher.largest == 5
 
 
 # -- the recorder's scoring: logsumexp and entropy from the top-K's maximum ---------------------------

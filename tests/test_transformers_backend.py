@@ -171,9 +171,13 @@ def slow_backend(tokenizer: Any, seconds_per_step: float = 0.05) -> Transformers
 
 
 def generate_within(backend: TransformersBackend, seconds: float) -> Any:
-    """``generate()`` in a thread; fails (instead of hanging) if it does not finish in ``seconds``."""
+    """``generate()`` in a thread; fails (instead of hanging) if it does not finish in ``seconds``.
+
+    Seeded sampling runs alone (it cannot join a running batch): it waits for the model to be free.
+    """
     done: list[Any] = []
-    worker = threading.Thread(target=lambda: done.append(backend.generate(QUESTION, DecodingOptions(max_new_tokens=2))))
+    options = DecodingOptions(max_new_tokens=2, temperature=0.7, seed=1)
+    worker = threading.Thread(target=lambda: done.append(backend.generate(QUESTION, options)))
     worker.start()
     worker.join(timeout=seconds)
     assert done, f"generate() still waits for the model lock after {seconds} s: the abandoned stream kept generating"

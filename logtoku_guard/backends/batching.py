@@ -1,19 +1,25 @@
-"""Batching concurrent requests on one model: static micro-batches with early exit.
+"""Batching concurrent requests on one model: continuous batching.
 
 Every generation of a :class:`~logtoku_guard.backends.transformers.TransformersBackend`
 (``generate``, ``batch``, ``stream``, from any number of threads or asyncio tasks via worker
 threads) is a :class:`Job` submitted to the backend's :class:`Batcher`. One worker thread
-takes the jobs waiting in the queue, merges the compatible ones (same decoding settings
-except ``max_new_tokens`` and stop strings, which are per row) into one left-padded batch of
-at most ``max_batch`` rows and runs it; a job whose rows end early (EOS, stop string, its own
-token limit, cancelled) completes at once, its stream ends and its caller returns, while the
-batch goes on for the others. Jobs that arrive while a batch runs wait for the next batch:
-this is *static* micro-batching with early exit, not continuous batching (a new request does
-not join a running batch between steps).
+takes the jobs waiting in the queue (those arriving within ``window_s`` of the first are
+taken together), merges the compatible ones (same decoding settings except
+``max_new_tokens`` and stop strings, which are per row) into one batch of at most
+``max_batch`` rows and hands it to the backend's ``run``. While that batch runs, ``run``
+calls :meth:`Batcher.take_joiners` between decoding steps: compatible jobs queued meanwhile
+*join* the running batch at the next step (the backend's decode loop,
+:mod:`logtoku_guard.backends.decode_loop`, prefills them and merges their KV cache into the
+running one), and a job whose rows end (EOS, stop string, its own token limit, cancelled,
+an error) completes at once and *leaves* the batch, its rows removed from the batch tensors:
+continuous batching, as in vLLM or TGI, at step granularity.
 
-Seeded sampling runs alone (its random stream must not depend on other requests); every
-other job may share a batch, which gives each row the same greedy tokens and AU/EU as alone
-(left padding, attention mask and position ids from the mask; float differences ~1e-6).
+Joining is first come, first served: only the longest run of compatible jobs at the head of
+the queue that fits the free rows joins, so a request with other settings (or too many rows)
+is never overtaken forever: it waits until the running batch drains, then runs next. Seeded
+sampling runs alone and nothing joins it (its random stream must not depend on other
+requests); every other row gets the same greedy tokens and AU/EU as alone (left padding,
+attention mask and position ids from the mask; float differences ~1e-6).
 
 The batcher is generic: the backend gives it a ``run(jobs)`` function that completes every
 job's future. No torch import here.
@@ -92,7 +98,8 @@ class Batcher:
 
     Args:
         run: runs one batch (a list of compatible jobs) and completes each job's future
-            (result or exception), as early as each job's rows end.
+            (result or exception), as early as each job's rows end; between decoding steps
+            it may call :meth:`take_joiners` to add the compatible jobs queued meanwhile.
         max_batch: most rows in one batch (a single job with more rows still runs, alone).
         window_s: how long a batch that is not full waits for more requests.
         name: the worker thread's name.
@@ -116,14 +123,17 @@ class Batcher:
         self._cond = threading.Condition()
         self._queue: list[Job] = []
         self._thread: threading.Thread | None = None
+        self._running: list[Job] = []  # the jobs of the running batch, joiners included
         self._busy = False
         self._collected = True
         self._closing = False
         _LIVE.add(self)
         self.batches = 0
-        """Batches run so far (for tests and benchmarks)."""
+        """Batches started so far (for tests and benchmarks)."""
+        self.joins = 0
+        """Jobs that joined an already running batch."""
         self.largest = 0
-        """Most rows seen in one batch."""
+        """Most rows seen at once in one batch."""
 
     def submit(self, job: Job) -> Future[list[Generation]]:
         """Queue ``job``; its future completes when its rows end."""
@@ -156,6 +166,39 @@ class Batcher:
         """Submit ``job`` and wait for its generations."""
         return self.submit(job).result()
 
+    def take_joiners(self, live_rows: int) -> list[Job]:
+        """Queued jobs that join the running batch now, which holds ``live_rows`` rows.
+
+        Called by ``run`` (in the worker thread) between decoding steps (with ``live_rows == 0``
+        once the batch has drained: the jobs taken then start a new batch). Takes the longest
+        run of jobs at the head of the queue that share the running batch's settings and fit
+        in ``max_batch - live_rows`` rows, so that no request is overtaken forever; nothing
+        joins a seeded (exclusive) batch. The returned jobs are the batch's from now on: the
+        worker fails them too if ``run`` raises.
+        """
+        with self._cond:
+            if not self._running or self._running[0].exclusive:
+                return []
+            key = self._running[0].key()
+            rows = live_rows
+            taken: list[Job] = []
+            for job in self._queue:
+                if job.exclusive or job.key() != key or rows + len(job.rows) > self.max_batch:
+                    break
+                taken.append(job)
+                rows += len(job.rows)
+            if taken:
+                del self._queue[: len(taken)]
+                self._running.extend(taken)
+                if live_rows:
+                    self.joins += len(taken)
+                else:  # the batch had drained: this starts a new one
+                    self.batches += 1
+                self.largest = max(self.largest, rows)
+                if any(job.cancel is not None for job in taken):
+                    self._collected = False
+            return taken
+
     # -- the worker --------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
@@ -166,18 +209,25 @@ class Batcher:
                     return
                 self._busy = True
                 self._collected = not any(job.cancel is not None for job in batch)
+                self._running = list(batch)
             try:
                 self._run(batch)
             except BaseException as exc:  # handed to every job of the batch still waiting
-                for job in batch:
+                for job in self._jobs_run():
                     if not job.future.done():
                         job.future.set_exception(exc)
             else:
-                for job in batch:
+                for job in self._jobs_run():
                     if not job.future.done():
                         job.future.set_exception(RuntimeError("internal error: a batched job was not completed"))
             finally:
                 self._busy = False
+
+    def _jobs_run(self) -> list[Job]:
+        """The jobs of the batch that just ended (joiners included), forgotten by the batcher."""
+        with self._cond:
+            jobs, self._running = self._running, []
+        return jobs
 
     def _take(self) -> list[Job] | None:
         """The next batch (called with the lock held); None after ``IDLE_EXIT_S`` without work."""

@@ -1,15 +1,17 @@
 """The step recorder: raw top-K capture, token scoring and stop strings, one step at a time.
 
-:class:`StepRecorder` is both a forward hook and a stopping criterion of transformers'
-``generate``. The hook reads ``outputs.logits[:, -1]`` at every forward pass, *before* any
-logits processor (repetition penalty, temperature, top-k/p...) touches them, and keeps only
-what LogTokU needs (:class:`StepScores`): the top-K values and ids (:func:`top_k`), AU, EU,
-the full-softmax entropy and its log-normaliser (:func:`lse_entropy`, from the top-K's
-maximum) and, for one step only, the raw row from which the chosen
-token's log-probability is read (its logit minus the normaliser). The stopping criterion
-(called once per step, right after the token is chosen) pairs the chosen token with that
-step's scores, detokenizes it (:mod:`logtoku_guard.backends.detokenizer`), handles stop
-strings and streams the token out. Memory grows with steps x K, never with steps x vocabulary.
+:class:`StepRecorder` is driven by the backend's decode loop
+(:mod:`logtoku_guard.backends.decode_loop`), with the interface of a forward hook and a
+stopping criterion of transformers' ``generate``. :meth:`StepRecorder.record` (the hook reads
+``outputs.logits[:, -1]``) takes each step's raw logits, *before* any logits processor
+(repetition penalty, temperature, top-k/p...) touches them, and keeps only what LogTokU
+needs (:class:`StepScores`): the top-K values and ids (:func:`top_k`), AU, EU, the
+full-softmax entropy and its log-normaliser (:func:`lse_entropy`, from the top-K's maximum)
+and, for one step only, the raw row from which the chosen token's log-probability is read
+(its logit minus the normaliser). The stopping criterion (called once per step, right after
+the token is chosen) pairs the chosen token with that step's scores, detokenizes it
+(:mod:`logtoku_guard.backends.detokenizer`), handles stop strings and streams the token
+out. Memory grows with steps x K, never with steps x vocabulary.
 
 Stop strings (:func:`truncate_at_stop`, :func:`releasable`) are plain functions on
 :class:`~logtoku_guard.types.TokenScore` lists, shared with the scripted backend so both cut
@@ -244,6 +246,10 @@ class Row:
 class StepRecorder:
     """Forward hook + stopping criterion: one record per row per step, no vocab-sized history.
 
+    Row ``b`` of each step's logits and chosen tokens is ``rows[b]``. The decode loop of a
+    continuous batch edits ``rows`` between steps (rows appended as requests join, removed
+    as they leave) so that it always lists the live rows in batch order.
+
     Args:
         k: top-K logits kept per token.
         evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.uncertainty.logtoku`).
@@ -259,7 +265,7 @@ class StepRecorder:
             only when larger than ``k``); AU/EU always read the first ``k``.
         on_row_done: called with ``(row index, row)`` as soon as a row ends (EOS, stop string,
             its limit, its cancel event, or an error), so that its request can complete while
-            the batch goes on; rows still open when ``generate`` returns are not reported (see
+            the batch goes on; rows still open when generation stops are not reported (see
             :meth:`finish_row`). When given, non-finite logits end their row with ``error``
             set instead of raising for the whole batch.
     """
@@ -296,9 +302,13 @@ class StepRecorder:
         self.start = 0.0
         self.first_token_s: float | None = None
 
-    # transformers calls this after every forward pass of the model (prefill and decode).
+    # a forward hook: called after a forward pass of the model (prefill and decode).
     def hook(self, module: Any, args: Any, output: Any) -> None:
-        logits = output.logits[:, -1, :].float()
+        self.record(output.logits[:, -1, :])
+
+    def record(self, logits: torch.Tensor) -> None:
+        """Score one step's raw ``(batch, vocab)`` logits (any float dtype; kept until the token is chosen)."""
+        logits = logits.float()
         values, ids = top_k(logits, self.width)
         au = eu = None
         if self.evidence != "clamped":
@@ -355,9 +365,10 @@ class StepRecorder:
                 done.append(True)
                 continue
             if not all(map(math.isfinite, values[b][: self.k])):
+                error = NonFiniteLogitsError(len(row.tokens) + len(row.held), b, values[b][: self.k])
                 if self.on_row_done is None:
-                    raise NonFiniteLogitsError(self.step, b, values[b][: self.k])
-                row.error = NonFiniteLogitsError(self.step, b, values[b][: self.k])
+                    raise error
+                row.error = error
                 self._close(b, row, None)
                 done.append(True)
                 continue

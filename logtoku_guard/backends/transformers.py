@@ -1,17 +1,19 @@
-"""Hugging Face transformers backend: raw top-K logits captured inside ``generate``.
+"""Hugging Face transformers backend: raw top-K logits captured at every decoding step.
 
 :class:`TransformersBackend` renders the prompt (chat template) in the caller's thread, hands
 it to its :class:`~logtoku_guard.backends.batching.Batcher` (concurrent calls from threads,
-asyncio tasks or the server are merged into one left-padded batch; each returns as its own
-row ends), whose worker thread runs ``model.generate`` (with ``threads`` torch threads) with
-a :class:`~logtoku_guard.backends.recorder.StepRecorder` as forward hook and stopping
-criterion (raw top-K logits read before any logits processor, tokens scored, detokenized
-and streamed one step at a time) and, for dynamic decoding, a
+asyncio tasks or the server share one running batch: continuous batching, each returns as
+its own row ends), whose worker thread runs a
+:class:`~logtoku_guard.backends.decode_loop.DecodeLoop` (with ``threads`` torch threads): the
+model's forward passes with a :class:`~logtoku_guard.backends.recorder.StepRecorder` (raw
+top-K logits read before any logits processor, tokens scored, detokenized and streamed one
+step at a time) and, for dynamic decoding, a
 :class:`~logtoku_guard.backends.processors.DynamicTemperatureLogitsWarper`. Models are loaded
 by :mod:`logtoku_guard.backends.loading` (local files only).
 
 Modules of this backend: ``transformers`` (this one: the backend class), ``batching`` (the
-batcher), ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
+batcher), ``decode_loop`` (the running batch: rows join and leave between steps),
+``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
 embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
 ``Generation.prompt_scores``).
@@ -19,7 +21,6 @@ embedded default), ``prompt_capture`` (the question's tokens scored at the prefi
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import queue
@@ -27,16 +28,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
-from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
-from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, question_span
-from logtoku_guard.backends.recorder import Row, StepRecorder
+from logtoku_guard.backends.prompt_capture import question_span
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
@@ -118,8 +117,9 @@ class TransformersBackend:
         model_obj, tokenizer: an already loaded model and tokenizer (then ``model`` only
             names it).
         max_batch: most rows generated together: concurrent calls (threads, asyncio tasks
-            via worker threads, the server) are merged into batches of up to this many rows
-            (:mod:`logtoku_guard.backends.batching`); 1 runs them one at a time.
+            via worker threads, the server) share one running batch of up to this many rows,
+            joining and leaving it between steps (:mod:`logtoku_guard.backends.batching`);
+            1 runs them one at a time.
         threads: torch intra-op threads while generating (:func:`default_threads`: this,
             else ``$LOGTOKU_GUARD_THREADS``, else 1 on <= 2 CPUs, half the CPUs up to 8
             otherwise; 0 keeps torch's setting). torch's setting is process-wide.
@@ -328,7 +328,7 @@ class TransformersBackend:
         rows = [self._prepare(to_messages(p, system), options) for p in prompts]
         return self._batcher(Job(rows, options, on_token, cancel))
 
-    def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> _Prepared:
+    def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
         text = self._render(messages)
@@ -350,134 +350,43 @@ class TransformersBackend:
                     ctx - len(ids),
                 )
                 limit = ctx - len(ids)
-        return _Prepared(messages, ids, limit, span)
+        return PreparedRow(messages, ids, limit, span)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
-        """Run ``jobs`` (compatible options) as one left-padded batch; each job completes as its rows end."""
+        """Run ``jobs`` (compatible options) as one continuous batch; each job completes as its rows end."""
         import torch
 
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
-        options = jobs[0].options
-        rows = [(job, i, p) for job in jobs for i, p in enumerate(job.rows)]
-        longest = max(len(p.ids) for _, _, p in rows)
-        pad = int(self._tokenizer.pad_token_id)
-        input_ids = torch.tensor([[pad] * (longest - len(p.ids)) + p.ids for _, _, p in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (longest - len(p.ids)) + [1] * len(p.ids) for _, _, p in rows], dtype=torch.long)
-        max_new = max(p.limit for _, _, p in rows)
-        gen_cfg = copy.deepcopy(self._model.generation_config)
-        settings: dict[str, Any] = {
-            "max_new_tokens": max_new,
-            "pad_token_id": pad,
-            "eos_token_id": sorted(self._eos_ids) or None,
-            "return_dict_in_generate": False,
-            "output_scores": False,
-            "output_logits": False,
-        }
-        if options.sampling:
-            temperature = 1.0 if options.dynamic is not None else float(options.temperature)
-            settings.update(do_sample=True, temperature=temperature, top_p=float(options.top_p), top_k=0)
-        else:
-            settings.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        gen_cfg.update(**settings)
+        scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids, self.score_prompt)
+        loop = DecodeLoop(self._model, self._tokenizer, scoring, jobs[0].options, self._batcher.take_joiners, self._generation)
+        loop.run(jobs)
 
-        results: dict[int, dict[int, Generation]] = {id(job): {} for job in jobs}
-        start = time.perf_counter()
-
-        def on_token(b: int, token: TokenScore) -> None:
-            job, i, _ = rows[b]
-            if job.on_token is not None and not job.future.done():
-                job.on_token(i, token)
-
-        def on_row_done(b: int, state: Row) -> None:
-            job, i, prepared = rows[b]
-            if job.future.done():
-                return
-            if state.error is not None:
-                job.future.set_exception(state.error)
-                return
-            done = results[id(job)]
-            scores = capture.scores[b] if capture is not None else ()
-            done[i] = self._generation(prepared, state, job, start, recorder.first_token_s, scores)
-            if len(done) == len(job.rows):
-                job.future.set_result([done[n] for n in range(len(job.rows))])
-
-        recorder = StepRecorder(
-            k=self._k,
-            evidence=self._evidence,
-            tokenizer=self._tokenizer,
-            rows=[Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel) for job, _, p in rows],
-            stop=(),
-            eos_ids=self._eos_ids,
-            on_token=on_token,
-            cancel=None,
-            max_logprobs=self._max_logprobs,
-            on_row_done=on_row_done,
-        )
-        processors = []
-        if options.dynamic is not None:
-            processors.append(DynamicTemperatureLogitsWarper(options.dynamic, recorder.current_eu, recorder.record_temperatures))
-        if options.seed is not None:
-            torch.manual_seed(options.seed)
-            if torch.cuda.is_available():
-                torch.cuda.manual_seed_all(options.seed)
-        spans = [(p.span, longest - len(p.ids)) for _, _, p in rows]
-        capture = for_batch(self._model, input_ids, spans, self._k, self._evidence) if self.score_prompt else None
-        handle = self._model.register_forward_hook(recorder.hook)
-        prompt_handle = self._model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
-        recorder.start = start
-        try:
-            with torch.inference_mode():
-                self._model.generate(
-                    input_ids=input_ids.to(self._model.device),
-                    attention_mask=mask.to(self._model.device),
-                    generation_config=gen_cfg,
-                    logits_processor=processors or None,
-                    stopping_criteria=[recorder],
-                )
-        finally:
-            handle.remove()
-            if prompt_handle is not None:
-                prompt_handle.remove()
-        for b, state in enumerate(recorder.rows):
-            if not state.done:  # still open at max_new_tokens
-                on_row_done(b, recorder.finish_row(b))
-
-    def _generation(
-        self, prepared: _Prepared, state: Row, job: Job, start: float, first_token_s: float | None, prompt_scores: Any = ()
-    ) -> Generation:
-        total = time.perf_counter() - start
+    def _generation(self, row: LiveRow) -> Generation:
+        """The finished ``row`` as a :class:`Generation` (its timings from when it joined the batch)."""
+        state, job = row.state, row.job
+        total = time.perf_counter() - row.start
         n = len(state.tokens)
-        decode_s = total - (first_token_s or 0.0)
+        decode_s = total - (row.first_token_s or 0.0)
         cancelled = job.cancel is not None and job.cancel.is_set()
         return Generation(
             model=self._name,
-            prompt=_question(prepared.messages),
+            prompt=_question(row.prepared.messages),
             text="".join(t.text for t in state.tokens),
             tokens=tuple(state.tokens),
             finish_reason=state.finish_reason or ("cancelled" if cancelled else "length"),
             k=self._k,
             evidence=self._evidence,
             top_n=self._top_n,
-            prompt_tokens=len(prepared.ids),
+            prompt_tokens=len(row.prepared.ids),
             stop_sequence=state.stop_sequence,
             timings=Timings(
                 total_s=total,
-                first_token_s=first_token_s,
+                first_token_s=row.first_token_s,
                 tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
             ),
-            prompt_scores=prompt_scores,
+            prompt_scores=row.prompt_scores,
         )
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """One row ready to batch: its turns, prompt token ids and token limit."""
-
-    messages: list[ChatMessage]
-    ids: list[int]
-    limit: int
-    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
 
 
 def _question(messages: list[ChatMessage]) -> str:

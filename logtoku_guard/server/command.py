@@ -26,7 +26,7 @@ def serve(
     ] = None,
     allow_remote: Annotated[bool, typer.Option(help="Allow binding to a non-loopback address.")] = False,
     max_batch: Annotated[
-        int, typer.Option(help="Most concurrent requests generated together in one batch (1: one at a time).")
+        int, typer.Option(help="Most concurrent requests in the running batch (continuous batching; 1: one at a time).")
     ] = 8,
     threads: Annotated[
         int | None,

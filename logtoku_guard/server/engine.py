@@ -3,9 +3,9 @@
 :class:`Runner` is the seam: ``await runner.run(fn)`` calls ``fn(backend)`` in a worker thread
 and returns its result. :class:`ThreadRunner` runs up to ``workers`` such calls at once on the
 shared backend (by default twice the backend's ``max_batch``); a
-:class:`~logtoku_guard.backends.transformers.TransformersBackend` merges the calls that meet
-into batched generations (:mod:`logtoku_guard.backends.batching`), so concurrent requests are
-generated together and each returns as soon as its own answer ends. Everything above it
+:class:`~logtoku_guard.backends.transformers.TransformersBackend` runs the calls in one
+continuous batch (:mod:`logtoku_guard.backends.batching`): a request joins the running batch at
+the next decoding step and each returns as soon as its own answer ends. Everything above it
 (guard, streaming, wire format) stays as it is.
 """
 
@@ -38,7 +38,7 @@ class ThreadRunner:
     """At most ``workers`` generations at once, each in a worker thread (requests queue in order).
 
     ``workers`` defaults to twice the backend's ``max_batch`` (1 for a backend without one):
-    while one batch generates, the next one gathers in the backend's queue.
+    up to ``max_batch`` generate in the running batch while the others wait in the backend's queue.
     """
 
     def __init__(self, backend: Backend, workers: int | None = None) -> None:

@@ -1,0 +1,397 @@
+"""Continuous batching: our own decode loop, whose rows join and leave a running batch between steps.
+
+:class:`DecodeLoop` replaces transformers' ``generate`` for
+:class:`~logtoku_guard.backends.transformers.TransformersBackend`. It owns one running batch
+(:class:`KVBatch`): the left-padded attention mask, each row's last token and the model's
+``DynamicCache``. Each step:
+
+1. **decode**: one forward pass of the model over the live rows' last tokens (position ids
+   from the mask: each row counts its own tokens, whatever its padding);
+2. **join**: jobs queued meanwhile (:meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`)
+   are prefilled together (one forward over their left-padded prompts, the question's tokens
+   scored on the way: :mod:`~logtoku_guard.backends.prompt_capture`) and their KV cache is
+   merged into the running one (the shorter side left-padded with masked zeros, then
+   concatenated on the batch axis);
+3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
+   logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
+   stop strings, streaming, each row's end), then through the logits processors to the next
+   token (greedy arg-max, or sampling);
+4. **leave**: the rows that ended are removed from the mask, the cache and the recorder, and
+   the columns that only padding still fills are cut off; their requests have already
+   completed.
+
+Each row gives the same tokens and scores as alone (float differences ~1e-6): padding is
+masked out, positions are per row, and the model's own history-dependent logits processors
+(repetition penalty, ``min_new_tokens``... from its ``generation_config``, built as ``generate``
+builds them) run per row on that row's own tokens. The sampling warpers (dynamic
+temperature, temperature, top-p and the config's others) are row-wise and run batched.
+
+A cache whose layers are not all plain ``DynamicLayer`` (sliding-window or hybrid models)
+cannot be merged: its batch still loses its ended rows, but nothing joins it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
+from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch
+from logtoku_guard.backends.recorder import Row, StepRecorder
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
+from logtoku_guard.uncertainty import EvidenceMode
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DecodeLoop", "KVBatch", "LiveRow", "PreparedRow", "Scoring"]
+
+
+@dataclass(frozen=True)
+class PreparedRow:
+    """One prompt ready to batch: its turns, prompt token ids and token limit."""
+
+    messages: list[ChatMessage]
+    ids: list[int]
+    limit: int  # its max_new_tokens, clamped to the context window
+    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What the loop records of each step: top-K, evidence, the wider top logits, end-of-sequence ids."""
+
+    k: int
+    evidence: EvidenceMode
+    max_logprobs: int
+    eos_ids: frozenset[int]
+    score_prompt: bool = True
+
+
+@dataclass(eq=False)
+class LiveRow:
+    """One row of the running batch: which request it answers and its decoding state."""
+
+    job: Job
+    index: int  # the row's place in its job
+    prepared: PreparedRow
+    state: Row
+    start: float  # perf_counter() when the row joined
+    prompt_scores: tuple[TokenScore, ...] = ()
+    first_token_s: float | None = None
+    processors: Any = None  # the model's history-dependent logits processors for this row (None: none)
+    history: list[int] = field(default_factory=list)  # prompt + generated ids, kept only with processors
+
+
+def _pad_left(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """``t`` with ``n`` zeros prepended along ``dim``."""
+    import torch
+
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class KVBatch:
+    """The running batch's model state: ``mask`` ``(rows, columns)`` long (1 = a real token,
+    left padding), ``last`` ``(rows,)`` the token each row feeds next, ``cache`` the model's.
+
+    Every row's tokens fill the rightmost columns of the mask and of the cache (padding on the
+    left only), so merging and cutting work on whole columns.
+    """
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+        self.last: torch.Tensor | None = None
+        self.cache: Any = None
+        self.mergeable = True
+
+    def __len__(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[0])
+
+    def extend(self, mask: torch.Tensor, cache: Any) -> None:
+        """Append rows (their mask and prefilled cache) after the live ones; the shorter side is left-padded."""
+        import torch
+
+        if self.cache is None or self.mask is None:
+            self.mask, self.cache = mask, cache
+            self.mergeable = _mergeable(cache)
+            return
+        if not (self.mergeable and _mergeable(cache)):
+            msg = "internal error: rows joined a batch whose cache cannot be merged"
+            raise RuntimeError(msg)
+        mine, theirs = self.mask.shape[1], mask.shape[1]
+        width = max(mine, theirs)
+        self.mask = torch.cat([_pad_left(self.mask, width - mine, 1), _pad_left(mask, width - theirs, 1)])
+        for ours, new in zip(self.cache.layers, cache.layers, strict=True):
+            ours.keys = torch.cat([_pad_left(ours.keys, width - mine, 2), _pad_left(new.keys, width - theirs, 2)])
+            ours.values = torch.cat([_pad_left(ours.values, width - mine, 2), _pad_left(new.values, width - theirs, 2)])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in this order); cut the leading columns that only padding fills."""
+        import torch
+
+        if self.mask is None or self.last is None:
+            return
+        if not rows:
+            self.mask = self.last = self.cache = None
+            return
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
+        self.mask, self.last = self.mask[index], self.last[index]
+        self.cache.batch_select_indices(index)
+        cut = int(self.mask.any(dim=0).int().argmax())  # the first column some row uses
+        if cut and self.mergeable:
+            self.mask = self.mask[:, cut:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+
+
+def _mergeable(cache: Any) -> bool:
+    """A cache of plain full-attention ``DynamicLayer`` s (its tensors can be padded and concatenated)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers: list[Any] = list(getattr(cache, "layers", None) or [])
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+
+
+class DecodeLoop:
+    """Runs one continuous batch: the initial jobs, and those that join it, until every row has ended.
+
+    Args:
+        model, tokenizer: the transformers model (decoder-only) and its tokenizer.
+        scoring: what is recorded of each step (:class:`Scoring`).
+        options: the batch's decoding settings (every job shares them but ``max_new_tokens``
+            and ``stop``, which are per row).
+        take_joiners: ``take_joiners(live_rows)`` returns the jobs that join now (the
+            batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`).
+        finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        scoring: Scoring,
+        options: DecodingOptions,
+        take_joiners: Callable[[int], list[Job]],
+        finish: Callable[[LiveRow], Generation],
+    ) -> None:
+        import inspect
+
+        self.model = model
+        self.scoring = scoring
+        self.options = options
+        self.take_joiners = take_joiners
+        self.finish = finish
+        self.pad = int(tokenizer.pad_token_id)
+        self.device = model.device
+        self.batch = KVBatch()
+        self.live: list[LiveRow] = []
+        self.results: dict[Job, dict[int, Generation]] = {}
+        self.recorder = StepRecorder(
+            k=scoring.k,
+            evidence=scoring.evidence,
+            tokenizer=tokenizer,
+            rows=[],
+            stop=(),
+            eos_ids=scoring.eos_ids,
+            on_token=self._on_token,
+            cancel=None,
+            max_logprobs=scoring.max_logprobs,
+            on_row_done=self._on_row_done,
+        )
+        self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        self._build_processors()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, jobs: list[Job]) -> None:
+        """Generate ``jobs`` and every job that joins; each job's future completes as its rows end."""
+        import torch
+
+        if self.options.seed is not None:
+            torch.manual_seed(self.options.seed)
+            if torch.cuda.is_available():
+                torch.cuda.manual_seed_all(self.options.seed)
+        joining = list(jobs)
+        with torch.inference_mode():
+            while self.live or joining:
+                parts = [self._decode()] if self.live else []
+                fed = [self.batch.last] if self.live and self.batch.last is not None else []
+                joined = self._prefill(joining) if joining else None
+                if joined is not None:
+                    parts.append(joined[0])
+                    fed.append(joined[1])
+                if parts:
+                    logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+                    self._choose(logits, fed[0] if len(fed) == 1 else torch.cat(fed))
+                    self._leave()
+                joining = self.take_joiners(len(self.live)) if self.batch.mergeable or not self.live else []
+
+    def _decode(self) -> torch.Tensor:
+        """One forward pass over the live rows' last tokens; their ``(rows, vocab)`` logits."""
+        import torch
+
+        batch = self.batch
+        if batch.mask is None or batch.last is None:
+            msg = "internal error: decoding an empty batch"
+            raise RuntimeError(msg)
+        positions = batch.mask.sum(dim=-1, keepdim=True)  # each row's real tokens so far
+        mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch), 1))], dim=1)
+        out = self.model(
+            input_ids=batch.last[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.mask, batch.cache = mask, out.past_key_values
+        return out.logits[:, -1, :]
+
+    def _prefill(self, jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Prefill ``jobs``' prompts together and merge them into the running batch.
+
+        Returns their first-token ``(rows, vocab)`` logits and last prompt tokens, or None
+        when the prefill failed (each of these jobs then fails with the error; the running
+        rows go on).
+        """
+        import torch
+
+        rows = [(job, i, p) for job in jobs for i, p in enumerate(job.rows)]
+        longest = max(len(p.ids) for _, _, p in rows)
+        ids = torch.tensor([[self.pad] * (longest - len(p.ids)) + p.ids for _, _, p in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (longest - len(p.ids)) + [1] * len(p.ids) for _, _, p in rows], dtype=torch.long)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=-1) - 1).masked_fill(mask == 0, 0)  # as generate() derives them
+        spans = [(p.span, longest - len(p.ids)) for _, _, p in rows]
+        capture = for_batch(self.model, ids, spans, self.scoring.k, self.scoring.evidence) if self.scoring.score_prompt else None
+        handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+        start = time.perf_counter()
+        try:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last)
+        except Exception as exc:  # handed to these requests; the running rows go on
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return None
+        finally:
+            if handle is not None:
+                handle.remove()
+        self.batch.extend(mask, out.past_key_values)
+        for b, (job, i, p) in enumerate(rows):
+            state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel)
+            row = LiveRow(job, i, p, state, start, capture.scores[b] if capture is not None else ())
+            if self.row_processors:
+                row.processors = self._row_processors(p.ids)
+                row.history = list(p.ids)
+            self.live.append(row)
+            self.recorder.rows.append(state)
+        return out.logits[:, -1, :], ids[:, -1]
+
+    def _choose(self, logits: torch.Tensor, fed: torch.Tensor) -> None:
+        """Record the step's raw logits, pick each row's next token, let the recorder end rows."""
+        import torch
+
+        self.recorder.record(logits)
+        scores = logits.float()
+        if self.row_processors:
+            scores = torch.cat([self._apply_row(row, scores[b : b + 1]) for b, row in enumerate(self.live)])
+        if self.warpers:
+            scores = self.warpers(fed[:, None], scores.clone() if scores is logits else scores)  # type: ignore[arg-type]
+        if self.options.sampling:
+            probs = torch.softmax(scores, dim=-1)
+            broken = ~torch.isfinite(probs).all(dim=-1)
+            if bool(broken.any()):  # non-finite logits: the recorder ends these rows with the error
+                probs = probs.masked_fill(broken[:, None], 1.0)
+            chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
+        else:
+            chosen = torch.argmax(scores, dim=-1)
+        now = time.perf_counter()
+        for row in self.live:
+            if row.first_token_s is None:
+                row.first_token_s = now - row.start
+        self.batch.last = chosen
+        self.recorder(chosen[:, None])
+        if self.row_processors:
+            for row, token in zip(self.live, chosen.tolist(), strict=True):
+                row.history.append(int(token))
+
+    def _leave(self) -> None:
+        """Drop the rows that ended (or whose request already failed) from the batch."""
+        keep = [b for b, row in enumerate(self.live) if not row.state.done and not row.job.future.done()]
+        if len(keep) == len(self.live):
+            return
+        self.batch.keep(keep)
+        self.live = [self.live[b] for b in keep]
+        self.recorder.rows = [self.recorder.rows[b] for b in keep]
+
+    # -- the recorder's callbacks ----------------------------------------------------------------
+    def _on_token(self, b: int, token: TokenScore) -> None:
+        row = self.live[b]
+        if row.job.on_token is not None and not row.job.future.done():
+            row.job.on_token(row.index, token)
+
+    def _on_row_done(self, b: int, state: Row) -> None:
+        row = self.live[b]
+        job = row.job
+        if job.future.done():
+            return
+        if state.error is not None:
+            job.future.set_exception(state.error)
+            return
+        done = self.results.setdefault(job, {})
+        done[row.index] = self.finish(row)
+        if len(done) == len(job.rows):
+            del self.results[job]
+            job.future.set_result([done[n] for n in range(len(job.rows))])
+
+    # -- logits processors ---------------------------------------------------------------------
+    def _build_processors(self) -> None:
+        """The model's logits processors as ``generate`` builds them from its generation config.
+
+        ``row_processors``: whether the history-dependent ones (repetition penalty,
+        ``min_new_tokens``...) exist; they run per row (:meth:`_row_processors`).
+        ``warpers``: the rest, row-wise, run batched: dynamic temperature, then temperature,
+        top-p and any other sampling warper of the config.
+        """
+        from transformers import LogitsProcessorList
+
+        options = self.options
+        config = copy.deepcopy(self.model.generation_config)
+        if options.sampling:
+            temperature = 1.0 if options.dynamic is not None else float(options.temperature)
+            config.update(do_sample=True, temperature=temperature, top_p=float(options.top_p), top_k=0)
+        else:
+            config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        config.update(eos_token_id=sorted(self.scoring.eos_ids) or None, pad_token_id=self.pad)
+        self.model._prepare_special_tokens(config, True, self.device)
+        self.config = config
+        self.history_config = copy.deepcopy(config)
+        self.history_config.do_sample = False
+        custom = []
+        if options.dynamic is not None:
+            rec = self.recorder
+            custom.append(DynamicTemperatureLogitsWarper(options.dynamic, rec.current_eu, rec.record_temperatures))
+        build = self.model._get_logits_processor  # generate()'s own builder (transformers 5)
+        every = build(config, input_ids_seq_length=1, logits_processor=LogitsProcessorList(custom), device=self.device)
+        history = build(self.history_config, input_ids_seq_length=1, device=self.device)
+        self.row_processors = len(history) > 0
+        self.warpers = LogitsProcessorList(every[len(history) :])
+
+    def _row_processors(self, prompt: list[int]) -> Any:
+        import torch
+
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        build = self.model._get_logits_processor
+        return build(self.history_config, input_ids_seq_length=len(prompt), encoder_input_ids=ids, device=self.device)
+
+    def _apply_row(self, row: LiveRow, scores: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        ids = torch.tensor([row.history], dtype=torch.long, device=scores.device)
+        return row.processors(ids, scores.clone())
