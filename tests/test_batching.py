@@ -14,12 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from support.gate import Forwards, Gate
+from support.same import assert_same, wait_until
 from support.tiny import make_model
 
 from logtoku_guard.backends.batching import Batcher, Job
@@ -36,23 +36,6 @@ PROMPTS = [
     "Retrieval augmented generation adds context",
     "Paris or Rome?",
 ]
-
-
-def wait_until(cond: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
-def assert_same(a: Generation, b: Generation) -> None:
-    assert [t.id for t in a.tokens] == [t.id for t in b.tokens]
-    assert a.text == b.text and a.finish_reason == b.finish_reason and a.stop_sequence == b.stop_sequence
-    for x, y in zip(a.tokens, b.tokens):
-        assert x.au == pytest.approx(y.au, abs=1e-4) and x.eu == pytest.approx(y.eu, abs=1e-4)
-        assert x.logprob == pytest.approx(y.logprob, abs=1e-4) and x.entropy == pytest.approx(y.entropy, abs=1e-4)
-        assert x.top_ids == y.top_ids
-        assert x.top_logits == pytest.approx(y.top_logits, abs=1e-4)
 
 
 # -- the Batcher on its own ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.gate import Forwards, Gate
+from support.same import assert_same, wait_until
 from support.tiny import make_model
 
 from logtoku_guard import DynamicTemperature, NonFiniteLogitsError
@@ -25,25 +26,6 @@ from logtoku_guard.types import DecodingOptions, Generation
 
 RUNNING = "Count from one to ten, slowly, and then stop counting"
 LONG = "Retrieval augmented generation adds context before answering a question. " * 3
-
-
-def wait_until(cond: Any, what: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
-def assert_same(a: Generation, b: Generation) -> None:
-    assert [t.id for t in a.tokens] == [t.id for t in b.tokens]
-    assert a.text == b.text and a.finish_reason == b.finish_reason and a.stop_sequence == b.stop_sequence
-    for x, y in zip(a.tokens, b.tokens):
-        assert x.au == pytest.approx(y.au, abs=1e-4) and x.eu == pytest.approx(y.eu, abs=1e-4)
-        assert x.logprob == pytest.approx(y.logprob, abs=1e-4) and x.entropy == pytest.approx(y.entropy, abs=1e-4)
-        assert x.top_ids == y.top_ids and x.top_logits == pytest.approx(y.top_logits, abs=1e-4)
-    assert [t.id for t in a.prompt_scores] == [t.id for t in b.prompt_scores]
-    for x, y in zip(a.prompt_scores, b.prompt_scores):
-        assert x.logprob == pytest.approx(y.logprob, abs=1e-4) and x.eu == pytest.approx(y.eu, abs=1e-4)
 
 
 def gated(tokenizer: Any, seed: int = 1, **model_kwargs: Any) -> tuple[TransformersBackend, Gate, Any]:
