@@ -220,6 +220,13 @@ class RunSpan(_Span):
         if result.action == "raise":
             self._telemetry.set_error(span, f"raise: {decision.reason}")
 
+    def abandon(self, why: str) -> None:
+        """End the span without a decision: the caller closed the stream before the guard decided
+        (``logtoku.abandoned`` = true, ``logtoku.reason`` = ``why``; the status stays unset)."""
+        if self._live and not self._ended:
+            self._span.set_attributes({"logtoku.abandoned": True, "logtoku.reason": why})
+        self.end()
+
     def end(self, result: GuardResult | None = None) -> None:
         """Put ``result`` on the span (:meth:`concluded`) when given, then end it (once)."""
         if result is not None and not self._ended:

@@ -156,3 +156,31 @@ def test_llamaindex_abstain_raise_and_errors(provider: TracerProvider, exporter:
         engine.query("Who?")
     root, _, _ = tree(exporter)
     assert root.status.status_code == StatusCode.ERROR and (root.attributes or {})["error.type"] == "RuntimeError"
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_llamaindex_live_stream_closed_early_ends_its_spans(
+    provider: TracerProvider, exporter: InMemorySpanExporter, path: str
+) -> None:
+    engine = li_engine(provider, UNSURE, SURE, streaming=True)
+    if path == "sync":
+        response: Any = engine.query("Who founded it?")
+        first = next(response.response_gen)
+        response.response_gen.close()
+    else:
+
+        async def main() -> str:
+            response = await engine.aquery("Who founded it?")
+            gen = response.response_gen
+            piece = await gen.__anext__()
+            await gen.aclose()
+            return str(piece)
+
+        first = asyncio.run(main())
+    assert first == "Maybe"
+    root, children, labels = tree(exporter)  # the GUARDRAIL span ended, with its open generation span
+    a = root.attributes or {}
+    assert a["logtoku.abandoned"] is True and "closed by the caller" in str(a["logtoku.reason"])
+    assert "logtoku.action" not in a and labels == [] and root.status.status_code == StatusCode.UNSET
+    assert children == ["retrieve", "chat scripted"]
+    assert all(s.end_time is not None for s in exporter.get_finished_spans())

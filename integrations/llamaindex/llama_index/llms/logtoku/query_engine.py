@@ -29,7 +29,7 @@ Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTo
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -48,18 +48,17 @@ from logtoku_guard.guard import Attempt, Conclude, Guard, GuardResult, GuardTimi
 from logtoku_guard.policy import Decision, Policy
 from logtoku_guard.types import Generation
 
+from ._live import alive, live
 from ._responses import (
     QueryRun as _Run,
 )
 from ._responses import (
-    apieces,
     async_iter,
     atext_of,
     empty_async,
     policy_uses_quantiles,
     resolve_llm,
     sync_iter,
-    tail,
     text_of,
     traced_query,
     wider_engines,
@@ -213,7 +212,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         capture, response = self._synthesize(run, self._engine, query_bundle, nodes)
         if isinstance(response, StreamingResponse) and self._stream_mode == "live":
             out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
-            out.response_gen = self._live(run, query_bundle, nodes, capture, response, out)
+            out.response_gen = live(self, run, query_bundle, nodes, capture, response, out)
             return out
         while True:
             decision = self._judge(run, nodes, capture, text_of(response), response)
@@ -239,7 +238,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         streaming = isinstance(response, (StreamingResponse, AsyncStreamingResponse))
         if streaming and self._stream_mode == "live":
             out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
-            out.response_gen = self._alive(run, query_bundle, nodes, capture, response, out)
+            out.response_gen = alive(self, run, query_bundle, nodes, capture, response, out)
             return out
         while True:
             decision = self._judge(run, nodes, capture, await atext_of(response), response)
@@ -257,69 +256,6 @@ class LogTokUQueryEngine(BaseQueryEngine):
                 response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
             )
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
-
-    # -- live streaming ---------------------------------------------------------------------
-    def _live(
-        self,
-        run: _Run,
-        query_bundle: QueryBundle,
-        nodes: list[NodeWithScore],
-        capture: GenerationCapture,
-        response: RESPONSE_TYPE,
-        out: StreamingResponse,
-    ) -> Generator[str, None, None]:
-        while True:
-            text = ""
-            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
-            for piece in pieces:
-                text += piece
-                yield piece
-                self._watch(run, capture)
-            decision = self._judge(run, nodes, capture, text, response)
-            engine, decision = self._plan(run, decision)
-            if engine is None:
-                break
-            found = self._requery(run, decision, engine, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-            yield "\n\n"
-        result = self._act(run, decision)
-        out.source_nodes[:] = run.nodes[-1]
-        out.metadata = run.metadata
-        yield from tail(run.texts[-1], result.answer)
-
-    async def _alive(
-        self,
-        run: _Run,
-        query_bundle: QueryBundle,
-        nodes: list[NodeWithScore],
-        capture: GenerationCapture,
-        response: RESPONSE_TYPE,
-        out: AsyncStreamingResponse,
-    ) -> AsyncGenerator[str, None]:
-        while True:
-            text = ""
-            async for piece in apieces(response):
-                text += piece
-                yield piece
-                self._watch(run, capture)
-            decision = self._judge(run, nodes, capture, text, response)
-            engine, decision = self._plan(run, decision)
-            if engine is None:
-                break
-            found = await self._arequery(run, decision, engine, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-            yield "\n\n"
-        result = self._act(run, decision)
-        out.source_nodes[:] = run.nodes[-1]
-        out.metadata = run.metadata
-        for piece in tail(run.texts[-1], result.answer):
-            yield piece
 
     def _watch(self, run: _Run, capture: GenerationCapture) -> None:
         """Stop the generation being streamed as soon as an ``early_stop`` rule fires on its prefix."""

@@ -1,0 +1,115 @@
+"""``stream_mode="live"`` of :class:`~llama_index.llms.logtoku.LogTokUQueryEngine`.
+
+The first answer's pieces pass through as they come (an ``early_stop`` rule may cut them
+short); once the answer ends the guard judges it, re-queries while the policy allows, and the
+tail of the final answer follows. A caller that closes the stream before it ends (``close()``,
+``aclose()``, a ``break`` out of the loop) stops the generation being streamed and ends the
+query's GUARDRAIL span, marked ``logtoku.abandoned``, with its open generation span: no decision
+is made, so nothing is recorded and no retrieval is spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Generator
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.response.schema import RESPONSE_TYPE, AsyncStreamingResponse, StreamingResponse
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from logtoku_guard.capture import GenerationCapture
+from logtoku_guard.policy import Decision
+
+from ._responses import QueryRun, apieces, tail, text_of
+
+if TYPE_CHECKING:
+    from .query_engine import LogTokUQueryEngine
+
+__all__ = ["ABANDONED", "alive", "live"]
+
+ABANDONED = "stream closed by the caller before the guard decided"
+
+
+def _abandon(run: QueryRun, capture: GenerationCapture, pieces: Any) -> None:
+    """Stop the generation being streamed and end the query's open spans (no decision)."""
+    close = getattr(pieces, "close", None)
+    if close is not None:
+        close()
+    run.generating.end_with(capture.last)
+    run.span.abandon(ABANDONED)
+
+
+def live(
+    engine: LogTokUQueryEngine,
+    run: QueryRun,
+    query_bundle: QueryBundle,
+    nodes: list[NodeWithScore],
+    capture: GenerationCapture,
+    response: RESPONSE_TYPE,
+    out: StreamingResponse,
+) -> Generator[str, None, None]:
+    pieces: Any = None
+    try:
+        while True:
+            text = ""
+            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
+            for piece in pieces:
+                text += piece
+                yield piece
+                engine._watch(run, capture)
+            decision = engine._judge(run, nodes, capture, text, response)
+            step, decision = engine._plan(run, decision)
+            if step is None:
+                break
+            found = engine._requery(run, decision, step, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+            yield "\n\n"
+    except GeneratorExit:
+        _abandon(run, capture, pieces)
+        raise
+    result = engine._act(run, decision)
+    out.source_nodes[:] = run.nodes[-1]
+    out.metadata = run.metadata
+    yield from tail(run.texts[-1], result.answer)
+
+
+async def alive(
+    engine: LogTokUQueryEngine,
+    run: QueryRun,
+    query_bundle: QueryBundle,
+    nodes: list[NodeWithScore],
+    capture: GenerationCapture,
+    response: RESPONSE_TYPE,
+    out: AsyncStreamingResponse,
+) -> AsyncGenerator[str, None]:
+    pieces: Any = None
+    try:
+        while True:
+            text = ""
+            pieces = apieces(response)
+            async for piece in pieces:
+                text += piece
+                yield piece
+                engine._watch(run, capture)
+            decision = engine._judge(run, nodes, capture, text, response)
+            step, decision = engine._plan(run, decision)
+            if step is None:
+                break
+            found = await engine._arequery(run, decision, step, query_bundle)
+            if isinstance(found, Decision):
+                decision = found
+                break
+            nodes, capture, response = found
+            yield "\n\n"
+    except GeneratorExit:
+        if pieces is not None:
+            await pieces.aclose()  # closes the response's own stream in turn
+        _abandon(run, capture, None)
+        raise
+    result = engine._act(run, decision)
+    out.source_nodes[:] = run.nodes[-1]
+    out.metadata = run.metadata
+    for piece in tail(run.texts[-1], result.answer):
+        yield piece
