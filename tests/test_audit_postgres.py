@@ -148,3 +148,47 @@ def test_no_server_is_a_skip_with_the_reason_and_an_error_under_ci(monkeypatch: 
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"no initdb/pg_ctl found \(CI=true: .* must run there, not skip\)"):
         postgres.start_or_skip()
+
+
+def test_a_server_side_disconnect_costs_no_failed_write(store: AuditStore, postgres_server: PostgresServer) -> None:
+    # A server restart or an idle timeout closes pooled connections; the next use must not fail.
+    store.record(rec(prompt="before"))
+    with sa.create_engine(postgres_server.url("postgres")).connect() as admin:
+        killed = admin.exec_driver_sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %(db)s AND pid <> pg_backend_pid()",
+            {"db": store.engine.url.database},
+        ).scalar()
+    assert killed and killed >= 1  # the store's pooled connection was there, and is gone
+    store.record(rec(prompt="after"))
+    assert store.count() == 2
+
+
+def test_reviewer_registries_opened_at_once_on_a_new_database_all_succeed(postgres_server: PostgresServer) -> None:
+    import threading
+
+    from logtoku_guard.audit.reviewers import ReviewerRegistry
+
+    for _ in range(3):  # a race needs a few tries to show; each round a new database
+        url = postgres_server.new_database()
+        with AuditStore(url):
+            pass  # the audit tables exist; the reviewers table does not yet
+        barrier = threading.Barrier(6)
+        outcomes: list[object] = []
+
+        def open_registry(
+            k: int, url: str = url, barrier: threading.Barrier = barrier, outcomes: list[object] = outcomes
+        ) -> None:
+            try:
+                with AuditStore(url) as s:
+                    barrier.wait()
+                    ReviewerRegistry(s).add(f"reviewer{k}")
+                outcomes.append("ok")
+            except BaseException as e:  # reported by the assertion below
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=open_registry, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert outcomes == ["ok"] * 6

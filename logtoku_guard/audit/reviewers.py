@@ -73,6 +73,7 @@ class ReviewerRegistry:
     def __init__(self, store: AuditStore) -> None:
         self.store = store
         with store._transaction("create the reviewers table of", write=True) as conn:
+            store._lock_schema(conn)  # registries opened at once on a new database: one creates the table
             _reviewer_metadata.create_all(conn)
 
     @staticmethod

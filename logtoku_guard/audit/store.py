@@ -14,7 +14,9 @@ Python and stored as naive UTC.
 Schema: ``audit_meta`` holds ``SCHEMA_VERSION``; a store of another version is refused with a
 message saying which side is newer, before anything is created or altered. On PostgreSQL,
 opening holds a transaction-scoped advisory lock while it checks and creates the tables, so
-processes opening a new database at once all succeed (on SQLite, ``BEGIN IMMEDIATE`` does it).
+processes opening a new database at once all succeed (on SQLite, ``BEGIN IMMEDIATE`` does it);
+the reviewers table takes the same lock. Pooled PostgreSQL connections are pinged before use,
+so a server restart costs no failed write.
 Concurrent writers need nothing more there: each transition is one row-locked ``UPDATE``.
 
 SQLite settings, on every connection: ``journal_mode=WAL`` (readers never block the writer),
@@ -220,7 +222,9 @@ class AuditStore(ReviewQueue):
         # the sleep-and-retry of busy_timeout (which still arbitrates between processes).
         self._write_lock = threading.Lock()
         try:
-            self._engine: Engine = sa.create_engine(url, json_serializer=_json_dumps)
+            # pre-ping: a pooled connection that a server restart or an idle timeout closed is
+            # replaced before use instead of failing the next write (SQLite has no server)
+            self._engine: Engine = sa.create_engine(url, json_serializer=_json_dumps, pool_pre_ping=not self._sqlite)
         except ImportError as e:
             msg = (
                 f"the database driver for {self.url} is not installed ({e}); install it, "
@@ -236,8 +240,7 @@ class AuditStore(ReviewQueue):
             if self._file is not None and not _files.check_existing(self._file, self._fix(OSError())):
                 _files.create_store_file(self._file, _init_tables, self._fix(OSError()))
             with self._transaction("create the tables of", write=True) as conn:
-                if not self._sqlite:  # one opener at a time creates the tables (SQLite: BEGIN IMMEDIATE)
-                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+                self._lock_schema(conn)
                 has_meta = sa.inspect(conn).has_table(_meta.name)
                 if self._file is not None and not has_meta:
                     msg = (
@@ -292,6 +295,12 @@ class AuditStore(ReviewQueue):
                 "space; or pass another path, e.g. AuditStore('/writable/folder/audit.db'), or a database URL"
             )
         return "check that the database server is reachable, the URL and credentials are right and the user may create tables"
+
+    def _lock_schema(self, conn: Connection) -> None:
+        """Let one opener at a time create or alter tables, until ``conn``'s transaction ends
+        (PostgreSQL: a transaction-scoped advisory lock; SQLite: its write transaction does it)."""
+        if not self._sqlite:
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
 
     @contextmanager
     def _transaction(self, action: str, *, write: bool) -> Iterator[Connection]:
