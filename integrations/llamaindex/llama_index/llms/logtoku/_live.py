@@ -38,6 +38,16 @@ def _abandon(run: QueryRun, capture: GenerationCapture, pieces: Any) -> None:
     run.span.abandon(ABANDONED)
 
 
+def _conclude(
+    engine: LogTokUQueryEngine, run: QueryRun, decision: Decision, out: StreamingResponse | AsyncStreamingResponse
+) -> list[str]:
+    """Act on ``decision``, fill the response's final nodes and metadata; the pieces still to stream."""
+    result = engine._act(run, decision)
+    out.source_nodes[:] = run.nodes[-1]
+    out.metadata = run.metadata
+    return tail(run.texts[-1], result.answer)
+
+
 def live(
     engine: LogTokUQueryEngine,
     run: QueryRun,
@@ -69,10 +79,7 @@ def live(
     except GeneratorExit:
         _abandon(run, capture, pieces)
         raise
-    result = engine._act(run, decision)
-    out.source_nodes[:] = run.nodes[-1]
-    out.metadata = run.metadata
-    yield from tail(run.texts[-1], result.answer)
+    yield from _conclude(engine, run, decision, out)
 
 
 async def alive(
@@ -105,11 +112,8 @@ async def alive(
             yield "\n\n"
     except GeneratorExit:
         if pieces is not None:
-            await pieces.aclose()  # closes the response's own stream in turn
+            await pieces.aclose()  # ends the loop over the response's own stream, which is finalised with it
         _abandon(run, capture, None)
         raise
-    result = engine._act(run, decision)
-    out.source_nodes[:] = run.nodes[-1]
-    out.metadata = run.metadata
-    for piece in tail(run.texts[-1], result.answer):
+    for piece in _conclude(engine, run, decision, out):
         yield piece
