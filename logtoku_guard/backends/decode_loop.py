@@ -9,9 +9,11 @@
    from the mask: each row counts its own tokens, whatever its padding);
 2. **join**: jobs queued meanwhile (:meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`)
    are prefilled together (one forward over their left-padded prompts, the question's tokens
-   scored on the way: :mod:`~logtoku_guard.backends.prompt_capture`) and their KV cache is
-   merged into the running one (the shorter side left-padded with masked zeros, then
-   concatenated on the batch axis);
+   scored on the way: :mod:`~logtoku_guard.backends.prompt_capture`; prompts that begin with
+   a cached prefix, the chat template and system prompt, prefill only the rest of their
+   tokens on top of its keys and values: :mod:`~logtoku_guard.backends.prefix_cache`) and
+   their KV cache is merged into the running one (the shorter side left-padded with masked
+   zeros, then concatenated on the batch axis);
 3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
    logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
    stop strings, streaming, each row's end), then through the logits processors to the next
@@ -33,12 +35,14 @@ cannot be merged: its batch still loses its ended rows, but nothing joins it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
 from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch
 from logtoku_guard.backends.recorder import Row, StepRecorder
@@ -102,8 +106,10 @@ class KVBatch:
     """The running batch's model state: ``mask`` ``(rows, columns)`` long (1 = a real token,
     left padding), ``last`` ``(rows,)`` the token each row feeds next, ``cache`` the model's.
 
-    Every row's tokens fill the rightmost columns of the mask and of the cache (padding on the
-    left only), so merging and cutting work on whole columns.
+    Padding sits on the left of each row, and also between a cached prompt prefix and the rest
+    of a shorter prompt (rows prefilled on a prefix: :mod:`~logtoku_guard.backends.prefix_cache`).
+    Positions are counted from the mask (a row's real tokens so far), so merging and cutting
+    work on whole columns wherever the padding lies.
     """
 
     def __init__(self) -> None:
@@ -134,7 +140,7 @@ class KVBatch:
             ours.values = torch.cat([_pad_left(ours.values, width - mine, 2), _pad_left(new.values, width - theirs, 2)])
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in this order); cut the leading columns that only padding fills."""
+        """Keep only ``rows`` (in this order); cut the columns that only padding fills."""
         import torch
 
         if self.mask is None or self.last is None:
@@ -145,11 +151,26 @@ class KVBatch:
         index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
         self.mask, self.last = self.mask[index], self.last[index]
         self.cache.batch_select_indices(index)
-        cut = int(self.mask.any(dim=0).int().argmax())  # the first column some row uses
-        if cut and self.mergeable:
-            self.mask = self.mask[:, cut:]
+        used = self.mask.any(dim=0)
+        if not self.mergeable or bool(used.all()):
+            return
+        cols = used.nonzero().squeeze(1)
+        first, count = int(cols[0]), len(cols)
+        if int(cols[-1]) - first + 1 == count:  # only leading columns to cut: views, no copy
+            self.mask = self.mask[:, first:]
             for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            return
+        self.mask = self.mask[:, cols]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, cols], layer.values[:, :, cols]
+
+
+def _shift(span: QuestionSpan | None, n: int) -> QuestionSpan | None:
+    """``span`` in a prompt whose first ``n`` tokens were cut off (they come from the prefix cache)."""
+    if span is None or not n:
+        return span
+    return dataclasses.replace(span, start=span.start - n, end=span.end - n)
 
 
 def _mergeable(cache: Any) -> bool:
@@ -171,6 +192,8 @@ class DecodeLoop:
         take_joiners: ``take_joiners(live_rows)`` returns the jobs that join now (the
             batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`).
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
+        prefix_cache: the backend's store of prompt-prefix KV caches (None: every prompt is
+            prefilled whole).
     """
 
     def __init__(
@@ -181,6 +204,7 @@ class DecodeLoop:
         options: DecodingOptions,
         take_joiners: Callable[[int], list[Job]],
         finish: Callable[[LiveRow], Generation],
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         import inspect
 
@@ -189,6 +213,7 @@ class DecodeLoop:
         self.options = options
         self.take_joiners = take_joiners
         self.finish = finish
+        self.prefix_cache = prefix_cache
         self.pad = int(tokenizer.pad_token_id)
         self.device = model.device
         self.batch = KVBatch()
@@ -254,34 +279,70 @@ class DecodeLoop:
         return out.logits[:, -1, :]
 
     def _prefill(self, jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Prefill ``jobs``' prompts together and merge them into the running batch.
+        """Prefill ``jobs``' prompts and merge them into the running batch.
 
-        Returns their first-token ``(rows, vocab)`` logits and last prompt tokens, or None
-        when the prefill failed (each of these jobs then fails with the error; the running
-        rows go on).
+        Rows whose prompts begin with the same cacheable prefix
+        (:func:`~logtoku_guard.backends.prefix_cache.prefix_length`) are prefilled together in
+        one forward over the rest of their prompts, on top of the prefix's cached keys and
+        values (computed once, on a miss). Returns their first-token ``(rows, vocab)`` logits
+        and last prompt tokens, or None when every prefill failed (the jobs of a failed group
+        fail with its error; the running rows go on).
         """
         import torch
 
-        rows = [(job, i, p) for job in jobs for i, p in enumerate(job.rows)]
-        longest = max(len(p.ids) for _, _, p in rows)
-        ids = torch.tensor([[self.pad] * (longest - len(p.ids)) + p.ids for _, _, p in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (longest - len(p.ids)) + [1] * len(p.ids) for _, _, p in rows], dtype=torch.long)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=-1) - 1).masked_fill(mask == 0, 0)  # as generate() derives them
-        spans = [(p.span, longest - len(p.ids)) for _, _, p in rows]
-        capture = for_batch(self.model, ids, spans, self.scoring.k, self.scoring.evidence) if self.scoring.score_prompt else None
-        handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+        groups: dict[tuple[int, ...], list[tuple[Job, int, PreparedRow]]] = {}
+        for job in jobs:
+            for i, p in enumerate(job.rows):
+                n = prefix_length(p.span) if self.prefix_cache is not None else 0
+                groups.setdefault(tuple(p.ids[:n]), []).append((job, i, p))
+        parts = [part for key, rows in groups.items() if (part := self._prefill_group(key, rows)) is not None]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([logits for logits, _ in parts]), torch.cat([last for _, last in parts])
+
+    def _prefill_group(
+        self, key: tuple[int, ...], rows: list[tuple[Job, int, PreparedRow]]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Prefill ``rows``, whose prompts all begin with the tokens ``key``, in one forward."""
+        import torch
+        from transformers import DynamicCache
+
         start = time.perf_counter()
         try:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last)
+            prefix = self._prefix(key) if key else None
+            n = len(key) if prefix is not None else 0
+            rest = [p.ids[n:] for _, _, p in rows]
+            longest = max(len(r) for r in rest)
+            ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest], dtype=torch.long).to(self.device)
+            own = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rest], dtype=torch.long).to(self.device)
+            positions = (own.cumsum(dim=-1) - 1 + n).masked_fill(own == 0, 0)  # as generate() derives them
+            mask, past = own, None
+            if prefix is not None:
+                mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
+                past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
+            spans = [(_shift(p.span, n), longest - len(r)) for (_, _, p), r in zip(rows, rest, strict=True)]
+            score = self.scoring.score_prompt
+            capture = for_batch(self.model, ids, spans, self.scoring.k, self.scoring.evidence) if score else None
+            handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+            try:
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=past,
+                    use_cache=True,
+                    **self.keep_last,
+                )
+            finally:
+                if handle is not None:
+                    handle.remove()
         except Exception as exc:  # handed to these requests; the running rows go on
-            for job in jobs:
+            for job, _, _ in rows:
                 if not job.future.done():
                     job.future.set_exception(exc)
             return None
-        finally:
-            if handle is not None:
-                handle.remove()
         self.batch.extend(mask, out.past_key_values)
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel)
@@ -292,6 +353,34 @@ class DecodeLoop:
             self.live.append(row)
             self.recorder.rows.append(state)
         return out.logits[:, -1, :], ids[:, -1]
+
+    def _prefix(self, key: tuple[int, ...]) -> tuple[tuple[torch.Tensor, torch.Tensor], ...] | None:
+        """The cached keys and values of the prompt prefix ``key`` (prefilled now on a miss);
+        None when the model's cache cannot be reused this way (then prefix caching stops)."""
+        import torch
+
+        if self.prefix_cache is None:
+            return None
+        layers = self.prefix_cache.get(key)
+        if layers is None:
+            get_decoder = getattr(self.model, "get_decoder", None)
+            decoder = get_decoder() if callable(get_decoder) else None
+            if decoder is None:
+                self.prefix_cache = None  # no decoder to run without the output head
+                return None
+            ids = torch.tensor([key], dtype=torch.long, device=self.device)
+            out = decoder(  # keys and values only: the output head is not needed
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                position_ids=torch.arange(len(key), device=self.device)[None],
+                use_cache=True,
+            )
+            if not _mergeable(out.past_key_values):
+                self.prefix_cache = None  # sliding-window or hybrid cache: whole prompts from now on
+                return None
+            layers = tuple((layer.keys, layer.values) for layer in out.past_key_values.layers)
+            self.prefix_cache.put(key, layers)
+        return layers
 
     def _choose(self, logits: torch.Tensor, fed: torch.Tensor) -> None:
         """Record the step's raw logits, pick each row's next token, let the recorder end rows."""

@@ -35,6 +35,7 @@ from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
+from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.prompt_capture import question_span
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
@@ -123,6 +124,9 @@ class TransformersBackend:
         threads: torch intra-op threads while generating (:func:`default_threads`: this,
             else ``$LOGTOKU_GUARD_THREADS``, else 1 on <= 2 CPUs, half the CPUs up to 8
             otherwise; 0 keeps torch's setting). torch's setting is process-wide.
+        prefix_cache_mb: MiB of prompt-prefix KV caches kept (the chat template's opening and
+            the system prompt, prefilled once and reused by every prompt that begins with them:
+            :mod:`logtoku_guard.backends.prefix_cache`); 0 prefills every prompt whole.
     """
 
     def __init__(
@@ -141,8 +145,13 @@ class TransformersBackend:
         tokenizer: Any = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         threads: int | None = None,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
     ) -> None:
         validate_k(k)
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
+            msg = f"prefix_cache_mb must be a whole number of MiB >= 0 (0 disables prefix caching), got {prefix_cache_mb!r}"
+            raise ConfigurationError(msg)
+        self._prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             msg = f"max_batch must be a whole number >= 1, got {max_batch!r}"
             raise ConfigurationError(msg)
@@ -227,6 +236,11 @@ class TransformersBackend:
     @property
     def max_batch(self) -> int:
         return self._batcher.max_batch
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The store of prompt-prefix KV caches (None: disabled with ``prefix_cache_mb=0``)."""
+        return self._prefix_cache
 
     @property
     def threads(self) -> int | None:
@@ -359,7 +373,15 @@ class TransformersBackend:
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
         scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids, self.score_prompt)
-        loop = DecodeLoop(self._model, self._tokenizer, scoring, jobs[0].options, self._batcher.take_joiners, self._generation)
+        loop = DecodeLoop(
+            self._model,
+            self._tokenizer,
+            scoring,
+            jobs[0].options,
+            self._batcher.take_joiners,
+            self._generation,
+            self._prefix_cache,
+        )
         loop.run(jobs)
 
     def _generation(self, row: LiveRow) -> Generation:

@@ -1,7 +1,8 @@
 """The ``logtoku-guard serve`` command (a typer function; the CLI registers it).
 
 logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ...]
-                    [--max-batch 8] [--threads N] [--policy policy.yaml] [--max-tokens 1024] ...
+                    [--max-batch 8] [--threads N] [--prefix-cache-mb 64] [--policy policy.yaml]
+                    [--max-tokens 1024] ...
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N
 
 
@@ -35,6 +37,10 @@ def serve(
             help="torch CPU threads for generation (default: 1 on <= 2 CPUs, else half the CPUs up to 8; 0: torch's).",
         ),
     ] = None,
+    prefix_cache_mb: Annotated[
+        int,
+        typer.Option(help="MiB of prompt-prefix KV caches kept (chat template + system prompt prefilled once; 0: off)."),
+    ] = DEFAULT_PREFIX_CACHE_MB,
     policy: Annotated[Path | None, typer.Option(help="Guard every answer with this policy (YAML or JSON).")] = None,
     profile: Annotated[Path | None, typer.Option(help="Model profile JSON, for a policy with quantile thresholds.")] = None,
     top_k: Annotated[
@@ -61,6 +67,9 @@ def serve(
         if max_batch < 1:
             msg = f"--max-batch must be at least 1, got {max_batch}"
             raise ConfigurationError(msg)
+        if prefix_cache_mb < 0:
+            msg = f"--prefix-cache-mb must be >= 0 (0 disables prefix caching), got {prefix_cache_mb}"
+            raise ConfigurationError(msg)
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
@@ -84,6 +93,7 @@ def serve(
             cache_dir=cache_dir,
             max_batch=max_batch,
             threads=threads,
+            prefix_cache_mb=prefix_cache_mb,
         )
         if pol is not None and prof is None and pol.uses_quantiles():
             from logtoku_guard.calibration import load_profile_for
