@@ -67,6 +67,31 @@ def test_prompt_scores_in_a_padded_batch_match_single_prompts(tiny_backend: Any)
         assert [t.logprob for t in g.prompt_scores] == pytest.approx([t.logprob for t in single.prompt_scores], abs=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_long_questions_scored_by_the_hook_in_chunks_equal_the_kept_logits(
+    tiny_backend: Any, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """More question positions than CHUNK: the decoder hook scores them in chunks of CHUNK,
+    with the same result as the logits the prefill keeps for short questions."""
+    from logtoku_guard.backends import prompt_capture
+
+    prompts = ["Paris is a city", "What is the capital of Italy? Rome."]
+    kept = tiny_backend.batch(prompts, DecodingOptions(max_new_tokens=2))
+    assert all(g.prompt_scores for g in kept)
+    calls: list[int] = []
+    hook = prompt_capture.PromptCapture.hook
+    monkeypatch.setattr(prompt_capture.PromptCapture, "hook", lambda self, *a: (calls.append(1), hook(self, *a))[1])
+    monkeypatch.setattr(prompt_capture, "CHUNK", chunk)
+    chunked = tiny_backend.batch(prompts, DecodingOptions(max_new_tokens=2))
+    assert calls  # the hook path ran
+    for a, b in zip(kept, chunked, strict=True):
+        assert [t.id for t in a.prompt_scores] == [t.id for t in b.prompt_scores]
+        assert [t.text for t in a.prompt_scores] == [t.text for t in b.prompt_scores]
+        for x, y in zip(a.prompt_scores, b.prompt_scores, strict=True):
+            assert (x.logprob, x.entropy, x.au, x.eu) == pytest.approx((y.logprob, y.entropy, y.au, y.eu), abs=1e-4)
+            assert x.top_ids == y.top_ids and x.top_logits == pytest.approx(y.top_logits, abs=1e-4)
+
+
 def test_focus_tokens_keeps_the_question_only() -> None:
     rec = _record("q1", "Who wrote Zorblax?", known=False, prefix="Answer concisely. Q: ", suffix=" A:")
     gen = generation_from_cached(rec, "m")

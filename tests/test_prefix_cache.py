@@ -133,3 +133,28 @@ def test_a_bad_bound_is_refused_with_the_fix(tiny_tokenizer: Any, bad: Any) -> N
         TransformersBackend("tiny", model_obj=model, tokenizer=tiny_tokenizer, prefix_cache_mb=bad)
     with pytest.raises(ValueError, match="max_bytes must be a whole number of bytes"):
         PrefixCache(bad if bad != 1.5 else -5)
+
+
+def test_prompt_scoring_is_each_requests_own_setting_when_it_joins(tiny_tokenizer: Any) -> None:
+    """``score_prompt`` is read when a request is made: a request that joins a batch started
+    with the other setting keeps its own (a benchmark toggling it between requests measures
+    what it asks for)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.joins import queued
+    from support.same import wait_until
+
+    backend, gate, _ = gated(tiny_tokenizer, seed=6)
+    stream = backend.stream("Count from one to ten, slowly", DecodingOptions(max_new_tokens=20))
+    tokens = iter(stream)
+    head = [next(tokens) for _ in range(3)]
+    backend.score_prompt = False
+    joins = backend._batcher.joins
+    with ThreadPoolExecutor(1) as pool:
+        with gate.held():
+            joiner = pool.submit(backend.generate, QUESTIONS[1], OPTIONS)
+            wait_until(lambda: queued(backend) == 1, "the joiner to queue")
+        assert len(head) + len(list(tokens)) == len(stream.generation.tokens)
+        joined = joiner.result(60)
+    assert backend._batcher.joins == joins + 1
+    assert stream.generation.prompt_scores and not joined.prompt_scores

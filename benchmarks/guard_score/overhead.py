@@ -2,14 +2,18 @@
 
 Runs the same questions with prompt scoring on and off (alternating, after a warm-up), and
 times the new statistics (ResponseStats with prompt/word statistics + guard score) against
-the generation itself. Prints the ratios.
+the generation itself. Prints the ratios: wall time (time to first token, whole answer) and,
+steadier on a shared machine, the **paired CPU time** of each question's two runs (the same
+tokens are generated either way; ``time.process_time`` counts the batcher's worker thread):
+the median of the per-question ratios with its interquartile range, and the ratio of the sums.
 
-    LOGTOKU_GUARD_CACHE=... python benchmarks/guard_score/overhead.py [--n 12] [--max-new-tokens 32]
+    LOGTOKU_GUARD_CACHE=... python benchmarks/guard_score/overhead.py [--n 12] [--max-new-tokens 32] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,6 +29,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each question with scoring on and with it off")
     args = ap.parse_args()
     backend = TransformersBackend(device=args.device)
     items = load_fabricated("test")
@@ -32,15 +37,21 @@ def main() -> None:
     opts = DecodingOptions(max_new_tokens=args.max_new_tokens)
     backend.generate(questions[0], opts)  # warm-up
     on, off, first_on, first_off, stat_s = [], [], [], [], []
+    cpu_on, cpu_off = [], []
     gens = []
-    for q in questions:
+    for q in questions * args.repeats:
         for flag in (False, True) if len(on) % 2 else (True, False):
-            backend.score_prompt = flag
+            backend.score_prompt = flag  # read when the request is made
+            c = time.process_time()
             g = backend.generate(q, opts)
+            (cpu_on if flag else cpu_off).append(time.process_time() - c)
             (on if flag else off).append(g.timings.total_s)
             (first_on if flag else first_off).append(g.timings.first_token_s or 0.0)
             if flag:
+                assert g.prompt_scores, "prompt scoring was asked for and did not run"
                 gens.append(g)
+            else:
+                assert not g.prompt_scores, "prompt scoring ran when it was off"
     rows = [ResponseStats.from_generation(g) for g in gens]
     guard = fit_guard(rows, [i < len(rows) // 2 for i in range(len(rows))], ["overhead-bench"], folds=0)
     for g in gens:
@@ -62,6 +73,14 @@ def main() -> None:
     ratio = m(on) / m(off)
     print(f"median total answer time: off {m(off):.4f} s, on {m(on):.4f} s, ratio {ratio:.3f}")
     print(f"sum total answer time: off {sum(off):.3f} s, on {sum(on):.3f} s, ratio {sum(on) / sum(off):.3f}")
+    paired = sorted(a / b for a, b in zip(cpu_on, cpu_off, strict=True))
+    q1, q3 = statistics.quantiles(paired, n=4)[0], statistics.quantiles(paired, n=4)[2]
+    print(
+        f"paired CPU time (scoring on / off, per question): median {m(paired):.4f} (IQR {q1:.4f}..{q3:.4f}, "
+        f"min..max {paired[0]:.4f}..{paired[-1]:.4f}); sums {sum(cpu_on):.3f} / {sum(cpu_off):.3f} s = "
+        f"{sum(cpu_on) / sum(cpu_off):.4f} (target < 1.02)"
+    )
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     extra = m(stat_s) - m(t_base)
     print(
         f"new statistics + guard score: median {1000 * m(stat_s):.2f} ms vs {1000 * m(t_base):.2f} ms before "

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.backends.batching import Job
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
-from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch
+from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode
@@ -63,6 +63,7 @@ class PreparedRow:
     ids: list[int]
     limit: int  # its max_new_tokens, clamped to the context window
     span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
+    score_prompt: bool = True  # score the question's tokens at prefill (Generation.prompt_scores)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,6 @@ class Scoring:
     evidence: EvidenceMode
     max_logprobs: int
     eos_ids: frozenset[int]
-    score_prompt: bool = True
 
 
 @dataclass(eq=False)
@@ -322,10 +322,17 @@ class DecodeLoop:
             if prefix is not None:
                 mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
                 past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
-            spans = [(_shift(p.span, n), longest - len(r)) for (_, _, p), r in zip(rows, rest, strict=True)]
-            score = self.scoring.score_prompt
-            capture = for_batch(self.model, ids, spans, self.scoring.k, self.scoring.evidence) if score else None
+            spans = shift_spans(
+                [
+                    (_shift(p.span, n) if p.score_prompt else None, longest - len(r))
+                    for (_, _, p), r in zip(rows, rest, strict=True)
+                ]
+            )
+            score, k, evidence = any(span is not None for span in spans), self.scoring.k, self.scoring.evidence
+            keep = kept_positions(spans, longest) if score and self.keep_last else None
+            capture = for_batch(self.model, ids, spans, k, evidence) if score and keep is None else None
             handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+            logits_to_keep = {"logits_to_keep": torch.tensor(keep, device=self.device)} if keep else self.keep_last
             try:
                 out = self.model(
                     input_ids=ids,
@@ -333,11 +340,15 @@ class DecodeLoop:
                     position_ids=positions,
                     past_key_values=past,
                     use_cache=True,
-                    **self.keep_last,
+                    **logits_to_keep,
                 )
             finally:
                 if handle is not None:
                     handle.remove()
+            if keep is not None:
+                prompt_scores = [score_kept(out.logits[b], keep, ids[b], span, k, evidence) for b, span in enumerate(spans)]
+            else:
+                prompt_scores = capture.scores if capture is not None else [() for _ in rows]
         except Exception as exc:  # handed to these requests; the running rows go on
             for job, _, _ in rows:
                 if not job.future.done():
@@ -346,7 +357,7 @@ class DecodeLoop:
         self.batch.extend(mask, out.past_key_values)
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel)
-            row = LiveRow(job, i, p, state, start, capture.scores[b] if capture is not None else ())
+            row = LiveRow(job, i, p, state, start, prompt_scores[b])
             if self.row_processors:
                 row.processors = self._row_processors(p.ids)
                 row.history = list(p.ids)

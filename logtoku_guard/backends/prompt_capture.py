@@ -9,10 +9,15 @@ teacher-forced: the logits at position ``i`` score the token at ``i + 1``. Each 
 gets a :class:`~logtoku_guard.types.TokenScore` exactly as an answer token does (raw top-K
 logits, AU/EU, log-probability of the actual token, entropy).
 
-Why a hook: transformers computes the logits of the last position only during ``generate``
-(``logits_to_keep=1``), and asking for all positions would keep ``prompt x vocabulary``
-floats for the whole prompt (template, retrieved passages). The hook runs the head on the
-question's positions only, in chunks, inside the same forward pass: no second forward.
+Two ways, both inside the prefill's own forward pass (no second forward). Usually the decode
+loop asks the model for the logits of the positions that predict question tokens as well as
+the last one (:func:`kept_positions`, passed as a tensor ``logits_to_keep``): the output
+head runs once over those rows (one pass over its weights for the whole batch, shared with
+the first answer token's logits), and :func:`score_kept` scores them. When there are too
+many (a long question, a large batch: more than :data:`CHUNK` rows) or the model takes no
+``logits_to_keep``, :class:`PromptCapture`, a forward hook on the decoder, applies the head to
+the question's positions itself, in chunks, so that ``prompt x vocabulary`` floats are never
+kept for the whole prompt (template, retrieved passages).
 
 :func:`question_span` finds the question (the last user turn's text) in the rendered prompt
 and maps it to token positions through the fast tokenizer's character offsets.
@@ -31,10 +36,10 @@ from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PromptCapture", "QuestionSpan", "for_batch", "question_span"]
+__all__ = ["PromptCapture", "QuestionSpan", "for_batch", "kept_positions", "question_span", "score_kept", "shift_spans"]
 
 CHUNK = 256
-"""Positions sent through the output head at once (bounds the ``chunk x vocabulary`` buffer)."""
+"""Rows sent through the output head at once (bounds the ``chunk x vocabulary`` buffer)."""
 
 
 @dataclass(frozen=True)
@@ -129,42 +134,81 @@ class PromptCapture:
         out: list[TokenScore] = []
         for lo in range(first, span.end, CHUNK):
             hi = min(lo + CHUNK, span.end)
-            logits = self.logits(hidden[lo - 1 : hi - 1])
-            target = ids[lo:hi].to(logits.device)
-            values, top_ids = logits.topk(self.k, dim=-1)
-            au, eu = logtoku(values, self.evidence)
-            lse, entropy = logsumexp_entropy(logits)
-            logprob = logits.gather(-1, target[:, None]).squeeze(-1) - lse
-            rows = zip(
-                target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist()
-            )
-            for j, (tid, v, ti, a, e, lp, h) in enumerate(rows):
-                pos = lo + j
-                out.append(
-                    TokenScore(
-                        index=pos - span.start,
-                        id=int(tid),
-                        text=span.texts[pos - span.start],
-                        top_logits=tuple(v),
-                        top_ids=tuple(ti),
-                        au=a,
-                        eu=e,
-                        logprob=lp,
-                        entropy=h,
-                    )
-                )
+            out.extend(_score(self.logits(hidden[lo - 1 : hi - 1]), ids[lo:hi], span, lo, self.k, self.evidence))
         return tuple(out)
 
 
-def for_batch(
-    model: Any, input_ids: torch.Tensor, spans: Sequence[tuple[QuestionSpan | None, int]], k: int, evidence: EvidenceMode
-) -> PromptCapture | None:
-    """The capture for a left-padded batch: ``spans`` holds each row's span in its own ids and
-    its left padding. None when no row has a span or the model has no decoder module to hook."""
-    get_decoder = getattr(model, "get_decoder", None)
-    if not callable(get_decoder) or get_decoder() is None or all(span is None for span, _ in spans):
+def _score(
+    logits: torch.Tensor, target: torch.Tensor, span: QuestionSpan, lo: int, k: int, evidence: EvidenceMode
+) -> list[TokenScore]:
+    """The question tokens ``target`` (at positions ``lo, lo + 1...``) scored by ``logits``, the
+    raw float32 logits of the positions just before each."""
+    target = target.to(logits.device)
+    values, top_ids = logits.topk(k, dim=-1)
+    au, eu = logtoku(values, evidence)
+    lse, entropy = logsumexp_entropy(logits)
+    logprob = logits.gather(-1, target[:, None]).squeeze(-1) - lse
+    rows = zip(target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist())
+    return [
+        TokenScore(
+            index=lo + j - span.start,
+            id=int(tid),
+            text=span.texts[lo + j - span.start],
+            top_logits=tuple(v),
+            top_ids=tuple(ti),
+            au=a,
+            eu=e,
+            logprob=lp,
+            entropy=h,
+        )
+        for j, (tid, v, ti, a, e, lp, h) in enumerate(rows)
+    ]
+
+
+def kept_positions(spans: Sequence[QuestionSpan | None], width: int) -> list[int] | None:
+    """The prefill positions whose logits score every row's question, then the last position
+    (``width - 1``, the first answer token's logits), sorted; None when the batch would need
+    more than :data:`CHUNK` rows of logits (then :class:`PromptCapture` scores in chunks).
+
+    ``spans`` are in the prefill's (padded) coordinates; the logits at position ``i`` score the
+    token at ``i + 1``.
+    """
+    needed = {width - 1}
+    for span in spans:
+        if span is not None:
+            needed.update(range(max(span.start, 1) - 1, span.end - 1))
+    if len(spans) * len(needed) > CHUNK:
         return None
-    shifted = [
+    return sorted(needed)
+
+
+def score_kept(
+    logits: torch.Tensor, kept: Sequence[int], ids: torch.Tensor, span: QuestionSpan | None, k: int, evidence: EvidenceMode
+) -> tuple[TokenScore, ...]:
+    """One row's question scored from the logits of the ``kept`` positions (:func:`kept_positions`).
+
+    ``logits``: that row's ``(len(kept), vocab)`` raw logits; ``ids``: its prefill token ids.
+    """
+    if span is None or span.end <= max(span.start, 1):
+        return ()
+    first = max(span.start, 1)
+    at = kept.index(first - 1)  # the row's positions are consecutive in the sorted kept ones
+    return tuple(_score(logits[at : at + span.end - first].float(), ids[first : span.end], span, first, k, evidence))
+
+
+def shift_spans(spans: Sequence[tuple[QuestionSpan | None, int]]) -> list[QuestionSpan | None]:
+    """Each row's span moved right by its left padding: ``spans`` holds ``(span, padding)``."""
+    return [
         None if span is None else dataclasses.replace(span, start=span.start + pad, end=span.end + pad) for span, pad in spans
     ]
-    return PromptCapture(model.get_output_embeddings(), model.config, input_ids, shifted, k, evidence)
+
+
+def for_batch(
+    model: Any, input_ids: torch.Tensor, spans: Sequence[QuestionSpan | None], k: int, evidence: EvidenceMode
+) -> PromptCapture | None:
+    """The capture hook for a left-padded batch (``spans`` already in its padded coordinates:
+    :func:`shift_spans`). None when no row has a span or the model has no decoder module to hook."""
+    get_decoder = getattr(model, "get_decoder", None)
+    if not callable(get_decoder) or get_decoder() is None or all(span is None for span in spans):
+        return None
+    return PromptCapture(model.get_output_embeddings(), model.config, input_ids, spans, k, evidence)

@@ -182,7 +182,7 @@ class TransformersBackend:
         self._tokenizer.padding_side = "left"
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch)
-        self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
+        self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores); read per request
         self._warned_template = False
 
     # -- properties -------------------------------------------------------------------
@@ -364,7 +364,7 @@ class TransformersBackend:
                     ctx - len(ids),
                 )
                 limit = ctx - len(ids)
-        return PreparedRow(messages, ids, limit, span)
+        return PreparedRow(messages, ids, limit, span, self.score_prompt)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
         """Run ``jobs`` (compatible options) as one continuous batch; each job completes as its rows end."""
@@ -372,7 +372,7 @@ class TransformersBackend:
 
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
-        scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids, self.score_prompt)
+        scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids)
         loop = DecodeLoop(
             self._model,
             self._tokenizer,
