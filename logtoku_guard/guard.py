@@ -270,11 +270,18 @@ class Guard:
             return self._finish(list(messages), generation, clock, stopped_early=stopped_early, span=run_span)
 
     def abandon(
-        self, messages: Sequence[ChatMessage], generation: Generation, *, started: float, generation_s: float
+        self,
+        messages: Sequence[ChatMessage],
+        generation: Generation,
+        *,
+        started: float,
+        generation_s: float,
+        attempts: Sequence[Attempt] = (),
     ) -> GuardResult:
         """Decide and record an answer whose stream the caller closed before it ended (no retrieval;
-        the reason starts "stream closed by the caller before it ended"; never raises for ``raise``)."""
-        decision = self.decide(generation)
+        the reason starts "stream closed by the caller before it ended"; never raises for ``raise``).
+        ``attempts``: those made before this one (an adapter that had re-queried already)."""
+        decision = self.decide(generation, attempts)
         why = f"stream closed by the caller before it ended ({len(generation.tokens)} token(s), {generation.finish_reason})"
         if decision.action == "retrieve":
             decision = self.give_up(decision, f"{why}: no retrieval")
@@ -282,7 +289,7 @@ class Guard:
             decision = replace(decision, reason=f"{why}; {decision.reason}")
         question = [m.content for m in messages if m.role == "user"][-1]
         timings = GuardTimings(time.perf_counter() - started, generation_s, 0.0, 0.0)
-        return self.conclude(question, decision, [Attempt(generation, decision)], timings, stopped_early=True)
+        return self.conclude(question, decision, [*attempts, Attempt(generation, decision)], timings, stopped_early=True)
 
     def backend_top_n(self) -> int:
         """The backend's ``top_n`` (tokens averaged into the response reliability)."""

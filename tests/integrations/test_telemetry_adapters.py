@@ -4,6 +4,7 @@ LlamaIndex's LogTokUQueryEngine (query, aquery, live stream) emit the core guard
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,10 +160,15 @@ def test_llamaindex_abstain_raise_and_errors(provider: TracerProvider, exporter:
 
 
 @pytest.mark.parametrize("path", ["sync", "async"])
-def test_llamaindex_live_stream_closed_early_ends_its_spans(
-    provider: TracerProvider, exporter: InMemorySpanExporter, path: str
+def test_llamaindex_live_stream_closed_early_is_decided_recorded_and_ends_its_spans(
+    provider: TracerProvider, exporter: InMemorySpanExporter, path: str, tmp_path: Path
 ) -> None:
-    engine = li_engine(provider, UNSURE, SURE, streaming=True)
+    """As the core guard's and LangChain's closed streams: the answer so far is decided (the
+    policy's retrieval becomes its fallback, nothing is retrieved) and recorded."""
+    from logtoku_guard.audit import AuditStore
+
+    store = AuditStore(tmp_path / "audit.db")
+    engine = li_engine(provider, UNSURE, SURE, streaming=True, store=store)
     if path == "sync":
         response: Any = engine.query("Who founded it?")
         first = next(response.response_gen)
@@ -178,9 +184,13 @@ def test_llamaindex_live_stream_closed_early_ends_its_spans(
 
         first = asyncio.run(main())
     assert first == "Maybe"
-    root, children, labels = tree(exporter)  # the GUARDRAIL span ended, with its open generation span
+    [record] = store.tail(5)
+    assert record.prompt == "Who founded it?" and record.action == "abstain" and record.attempts == 1
+    assert "stream closed by the caller before it ended" in record.reason and record.reason.endswith("no retrieval")
+    root, children, labels = tree(exporter)  # the GUARDRAIL span ended with the decision, and its generation span
     a = root.attributes or {}
-    assert a["logtoku.abandoned"] is True and "closed by the caller" in str(a["logtoku.reason"])
-    assert "logtoku.action" not in a and labels == [] and root.status.status_code == StatusCode.UNSET
-    assert children == ["retrieve", "chat scripted"]
+    assert a["logtoku.action"] == "abstain" and "logtoku.abandoned" not in a and labels == ["abstain"]
+    assert a["logtoku.reason"] == record.reason
+    assert children == ["retrieve", "chat scripted"]  # no re-query: nothing retrieved after the close
     assert all(s.end_time is not None for s in exporter.get_finished_spans())
+    store.close()

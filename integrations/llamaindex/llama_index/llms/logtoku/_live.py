@@ -3,9 +3,12 @@
 The first answer's pieces pass through as they come (an ``early_stop`` rule may cut them
 short); once the answer ends the guard judges it, re-queries while the policy allows, and the
 tail of the final answer follows. A caller that closes the stream before it ends (``close()``,
-``aclose()``, a ``break`` out of the loop) stops the generation being streamed and ends the
-query's GUARDRAIL span, marked ``logtoku.abandoned``, with its open generation span: no decision
-is made, so nothing is recorded and no retrieval is spent.
+``aclose()``, a ``break`` out of the loop) stops the generation being streamed; the answer so
+far is decided and recorded as the core guard's and LangChain's closed streams are
+(:meth:`~logtoku_guard.guard.Guard.abandon`: no retrieval is spent, the reason says the stream
+was closed), and the query's GUARDRAIL span ends with that decision, with its open generation
+span. Closed before any generation began: the span ends marked ``logtoku.abandoned``, nothing
+to decide.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from logtoku_guard.capture import GenerationCapture
 from logtoku_guard.policy import Decision
+from logtoku_guard.types import ChatMessage
 
 from ._responses import QueryRun, apieces, tail, text_of
 
@@ -29,13 +33,21 @@ __all__ = ["ABANDONED", "alive", "live"]
 ABANDONED = "stream closed by the caller before the guard decided"
 
 
-def _abandon(run: QueryRun, capture: GenerationCapture, pieces: Any) -> None:
-    """Stop the generation being streamed and end the query's open spans (no decision)."""
+def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCapture, pieces: Any) -> None:
+    """Stop the generation being streamed, decide and record the answer so far, end the open spans."""
     close = getattr(pieces, "close", None)
     if close is not None:
         close()
-    run.generating.end_with(capture.last)
-    run.span.abandon(ABANDONED)
+    generation = capture.take()
+    run.generating.end_with(generation)
+    if generation is None:
+        run.span.abandon(ABANDONED)
+        return
+    messages = [ChatMessage("user", run.query)]
+    result = engine.guard.abandon(
+        messages, generation, started=run.start, generation_s=run.generation_s, attempts=run.attempts
+    )
+    run.span.end(result)
 
 
 def _conclude(
@@ -77,7 +89,7 @@ def live(
             nodes, capture, response = found
             yield "\n\n"
     except GeneratorExit:
-        _abandon(run, capture, pieces)
+        _abandon(engine, run, capture, pieces)
         raise
     yield from _conclude(engine, run, decision, out)
 
@@ -113,7 +125,7 @@ async def alive(
     except GeneratorExit:
         if pieces is not None:
             await pieces.aclose()  # ends the loop over the response's own stream, which is finalised with it
-        _abandon(run, capture, None)
+        _abandon(engine, run, capture, None)
         raise
     for piece in _conclude(engine, run, decision, out):
         yield piece

@@ -239,9 +239,14 @@ class LogTokULLM(LLM):
         """``(token, None)`` per token, one token late; the last item is ``(last token or None, generation)``."""
         stream = self.backend.stream(messages, options)
         generation: Generation | None = None
+
+        def finalize() -> Generation:  # a guard whose reader closed the stream asks for the answer so far
+            stream.close()
+            return stream.generation
+
         try:
             for sink in sinks:
-                sink.started(stream.close)
+                sink.started(stream.close, finalize)
             held: TokenScore | None = None
             with stream:
                 for token in stream:

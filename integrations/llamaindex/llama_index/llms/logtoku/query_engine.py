@@ -103,7 +103,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
             ``early_stop`` rule acts on the whole answer. ``"live"`` shows the first draft by
             design. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
             ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
-            has been read to the end.
+            has been read to the end; a ``"live"`` stream closed before its end has its answer
+            so far decided and recorded (no retrieval), as the core guard's streams do.
         tracer_provider: OpenTelemetry ``TracerProvider`` for the guard's spans (default: the global one).
 
     The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
