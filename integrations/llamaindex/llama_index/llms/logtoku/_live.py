@@ -44,9 +44,7 @@ def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCaptu
         run.span.abandon(ABANDONED)
         return
     messages = [ChatMessage("user", run.query)]
-    result = engine.guard.abandon(
-        messages, generation, started=run.start, generation_s=run.generation_s, attempts=run.attempts
-    )
+    result = engine.guard.abandon(messages, generation, started=run.start, generation_s=run.generation_s, attempts=run.attempts)
     run.span.end(result)
 
 
