@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -455,7 +456,9 @@ def test_step_scores_equal_the_straightforward_reference(batch: int, vocab: int)
             return "".join(f"<{i}>" for i in ids)
 
     for chosen in (z.argmax(dim=-1), torch.randint(0, vocab, (batch,))):
-        rec = StepRecorder(k=2, evidence="clamped", tokenizer=Tok(), rows=batch, stop=(), eos_ids=frozenset(), on_token=None, cancel=None)
+        rec = StepRecorder(
+            k=2, evidence="clamped", tokenizer=Tok(), rows=batch, stop=(), eos_ids=frozenset(), on_token=None, cancel=None
+        )
         rec.record(z)
         done = rec(chosen[:, None])
         assert done.tolist() == [False] * batch
@@ -467,7 +470,7 @@ def test_step_scores_equal_the_straightforward_reference(batch: int, vocab: int)
 def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
     import torch
 
-    from logtoku_guard.backends.recorder import StepRecorder, lse_entropy, top_k
+    from logtoku_guard.backends.recorder import Row, StepRecorder, lse_entropy, top_k
     from logtoku_guard.errors import NonFiniteLogitsError
     from logtoku_guard.uncertainty import logsumexp_entropy
 
@@ -485,8 +488,18 @@ def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
         def decode(self, ids: list[int], **kwargs: object) -> str:
             return "x"
 
-    def recorder(**kwargs: object) -> StepRecorder:
-        return StepRecorder(k=2, evidence="clamped", tokenizer=Tok(), rows=8, stop=(), eos_ids=frozenset(), on_token=None, cancel=None, **kwargs)  # type: ignore[arg-type]
+    def recorder(on_row_done: Callable[[int, Row], None] | None = None) -> StepRecorder:
+        return StepRecorder(
+            k=2,
+            evidence="clamped",
+            tokenizer=Tok(),
+            rows=8,
+            stop=(),
+            eos_ids=frozenset(),
+            on_token=None,
+            cancel=None,
+            on_row_done=on_row_done,
+        )
 
     rec = recorder()
     rec.record(z)

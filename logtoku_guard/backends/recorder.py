@@ -159,8 +159,8 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[in
     rows, vocab = logits.shape
     n = vocab // TOP_K_CHUNK
     if n <= k:
-        values, ids = logits.topk(k, dim=-1)
-        return values.tolist(), ids.tolist()
+        top = logits.topk(k, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
     width = n * TOP_K_CHUNK
     head = logits[:, :width].reshape(rows, n, TOP_K_CHUNK) if width < vocab else logits.reshape(rows, n, TOP_K_CHUNK)
     _, chunks = head.amax(dim=-1).topk(k, dim=-1)  # (rows, k)
