@@ -56,9 +56,11 @@ def run(tokenizer: Any, ids: list[int], n: int, batch: int) -> list[float]:
         cancel=None,
     )
     logits = torch.randn(batch, len(tokenizer), generator=torch.Generator().manual_seed(0))
-    values, top_ids = logits.topk(2, dim=-1)
-    au, eu = logtoku(values, "clamped")
-    lse, entropy = logsumexp_entropy(logits)
+    values_t, top_ids_t = logits.topk(2, dim=-1)
+    au_t, eu_t = logtoku(values_t, "clamped")
+    lse_t, entropy_t = logsumexp_entropy(logits)
+    values, top_ids, au, eu = values_t.tolist(), top_ids_t.tolist(), au_t.tolist(), eu_t.tolist()
+    lse, entropy = lse_t.tolist(), entropy_t.tolist()
     steps = []
     for s in range(n):
         chosen = torch.tensor([[ids[(s + 37 * b) % len(ids)]] for b in range(batch)])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -376,10 +377,10 @@ def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
     z[2] = 0.0  # uniform: entropy log(V)
     z[3, 10:] = float("-inf")  # masked tokens: the fallback
     top = z.max(dim=-1).values
-    lse, ent = lse_entropy(z, top)
+    lse, ent = lse_entropy(z, top.tolist())
     ref_lse, ref_ent = logsumexp_entropy(z.double())
-    assert torch.allclose(lse.double(), ref_lse, atol=1e-4) and torch.allclose(ent.double(), ref_ent, atol=1e-4)
-    assert float(ent[2]) == pytest.approx(float(torch.log(torch.tensor(5000.0))), abs=1e-4)
+    assert lse == pytest.approx(ref_lse.tolist(), abs=1e-4) and ent == pytest.approx(ref_ent.tolist(), abs=1e-4)
+    assert ent[2] == pytest.approx(math.log(5000), abs=1e-4)
 
 
 def test_logsumexp_entropy_reuses_one_scratch_buffer_with_the_same_results() -> None:
@@ -389,15 +390,15 @@ def test_logsumexp_entropy_reuses_one_scratch_buffer_with_the_same_results() -> 
 
     torch.manual_seed(1)
     z = torch.randn(3, 4000) * 6
-    top = z.max(dim=-1).values
-    scratch = scratch_for(None, z)
-    assert scratch_for(scratch, z) is scratch  # a decoding loop keeps one buffer
-    assert scratch_for(scratch, z[:2]) is not scratch  # a batch of another size gets its own
-    with_buf = lse_entropy(z, top, scratch)
-    fresh = lse_entropy(z, top)
-    assert all(torch.equal(a, b) for a, b in zip(with_buf, fresh))
-    again = lse_entropy(z * 0.5, top * 0.5, scratch)  # the buffer's old contents do not leak in
-    assert all(torch.equal(a, b) for a, b in zip(again, lse_entropy(z * 0.5, top * 0.5)))
+    z[1] += 80.0  # a maximum beyond SHIFT_FREE: the shifted exponential, for every row
+    for rows in (z, z[::2]):
+        top = rows.max(dim=-1).values.tolist()
+        scratch = scratch_for(None, rows)
+        assert scratch_for(scratch, rows) is scratch  # a decoding loop keeps one buffer
+        assert scratch_for(scratch, rows[:1]) is not scratch  # a batch of another size gets its own
+        assert lse_entropy(rows, top, scratch) == lse_entropy(rows, top)
+        half = [t * 0.5 for t in top]
+        assert lse_entropy(rows * 0.5, half, scratch) == lse_entropy(rows * 0.5, half)  # old contents do not leak in
 
 
 @pytest.mark.parametrize(("vocab", "k"), [(400, 2), (5000, 2), (5003, 5), (49152, 20), (300, 3), (100, 2)])
@@ -413,10 +414,103 @@ def test_chunked_top_k_equals_torch_topk(vocab: int, k: int) -> None:
     z[2, [7, vocab - 2]] = 3.0  # two equal maxima
     values, ids = top_k(z, k)
     ref_values, ref_ids = z.topk(k, dim=-1)
-    assert torch.equal(values, ref_values)
-    assert torch.equal(ids[:2], ref_ids[:2])
-    assert set(ids[2, :2].tolist()) == {7, vocab - 2}
-    assert torch.equal(z.gather(1, ids), values)
+    assert values == ref_values.tolist()
+    assert ids[:2] == ref_ids[:2].tolist()
+    assert set(ids[2][:2]) == {7, vocab - 2}
+    assert z.gather(1, torch.tensor(ids)).tolist() == values
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("vocab", [49152, 5003])
+def test_step_scores_equal_the_straightforward_reference(batch: int, vocab: int) -> None:
+    """top_k, lse_entropy and the recorder's logprob against torch.topk, logsumexp, softmax entropy, log_softmax."""
+    import torch
+
+    from logtoku_guard.backends.recorder import SHIFT_FREE, StepRecorder, lse_entropy, scratch_for, top_k
+
+    torch.manual_seed(batch * vocab)
+    z = torch.randn(batch, vocab) * 3 + torch.linspace(-10, 30, batch)[:, None]
+    z[0, 11] = z[0, 99] = z[0].max() + 1  # tied maxima
+    z[-1, 5:9] = z[-1].max() + 2  # four tied maxima at the top of the last row
+    if batch > 1:
+        z[1] = z[1].round()  # many ties everywhere
+        z[2] += 2 * SHIFT_FREE  # beyond the unshifted range
+        z[3] -= 2 * SHIFT_FREE
+    k = 20
+    values, ids = top_k(z, k)
+    ref_values, _ = z.topk(k, dim=-1)
+    assert values == ref_values.tolist()  # the same values, exactly
+    for b in range(batch):
+        assert len(set(ids[b])) == k and z[b, ids[b]].tolist() == values[b]  # ids of those values (ties: any of the equal ones)
+    lse, ent = lse_entropy(z, [v[0] for v in values], scratch_for(None, z))
+    z64 = z.double()
+    ref_lse = torch.logsumexp(z64, dim=-1)
+    p = torch.softmax(z64, dim=-1)
+    ref_ent = -(p * torch.log_softmax(z64, dim=-1)).sum(dim=-1)
+    assert lse == pytest.approx(ref_lse.tolist(), rel=1e-6)
+    assert ent == pytest.approx(ref_ent.tolist(), rel=1e-4, abs=1e-5)  # float32 sums: the error of lse - d/s
+
+    # The criterion's logprob: the chosen logit from the top ids when it is there, else from the row.
+    class Tok:
+        def decode(self, ids: list[int], **kwargs: object) -> str:
+            return "".join(f"<{i}>" for i in ids)
+
+    for chosen in (z.argmax(dim=-1), torch.randint(0, vocab, (batch,))):
+        rec = StepRecorder(
+            k=2, evidence="clamped", tokenizer=Tok(), rows=batch, stop=(), eos_ids=frozenset(), on_token=None, cancel=None
+        )
+        rec.record(z)
+        done = rec(chosen[:, None])
+        assert done.tolist() == [False] * batch
+        got = [rec.finish_row(b).tokens[0].logprob for b in range(batch)]
+        ref = torch.log_softmax(z64, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        assert got == pytest.approx(ref.tolist(), rel=1e-5, abs=1e-5)
+
+
+def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
+    import torch
+
+    from logtoku_guard.backends.recorder import Row, StepRecorder, lse_entropy, top_k
+    from logtoku_guard.errors import NonFiniteLogitsError
+    from logtoku_guard.uncertainty import logsumexp_entropy
+
+    torch.manual_seed(3)
+    z = torch.randn(8, 5000) * 4
+    z[1, 100:] = float("-inf")  # masked entries: every row falls back to the exact function
+    lse, ent = lse_entropy(z, z.max(dim=-1).values.tolist())
+    ref = logsumexp_entropy(z)
+    assert lse == ref[0].tolist() and ent == ref[1].tolist()
+    z[4, 3] = float("nan")
+    values, _ = top_k(z, 2)
+    assert math.isnan(values[4][0])  # NaN sorts first, as in torch.topk
+
+    class Tok:
+        def decode(self, ids: list[int], **kwargs: object) -> str:
+            return "x"
+
+    def recorder(on_row_done: Callable[[int, Row], None] | None = None) -> StepRecorder:
+        return StepRecorder(
+            k=2,
+            evidence="clamped",
+            tokenizer=Tok(),
+            rows=8,
+            stop=(),
+            eos_ids=frozenset(),
+            on_token=None,
+            cancel=None,
+            on_row_done=on_row_done,
+        )
+
+    rec = recorder()
+    rec.record(z)
+    with pytest.raises(NonFiniteLogitsError):
+        rec(z.argmax(dim=-1)[:, None])
+    ended: list[int] = []
+    rec = recorder(on_row_done=lambda b, row: ended.append(b))
+    rec.record(z)
+    done = rec(torch.zeros(8, 1, dtype=torch.long))
+    assert ended == [4] and done.tolist() == [b == 4 for b in range(8)]
+    assert isinstance(rec.rows[4].error, NonFiniteLogitsError) and len(rec.rows[0].tokens) == 1
 
 
 def test_python_clamped_scores_equal_the_tensor_maths() -> None:

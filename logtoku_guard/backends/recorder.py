@@ -5,13 +5,19 @@
 stopping criterion of transformers' ``generate``. :meth:`StepRecorder.record` (the hook reads
 ``outputs.logits[:, -1]``) takes each step's raw logits, *before* any logits processor
 (repetition penalty, temperature, top-k/p...) touches them, and keeps only what LogTokU
-needs (:class:`StepScores`): the top-K values and ids (:func:`top_k`), AU, EU, the
-full-softmax entropy and its log-normaliser (:func:`lse_entropy`, from the top-K's maximum)
-and, for one step only, the raw row from which the chosen token's log-probability is read
-(its logit minus the normaliser). The stopping criterion (called once per step, right after
-the token is chosen) pairs the chosen token with that step's scores, detokenizes it
+needs (:class:`StepScores`, Python lists): the top-K values and ids (:func:`top_k`), the
+full-softmax entropy and its log-normaliser (:func:`lse_entropy`) and, for one step only, the
+raw row from which the chosen token's logit is read when it is not among the top ids (its
+log-probability is that logit minus the normaliser). The stopping criterion (called once per
+step, right after the token is chosen) pairs the chosen token with that step's scores (AU and
+EU in Python floats, :func:`clamped_logtoku`), detokenizes it
 (:mod:`logtoku_guard.backends.detokenizer`), handles stop strings and streams the token
 out. Memory grows with steps x K, never with steps x vocabulary.
+
+Per-step cost: inside a decoding step every tensor operation costs tens of microseconds,
+whatever its size, because the output head's product just before has evicted the caches; the
+scoring therefore runs as few tensor operations as it can (about ten per step) and does the
+per-row arithmetic on Python floats after a few ``tolist`` (``benchmarks/bench_scoring.py``).
 
 Stop strings (:func:`truncate_at_stop`, :func:`releasable`) are plain functions on
 :class:`~logtoku_guard.types.TokenScore` lists, shared with the scripted backend so both cut
@@ -134,61 +140,91 @@ LOG2E = 1.0 / math.log(2.0)
 """``log2 e``: ``exp(x) = exp2(x * LOG2E)``."""
 
 
-def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits.topk(k, dim=-1)`` of ``(batch, vocab)`` logits, in about one vectorised pass.
+def top_k(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """``logits.topk(k, dim=-1)`` of ``(batch, vocab)`` logits as Python lists, in about one pass.
 
     ``torch.topk`` over a whole vocabulary costs several times a plain reduction on CPU. The
     vocabulary is cut into chunks of :data:`TOP_K_CHUNK`; the top ``k`` values lie in the
     ``k`` chunks with the largest maxima (a chunk outside them has ``k`` larger chunk maxima
     above its own, hence ``k`` larger values), so one ``amax`` per chunk, a top-K over the
     chunk maxima and one over ``k`` chunks (plus the vocabulary's tail) give the same values
-    and ids (ids of exactly equal values may be another of the equal ones).
+    and ids (ids of exactly equal values may be another of the equal ones). The ids are put
+    together in Python from the chunks' and the positions' lists: inside a decoding step, right
+    after the output head's product has evicted the caches, each tensor operation costs tens
+    of microseconds of dispatch whatever its size, more than this arithmetic on ``k`` ints.
+    Returns ``(values, ids)``, each ``batch`` lists of ``k`` (largest first).
     """
     import torch
 
     rows, vocab = logits.shape
     n = vocab // TOP_K_CHUNK
     if n <= k:
-        return logits.topk(k, dim=-1)
-    head = logits[:, : n * TOP_K_CHUNK].reshape(rows, n, TOP_K_CHUNK)
+        top = logits.topk(k, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
+    width = n * TOP_K_CHUNK
+    head = logits[:, :width].reshape(rows, n, TOP_K_CHUNK) if width < vocab else logits.reshape(rows, n, TOP_K_CHUNK)
     _, chunks = head.amax(dim=-1).topk(k, dim=-1)  # (rows, k)
-    cand = head.gather(1, chunks.unsqueeze(-1).expand(rows, k, TOP_K_CHUNK)).reshape(rows, k * TOP_K_CHUNK)
-    offsets = torch.arange(TOP_K_CHUNK, device=logits.device)
-    cand_ids = (chunks.unsqueeze(-1) * TOP_K_CHUNK + offsets).reshape(rows, k * TOP_K_CHUNK)
-    if n * TOP_K_CHUNK < vocab:
-        cand = torch.cat([cand, logits[:, n * TOP_K_CHUNK :]], dim=1)
-        tail = torch.arange(n * TOP_K_CHUNK, vocab, device=logits.device).expand(rows, -1)
-        cand_ids = torch.cat([cand_ids, tail], dim=1)
+    cand = head.gather(1, chunks.unsqueeze(-1).expand(rows, k, TOP_K_CHUNK)).view(rows, k * TOP_K_CHUNK)
+    if width < vocab:
+        cand = torch.cat([cand, logits[:, width:]], dim=1)
     values, pos = cand.topk(k, dim=-1)
-    return values, cand_ids.gather(1, pos)
+    span = k * TOP_K_CHUNK  # candidate positions from here on are the tail's
+    ids = [
+        [c[p // TOP_K_CHUNK] * TOP_K_CHUNK + p % TOP_K_CHUNK if p < span else width + p - span for p in ps]
+        for c, ps in zip(chunks.tolist(), pos.tolist())
+    ]
+    return values.tolist(), ids
+
+
+SHIFT_FREE = 64.0
+"""Row maxima within ``+-SHIFT_FREE``: :func:`lse_entropy` takes ``exp(z)`` without subtracting them."""
 
 
 def lse_entropy(
-    logits: torch.Tensor, top: torch.Tensor, scratch: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, top: Sequence[float], scratch: torch.Tensor | None = None
+) -> tuple[list[float], list[float]]:
     """``logsumexp`` and softmax entropy of ``(batch, vocab)`` float32 logits whose row maxima are ``top``.
 
-    The scoring cost of a step beyond its one top-K: the maximum comes free with the top-K,
-    then one ``exp(z - max)`` written in place, its sum ``s`` and its dot product with the
-    logits ``d``: ``logsumexp = max + log s`` and ``entropy = logsumexp - d / s`` (three passes
-    over the vocabulary instead of the seven of a separate logsumexp and ``p * z``). The
-    exponential is taken as ``exp2((z - max) * log2 e)``: torch's CPU ``exp2`` kernel is about
-    3x faster than its ``exp`` (float32 error ~1e-6, as before). ``scratch``, a float32 tensor
-    of the logits' shape, receives the exponentials: a decoding loop passes the same one at
-    every step (:func:`scratch_for`), which spares a fresh vocabulary-sized allocation (and
-    its page faults, the larger cost at batch 8 on CPU) per step. Rows with masked (-inf) or
-    non-finite logits fall back to :func:`~logtoku_guard.uncertainty.logsumexp_entropy`.
+    The scoring cost of a step beyond its one top-K: one exponential ``e`` written in place,
+    its sum ``s`` and the sum of ``e * z`` (``d``): ``logsumexp = log s`` and ``entropy =
+    logsumexp - d / s`` (three passes over the vocabulary instead of the seven of a separate
+    logsumexp and ``p * z``). The exponential is taken as ``exp2(z * log2 e)``: torch's CPU
+    ``exp2`` kernel is about 3x faster than its ``exp`` (float32 error ~1e-6, as before). It is
+    shifted by the row maximum (``exp(z - max)``, ``logsumexp = max + log s``) only when a
+    maximum lies beyond ``+-``:data:`SHIFT_FREE`: below, neither ``s`` nor ``d`` can overflow
+    float32 and the maximum's term is a normal float, so both ways give the same result to
+    float32 rounding, and the unshifted one is a tensor operation fewer. ``scratch``, a
+    float32 tensor of the logits' shape, receives the exponentials: a decoding loop passes the
+    same one at every step (:func:`scratch_for`), which spares a fresh vocabulary-sized
+    allocation (and its page faults, the larger cost at batch 8 on CPU) per step.
+
+    Inside a decoding step each tensor operation costs tens of microseconds whatever its size
+    (the output head's product just before has evicted the caches), so the per-row arithmetic
+    is done on Python floats (float64) after two ``tolist``. Rows with masked (-inf) or
+    non-finite logits: every row falls back to
+    :func:`~logtoku_guard.uncertainty.logsumexp_entropy`. Returns ``(lse, entropy)``, each a
+    list of ``batch`` floats.
     """
     import torch
 
-    e = torch.mul(logits, LOG2E, out=scratch) if scratch is not None else logits * LOG2E
-    e.sub_((top * LOG2E).unsqueeze(-1)).exp2_()
-    s = e.sum(dim=-1)
-    d = torch.linalg.vecdot(e, logits)
-    lse = top + s.log()
-    entropy = (lse - d / s).clamp_min(0.0)
-    if not bool(torch.isfinite(entropy).all()):
-        lse, entropy = logsumexp_entropy(logits)
+    if all(-SHIFT_FREE <= t <= SHIFT_FREE for t in top):  # False for NaN and infinities
+        shift: Sequence[float] = [0.0] * len(top)
+        e = torch.mul(logits, LOG2E, out=scratch) if scratch is not None else logits * LOG2E
+    else:
+        shift = top
+        bias = torch.tensor([[-t * LOG2E] for t in top], dtype=logits.dtype, device=logits.device)
+        e = torch.add(bias, logits, alpha=LOG2E, out=scratch) if scratch is not None else torch.add(bias, logits, alpha=LOG2E)
+    e.exp2_()
+    sums = e.sum(dim=-1).tolist()
+    dots = e.mul_(logits).sum(dim=-1).tolist()
+    lse: list[float] = []
+    entropy: list[float] = []
+    for m, s, d in zip(shift, sums, dots):
+        if not (s > 0.0 and math.isfinite(s) and math.isfinite(d) and math.isfinite(m)):
+            exact = logsumexp_entropy(logits)
+            return exact[0].tolist(), exact[1].tolist()
+        lse.append(m + math.log(s))
+        entropy.append(max(lse[-1] - d / s, 0.0))
     return lse, entropy
 
 
@@ -203,22 +239,23 @@ def scratch_for(scratch: torch.Tensor | None, logits: torch.Tensor) -> torch.Ten
 
 @dataclass
 class StepScores:
-    """One decoding step's scores, waiting for the chosen token (all ``(batch, ...)`` float32).
+    """One decoding step's scores, waiting for the chosen token (Python lists, one item per row).
 
-    ``values``/``ids``: ``(batch, max(K, max_logprobs))`` raw top logits (largest first) and their
-    token ids (AU/EU read the first K); ``au``/``eu``/``lse``/``entropy``: ``(batch,)`` (``au``/``eu``
-    None until asked for: the criterion scores clamped evidence in Python, :func:`clamped_logtoku`);
-    ``logits``: ``(batch, vocab)``, this
-    step's raw row, kept only until the token is chosen.
+    ``values``/``ids``: per row, the ``max(K, max_logprobs)`` raw top logits (largest first,
+    float32 values) and their token ids (AU/EU read the first K); ``au``/``eu``/``lse``/``entropy``:
+    one float per row (``au``/``eu`` None until asked for: the criterion scores clamped
+    evidence in Python, :func:`clamped_logtoku`); ``logits``: the ``(batch, vocab)`` tensor of
+    this step's raw rows, kept only until the token is chosen (the chosen token's logit is read
+    from it when that token is not among the top ids).
     """
 
-    values: torch.Tensor
-    ids: torch.Tensor
-    au: torch.Tensor | None
-    eu: torch.Tensor | None
+    values: list[list[float]]
+    ids: list[list[int]]
+    au: list[float] | None
+    eu: list[float] | None
     logits: torch.Tensor
-    lse: torch.Tensor
-    entropy: torch.Tensor
+    lse: list[float]
+    entropy: list[float]
 
 
 @dataclass
@@ -298,6 +335,8 @@ class StepRecorder:
         self.scratch: torch.Tensor | None = None
         """The vocabulary-sized buffer :func:`lse_entropy` reuses at every step."""
         self.temperatures: torch.Tensor | None = None
+        self._none_done: torch.Tensor | None = None
+        """The all-False answer of the stopping criterion, reused while no row ends (never modified)."""
         self.step = 0
         self.start = 0.0
         self.first_token_s: float | None = None
@@ -308,23 +347,30 @@ class StepRecorder:
 
     def record(self, logits: torch.Tensor) -> None:
         """Score one step's raw ``(batch, vocab)`` logits (any float dtype; kept until the token is chosen)."""
-        logits = logits.float()
+        import torch
+
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         values, ids = top_k(logits, self.width)
-        au = eu = None
-        if self.evidence != "clamped":
-            au, eu = logtoku(values[:, : self.k], self.evidence)
         self.scratch = scratch_for(self.scratch, logits)
-        lse, entropy = lse_entropy(logits, values[:, 0], self.scratch)
-        self.pending = StepScores(values, ids, au, eu, logits, lse, entropy)
+        lse, entropy = lse_entropy(logits, [v[0] for v in values], self.scratch)
+        self.pending = StepScores(values, ids, None, None, logits, lse, entropy)
 
     def current_eu(self) -> torch.Tensor:
         """EU of the step being decoded, ``(batch,)`` float32, from the raw logits."""
         if self.pending is None:
             msg = "internal error: the step's EU was read before its logits were recorded"
             raise RuntimeError(msg)
-        if self.pending.eu is None:
-            self.pending.au, self.pending.eu = logtoku(self.pending.values[:, : self.k], self.evidence)
-        return self.pending.eu
+        return self._logtoku(self.pending)[1]
+
+    def _logtoku(self, pending: StepScores) -> tuple[torch.Tensor, torch.Tensor]:
+        """AU and EU of the step as ``(batch,)`` float32 tensors, with the tensor maths (kept on ``pending``)."""
+        import torch
+
+        top = torch.tensor(pending.values, dtype=torch.float32, device=pending.logits.device)[:, : self.k]
+        au, eu = logtoku(top, self.evidence)
+        pending.au, pending.eu = au.tolist(), eu.tolist()
+        return au, eu
 
     def record_temperatures(self, temperatures: torch.Tensor) -> None:
         """The ``(batch,)`` temperatures this step is sampled at (kept on each token)."""
@@ -332,6 +378,11 @@ class StepRecorder:
 
     # StoppingCriteria protocol: called once per step, right after the token is chosen.
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        """Pair each row's chosen token with the step's scores; which rows are done, ``(batch,)`` bool.
+
+        The returned tensor is read, never modified (transformers combines criteria with ``|``):
+        while no row ends it is the same all-False tensor at every step.
+        """
         import torch
 
         pending = self.pending
@@ -341,19 +392,21 @@ class StepRecorder:
         self.pending = None
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.start
-        chosen = input_ids[:, -1]
-        chosen_logit = pending.logits.gather(-1, chosen[:, None].to(pending.logits.device)).squeeze(-1)
-        logprob = chosen_logit - pending.lse
-        values = pending.values.tolist()
-        top_ids = pending.ids.tolist()
-        if pending.au is None or pending.eu is None:
-            au, eu = map(list, zip(*(clamped_logtoku(v[: self.k]) for v in values)))
+        chosen_ids = input_ids[:, -1].tolist()
+        values, top_ids = pending.values, pending.ids
+        if pending.eu is None and self.evidence != "clamped":
+            self._logtoku(pending)
+        if pending.au is not None and pending.eu is not None:  # the tensor maths ran (raw evidence, current_eu)
+            au, eu = pending.au, pending.eu
         else:
-            au, eu = pending.au.tolist(), pending.eu.tolist()
-        lp = logprob.tolist()
-        ent = pending.entropy.tolist()
+            au, eu = map(list, zip(*(clamped_logtoku(v[: self.k]) for v in values)))
+        # The chosen token's raw logit: among the top ids (greedy decoding, mostly), else read from the row.
+        chosen_logits = [v[i.index(c)] if c in i else math.nan for c, v, i in zip(chosen_ids, values, top_ids)]
+        if any(map(math.isnan, chosen_logits)):
+            picked = pending.logits.gather(-1, input_ids[:, -1:].to(pending.logits.device))
+            chosen_logits = [x for (x,) in picked.tolist()]
+        lse, ent = pending.lse, pending.entropy
         temps = self.temperatures.tolist() if self.temperatures is not None else None
-        chosen_ids = chosen.tolist()
         done = []
         for b, row in enumerate(self.rows):
             if row.done:
@@ -381,7 +434,7 @@ class StepRecorder:
                 top_ids=tuple(top_ids[b][: self.k]),
                 au=au[b],
                 eu=eu[b],
-                logprob=lp[b],
+                logprob=chosen_logits[b] - lse[b],
                 entropy=ent[b],
                 temperature=None if temps is None else temps[b],
                 alt_logits=tuple(values[b]) if self.width > self.k else (),
@@ -398,7 +451,12 @@ class StepRecorder:
             if not row.done and (every or (row.cancel is not None and row.cancel.is_set())):
                 self._close(b, row, "cancelled")
                 done[b] = True
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        if any(done):
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        none_done = self._none_done
+        if none_done is None or none_done.shape[0] != len(done) or none_done.device != input_ids.device:
+            none_done = self._none_done = torch.zeros(len(done), dtype=torch.bool, device=input_ids.device)
+        return none_done
 
     def _release(self, b: int, row: Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""
