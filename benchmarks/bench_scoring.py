@@ -300,6 +300,7 @@ class Bench:
             eos_ids=b._eos_ids,
             on_token=None,
             cancel=None,
+            max_logprobs=b.max_logprobs,  # the raw top logits the backend keeps per token (20 by default)
         )
         spent = [0.0]  # thread CPU seconds inside the hook and the criterion: the scoring work itself
 

@@ -278,9 +278,8 @@ class Guard:
         generation_s: float,
         attempts: Sequence[Attempt] = (),
     ) -> GuardResult:
-        """Decide and record an answer whose stream the caller closed before it ended (no retrieval;
-        the reason starts "stream closed by the caller before it ended"; never raises for ``raise``).
-        ``attempts``: those made before this one (an adapter that had re-queried already)."""
+        """Decide and record an answer whose stream the caller closed before it ended, after ``attempts``
+        (no retrieval; the reason says the stream was closed; never raises for ``raise``)."""
         decision = self.decide(generation, attempts)
         why = f"stream closed by the caller before it ended ({len(generation.tokens)} token(s), {generation.finish_reason})"
         if decision.action == "retrieve":

@@ -315,7 +315,8 @@ def recorded(answer: ScriptedAnswer, stop: tuple[str, ...], max_new_tokens: int)
         logits = torch.tensor([row + [-10.0] * (eos + 1 - len(row))])  # one logit per piece id and EOS
         values, ids = logits.topk(2, dim=-1)
         au, eu = logtoku(values)
-        recorder.pending = StepScores(values, ids, au, eu, logits, logits.logsumexp(-1), torch.zeros(1))
+        lse = logits.logsumexp(-1).tolist()
+        recorder.pending = StepScores(values.tolist(), ids.tolist(), au.tolist(), eu.tolist(), logits, lse, [0.0])
         if recorder(torch.tensor([[i]])).all():
             break
     row_state = recorder.finish_row(0)
