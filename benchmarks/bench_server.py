@@ -112,11 +112,14 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="backend max_batch (1: no batching)")
     parser.add_argument("--threads", type=int, default=None, help="backend threads (default: the backend's choice)")
     parser.add_argument("--cache-dir", default=None, help="cache folder of the embedded model")
+    parser.add_argument("--prefix-cache-mb", type=int, default=None, help="backend prefix_cache_mb (0: no prefix caching)")
     args = parser.parse_args()
 
     from logtoku_guard.server import BackgroundServer, build_app
 
-    kwargs = {"max_batch": args.max_batch, "threads": args.threads}
+    kwargs: dict[str, Any] = {"max_batch": args.max_batch, "threads": args.threads}
+    if args.prefix_cache_mb is not None:
+        kwargs["prefix_cache_mb"] = args.prefix_cache_mb
     if args.tiny:
         backend = tiny_backend(**kwargs)
     else:
@@ -127,7 +130,9 @@ def main() -> None:
     import torch
 
     print(f"# torch {torch.__version__}, backend threads {backend.threads}, model {backend.model_name}")
+    cache = backend.prefix_cache.max_bytes // 2**20 if backend.prefix_cache is not None else 0
     print(f"# max_tokens={args.max_tokens}, greedy, {args.rounds} request(s) per client, max_batch={backend.max_batch}")
+    print(f"# prefix cache {cache} MiB")
     print(f"# load average before: {os.getloadavg()[0]:.2f} (other processes share this machine)")
     with BackgroundServer(build_app(backend)) as srv:
         run(srv.base_url, backend.model_name, 2, 1, args.max_tokens)  # warm-up
@@ -141,6 +146,8 @@ def main() -> None:
     print(f"ratio 8-concurrent vs 8-sequential (time): {seq_wall / con_wall:.2f}x (target >= 3x)")
     b = backend._batcher
     print(f"batches started: {b.batches}, requests that joined a running batch: {b.joins}, largest: {b.largest} rows")
+    if backend.prefix_cache is not None:
+        print(f"prefix cache: {backend.prefix_cache.stats()}")
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -462,3 +462,24 @@ def test_is_a_complete_backend(tiny_tokenizer: Any) -> None:
     g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=2))
     assert (backend.model_name, backend.k, backend.evidence, backend.top_n) == ("tiny", 3, "raw", 4)
     assert (g.model, g.k, g.evidence, g.top_n) == ("tiny", 3, "raw", 4)
+
+
+def test_the_direct_tokenizers_decode_equals_the_tokenizers_own(tiny_tokenizer: Any) -> None:
+    """The detokenizer decodes a plain tokenizers-backed tokenizer with its ``tokenizers.Tokenizer``
+    (fewer Python layers per step): the same text as ``decode`` for any ids, special ones included;
+    a class or an instance with its own ``decode`` keeps it."""
+    from logtoku_guard.backends import detokenizer
+
+    rng = random.Random(2)
+    for tok in (tiny_tokenizer, sentencepiece_tokenizer()):
+        assert detokenizer._plain_tokenizers_backend(type(tok))
+        for _ in range(200):
+            ids = [rng.randrange(len(tok)) for _ in range(rng.randint(0, 12))] + rng.sample(tok.all_special_ids, 1)
+            rng.shuffle(ids)
+            assert detokenizer.decode(tok, ids) == decode(tok, ids), ids
+
+    class Shouting(type(tiny_tokenizer)):  # type: ignore[misc]
+        def decode(self, *args: Any, **kwargs: Any) -> Any:
+            return str(super().decode(*args, **kwargs)).upper()
+
+    assert not detokenizer._plain_tokenizers_backend(Shouting)

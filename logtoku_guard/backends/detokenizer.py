@@ -6,6 +6,7 @@ Pure Python; the tokenizer is anything with a transformers-style ``decode(ids, .
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,5 +56,30 @@ class IncrementalDetokenizer:
 
 
 def decode(tokenizer: Any, ids: list[int]) -> str:
-    """The text of ``ids`` as an answer shows it: special tokens skipped, spaces untouched."""
+    """The text of ``ids`` as an answer shows it: special tokens skipped, spaces untouched.
+
+    A transformers tokenizer backed by the ``tokenizers`` library whose class (and instance)
+    keeps its ``decode``/``_decode`` is decoded by its ``tokenizers.Tokenizer`` directly:
+    exactly what its ``decode`` does with these arguments, without its Python layers (this runs
+    twice per row per decoding step, where the per-call overhead is most of the cost).
+    """
+    plain = _plain_tokenizers_backend(tokenizer.__class__) and "decode" not in getattr(tokenizer, "__dict__", {})
+    raw = getattr(tokenizer, "_tokenizer", None) if plain else None
+    if raw is not None:
+        return str(raw.decode(ids, skip_special_tokens=True))
     return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_tokenizers_backend(cls: Any) -> bool:
+    """Whether ``cls`` is transformers' ``tokenizers``-backed tokenizer with its own ``decode`` path."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout, or none: the public decode
+        return False
+    return (
+        issubclass(cls, TokenizersBackend)
+        and getattr(cls, "_decode", None) is TokenizersBackend._decode
+        and getattr(cls, "decode", None) is PreTrainedTokenizerBase.decode
+    )
