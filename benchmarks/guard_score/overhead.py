@@ -74,7 +74,7 @@ def main() -> None:
     print(f"median total answer time: off {m(off):.4f} s, on {m(on):.4f} s, ratio {ratio:.3f}")
     print(f"sum total answer time: off {sum(off):.3f} s, on {sum(on):.3f} s, ratio {sum(on) / sum(off):.3f}")
     paired = sorted(a / b for a, b in zip(cpu_on, cpu_off, strict=True))
-    q1, q3 = statistics.quantiles(paired, n=4)[0], statistics.quantiles(paired, n=4)[2]
+    q1, _, q3 = statistics.quantiles(paired, n=4)
     print(
         f"paired CPU time (scoring on / off, per question): median {m(paired):.4f} (IQR {q1:.4f}..{q3:.4f}, "
         f"min..max {paired[0]:.4f}..{paired[-1]:.4f}); sums {sum(cpu_on):.3f} / {sum(cpu_off):.3f} s = "

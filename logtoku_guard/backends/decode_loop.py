@@ -35,7 +35,6 @@ cannot be merged: its batch still loses its ended rows, but nothing joins it.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -164,13 +163,6 @@ class KVBatch:
         self.mask = self.mask[:, cols]
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[:, :, cols], layer.values[:, :, cols]
-
-
-def _shift(span: QuestionSpan | None, n: int) -> QuestionSpan | None:
-    """``span`` in a prompt whose first ``n`` tokens were cut off (they come from the prefix cache)."""
-    if span is None or not n:
-        return span
-    return dataclasses.replace(span, start=span.start - n, end=span.end - n)
 
 
 def _mergeable(cache: Any) -> bool:
@@ -322,11 +314,9 @@ class DecodeLoop:
             if prefix is not None:
                 mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
                 past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
+            # each span moves right by the row's padding and left by the n tokens the prefix cache holds
             spans = shift_spans(
-                [
-                    (_shift(p.span, n) if p.score_prompt else None, longest - len(r))
-                    for (_, _, p), r in zip(rows, rest, strict=True)
-                ]
+                [(p.span if p.score_prompt else None, longest - len(r) - n) for (_, _, p), r in zip(rows, rest, strict=True)]
             )
             score, k, evidence = any(span is not None for span in spans), self.scoring.k, self.scoring.evidence
             keep = kept_positions(spans, longest) if score and self.keep_last else None

@@ -197,7 +197,8 @@ def score_kept(
 
 
 def shift_spans(spans: Sequence[tuple[QuestionSpan | None, int]]) -> list[QuestionSpan | None]:
-    """Each row's span moved right by its left padding: ``spans`` holds ``(span, padding)``."""
+    """Each row's span moved right by ``shift`` tokens (its left padding, less any leading tokens
+    not fed to this forward): ``spans`` holds ``(span, shift)``."""
     return [
         None if span is None else dataclasses.replace(span, start=span.start + pad, end=span.end + pad) for span, pad in spans
     ]
