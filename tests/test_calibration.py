@@ -98,6 +98,23 @@ def test_prompts_files(tmp_path: Path) -> None:
         read_prompts_file(j)
 
 
+def test_jsonl_files_that_are_not_json_name_the_line_and_the_fix(tmp_path: Path) -> None:
+    """Prompts and labels files share one JSON Lines reader: blank lines skipped, a broken line named."""
+    from logtoku_guard.calibration.guard_fit import read_labels
+
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"question": "a?"}\n\n{"question": "b?\n')
+    broken = r"p\.jsonl:3: not JSON \(.* at column \d+\); each JSONL line must be one JSON object"
+    with pytest.raises(ConfigurationError, match=broken):
+        read_prompts_file(j)
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"question": "a?", "correct": true}\n\n{"question": "b?", "correct": false}\n')
+    assert read_labels(labels) == [("a?", True), ("b?", False)]
+    labels.write_text('{"question": "a?", "correct": true}\nnot json\n')
+    with pytest.raises(ConfigurationError, match=r'labels\.jsonl:2: not JSON \(.*\); each line must be \{"question"'):
+        read_labels(labels)
+
+
 def test_the_package_keeps_the_old_module_names() -> None:
     """``logtoku_guard.calibration`` was one module; its public names import from the package."""
     import logtoku_guard.calibration as cal

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import Any
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import GuardModel, fit_guard
+from logtoku_guard.jsonl import json_lines
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
 
@@ -39,14 +39,7 @@ def read_labels(path: str | os.PathLike[str]) -> list[tuple[str, bool]]:
         msg = f"cannot read the labels file {str(p)!r}: {exc}"
         raise ConfigurationError(msg) from exc
     out: list[tuple[str, bool]] = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            msg = f'{p}:{i}: not JSON ({exc.msg}); each line must be {{"question": ..., "correct": true|false}}'
-            raise ConfigurationError(msg) from exc
+    for i, line, obj in json_lines(p, lines, 'each line must be {"question": ..., "correct": true|false}'):
         q, c = (obj.get("question"), obj.get("correct")) if isinstance(obj, dict) else (None, None)
         if not isinstance(q, str) or not q.strip() or not isinstance(c, bool):
             msg = f"{p}:{i}: needs a non-empty string 'question' and a boolean 'correct', got {line[:120]!r}"

@@ -7,12 +7,12 @@ fallback); this module only picks the questions.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.datasets import DatasetUnavailableError, load_nq_open, load_truthfulqa
+from logtoku_guard.jsonl import json_lines
 
 __all__ = ["default_calibration_prompts", "read_prompts_file"]
 
@@ -57,16 +57,10 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
     except OSError as exc:
         msg = f"prompts file {str(p)!r} cannot be read ({exc.strerror}); check its permissions"
         raise ConfigurationError(msg) from exc
-    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if p.suffix != ".jsonl":
-        return [line for _, line in numbered]
+        return [line for line in text.splitlines() if line.strip()]
     out = []
-    for i, line in numbered:
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            msg = f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); each JSONL line must be one JSON object"
-            raise ConfigurationError(msg) from exc
+    for i, line, obj in json_lines(p, text.splitlines(), "each JSONL line must be one JSON object"):
         if not isinstance(obj, dict) or not ({"question", "prompt"} & set(obj)):
             msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
             raise ConfigurationError(msg)

@@ -17,7 +17,6 @@ direction as reliability: higher = more reliable).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Literal
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.datasets import QAItem
+from logtoku_guard.jsonl import json_lines
 
 Kind = Literal["known", "fabricated"]
 Split = Literal["tune", "test"]
@@ -118,14 +118,7 @@ def load_fabricated(split: str = "all", path: str | os.PathLike[str] | None = No
     fix = "regenerate it with benchmarks/fabricated/make_questions.py"
     try:
         with open(p, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    msg = f"{p}:{n}: not JSON ({exc.msg} at column {exc.colno}); {fix}"
-                    raise ConfigurationError(msg) from exc
+            for n, line, obj in json_lines(p, fh, fix):
                 if not isinstance(obj, dict):
                     msg = f"{p}:{n}: not a known-vs-fabricated record (a JSON object), got {line.strip()[:80]!r}; {fix}"
                     raise ConfigurationError(msg)
