@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Generator
 from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.response.schema import RESPONSE_TYPE, AsyncStreamingResponse, StreamingResponse
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+from llama_index.core.schema import QueryBundle
 
 from logtoku_guard.capture import GenerationCapture
 from logtoku_guard.policy import Decision
 from logtoku_guard.types import ChatMessage
 
 from ._responses import QueryRun, apieces, tail, text_of
+from ._route import Act, Read, Requery, Steps, out_of_turn
 
 if TYPE_CHECKING:
     from .query_engine import LogTokUQueryEngine
@@ -33,12 +34,12 @@ __all__ = ["ABANDONED", "alive", "live"]
 ABANDONED = "stream closed by the caller before the guard decided"
 
 
-def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCapture, pieces: Any) -> None:
+def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCapture | None, pieces: Any) -> None:
     """Stop the generation being streamed, decide and record the answer so far, end the open spans."""
     close = getattr(pieces, "close", None)
     if close is not None:
         close()
-    generation = capture.take()
+    generation = capture.take() if capture is not None else None
     run.generating.end_with(generation)
     if generation is None:
         run.span.abandon(ABANDONED)
@@ -59,71 +60,63 @@ def _conclude(
 
 
 def live(
-    engine: LogTokUQueryEngine,
-    run: QueryRun,
-    query_bundle: QueryBundle,
-    nodes: list[NodeWithScore],
-    capture: GenerationCapture,
-    response: RESPONSE_TYPE,
-    out: StreamingResponse,
+    engine: LogTokUQueryEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: StreamingResponse
 ) -> Generator[str, None, None]:
+    """The sync driver of a live stream: answers the route's requests, passing each answer's pieces on."""
+    capture: GenerationCapture | None = None  # the answer being streamed reports to it
     pieces: Any = None
     try:
-        while True:
-            text = ""
-            pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
-            for piece in pieces:
-                text += piece
-                yield piece
-                engine._watch(run, capture)
-            decision = engine._judge(run, nodes, capture, text, response)
-            step, decision = engine._plan(run, decision)
-            if step is None:
-                break
-            found = engine._requery(run, decision, step, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-            yield "\n\n"
+        request = next(steps)
+        while not isinstance(request, Act):
+            if isinstance(request, Requery):
+                request = engine._requery(run, steps, request, query_bundle)
+            elif isinstance(request, Read):
+                capture, response = request.answer.capture, request.answer.response
+                if run.attempts:  # a re-queried answer goes on after the one already streamed
+                    yield "\n\n"
+                text = ""
+                pieces = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
+                for piece in pieces:
+                    text += piece
+                    yield piece
+                    engine._watch(run, capture)
+                request = steps.send(text)
+            else:
+                raise out_of_turn(request)
     except GeneratorExit:
         _abandon(engine, run, capture, pieces)
         raise
-    yield from _conclude(engine, run, decision, out)
+    yield from _conclude(engine, run, request.decision, out)
 
 
 async def alive(
-    engine: LogTokUQueryEngine,
-    run: QueryRun,
-    query_bundle: QueryBundle,
-    nodes: list[NodeWithScore],
-    capture: GenerationCapture,
-    response: RESPONSE_TYPE,
-    out: AsyncStreamingResponse,
+    engine: LogTokUQueryEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: AsyncStreamingResponse
 ) -> AsyncGenerator[str, None]:
-    pieces: Any = None
+    """The async driver of a live stream (:func:`live` for ``aquery``)."""
+    capture: GenerationCapture | None = None
+    pieces: AsyncGenerator[str, None] | None = None
     try:
-        while True:
-            text = ""
-            pieces = apieces(response)
-            async for piece in pieces:
-                text += piece
-                yield piece
-                engine._watch(run, capture)
-            decision = engine._judge(run, nodes, capture, text, response)
-            step, decision = engine._plan(run, decision)
-            if step is None:
-                break
-            found = await engine._arequery(run, decision, step, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-            yield "\n\n"
+        request = next(steps)
+        while not isinstance(request, Act):
+            if isinstance(request, Requery):
+                request = await engine._arequery(run, steps, request, query_bundle)
+            elif isinstance(request, Read):
+                capture = request.answer.capture
+                if run.attempts:
+                    yield "\n\n"
+                text = ""
+                pieces = apieces(request.answer.response)
+                async for piece in pieces:
+                    text += piece
+                    yield piece
+                    engine._watch(run, capture)
+                request = steps.send(text)
+            else:
+                raise out_of_turn(request)
     except GeneratorExit:
         if pieces is not None:
             await pieces.aclose()  # ends the loop over the response's own stream, which is finalised with it
         _abandon(engine, run, capture, None)
         raise
-    for piece in _conclude(engine, run, decision, out):
+    for piece in _conclude(engine, run, request.decision, out):
         yield piece

@@ -17,6 +17,9 @@ guard's: this engine drives :meth:`Guard.decide <logtoku_guard.guard.Guard.decid
 :meth:`~logtoku_guard.guard.Guard.next_step`, :meth:`~logtoku_guard.guard.Guard.give_up`,
 :meth:`~logtoku_guard.guard.Guard.early_stop` and :meth:`~logtoku_guard.guard.Guard.conclude`, and
 keeps only the LlamaIndex driving: retriever calls, re-query engines, synthesis, events, spans.
+The driving's decisions (judge, re-query or stop, fall back) are written once, without I/O, in
+:func:`~._route.route`; the sync and async queries here and the ``"live"`` streams of
+:mod:`._live` only do the I/O it asks for.
 
 The scores come through :func:`logtoku_guard.capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
@@ -44,9 +46,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.errors import ConfigurationError, GuardRejectedError
-from logtoku_guard.guard import Attempt, Conclude, Guard, GuardResult, GuardTimings
+from logtoku_guard.guard import Guard, GuardResult, GuardTimings
 from logtoku_guard.policy import Decision, Policy
-from logtoku_guard.types import Generation
 
 from ._live import alive, live
 from ._responses import (
@@ -63,6 +64,7 @@ from ._responses import (
     traced_query,
     wider_engines,
 )
+from ._route import Act, Read, Requery, Request, Steps, Synthesis, Synthesize, out_of_turn, route
 from .base import LogTokULLM
 from .capture import WithheldCapture
 from .events import LogTokUDecisionEvent, query_payload
@@ -208,25 +210,23 @@ class LogTokUQueryEngine(BaseQueryEngine):
     @traced_query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
-        engine: BaseQueryEngine | None
         nodes = self._retrieve(run, self._engine, query_bundle)
-        capture, response = self._synthesize(run, self._engine, query_bundle, nodes)
-        if isinstance(response, StreamingResponse) and self._stream_mode == "live":
+        first = self._synthesize(run, self._engine, query_bundle, nodes)
+        steps = route(self._guard, self._retries, run, nodes, first)
+        if isinstance(first.response, StreamingResponse) and self._stream_mode == "live":
             out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
-            out.response_gen = live(self, run, query_bundle, nodes, capture, response, out)
+            out.response_gen = live(self, run, query_bundle, steps, out)
             return out
-        while True:
-            decision = self._judge(run, nodes, capture, text_of(response), response)
-            engine, decision = self._plan(run, decision)
-            if engine is None:
-                break
-            found = self._requery(run, decision, engine, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-        result = self._act(run, decision)
-        if isinstance(response, StreamingResponse):  # stream_mode == "after_decision"
+        request = next(steps)
+        while not isinstance(request, Act):
+            if isinstance(request, Read):
+                request = steps.send(text_of(request.answer.response))
+            elif isinstance(request, Requery):
+                request = self._requery(run, steps, request, query_bundle)
+            else:
+                raise out_of_turn(request)
+        result = self._act(run, request.decision)
+        if isinstance(first.response, StreamingResponse):  # stream_mode == "after_decision"
             return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
 
@@ -235,23 +235,22 @@ class LogTokUQueryEngine(BaseQueryEngine):
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         nodes = await self._aretrieve(run, self._engine, query_bundle)
-        capture, response = await self._asynthesize(run, self._engine, query_bundle, nodes)
-        streaming = isinstance(response, (StreamingResponse, AsyncStreamingResponse))
+        first = await self._asynthesize(run, self._engine, query_bundle, nodes)
+        steps = route(self._guard, self._retries, run, nodes, first)
+        streaming = isinstance(first.response, (StreamingResponse, AsyncStreamingResponse))
         if streaming and self._stream_mode == "live":
             out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
-            out.response_gen = alive(self, run, query_bundle, nodes, capture, response, out)
+            out.response_gen = alive(self, run, query_bundle, steps, out)
             return out
-        while True:
-            decision = self._judge(run, nodes, capture, await atext_of(response), response)
-            engine, decision = self._plan(run, decision)
-            if engine is None:
-                break
-            found = await self._arequery(run, decision, engine, query_bundle)
-            if isinstance(found, Decision):
-                decision = found
-                break
-            nodes, capture, response = found
-        result = self._act(run, decision)
+        request = next(steps)
+        while not isinstance(request, Act):
+            if isinstance(request, Read):
+                request = steps.send(await atext_of(request.answer.response))
+            elif isinstance(request, Requery):
+                request = await self._arequery(run, steps, request, query_bundle)
+            else:
+                raise out_of_turn(request)
+        result = self._act(run, request.decision)
         if streaming:
             return AsyncStreamingResponse(
                 response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
@@ -266,7 +265,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         if guard.early_stop(list(capture.live_tokens)) is not None and capture.cancel_stream():
             run.stopped_early = True
 
-    # -- steps ------------------------------------------------------------------------------
+    # -- the I/O the route asks for (see _route.py) -----------------------------------------
     def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
         t = time.perf_counter()
         with run.span.retrieval(len(run.attempts)) as r:  # 0: the retrieval before the first answer
@@ -283,23 +282,21 @@ class LogTokUQueryEngine(BaseQueryEngine):
         run.retrieval_s += time.perf_counter() - t
         return nodes
 
-    def _synthesize(
-        self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
-    ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
+    def _synthesize(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> Synthesis:
         t = time.perf_counter()
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by judge
         with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
             response = engine.synthesize(query_bundle, nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
         run.generation_s += time.perf_counter() - t
-        return capture, response
+        return Synthesis(capture, response)
 
     async def _asynthesize(
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
-    ) -> tuple[GenerationCapture, RESPONSE_TYPE]:
+    ) -> Synthesis:
         t = time.perf_counter()
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by _judge
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by judge
         with capture_generations(self._new_capture()) as capture:
             response = await engine.asynthesize(query_bundle, nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
@@ -307,64 +304,11 @@ class LogTokUQueryEngine(BaseQueryEngine):
         elif isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)
         run.generation_s += time.perf_counter() - t
-        return capture, response
+        return Synthesis(capture, response)
 
     def _new_capture(self) -> GenerationCapture:
         """after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
         return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
-
-    def _judge(
-        self, run: _Run, nodes: list[NodeWithScore], capture: GenerationCapture, text: str, response: RESPONSE_TYPE
-    ) -> Decision:
-        """Score the attempt just made and record it in ``run``."""
-        generation = capture.last
-        run.generating.end_with(generation)
-        t = time.perf_counter()
-        if generation is None:
-            if nodes:
-                msg = (
-                    "the wrapped query engine answered without a LogTokU generation: build it with llm=LogTokULLM(...) "
-                    "(or set Settings.llm) so the guard can read the token scores"
-                )
-                raise ConfigurationError(msg)
-            generation = Generation(
-                model=self._guard.backend.model_name, prompt=run.query, text=text, tokens=(), finish_reason="stop"
-            )
-            decision = self._guard.unanswerable(generation, "the retriever found no context to answer from")
-        else:
-            if generation.model != self._guard.backend.model_name:
-                msg = (
-                    f"the answer came from model {generation.model!r} but the guard scores {self._guard.backend.model_name!r}; "
-                    "give LogTokUQueryEngine the same LogTokULLM as the wrapped query engine"
-                )
-                raise ConfigurationError(msg)
-            decision = self._guard.decide(generation, run.attempts)
-        run.decision_s += time.perf_counter() - t
-        run.attempts.append(Attempt(generation, decision, tuple(n.node.get_content() for n in nodes)))
-        run.nodes.append(list(nodes))
-        run.texts.append(text)
-        run.metadata = dict(getattr(response, "metadata", None) or {})
-        return decision
-
-    def _plan(self, run: _Run, decision: Decision) -> tuple[BaseQueryEngine | None, Decision]:
-        """The engine to re-query with, or None and the decision to act on."""
-        step = self._guard.next_step(run.attempts)
-        if isinstance(step, Conclude):
-            return None, step.decision
-        if not self._retries:
-            why = "no re-query engine (the retriever has no similarity_top_k; pass retry_query_engines=...)"
-            run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
-            return None, self._guard.give_up(step.decision, why)
-        return self._retries[min(step.number, len(self._retries)) - 1], step.decision
-
-    def _fresh(self, run: _Run, decision: Decision, nodes: list[NodeWithScore]) -> Decision | None:
-        """None when ``nodes`` bring new context; else the fallback decision."""
-        seen = {n.node.node_id for attempt in run.nodes for n in attempt}
-        if any(n.node.node_id not in seen for n in nodes):
-            return None
-        why = "the re-query found no new context"
-        run.attempts[-1] = replace(run.attempts[-1], retrieval_error=why)
-        return self._guard.give_up(decision, why)
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
         return {
@@ -375,41 +319,31 @@ class LogTokUQueryEngine(BaseQueryEngine):
             "logtoku.route": [a.decision.action for a in run.attempts],
         }
 
-    def _requery(
-        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
-    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
-        with instrument_tags(self._tags(run, decision)):
-            self._emit(run, decision, final=False)
-            return self._retry(run, decision, engine, query_bundle)
+    def _requery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
+        """Announce the re-query's decision and run it under its tags; the route's next request."""
+        with instrument_tags(self._tags(run, request.decision)):
+            self._emit(run, request.decision, final=False)
+            return self._retry(run, steps, request, query_bundle)
 
     @dispatcher.span
-    def _retry(
-        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
-    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
-        nodes = self._retrieve(run, engine, query_bundle)
-        fallback = self._fresh(run, decision, nodes)
-        if fallback is not None:
-            return fallback
-        capture, response = self._synthesize(run, engine, query_bundle, nodes)
-        return nodes, capture, response
+    def _retry(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
+        """The re-query span: the retrieval and, unless the route falls back, the synthesis (read later)."""
+        following = steps.send(self._retrieve(run, request.engine, query_bundle))
+        if isinstance(following, Synthesize):
+            following = steps.send(self._synthesize(run, following.engine, query_bundle, following.nodes))
+        return following
 
-    async def _arequery(
-        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
-    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
-        with instrument_tags(self._tags(run, decision)):
-            self._emit(run, decision, final=False)
-            return await self._aretry(run, decision, engine, query_bundle)
+    async def _arequery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
+        with instrument_tags(self._tags(run, request.decision)):
+            self._emit(run, request.decision, final=False)
+            return await self._aretry(run, steps, request, query_bundle)
 
     @dispatcher.span
-    async def _aretry(
-        self, run: _Run, decision: Decision, engine: BaseQueryEngine, query_bundle: QueryBundle
-    ) -> Decision | tuple[list[NodeWithScore], GenerationCapture, RESPONSE_TYPE]:
-        nodes = await self._aretrieve(run, engine, query_bundle)
-        fallback = self._fresh(run, decision, nodes)
-        if fallback is not None:
-            return fallback
-        capture, response = await self._asynthesize(run, engine, query_bundle, nodes)
-        return nodes, capture, response
+    async def _aretry(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
+        following = steps.send(await self._aretrieve(run, request.engine, query_bundle))
+        if isinstance(following, Synthesize):
+            following = steps.send(await self._asynthesize(run, following.engine, query_bundle, following.nodes))
+        return following
 
     def _act(self, run: _Run, decision: Decision) -> GuardResult:
         with instrument_tags(self._tags(run, decision)):
