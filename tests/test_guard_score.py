@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -142,6 +143,25 @@ def test_fit_is_deterministic_and_round_trips_through_the_profile(tmp_path: Path
     fab = [s.guard_score for s, y in zip(scored, labels) if not y]
     assert min(known) > max(fab)  # higher = more reliable
     assert loaded.has_stat("guard_score")
+
+
+def test_a_guard_fit_on_the_older_feature_list_keeps_scoring_with_it(tmp_path: Path) -> None:
+    """A profile saved before the AU features joined :data:`FEATURES` still loads and scores with
+    the 10 features it was fit on; changing an answer's AU moves only the newer guard's score."""
+    from logtoku_guard.guard_score import FEATURES
+
+    older = [f for f in FEATURES if f not in ("max_au", "mean_au")]
+    assert len(older) == 10 and len(FEATURES) == 12
+    rows, labels = _rows(40)
+    old, new = fit_guard(rows, labels, ["synthetic"], features=older), fit_guard(rows, labels, ["synthetic"])
+    assert old.features == older and new.features == list(FEATURES)
+    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    loaded = ModelProfile.load(build_profile(gens, "synthetic", old).save(tmp_path / "old-guard.json"))
+    assert loaded.guard == old and loaded.guard_available
+    row = rows[1]
+    louder = dataclasses.replace(row, max_au=row.max_au + 5.0, mean_au=row.mean_au + 5.0)
+    assert with_guard_score(louder, loaded).guard_score == with_guard_score(row, loaded).guard_score
+    assert with_guard_score(louder, new).guard_score != with_guard_score(row, new).guard_score
 
 
 def test_a_profile_without_a_guard_loads_and_the_default_policy_falls_back_to_reliability(tmp_path: Path) -> None:

@@ -43,8 +43,8 @@ from logtoku_guard.evaluation.metrics import Interval, bootstrap_ci
 from logtoku_guard.guard_score import FEATURES, auroc, feature_matrix, fit_guard, with_guard_score
 from logtoku_guard.stats import ResponseStats
 
-ALL_FEATURES: tuple[str, ...] = (*FEATURES, "mean_eu", "max_au", "mean_au", "first_max_eu")
-"""The guard's 10 features and the 4 other per-answer statistics of :class:`ResponseStats`."""
+ALL_FEATURES: tuple[str, ...] = (*FEATURES, "mean_eu", "first_max_eu")
+"""The guard's 12 features and the 2 other per-answer statistics of :class:`ResponseStats`."""
 
 MAX_RESULTS_BYTES = 256 * 2**20
 
