@@ -56,10 +56,11 @@ FEATURES: tuple[str, ...] = (
 )
 """Statistics the guard score combines (``n_tokens`` enters as ``log(1 + n_tokens)``).
 
-The answer's AU (``max_au``, ``mean_au``) joined in the fifth session: chosen by the
+The answer's AU (``max_au``, ``mean_au``) joined in the fifth session, picked by the
 fabricated tune half's cross-validated AUROC (0.9975 with them, 0.9867 without), the
-guard's own fit data, never a test split. A :class:`GuardModel` keeps its own feature list,
-so a guard fit before still scores with the features it was fit on."""
+guard's own fit data (RESULTS.md section 7 says which other numbers had been seen before the
+choice). A :class:`GuardModel` keeps its own feature list, so a guard fit before still
+scores with the features it was fit on."""
 
 
 class GuardModel(BaseModel):
