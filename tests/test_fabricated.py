@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from support.scripts import imported_script
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.fabricated import FabricatedItem, dataset_name, default_path, load_fabricated
@@ -21,13 +20,8 @@ SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
 @pytest.fixture(scope="module")
 def gen():
     """``make_questions.py`` imported as a module."""
-    spec = importlib.util.spec_from_file_location("make_questions", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_questions"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("make_questions", None)
+    with imported_script(SCRIPT) as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

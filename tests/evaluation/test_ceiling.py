@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.scripts import imported_script
 
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
@@ -21,13 +20,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "guard_score" / "c
 
 @pytest.fixture(scope="module")
 def ceiling():
-    spec = importlib.util.spec_from_file_location("ceiling", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ceiling"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ceiling", None)
+    with imported_script(SCRIPT) as module:
+        yield module
 
 
 def _write(tmp_path: Path, n: int = 40) -> tuple[Path, Path, list[bool], list[bool]]:
