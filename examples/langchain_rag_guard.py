@@ -122,8 +122,10 @@ def main() -> None:
             if d["draft"] != answer.content:
                 print(f"   model said: {d['draft']!r}")
             print(f"A: {answer.content}\n")
-    if not args.json:
-        print(f"{len(flagged.flagged)} answer(s) flagged: {[f.action for f in flagged.flagged]}")
+    if not args.json:  # flagged = not simply passed: retrieved (then passed or abstained), warned, abstained...
+        print(f"{len(flagged.flagged)} answer(s) flagged by the guard:")
+        for f in flagged.flagged:
+            print(f"   {f.question!r}: {' -> '.join(a['action'] for a in f.decision['route'])} => {f.action}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from llama_index.core import Document, VectorStoreIndex
@@ -38,7 +37,7 @@ CORPUS = [
 IN_CORPUS = "Who founded the Zarnovian Institute of Quantum Botany?"
 OUT_OF_CORPUS = "Who was the drummer of the band Velvet Orchard in 1974?"
 
-# Thresholds are quantiles of the model's own profile (`logtoku-guard calibrate`): an answer
+# Thresholds are quantiles of the model's own profile (shipped for the embedded model): an answer
 # among the 30% least reliable of this model is re-queried once with more context, then
 # replaced by the abstain message if it is still that unreliable.
 POLICY = {
@@ -77,13 +76,10 @@ def build_engine(backend: Any = None, store: Any = None) -> LogTokUQueryEngine:
     backend = backend or TransformersBackend()
     llm = LogTokULLM(backend=backend, max_new_tokens=48)
     index = VectorStoreIndex.from_documents([Document(text=t) for t in CORPUS], embed_model=MiniLMEmbedding())
+    # The embedded model's profile ships with the package; `logtoku-guard calibrate` saves your own.
     profile = load_profile_for(backend.model_name, backend.k, backend.evidence)
     if profile is None:
-        from logtoku_guard.calibration import calibrate, default_calibration_prompts, profile_path
-
-        print(f"No profile for {backend.model_name} yet: calibrating once (200 questions)...", file=sys.stderr)
-        profile = calibrate(backend, default_calibration_prompts(200))
-        profile.save(profile_path(backend.model_name, backend.k, backend.evidence))
+        raise SystemExit(f"no profile for {backend.model_name}: run `logtoku-guard calibrate --model {backend.model_name}` first")
     return LogTokUQueryEngine.from_index(
         index, llm=llm, similarity_top_k=2, policy=Policy.from_dict(POLICY), profile=profile, store=store
     )

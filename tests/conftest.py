@@ -8,6 +8,7 @@ make_model``). ``embedded_cache``/``embedded_backend`` serve the ``slow`` tests.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,23 @@ import pytest
 from support.tiny import make_model, make_tokenizer
 
 __all__ = ["make_model", "make_tokenizer"]  # still importable from conftest by older test modules
+
+# A user's machine has nothing beside the checkout: the tests must pass without the workspace's
+# shared/ folder (datasets, notes). The evaluation datasets are found only through
+# $LOGTOKU_GUARD_DATA or --data-dir, so the variable is dropped for the whole run (subprocesses
+# included), and any attempt to open a file under ../shared fails loudly instead of passing here
+# and failing on a user's clone. `.ci/run` also hides the folder itself while the suite runs.
+os.environ.pop("LOGTOKU_GUARD_DATA", None)
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared") + os.sep
+
+
+def _refuse_shared(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and args and isinstance(args[0], str | bytes) and os.path.abspath(os.fsdecode(args[0])).startswith(SHARED):
+        msg = f"a test opened {os.fsdecode(args[0])!r}: tests must not read ../shared; ship the data in the package or a fixture"
+        raise PermissionError(msg)
+
+
+sys.addaudithook(_refuse_shared)
 
 
 @pytest.fixture(scope="session")

@@ -122,5 +122,47 @@ def test_the_package_keeps_the_old_module_names() -> None:
 
     assert cal.ModelProfile is profiles.ModelProfile and cal.calibrate is profiles.calibrate
     assert cal.fit_threshold is thresholds.fit_threshold and cal.read_prompts_file is prompts.read_prompts_file
-    for name in ("build_profile", "load_profile_for", "profile_path", "default_calibration_prompts", "shared_data_dir"):
+    for name in ("build_profile", "load_profile_for", "profile_path", "default_calibration_prompts", "find_profile_for"):
         assert callable(getattr(cal, name)), name
+
+
+def test_the_default_calibration_set_ships_with_the_package_and_its_licences() -> None:
+    """200 questions (100 TruthfulQA, 100 NQ-open) with their reference answers, read from the
+    package alone: `calibrate` and the first `ask` need no datasets folder."""
+    from logtoku_guard.calibration import CALIBRATION_QUESTIONS, default_calibration_prompts, shipped_calibration_questions
+
+    shipped = shipped_calibration_questions()
+    assert [q.source for q in shipped] == ["truthfulqa"] * 100 + ["nq_open"] * 100
+    assert all(q.question.endswith("?") and q.answers and all(q.answers) for q in shipped)
+    assert len({q.id for q in shipped}) == 200
+    assert default_calibration_prompts() == [q.question for q in shipped]
+    some = default_calibration_prompts(10)
+    assert len(some) == 10 and set(some) <= {q.question for q in shipped}
+    assert sum(q in {s.question for s in shipped if s.source == "nq_open"} for q in some) == 5
+    data = CALIBRATION_QUESTIONS.parent
+    assert "Apache License" in (data / "LICENSE-TruthfulQA").read_text() and "CC BY-SA 3.0" in (data / "NOTICE-NQ-open").read_text()
+    with pytest.raises(ConfigurationError, match=r"has 200 questions.*--prompts FILE"):
+        default_calibration_prompts(201)
+    with pytest.raises(ConfigurationError, match="at least 1"):
+        default_calibration_prompts(0)
+
+
+def test_a_saved_profile_wins_over_the_shipped_one_and_the_shipped_one_is_found_in_an_empty_cache(tmp_path: Path) -> None:
+    from logtoku_guard.calibration import find_profile_for, load_profile_for, shipped_profile_path
+    from logtoku_guard.calibration.guard_fit import shipped_guard
+    from logtoku_guard.embedded import EMBEDDED_MODEL
+
+    found = find_profile_for(EMBEDDED_MODEL, 2, "clamped", tmp_path / "empty-cache")
+    assert found is not None, "the embedded model's profile must ship with the package"
+    shipped, where = found
+    assert where == shipped_profile_path(EMBEDDED_MODEL) and shipped.model == EMBEDDED_MODEL
+    assert shipped.n_prompts == 200 and shipped.source.startswith("default")
+    assert shipped.guard == shipped_guard(EMBEDDED_MODEL)  # made with the guard that ships beside it
+    assert find_profile_for(EMBEDDED_MODEL, 3, "clamped", tmp_path) is None  # another K: none shipped
+    assert load_profile_for("some/other-model", 2, "clamped", tmp_path) is None
+    own = _profile([1.0, 2.0, 3.0]).model_copy(update={"model": EMBEDDED_MODEL})
+    saved = own.save(profile_path(EMBEDDED_MODEL, 2, "clamped", tmp_path))
+    assert find_profile_for(EMBEDDED_MODEL, 2, "clamped", tmp_path) == (own, saved)
+    saved.write_text("{broken")  # a damaged saved profile is an error, never silently the shipped one
+    with pytest.raises(ValueError):
+        find_profile_for(EMBEDDED_MODEL, 2, "clamped", tmp_path)

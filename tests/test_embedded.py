@@ -262,19 +262,19 @@ def test_example_score_and_stream_runs(embedded_cache: Path, embedded_backend: o
 def test_ask_passes_a_known_fact_and_routes_an_invented_entity_away(
     embedded_cache: Path, embedded_backend: object, tmp_path: Path
 ) -> None:
-    """The issue's acceptance check, with the calibrated default policy (calibrated here on
-    64 questions when the cache holds no profile yet: `ask` does that by itself)."""
+    """A fresh install's first `ask`: the default policy with the profile that ships with the package,
+    no calibration run and no datasets folder (the cache holds the converted model only)."""
     pytest.importorskip("yaml")
-    from logtoku_guard.calibration import shared_data_dir
-
-    if shared_data_dir() is None:
-        pytest.skip("../shared/data is needed for the default calibration set")
+    fresh = tmp_path / "fresh-cache"
+    fresh.mkdir()
+    (fresh / "models").symlink_to(embedded_cache / "models")  # the converted model, but no saved profile
+    embedded_cache = fresh
     store = str(tmp_path / "audit.db")
-    res = _cli(
-        "ask", "--json", "--store", store, "--calibration-size", "64", "What is the capital of France?", cache=embedded_cache
-    )
+    res = _cli("ask", "--json", "--store", store, "What is the capital of France?", cache=embedded_cache)
     assert res.returncode == 0, res.stderr
+    assert "calibrating" not in res.stderr and not (fresh / "profiles").exists()
     known = json.loads(res.stdout)
+    assert known["reliability_percentile"] is not None  # placed in the shipped profile
     assert known["action"] == "pass" and "Paris" in known["answer"] and known["rule"] is None
     assert {"answer", "action", "reason", "rule", "reliability", "attempts", "review_id", "tokens"} <= set(known)
     res = _cli("ask", "--json", "--store", store, "Who founded the Zarnovian Institute of Quantum Botany?", cache=embedded_cache)

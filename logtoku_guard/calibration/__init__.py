@@ -7,7 +7,7 @@
 * :mod:`~logtoku_guard.calibration.prompts`: the default calibration questions
   (:func:`default_calibration_prompts`) or a prompts file (:func:`read_prompts_file`).
 
-The datasets behind the default prompts are read by :mod:`logtoku_guard.evaluation.datasets`.
+The default prompts ship in ``calibration/data/`` with their datasets' licences.
 """
 
 from __future__ import annotations
@@ -18,26 +18,35 @@ from logtoku_guard.calibration.profiles import (
     ModelProfile,
     build_profile,
     calibrate,
+    find_profile_for,
     load_profile_for,
     profile_path,
+    shipped_profile_path,
 )
-from logtoku_guard.calibration.prompts import default_calibration_prompts, read_prompts_file
+from logtoku_guard.calibration.prompts import (
+    CALIBRATION_QUESTIONS,
+    CalibrationQuestion,
+    default_calibration_prompts,
+    read_prompts_file,
+    shipped_calibration_questions,
+)
 from logtoku_guard.calibration.thresholds import ThresholdFit, fit_threshold
-from logtoku_guard.evaluation.datasets import DATA_ENV
-from logtoku_guard.evaluation.datasets import existing_data_dir as shared_data_dir
 
 __all__ = [
-    "DATA_ENV",
+    "CALIBRATION_QUESTIONS",
     "GRID",
     "PROFILE_VERSION",
+    "CalibrationQuestion",
     "ModelProfile",
     "ThresholdFit",
     "build_profile",
     "calibrate",
+    "find_profile_for",
     "default_calibration_prompts",
     "fit_threshold",
     "load_profile_for",
     "profile_path",
     "read_prompts_file",
-    "shared_data_dir",
+    "shipped_calibration_questions",
+    "shipped_profile_path",
 ]

@@ -6,7 +6,8 @@ setup, the quantile grid (0%, 1%, ..., 100%) of token AU/EU and of every respons
 of :class:`~logtoku_guard.stats.ResponseStats` over a calibration set of prompts; a policy
 can then say "flag the top 10% of max EU" (``{quantile: 0.9}``). :func:`calibrate` runs a
 backend over prompts and builds one (:func:`build_profile`); :func:`profile_path` and
-:func:`load_profile_for` keep it next to the model cache.
+:func:`load_profile_for` keep it next to the model cache; the embedded model's profile also ships
+with the package (:func:`shipped_profile_path`), so a fresh install needs no calibration run.
 
 Every grid is finite and sorted (checked on load and construction: a NaN grid would silently
 disable every quantile rule on it); a statistic with no finite value over the calibration set
@@ -34,10 +35,22 @@ from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
 from logtoku_guard.uncertainty import QuadrantThresholds
 
-__all__ = ["GRID", "PROFILE_VERSION", "ModelProfile", "build_profile", "calibrate", "load_profile_for", "profile_path"]
+__all__ = [
+    "GRID",
+    "PROFILE_VERSION",
+    "ModelProfile",
+    "build_profile",
+    "calibrate",
+    "find_profile_for",
+    "load_profile_for",
+    "profile_path",
+    "shipped_profile_path",
+]
 
 PROFILE_VERSION = 1
 GRID = 101
+SHIPPED_DIR = Path(__file__).parent / "data"
+"""The package's own data: the default calibration questions, shipped profiles and guard fits."""
 
 
 class ModelProfile(BaseModel):
@@ -166,22 +179,45 @@ class ModelProfile(BaseModel):
             raise ConfigurationError(msg) from exc
 
 
+def _safe(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
+
+
 def profile_path(model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where the profile of ``model`` is kept by default (next to the model cache)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
-    return cache_root(cache_dir) / "profiles" / f"{safe}-k{k}-{evidence}.json"
+    """Where the profile of ``model`` is saved by default (next to the model cache)."""
+    return cache_root(cache_dir) / "profiles" / f"{_safe(model)}-k{k}-{evidence}.json"
+
+
+def shipped_profile_path(model: str, k: int = 2, evidence: str = "clamped") -> Path:
+    """Where the package ships a ready profile for this setup (one exists for the embedded model
+    at K = 2, clamped evidence)."""
+    return SHIPPED_DIR / f"profile-{_safe(model)}-k{k}-{evidence}.json"
+
+
+def find_profile_for(
+    model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[ModelProfile, Path] | None:
+    """The profile of ``model`` for this setup and where it was read: the one saved by
+    ``logtoku-guard calibrate`` in the cache (:func:`profile_path`) first, else the one shipped
+    with the package (:func:`shipped_profile_path`), else None.
+
+    A saved profile that cannot be read raises (pydantic ``ValidationError`` or ``OSError``):
+    it is never silently replaced by the shipped one.
+    """
+    for path in (profile_path(model, k, evidence, cache_dir), shipped_profile_path(model, k, evidence)):
+        if path.is_file():
+            profile = ModelProfile.load(path)
+            profile.check_matches(model, k, evidence)
+            return profile, path
+    return None
 
 
 def load_profile_for(
     model: str, k: int = 2, evidence: str = "clamped", cache_dir: str | os.PathLike[str] | None = None
 ) -> ModelProfile | None:
-    """The saved profile of ``model`` for this setup, or None when there is none."""
-    path = profile_path(model, k, evidence, cache_dir)
-    if not path.exists():
-        return None
-    profile = ModelProfile.load(path)
-    profile.check_matches(model, k, evidence)
-    return profile
+    """The profile of ``model`` for this setup (saved, else shipped; :func:`find_profile_for`), or None."""
+    found = find_profile_for(model, k, evidence, cache_dir)
+    return found[0] if found is not None else None
 
 
 def _grid(values: Sequence[float]) -> list[float] | None:

@@ -1,40 +1,106 @@
-"""Calibration prompts: the default set (TruthfulQA + NQ-open questions) or the user's own file.
+"""Calibration prompts: the shipped default set (TruthfulQA + NQ-open questions) or the user's own file.
 
-The datasets are read by :mod:`logtoku_guard.evaluation.datasets` (which also says where the
-data folder is: an argument, ``$LOGTOKU_GUARD_DATA``, or a documented source-checkout
-fallback); this module only picks the questions.
+The default set ships inside the package (``calibration/data/calibration_questions.jsonl``,
+with the datasets' licences beside it), so ``logtoku-guard calibrate`` and the first ``ask``
+need nothing outside the installed package. It holds 200 questions, 100 spread evenly over
+TruthfulQA's 817 and 100 over NQ-open's 3610 dev questions, each with its reference answers;
+``scripts/make_calibration_set.py`` rebuilds it from the full datasets.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.datasets import DatasetUnavailableError, load_nq_open, load_truthfulqa
+from logtoku_guard.errors import ConfigurationError, DatasetUnavailableError
 from logtoku_guard.jsonl import json_lines
 
-__all__ = ["default_calibration_prompts", "read_prompts_file"]
+__all__ = [
+    "CALIBRATION_QUESTIONS",
+    "CalibrationQuestion",
+    "default_calibration_prompts",
+    "pick_calibration_questions",
+    "read_prompts_file",
+    "shipped_calibration_questions",
+]
+
+CALIBRATION_QUESTIONS = Path(__file__).parent / "data" / "calibration_questions.jsonl"
+"""The shipped default calibration set: one ``{"id", "source", "question", "answers"}`` per line."""
+
+SOURCES = ("truthfulqa", "nq_open")
 
 
-def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] | None = None) -> list[str]:
-    """``n`` questions, half from TruthfulQA and half from NQ-open (deterministic order).
+@dataclass(frozen=True)
+class CalibrationQuestion:
+    """One shipped calibration question: its dataset (``truthfulqa`` or ``nq_open``), its id
+    there (``tqa-<row>``, ``nq-<line>``) and its reference answers."""
 
-    ``data_dir``: the datasets folder (default: ``$LOGTOKU_GUARD_DATA``, then the documented
-    source-checkout fallback; see :func:`~logtoku_guard.evaluation.datasets.data_root`).
-    """
+    id: str
+    source: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def shipped_calibration_questions() -> list[CalibrationQuestion]:
+    """The 200 shipped calibration questions, TruthfulQA's half first (file order)."""
+    p = CALIBRATION_QUESTIONS
     try:
-        tqa = [item.question for item in load_truthfulqa(data_dir=data_dir)]
-        nq = [item.question for item in load_nq_open(data_dir=data_dir)]
-    except DatasetUnavailableError as exc:
-        msg = f"the default calibration set (TruthfulQA + NQ-open) is unavailable: {exc}; or give your own prompts file"
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        msg = f"the shipped calibration set {str(p)!r} cannot be read ({exc.strerror}); reinstall logtoku-guard"
         raise DatasetUnavailableError(msg) from exc
-    # Every m-th question: spread over the whole file rather than its first topic.
+    out = []
+    for i, line, obj in json_lines(p, lines, 'each line must be {"id", "source", "question", "answers"}'):
+        ok = isinstance(obj, dict) and obj.get("source") in SOURCES and isinstance(obj.get("question"), str)
+        if not ok or not isinstance(obj.get("answers"), list):
+            msg = f"{p}:{i}: not a calibration question ({line[:80]!r}); reinstall logtoku-guard"
+            raise ConfigurationError(msg)
+        out.append(CalibrationQuestion(str(obj["id"]), obj["source"], obj["question"], tuple(map(str, obj["answers"]))))
+    return out
+
+
+def pick_calibration_questions(tqa: list[str], nq: list[str], n: int) -> list[str]:
+    """``n`` questions, half from ``tqa`` and half from ``nq``: every m-th question, spread over
+    each whole list rather than its first topic; a ``?`` is appended where missing."""
     half = n // 2
     picks = tqa[:: max(1, len(tqa) // max(half, 1))][:half] + nq[:: max(1, len(nq) // max(n - half, 1))][: n - half]
     return [q if q.endswith("?") else q + "?" for q in picks]
 
 
+def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """``n`` calibration questions, half from TruthfulQA and half from NQ-open (deterministic order).
+
+    Without ``data_dir``: from the shipped set (at most its 200 questions; ``n = 200`` is the
+    whole set, a smaller ``n`` spreads over each half). With ``data_dir`` (a folder laid out
+    like the evaluation datasets, see :mod:`logtoku_guard.evaluation.datasets`): picked the
+    same way from the full files, for any ``n``.
+    """
+    if n < 1:
+        msg = f"the number of calibration questions must be at least 1, got {n}"
+        raise ConfigurationError(msg)
+    if data_dir is not None:
+        from logtoku_guard.evaluation.datasets import load_nq_open, load_truthfulqa
+
+        try:
+            tqa = [item.question for item in load_truthfulqa(data_dir=data_dir)]
+            nq = [item.question for item in load_nq_open(data_dir=data_dir)]
+        except DatasetUnavailableError as exc:
+            msg = f"the calibration datasets are unavailable: {exc}; or give your own prompts file"
+            raise DatasetUnavailableError(msg) from exc
+        return pick_calibration_questions(tqa, nq, n)
+    shipped = shipped_calibration_questions()
+    if n > len(shipped):
+        msg = (
+            f"the shipped calibration set has {len(shipped)} questions, fewer than the {n} asked for; "
+            f"ask for at most {len(shipped)} or give your own prompts file (--prompts FILE)"
+        )
+        raise ConfigurationError(msg)
+    if n == len(shipped):
+        return [q.question for q in shipped]
+    tqa = [q.question for q in shipped if q.source == "truthfulqa"]
+    nq = [q.question for q in shipped if q.source == "nq_open"]
+    return pick_calibration_questions(tqa, nq, n)
 def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
     """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field.
 

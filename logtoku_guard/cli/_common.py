@@ -197,12 +197,13 @@ def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
 def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
     """The profile for ``backend`` and its path, shared by ``score`` and ``ask``; never calibrates.
 
-    ``--profile`` (which must match the backend's model, K and evidence mode), else the saved
-    profile of the model, else ``(None, None)``.
+    ``--profile`` (which must match the backend's model, K and evidence mode), else the profile
+    saved by ``calibrate`` for the model, else the one shipped for the embedded model, else
+    ``(None, None)``.
     """
     from pydantic import ValidationError
 
-    from logtoku_guard.calibration import load_profile_for, profile_path
+    from logtoku_guard.calibration import find_profile_for, profile_path
 
     model, k, evidence = backend.model_name, backend.k, backend.evidence
     if explicit is not None:
@@ -214,14 +215,14 @@ def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_d
         return explicit, explicit_path
     path = profile_path(model, k, evidence, cache_dir)
     try:
-        found = load_profile_for(model, k, evidence, cache_dir)
+        found = find_profile_for(model, k, evidence, cache_dir)
     except (ValidationError, OSError, UnicodeDecodeError) as exc:
         msg = (
             f"the saved profile {str(path)!r} cannot be read ({exc.__class__.__name__}); "
             f"remake it with {calibrate_hint(model, k, evidence)}"
         )
         raise ConfigurationError(msg) from exc
-    return (found, path) if found is not None else (None, None)
+    return found if found is not None else (None, None)
 
 
 def profile_thresholds(profile: Any, path: Path | None) -> QuadrantThresholds:

@@ -1,16 +1,18 @@
-"""Dataset loaders, read in place from the shared data folder (never copied into the project).
+"""Evaluation dataset loaders, read in place from a datasets folder the user points to.
 
 * TruthfulQA (Lin et al. 2022): ``truthfulqa/TruthfulQA.csv`` (starts with a BOM: ``utf-8-sig``).
 * NQ-open (Kwiatkowski et al. 2019; Lee et al. 2019): ``nq_open/NQ-open.dev.jsonl``.
 * GoEmotions (Demszky et al. 2020): ``goemotions/{dev,test}.tsv`` and ``emotions.txt``.
 
-Where the data folder is, first match wins (:func:`data_root`):
+Only ``logtoku-guard eval`` needs them (calibration ships its own questions). Where the data
+folder is, first match wins (:func:`data_root`):
 
 1. an explicit argument: ``data_dir=`` (the CLI's ``--data-dir``), or a file ``path``;
-2. the environment variable ``$LOGTOKU_GUARD_DATA`` (:data:`DATA_ENV`), used as given;
-3. only as a fallback for a source checkout: ``shared/data`` beside the project folder, or
-   beside the working directory (:func:`default_data_dir`). An installed package has no such
-   sibling folder: set the variable or pass the folder.
+2. the environment variable ``$LOGTOKU_GUARD_DATA`` (:data:`DATA_ENV`), used as given.
+
+There is no guess beside the package or the working directory: an installed package has no
+such folder, and a guess would make a checkout behave unlike a user's install. The folder's
+layout and where to get each file are in the README ("Evaluation datasets").
 
 A missing folder or file raises :class:`DatasetUnavailableError` naming the path and the
 fix, so callers (and tests) can skip clearly; a malformed file (not UTF-8, a line that is not
@@ -61,20 +63,10 @@ class EmotionItem:
     labels: tuple[int, ...]
 
 
-def _checkout_fallbacks() -> list[Path]:
-    """``shared/data`` beside this source checkout and beside the working directory."""
-    project = Path(__file__).resolve().parents[2]  # logtoku_guard/evaluation/datasets.py -> project folder
-    return [project.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-
-
 def default_data_dir() -> Path | None:
-    """The datasets folder when none is passed: ``$LOGTOKU_GUARD_DATA`` as given, else the
-    first existing source-checkout fallback (``shared/data`` beside the project or the working
-    directory), else None."""
+    """The datasets folder when none is passed: ``$LOGTOKU_GUARD_DATA`` as given, else None."""
     env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env)
-    return next((c for c in _checkout_fallbacks() if c.is_dir()), None)
+    return Path(env) if env else None
 
 
 def existing_data_dir() -> Path | None:
@@ -87,8 +79,11 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The datasets folder: ``data_dir`` if given, else :func:`default_data_dir`; it must exist."""
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     if root is None or not root.is_dir():
-        where = str(root) if root else f"${DATA_ENV} is not set and no shared/data folder is beside the project"
-        msg = f"the shared datasets folder was not found ({where}); set ${DATA_ENV} or pass --data-dir"
+        where = f"{str(root)!r} is not a folder" if root else f"no --data-dir given and ${DATA_ENV} is not set"
+        msg = (
+            f"the evaluation datasets folder was not found ({where}); pass --data-dir FOLDER or set ${DATA_ENV} to a "
+            "folder holding truthfulqa/TruthfulQA.csv, nq_open/NQ-open.dev.jsonl and goemotions/ (README: Evaluation datasets)"
+        )
         raise DatasetUnavailableError(msg)
     return root
 

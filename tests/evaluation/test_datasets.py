@@ -37,15 +37,6 @@ def test_loaders_read_in_place(tmp_path: Path) -> None:
         load_truthfulqa(data_dir=root, limit=0)
 
 
-def test_shared_truthfulqa_when_present() -> None:
-    try:
-        items = load_truthfulqa(limit=3)
-    except DatasetUnavailableError as exc:
-        pytest.skip(f"shared datasets absent: {exc}")
-    assert items[0].question.startswith("What happens to you if you eat watermelon seeds")
-    assert items[0].correct[0] == "The watermelon seeds pass through your digestive system"
-
-
 def test_errors_share_the_library_root() -> None:
     assert issubclass(DatasetUnavailableError, LogTokUError)
 
@@ -75,9 +66,15 @@ def test_calibration_prompts_read_through_the_loaders(tmp_path: Path, monkeypatc
         "Is 2+2 equal to 4?",
         "who wrote hamlet?",
     ]
-    monkeypatch.setenv("LOGTOKU_GUARD_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DatasetUnavailableError, match="own prompts file"):
-        default_calibration_prompts(4)
+        default_calibration_prompts(4, tmp_path / "nowhere")
+
+
+def test_without_a_folder_the_datasets_ask_for_one_and_never_guess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --data-dir and no variable: a message naming both ways, never a folder guessed beside the package."""
+    monkeypatch.delenv("LOGTOKU_GUARD_DATA", raising=False)
+    with pytest.raises(DatasetUnavailableError, match=r"--data-dir FOLDER or set \$LOGTOKU_GUARD_DATA"):
+        load_truthfulqa(limit=3)
 
 
 def test_malformed_dataset_files_name_the_file_the_line_and_the_format(tmp_path: Path) -> None:

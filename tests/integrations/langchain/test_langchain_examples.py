@@ -38,6 +38,10 @@ def test_rag_guard_example_retrieves_then_abstains(embedded_backend: Any, embedd
     assert actions(helvan) == ["retrieve"] and helvan["action"] == "abstain"
     assert helvan["answer"] == "I don't know, and my documents do not say."
     assert helvan["reason"].endswith("the retriever returned nothing")
+    text = run("langchain_rag_guard.py", cache=embedded_cache)  # the summary names each flagged answer's route
+    assert "2 answer(s) flagged by the guard:" in text
+    assert "'Who designed the Varkess protocol?': retrieve -> pass => pass" in text
+    assert "Helvan engine?': retrieve => abstain" in text
 
 
 def test_stream_colored_example(embedded_backend: Any, embedded_cache: Path) -> None:
