@@ -140,7 +140,9 @@ def test_the_default_calibration_set_ships_with_the_package_and_its_licences() -
     assert len(some) == 10 and set(some) <= {q.question for q in shipped}
     assert sum(q in {s.question for s in shipped if s.source == "nq_open"} for q in some) == 5
     data = CALIBRATION_QUESTIONS.parent
-    assert "Apache License" in (data / "LICENSE-TruthfulQA").read_text() and "CC BY-SA 3.0" in (data / "NOTICE-NQ-open").read_text()
+    assert (
+        "Apache License" in (data / "LICENSE-TruthfulQA").read_text() and "CC BY-SA 3.0" in (data / "NOTICE-NQ-open").read_text()
+    )
     with pytest.raises(ConfigurationError, match=r"has 200 questions.*--prompts FILE"):
         default_calibration_prompts(201)
     with pytest.raises(ConfigurationError, match="at least 1"):

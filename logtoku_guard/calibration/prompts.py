@@ -101,6 +101,8 @@ def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] |
     tqa = [q.question for q in shipped if q.source == "truthfulqa"]
     nq = [q.question for q in shipped if q.source == "nq_open"]
     return pick_calibration_questions(tqa, nq, n)
+
+
 def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
     """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field.
 

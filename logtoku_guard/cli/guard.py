@@ -36,9 +36,12 @@ def calibrate(
     top_k: TopKOpt = DEFAULT_K,
     evidence: Annotated[str, typer.Option(help="Evidence mode: clamped or raw.")] = "clamped",
     prompts: Annotated[
-        Path | None, typer.Option(help="Prompts file: .txt (one per line) or .jsonl with 'question'. Default: the shipped calibration set.")
+        Path | None,
+        typer.Option(help="Prompts file: .txt (one per line) or .jsonl with 'question'. Default: the shipped calibration set."),
     ] = None,
-    n: Annotated[int, typer.Option("--n", help="Number of shipped calibration questions (TruthfulQA + NQ-open, at most 200).")] = 200,
+    n: Annotated[
+        int, typer.Option("--n", help="Number of shipped calibration questions (TruthfulQA + NQ-open, at most 200).")
+    ] = 200,
     max_new_tokens: Annotated[int, typer.Option(help="Maximum tokens per calibration answer.")] = 64,
     batch_size: Annotated[int, typer.Option(help="Prompts per generation batch (at least 1).")] = 8,
     out_path: Annotated[
@@ -129,7 +132,9 @@ def ask(
     top_k: TopKOpt = DEFAULT_K,
     max_new_tokens: Annotated[int, typer.Option(help="Maximum number of generated tokens.")] = 128,
     system: Annotated[str | None, typer.Option(help="System message.")] = None,
-    calibration_size: Annotated[int, typer.Option(help="Shipped questions used when the model has no profile yet and one is made (at most 200).")] = 200,
+    calibration_size: Annotated[
+        int, typer.Option(help="Shipped questions used when the model has no profile yet and one is made (at most 200).")
+    ] = 200,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
