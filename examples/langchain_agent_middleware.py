@@ -2,9 +2,11 @@
 
 Run: python examples/langchain_agent_middleware.py   (the embedded SmolLM2-135M, on CPU)
 
-1. A question the model knows passes (or gets a disclaimer).
-2. A question about an invented entity is routed: context is retrieved and the model answers
-   again; only the final answer enters the agent state.
+1. A question the model knows passes (route ['pass']).
+2. A question about an invented entity is routed: its guard score falls among the 30% least
+   reliable answers of the model's profile (shipped for the embedded model), so context is
+   retrieved and the model answers again (route ['retrieve', ...]); only the final answer
+   enters the agent state.
 3. With a review policy the agent pauses (interrupt) with the draft; a reviewer resumes it
    with an edit.
 """
@@ -36,13 +38,15 @@ def retriever(query: str) -> list[str]:
     return [p for p in CORPUS if words & set(p.split())]
 
 
-def rule(action: str, below: float) -> dict[str, object]:
-    return {"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": below}, "action": action}
+def rule(action: str, stat: str, below: object) -> dict[str, object]:
+    return {"name": "unsure", "when": {"stat": stat, "op": "<", "value": below}, "action": action}
 
 
 def main() -> None:
     model = ChatLogTokU(max_tokens=40, logtoku_profile=None)
-    routed = Policy.from_dict({"name": "demo", "rules": [rule("retrieve", -0.25)], "retrieve": {"fallback": "warn"}})
+    # Thresholds from the model's own profile: AU/EU and the guard score live on each model's scale.
+    unsure = rule("retrieve", "guard_score", {"quantile": 0.3})
+    routed = Policy.from_dict({"name": "demo", "rules": [unsure], "retrieve": {"fallback": "warn"}})
     agent = create_agent(model, tools=[directory], middleware=[LogTokUMiddleware(policy=routed, retriever=retriever)])
     for question in ("What is the capital of France?", "Who founded the Zarnovian Institute of Quantum Botany?"):
         last = agent.invoke({"messages": [("user", question)]})["messages"][-1]
@@ -50,7 +54,9 @@ def main() -> None:
         print(f"Q: {question}\nA: {last.content}\n   route: {[a['action'] for a in decision['route']]}\n")
 
     store = AuditStore(Path(tempfile.mkdtemp()) / "audit.db")
-    review = Policy.from_dict({"name": "review", "rules": [rule("human_review", 0.0)]})  # every answer, for the demo
+    review = Policy.from_dict(
+        {"name": "review", "rules": [rule("human_review", "reliability", 0.0)]}
+    )  # every answer, for the demo
     agent = create_agent(
         model, tools=[directory], middleware=[LogTokUMiddleware(policy=review, store=store)], checkpointer=InMemorySaver()
     )

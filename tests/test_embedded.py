@@ -288,3 +288,25 @@ def test_ask_passes_a_known_fact_and_routes_an_invented_entity_away(
         "pass",
         invented["action"],
     ]
+
+
+@pytest.mark.slow
+def test_the_readme_guard_snippet_does_what_it_says(
+    embedded_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's Python guard example, run as written (in a scratch folder for its audit.db):
+    the invented institute is sent to retrieval instead of passing the model's guess."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## The guard: pass, warn, retrieve") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert "guard.run(" in code
+    monkeypatch.setenv(embedded.CACHE_ENV, str(embedded_cache))
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    result = scope["result"]
+    route = [a.decision.action for a in result.attempts]  # type: ignore[attr-defined]
+    assert route[0] == "retrieve", (route, result.decision.reason)  # type: ignore[attr-defined]
+    assert "Marwick" in result.answer and result.action != "abstain", result.answer  # type: ignore[attr-defined]
+    scope["guard"].store.close()  # type: ignore[attr-defined]

@@ -283,4 +283,8 @@ def test_agent_middleware_example_runs(embedded_cache: Any, capsys: Any, monkeyp
 
     monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(embedded_cache))
     runpy.run_path(str(Path(__file__).parents[3] / "examples" / "langchain_agent_middleware.py"), run_name="__main__")
-    assert "after the edit: Dr. Elena Marwick, in 1987." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "after the edit: Dr. Elena Marwick, in 1987." in out
+    # the promised routes: the known fact passes, the invented entity is sent to retrieval first
+    routes = [line.split("route: ", 1)[1] for line in out.splitlines() if "route: " in line]
+    assert routes[0] == "['pass']" and routes[1].startswith("['retrieve'"), routes
