@@ -10,6 +10,7 @@ racing on the same item cannot both decide it. A claim holds until released, dec
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +22,25 @@ from logtoku_guard.audit.records import _OPEN, AuditRecord, ReviewItem, ReviewSt
 from logtoku_guard.audit.schema import _item_select, _records, _reviews, _row_to_item, _UTCDateTime
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, UnknownTraceError
 
-__all__ = ["ReviewQueue"]
+__all__ = ["ReviewHints", "ReviewQueue"]
+
+MAX_ITEM_ID = 2**63 - 1
+"""The largest review item id any store can hold (a signed 64-bit integer column)."""
 
 
-def _check_id(item_id: Any) -> int:
-    if isinstance(item_id, bool) or not isinstance(item_id, int):
-        msg = f"a review item id must be an integer, got {item_id!r}; ids come from ReviewItem.id"
-        raise ConfigurationError(msg)
-    return item_id
+@dataclass(frozen=True)
+class ReviewHints:
+    """How the queue's error messages name the fix; ``{id}`` stands for the item id.
+
+    The default speaks the Python API (``review_item(7)``); a front end that shows these
+    errors to its own users (the ``logtoku-guard review`` commands) sets
+    :attr:`ReviewQueue.review_hints` on the store it opened to its own wording.
+    """
+
+    show: str = "read it with review_item({id})"
+    list_open: str = "list open items with pending()"
+    take_another: str = "take another item from pending()"
+    force: str = "pass force=True"
 
 
 def _check_os_user(os_user: str | None) -> str | None:
@@ -40,6 +52,8 @@ class ReviewQueue:
 
     _where: str
     claim_ttl: timedelta | None
+    review_hints: ReviewHints = ReviewHints()
+    """How review errors name the fix (see :class:`ReviewHints`)."""
 
     if TYPE_CHECKING:
 
@@ -48,6 +62,18 @@ class ReviewQueue:
         def _insert_record(self, conn: Connection, rec: AuditRecord) -> None: ...
 
         def _redacted(self, rec: AuditRecord) -> AuditRecord: ...
+
+    def _check_id(self, item_id: Any) -> int:
+        if isinstance(item_id, bool) or not isinstance(item_id, int):
+            msg = f"a review item id must be an integer, got {item_id!r}; ids come from ReviewItem.id"
+            raise ConfigurationError(msg)
+        if not -MAX_ITEM_ID - 1 <= item_id <= MAX_ITEM_ID:  # no database column holds it: no such item
+            msg = (
+                f"no review item with id {item_id} in the audit store at {self._where}: ids are at most {MAX_ITEM_ID}; "
+                f"{self.review_hints.list_open}"
+            )
+            raise UnknownReviewItemError(msg)
+        return item_id
 
     def _enqueue(self, conn: Connection, trace_id: str) -> int:
         review_id = conn.execute(sa.select(_records.c.review_id).where(_records.c.trace_id == trace_id)).one_or_none()
@@ -58,13 +84,13 @@ class ReviewQueue:
             item = self._load_item(conn, review_id[0])
             msg = (
                 f"trace {trace_id} is already queued for review as item {item.id} (status {item.status}); "
-                f"read it with review_item({item.id})"
+                f"{self.review_hints.show.format(id=item.id)}"
             )
             raise ReviewStateError(msg)
         try:
             result = conn.execute(sa.insert(_reviews).values(trace_id=trace_id, status="pending", created_at=_utcnow()))
         except exc.IntegrityError as e:
-            msg = f"trace {trace_id} was queued for review by someone else at the same moment; see pending()"
+            msg = f"trace {trace_id} was queued for review by someone else at the same moment; {self.review_hints.list_open}"
             raise ReviewStateError(msg) from e
         (item_id,) = result.inserted_primary_key or (None,)
         if not isinstance(item_id, int):
@@ -76,7 +102,7 @@ class ReviewQueue:
     def _load_item(self, conn: Connection, item_id: int) -> ReviewItem:
         row = conn.execute(_item_select.where(_reviews.c.id == item_id)).mappings().one_or_none()
         if row is None:
-            msg = f"no review item with id {item_id} in the audit store at {self._where}; list open items with pending()"
+            msg = f"no review item with id {item_id} in the audit store at {self._where}; {self.review_hints.list_open}"
             raise UnknownReviewItemError(msg)
         return _row_to_item(row)
 
@@ -111,7 +137,7 @@ class ReviewQueue:
     def review_item(self, item_id: int) -> ReviewItem:
         """The review item with this id; :class:`UnknownReviewItemError` if none."""
         with self._transaction("read", write=False) as conn:
-            return self._load_item(conn, _check_id(item_id))
+            return self._load_item(conn, self._check_id(item_id))
 
     def _takeable(self, reviewer: str | None, now: datetime) -> sa.ColumnElement[bool]:
         """SQL: an open item ``reviewer`` may take: unclaimed, claimed by them, or an expired claim."""
@@ -129,7 +155,7 @@ class ReviewQueue:
         (and not expired, see ``claim_ttl``) or already decided raises :class:`ReviewStateError`.
         ``os_user``: the operating-system account making the claim, stored beside the name.
         """
-        item_id = _check_id(item_id)
+        item_id = self._check_id(item_id)
         reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
         os_user = _check_os_user(os_user)
         now = _utcnow()
@@ -150,7 +176,7 @@ class ReviewQueue:
         Only its claimer may release it, or anyone with ``force`` (e.g. for a reviewer who left).
         An item that is not claimed raises :class:`ReviewStateError`.
         """
-        item_id = _check_id(item_id)
+        item_id = self._check_id(item_id)
         reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
         mine = sa.true() if force else _reviews.c.claimed_by == reviewer
         with self._transaction("release a review in", write=True) as conn:
@@ -167,7 +193,7 @@ class ReviewQueue:
             raise ReviewStateError(msg)
         msg = (
             f"cannot release review item {item.id} as {reviewer!r}: it is claimed by {item.claimed_by!r}; "
-            "only they may release it, or pass force=True (CLI: --force)"
+            f"only they may release it, or {self.review_hints.force}"
         )
         raise ReviewStateError(msg)
 
@@ -205,7 +231,7 @@ class ReviewQueue:
         note: str | None,
         os_user: str | None,
     ) -> ReviewItem:
-        item_id = _check_id(item_id)
+        item_id = self._check_id(item_id)
         reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
         os_user = _check_os_user(os_user)
         now = _utcnow()
@@ -244,7 +270,7 @@ class ReviewQueue:
             when = item.decided_at.isoformat() if item.decided_at else "?"
             return (
                 f"cannot {verb} review item {item.id}: its status is {item.status!r} (by {item.reviewer!r} at {when}) "
-                f"and a verdict is final; read it with review_item({item.id})"
+                f"and a verdict is final; {self.review_hints.show.format(id=item.id)}"
             )
         when = item.claimed_at.isoformat() if item.claimed_at else "?"
         until = (
@@ -254,6 +280,6 @@ class ReviewQueue:
         )
         return (
             f"cannot {verb} review item {item.id} as {reviewer!r}: its status is {item.status!r} by {item.claimed_by!r} "
-            f"(since {when}) and only they may decide it{until}; take another item from pending(), "
+            f"(since {when}) and only they may decide it{until}; {self.review_hints.take_another}, "
             "or ask them to release it"
         )

@@ -7,7 +7,9 @@ Registered by :mod:`logtoku_guard.cli.review` as ``review_app.command("serve")(s
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import math
 import secrets
 import socket
 from datetime import timedelta
@@ -17,12 +19,12 @@ import typer
 
 import logtoku_guard.cli._common as _common
 from logtoku_guard.cli._common import StoreOpt
-from logtoku_guard.errors import LogTokUError, MissingDependencyError
+from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
 
-__all__ = ["add_reviewer", "is_loopback", "serve"]
+__all__ = ["add_reviewer", "check_claim_ttl", "check_port", "is_loopback", "listen_socket", "serve"]
 
 
 def is_loopback(host: str) -> bool:
@@ -33,6 +35,48 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+MAX_CLAIM_TTL_MIN = 366 * 24 * 60.0
+"""The longest ``--claim-ttl`` (a year, in minutes); leave the option out for claims that never expire."""
+
+
+def check_port(port: int) -> None:
+    """``--port`` is a TCP port (0: any free one); else a ConfigurationError naming the value and the fix."""
+    if not 0 <= port <= 65535:
+        msg = f"--port {port} is not a TCP port; give a number from 1 to 65535 (e.g. the default 8321), or 0 for any free port"
+        raise ConfigurationError(msg)
+
+
+def check_claim_ttl(minutes: float | None) -> None:
+    """``--claim-ttl`` is a finite number of minutes from 0.1 to a year; else a ConfigurationError."""
+    if minutes is not None and not (math.isfinite(minutes) and 0.1 <= minutes <= MAX_CLAIM_TTL_MIN):
+        msg = (
+            f"--claim-ttl {minutes:g} is not a usable number of minutes; give one from 0.1 to {MAX_CLAIM_TTL_MIN:g} "
+            "(a year), e.g. --claim-ttl 30, or leave it out so that claims never expire"
+        )
+        raise ConfigurationError(msg)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), so a taken port fails before any URL is printed."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        msg = f"--host {host!r} is not an address of this machine ({e.strerror}); give an IP address such as 127.0.0.1"
+        raise ConfigurationError(msg) from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            msg = f"port {port} on {host} is already in use (another server?); pass another --port, or --port 0 for any free port"
+        else:
+            msg = f"cannot listen on {host} port {port}: {e.strerror or e}; pass another --host or --port"
+        raise LogTokUError(msg) from e
+    return sock
 
 
 def _open(store: str | None, claim_ttl_min: float | None) -> AuditStore:
@@ -50,11 +94,13 @@ def _open(store: str | None, claim_ttl_min: float | None) -> AuditStore:
 def serve(
     store: StoreOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on; only loopback without --allow-remote.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8321,
+    port: Annotated[int, typer.Option(help="TCP port, 1 to 65535; 0 picks a free one (the printed URL shows it).")] = 8321,
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="Listen on a non-loopback address (put it behind TLS: a reverse proxy).")
     ] = False,
-    claim_ttl: Annotated[float | None, typer.Option("--claim-ttl", help="Minutes after which a claim expires.", min=0.1)] = None,
+    claim_ttl: Annotated[
+        float | None, typer.Option("--claim-ttl", help="Minutes (0.1 to a year) after which a claim expires; default: never.")
+    ] = None,
 ) -> None:
     """Serve the review web page; prints one line: the URL with the admin access token."""
     if not is_loopback(host) and not allow_remote:
@@ -64,6 +110,11 @@ def serve(
                 "(and put the page behind TLS), or keep the default 127.0.0.1"
             )
         )
+    try:
+        check_port(port)
+        check_claim_ttl(claim_ttl)
+    except ConfigurationError as e:
+        raise _common.fail(e) from e
     try:
         import uvicorn
 
@@ -75,28 +126,40 @@ def serve(
     token = secrets.token_urlsafe(32)
     try:
         audit = _open(store, claim_ttl)
-        app = create_app(audit, token)
     except LogTokUError as e:
+        raise _common.fail(e) from e
+    try:
+        app = create_app(audit, token)
+        sock = listen_socket(host, port)
+    except LogTokUError as e:
+        audit.close()
         raise _common.fail(e) from e
     shown = f"[{host}]" if ":" in host else host
     if host in ("0.0.0.0", "::"):
         shown = socket.gethostname()
-    typer.echo(f"http://{shown}:{port}/?token={token}")
+    typer.echo(f"http://{shown}:{sock.getsockname()[1]}/?token={token}")
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", server_header=False))
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         audit.close()
 
 
 def add_reviewer(
-    name: Annotated[str, typer.Argument(help="The reviewer's name, recorded with their verdicts.")], store: StoreOpt = None
+    name: Annotated[str, typer.Argument(help="The reviewer's name, recorded with their verdicts.")],
+    store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"name": ..., "token": ...} as one JSON object.')] = False,
 ) -> None:
     """Create a reviewer account and print its personal token (shown once, stored hashed)."""
     from logtoku_guard.audit.reviewers import ReviewerRegistry
 
     try:
         with _common.open_store(store) as audit:
-            _reviewer, token = ReviewerRegistry(audit).add(name)
+            reviewer, token = ReviewerRegistry(audit).add(name)
     except LogTokUError as e:
         raise _common.fail(e) from e
-    typer.echo(token)
+    if as_json:
+        _common.print_json({"name": reviewer.name, "token": token})
+        return
+    typer.echo(f"token of reviewer {reviewer.name} (shown once; give it to them privately, it signs them in): {token}")

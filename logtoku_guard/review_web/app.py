@@ -1,19 +1,26 @@
 """The review web app (Starlette + Jinja2, server-rendered, no JavaScript): queue, item, actions.
 
-Routes: ``GET /`` the queue (``view`` = pending / claimed / decided / all, ``rule``, ``model``,
-``min_age_h``, ``max_age_h``, ``page``, ``per_page``); ``GET /items/{id}`` one item;
+Routes: ``POST /login`` (the sign-in form); ``GET /`` the queue (``view`` = pending / claimed /
+decided / all, ``rule``, ``model``, ``min_age_h``, ``max_age_h``, ``page``, ``per_page``);
+``GET /items/{id}`` one item;
 ``POST /items/{id}/claim|approve|reject|release``; ``GET|POST /reviewers`` (admin: the
 accounts); ``POST /logout``; ``GET /static/review.css``.
 
 Safety: every page needs a session (:mod:`~logtoku_guard.review_web.auth`), every POST its
 CSRF token (else 403) and, when the browser sends one, a same-origin ``Origin``. Jinja2
-autoescapes every stored text, and the Content-Security-Policy allows no script at all. The
-store's own rules decide races: a claim or verdict the store refuses
-(:class:`~logtoku_guard.errors.ReviewStateError`) becomes a 409 page.
+autoescapes every stored text, every printed text shows its control and invisible characters as
+escapes (:func:`~logtoku_guard.review_web.views.visible`), and the Content-Security-Policy allows
+no script at all. The store's own rules decide races: a claim or verdict the store refuses
+(:class:`~logtoku_guard.errors.ReviewStateError`) becomes a 409 page. Bad query or path values
+are 400 or 404 pages, and an audit store that cannot be reached (its database server down) a
+503 page saying so, on every route.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -26,13 +33,18 @@ from starlette.routing import Route
 
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.store import AuditStore
-from logtoku_guard.errors import ConfigurationError, ReviewStateError, UnknownReviewItemError
+from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
 from logtoku_guard.review_web import views
 from logtoku_guard.review_web.auth import SESSION_COOKIE, Session, SessionStore
 from logtoku_guard.review_web.queue import QueueFilter, list_queue
 
 __all__ = ["create_app"]
 
+logger = logging.getLogger(__name__)
+
+LOGIN_COOKIE = "logtoku_review_login"
+"""The sign-in form's nonce (``SameSite=Strict``, only sent to ``/login``, 10 minutes)."""
+_LOGIN_FORM_S = 600
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -58,7 +70,7 @@ def _float_param(request: Request, name: str) -> float | None:
     try:
         return float(raw)
     except ValueError:
-        raise _HTTPError(400, "Bad filter", f"{name} must be a number of hours, got {raw!r}") from None
+        raise _HTTPError(400, "Bad filter", f"{name} must be a number of hours, got {short_repr(raw)}") from None
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
@@ -66,7 +78,17 @@ def _int_param(request: Request, name: str, default: int) -> int:
     try:
         return int(raw) if raw else default
     except ValueError:
-        raise _HTTPError(400, "Bad page", f"{name} must be an integer, got {raw!r}") from None
+        raise _HTTPError(400, "Bad page", f"{name} must be an integer, got {short_repr(raw)}") from None
+
+
+def _text_param(request: Request, name: str) -> str | None:
+    raw = request.query_params.get(name) or None
+    if raw is not None and "\x00" in raw:
+        raise _HTTPError(400, "Bad filter", f"{name} must not contain NUL characters, got {short_repr(raw)}")
+    return raw
+
+
+_NOBODYS_TOKEN = "this token is nobody's: use the URL printed by `review serve` or your own reviewer token"
 
 
 class ReviewApp:
@@ -79,10 +101,14 @@ class ReviewApp:
         self.env = Environment(
             loader=FileSystemLoader(_HERE / "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
+            finalize=views.visible,
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.globals.update(fmt_num=views.fmt_num, fmt_time=views.fmt_time, legend=views.QUADRANT_LEGEND)
+        self.env.globals.update(
+            fmt_num=views.fmt_num, fmt_time=views.fmt_time, legend=views.QUADRANT_LEGEND, has_hidden=views.has_hidden
+        )
+        self.env.filters["form_value"] = views.FormValue
 
     # -- plumbing
 
@@ -95,18 +121,19 @@ class ReviewApp:
 
     async def dispatch(self, request: Request) -> Response:
         """Authenticate, check CSRF on POST, call the route's handler, map errors to pages."""
-        token = request.query_params.get("token")
-        if token is not None:
-            return self._login(request, token)
-        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
-        if session is None:
-            return self.render("login.html", None, status=401)
+        session: Session | None = None
         try:
+            if request.scope["endpoint_name"] == "login":
+                return await self._login_form(request)
+            token = request.query_params.get("token")
+            if token is not None:
+                return self._token_in_url(request, token)
+            session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+            if session is None:
+                return self._sign_in_page(request, 401)
             form: dict[str, str] = {}
             if request.method == "POST":
-                origin = request.headers.get("origin")
-                if origin is not None and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
-                    raise _HTTPError(403, "Forbidden", "this form was posted from another site")
+                self._check_origin(request)
                 form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
                 if not session.csrf_ok(form.get("csrf_token")):
                     raise _HTTPError(403, "Forbidden", "the form's CSRF token is missing or wrong; reload the page and try again")
@@ -120,14 +147,80 @@ class ReviewApp:
             return self.error_page(session, 404, "Not found", str(e))
         except ConfigurationError as e:
             return self.error_page(session, 400, "Bad request", str(e))
+        except AuditStoreError as e:
+            logger.warning("review page %s %s: %s", request.method, request.url.path, e)
+            page = self.error_page(
+                session,
+                503,
+                "Audit store unreachable",
+                "the audit store cannot be reached right now (is its database server running?); nothing was changed. "
+                "Try again in a moment; the server's log has the details.",
+            )
+            page.headers["Retry-After"] = "10"
+            return page
 
-    def _login(self, request: Request, token: str) -> Response:
-        session = self.sessions.login(token)
-        if session is None:
-            hint = "this token is nobody's: use the URL printed by `review serve` or your own reviewer token"
-            return self.error_page(None, 403, "Invalid token", hint)
+    @staticmethod
+    def _check_origin(request: Request) -> None:
+        origin = request.headers.get("origin")
+        if origin is not None and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
+            raise _HTTPError(403, "Forbidden", "this form was posted from another site")
+
+    @staticmethod
+    def _local_target(target: str | None) -> str:
+        """``target`` if it is a path on this site, else ``/``."""
+        if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+            return "/"
+        return target
+
+    def _with_login_nonce(self, response: HTMLResponse, nonce: str) -> HTMLResponse:
+        response.set_cookie(LOGIN_COOKIE, nonce, max_age=_LOGIN_FORM_S, httponly=True, samesite="strict", path="/login")
+        return response
+
+    def _sign_in_page(self, request: Request, status: int) -> Response:
+        nonce = secrets.token_urlsafe(24)
+        target = self._local_target(request.url.path + ("?" + request.url.query if request.url.query else ""))
+        page = self.render("login.html", None, status=status, nonce=views.FormValue(nonce), target=views.FormValue(target))
+        return self._with_login_nonce(page, nonce)
+
+    def _token_in_url(self, request: Request, token: str) -> Response:
         rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
         target = request.url.path + ("?" + urlencode(rest) if rest else "")
+        if request.headers.get("sec-fetch-site") in ("none", "same-origin"):  # opened by the person, or by this site
+            return self._login(request, token, target)
+        who = self.sessions.identify(token)  # a link from another site, or a browser that does not say: ask first
+        if who is None:
+            raise _HTTPError(403, "Invalid token", _NOBODYS_TOKEN)
+        nonce = secrets.token_urlsafe(24)
+        page = self.render(
+            "confirm_login.html",
+            None,
+            actor=who[0],
+            is_admin=who[1],
+            token=views.FormValue(token),
+            nonce=views.FormValue(nonce),
+            target=views.FormValue(target),
+        )
+        return self._with_login_nonce(page, nonce)
+
+    async def _login_form(self, request: Request) -> Response:
+        """``POST /login``: the sign-in form or the confirmation page, with its nonce."""
+        self._check_origin(request)
+        if request.headers.get("sec-fetch-site") not in (None, "same-origin"):
+            raise _HTTPError(403, "Forbidden", "this sign-in form was posted from another site")
+        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        nonce, expected = form.get("nonce", ""), request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not hmac.compare_digest(nonce.encode(), expected.encode()):
+            raise _HTTPError(
+                403, "Forbidden", "this sign-in form is stale or was not opened here; reload the sign-in page and try again"
+            )
+        response = self._login(request, form.get("token", ""), self._local_target(form.get("target")))
+        response.delete_cookie(LOGIN_COOKIE, path="/login")
+        return response
+
+    def _login(self, request: Request, token: str, target: str) -> Response:
+        session = self.sessions.login(token)
+        if session is None:
+            raise _HTTPError(403, "Invalid token", _NOBODYS_TOKEN)
         response = RedirectResponse(target, status_code=303, headers=_HEADERS)
         response.set_cookie(
             SESSION_COOKIE,
@@ -153,8 +246,8 @@ class ReviewApp:
         view = request.query_params.get("view", "pending")
         flt = QueueFilter(
             view=view,  # type: ignore[arg-type]  # checked by QueueFilter
-            rule=request.query_params.get("rule") or None,
-            model=request.query_params.get("model") or None,
+            rule=_text_param(request, "rule"),
+            model=_text_param(request, "model"),
             min_age_h=_float_param(request, "min_age_h"),
             max_age_h=_float_param(request, "max_age_h"),
             page=_int_param(request, "page", 1),
@@ -255,6 +348,7 @@ def create_app(store: AuditStore, admin_token: str) -> Starlette:
         return FileResponse(_HERE / "templates" / "review.css", media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
     routes = [
+        route("/login", "login", ["POST"]),
         route("/", "queue", ["GET"]),
         route("/items/{item_id:int}", "item", ["GET"]),
         *(route(f"/items/{{item_id:int}}/{verb}", verb, ["POST"]) for verb in ("claim", "approve", "reject", "release")),

@@ -2,7 +2,13 @@
 
 Login is by token, as in Jupyter: ``/?token=...`` with the admin token printed by
 ``logtoku-guard review serve`` (acts as ``admin``, may do everything) or a reviewer's personal
-token (``logtoku-guard review add-reviewer NAME``; acts as that reviewer). A valid token opens a
+token (``logtoku-guard review add-reviewer NAME``; acts as that reviewer), or the sign-in form.
+A token in the URL logs in at once only when the browser says the address was opened by the
+person (``Sec-Fetch-Site: none``: typed, pasted, a bookmark) or by this site; a link from
+another site (or a browser that does not say) gets a confirmation page naming the account
+instead, so another site cannot sign a reviewer into its own account (login CSRF). The sign-in
+form and the confirmation page post to ``/login`` with a one-time nonce that must match a
+``SameSite=Strict`` cookie set with the form. A valid token opens a
 server-side session whose random id travels in a cookie (``HttpOnly``, ``SameSite=Strict``,
 ``Secure`` over HTTPS), then the browser is redirected to the same page without the token, so
 it leaves the address bar and the history. Every session has its own CSRF token, put in every
@@ -52,15 +58,19 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
+    def identify(self, token: str) -> tuple[str, bool] | None:
+        """Whose token this is, as ``(actor, is_admin)``, or None when it is nobody's; opens no session."""
+        if hmac.compare_digest(token.encode(), self.admin_token.encode()):
+            return ADMIN_NAME, True
+        reviewer = self.registry.authenticate(token)
+        return None if reviewer is None else (reviewer.name, False)
+
     def login(self, token: str) -> Session | None:
         """A new session for this token, or None when it is nobody's."""
-        if hmac.compare_digest(token.encode(), self.admin_token.encode()):
-            actor, is_admin = ADMIN_NAME, True
-        else:
-            reviewer = self.registry.authenticate(token)
-            if reviewer is None:
-                return None
-            actor, is_admin = reviewer.name, False
+        who = self.identify(token)
+        if who is None:
+            return None
+        actor, is_admin = who
         session = Session(
             id=secrets.token_urlsafe(32),
             actor=actor,

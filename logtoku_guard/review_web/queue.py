@@ -30,6 +30,9 @@ _VIEW_STATUSES: dict[str, tuple[str, ...]] = {
     "decided": ("approved", "rejected"),
     "all": ("pending", "claimed", "approved", "rejected"),
 }
+MAX_AGE_H = 1_000_000.0
+"""The largest age filter, in hours (about 114 years): older than any review item."""
+_MAX_OFFSET = 2**63 - 1  # OFFSET is a signed 64-bit integer in SQLite and PostgreSQL
 NO_RULE = "(none)"
 """The rule filter value that selects records decided by no rule (``rule`` is None)."""
 
@@ -52,14 +55,15 @@ class QueueFilter:
             raise ConfigurationError(msg)
         for name in ("min_age_h", "max_age_h"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-                msg = f"{name} must be a non-negative number of hours, got {v!r}"
+            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= MAX_AGE_H):
+                msg = f"{name} must be a number of hours from 0 to {MAX_AGE_H:.0f} (about 114 years), got {v!r}"
                 raise ConfigurationError(msg)
-        if not isinstance(self.page, int) or self.page < 1:
-            msg = f"page must be a positive integer, got {self.page!r}"
-            raise ConfigurationError(msg)
         if not isinstance(self.per_page, int) or not 1 <= self.per_page <= 500:
             msg = f"per_page must be an integer from 1 to 500, got {self.per_page!r}"
+            raise ConfigurationError(msg)
+        last = _MAX_OFFSET // self.per_page + 1
+        if not isinstance(self.page, int) or not 1 <= self.page <= last:
+            msg = f"page must be an integer from 1 to {last}, got {self.page!r}; the queue starts at page=1"
             raise ConfigurationError(msg)
 
 

@@ -13,10 +13,25 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from markupsafe import Markup
+
 from logtoku_guard.audit.records import ReviewItem
+from logtoku_guard.cli._common import safe_text
 from logtoku_guard.uncertainty import Quadrant
 
-__all__ = ["QUADRANT_LEGEND", "AnswerView", "TokenSpan", "answer_view", "fmt_num", "fmt_time", "history", "token_spans"]
+__all__ = [
+    "QUADRANT_LEGEND",
+    "AnswerView",
+    "FormValue",
+    "TokenSpan",
+    "answer_view",
+    "fmt_num",
+    "fmt_time",
+    "has_hidden",
+    "history",
+    "token_spans",
+    "visible",
+]
 
 QUADRANT_LEGEND = [(q.value, q.description) for q in Quadrant]
 
@@ -38,6 +53,29 @@ class AnswerView:
     spans: list[TokenSpan] | None
     edited: bool
     original_spans: list[TokenSpan] | None
+
+
+class FormValue(str):
+    """Text that goes back to the server as it is (a form field's value, an edit box): :func:`visible`
+    leaves it alone, autoescaping still escapes it."""
+
+    __slots__ = ()
+
+
+def visible(value: Any) -> Any:
+    """What the page prints for ``value`` (every ``{{ ... }}`` goes through it): text with its control
+    and invisible characters shown as escapes, exactly as the CLI prints them
+    (:func:`~logtoku_guard.cli._common.safe_text`: U+202E as ``\\u202e``, a zero-width space as
+    ``\\u200b``), so a stored question cannot reorder or hide what a reviewer reads.
+    :class:`FormValue` and markup are left as they are; autoescaping happens after."""
+    if isinstance(value, str) and not isinstance(value, (FormValue, Markup)):
+        return safe_text(value).plain
+    return value
+
+
+def has_hidden(text: str) -> bool:
+    """True when :func:`visible` would change ``text`` (it holds control or invisible characters)."""
+    return safe_text(text).plain != text
 
 
 def fmt_num(x: Any, digits: int = 4) -> str:

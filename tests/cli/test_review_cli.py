@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from cli_support import INJECTIONS, make_record, wide_consoles  # noqa: F401 (an autouse fixture)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from logtoku_guard.audit import AuditStore
@@ -119,3 +121,64 @@ def test_json_output_escapes_what_a_terminal_would_act_on(tmp_path: Path) -> Non
     assert not any(c in res.output for c in "\x9b\x7f\u202e\u202c\u2028")
     assert "\\u009b" in res.output and "\\u202e" in res.output and "caf\u00e9 \u4e2d" in res.output  # readable text stays
     assert json.loads(res.output)["items"][0]["prompt"] == hostile  # still the same JSON value
+
+
+TOO_BIG = str(2**63)  # one past the largest id a database column holds
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["show", TOO_BIG], ["claim", TOO_BIG, "-r", "a"], ["release", TOO_BIG, "-r", "a"], ["approve", TOO_BIG, "-r", "a"]],
+)
+def test_an_id_past_64_bits_is_no_such_item_not_a_traceback(store: str, command: list[str]) -> None:
+    res = invoke("review", *command, "--store", store)
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert f"no review item with id {TOO_BIG}" in res.output and "ids are at most 9223372036854775807" in res.output
+    assert "`logtoku-guard review list`" in res.output and "Traceback" not in res.output
+
+
+def test_review_errors_name_cli_commands_not_python_calls(store: str) -> None:
+    outputs = [
+        invoke("review", "show", "999", "--store", store).output,
+        (
+            invoke("review", "claim", "1", "-r", "alice", "--store", store),
+            invoke("review", "claim", "1", "-r", "bob", "--store", store),
+        )[1].output,
+        invoke("review", "release", "1", "-r", "bob", "--store", store).output,
+        (
+            invoke("review", "approve", "2", "-r", "bob", "--store", store),
+            invoke("review", "approve", "2", "-r", "bob", "--store", store),
+        )[1].output,
+    ]
+    for output in outputs:
+        assert "()" not in output and "force=True" not in output and "review_item" not in output, output
+    assert "`logtoku-guard review list`" in outputs[0] and "`logtoku-guard review list`" in outputs[1]
+    assert "pass --force" in outputs[2]
+    assert "`logtoku-guard review show 2`" in outputs[3]
+
+
+def test_item_ids_and_json_options_have_help_text() -> None:
+    for command in ("show", "claim", "release", "approve", "reject"):
+        res = invoke("review", command, "--help")
+        assert res.exit_code == 0 and "first column of" in res.output, res.output
+    assert "Print one JSON object" in invoke("review", "list", "--help").output
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    command=st.sampled_from(["show", "claim", "release", "approve", "reject"]),
+    item_id=st.one_of(
+        st.integers(min_value=0, max_value=10),
+        st.integers(min_value=2**62, max_value=2**80),
+        st.integers(min_value=10**30, max_value=10**400),
+        st.integers(max_value=-1),
+    ),
+)
+def test_any_integer_id_exits_0_or_2_with_a_message_never_a_traceback(store: str, command: str, item_id: int) -> None:
+    extra = {"show": [], "reject": ["-r", "x", "--note", "n"]}.get(command, ["-r", "x"])
+    res = invoke("review", command, "--store", store, *extra, "--", str(item_id))
+    assert res.exit_code in (0, 2), (res.exit_code, res.output, res.exception)
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    if res.exit_code == 2:
+        assert "error" in res.output.lower(), res.output

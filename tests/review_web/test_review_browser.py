@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from logtoku_guard.audit import AuditStore, ReviewItem
+from logtoku_guard.review_web.auth import SESSION_COOKIE
 
 from .support import ADMIN_TOKEN, live_server, queue
 
@@ -82,3 +83,15 @@ def test_a_wrong_token_and_a_forged_post_are_refused_in_the_browser(store: Audit
         r = page.request.post(f"{url}/items/{item.id}/approve", form={"csrf_token": "forged"})
         assert r.status == 403
     assert store.review_item(item.id).status == "pending"
+
+
+def test_a_token_link_on_another_site_needs_a_click_on_the_confirmation_page(store: AuditStore, browser_page: Any) -> None:
+    page = browser_page
+    with live_server(store) as url:
+        page.set_content(f'<a id="lure" href="{url}/?token={ADMIN_TOKEN}&view=decided">win a prize</a>')
+        page.click("#lure")
+        sync_api.expect(page.locator("#confirm-actor")).to_have_text("admin")
+        assert all(c["name"] != SESSION_COOKIE for c in page.context.cookies(url))  # not signed in yet
+        page.click("#confirm-sign-in")
+        sync_api.expect(page.locator("#tab-decided")).to_have_class("tab active")
+        assert "token=" not in page.url and page.url.endswith("/?view=decided")

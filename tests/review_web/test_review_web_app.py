@@ -17,11 +17,13 @@ from logtoku_guard.review_web.auth import SESSION_COOKIE
 
 from .support import ADMIN_TOKEN, ANSWER, csrf_of, queue
 
+OPENED_BY_THE_PERSON = {"Sec-Fetch-Site": "none"}  # what a browser sends for a typed or pasted address
+
 
 def client_for(store: AuditStore, token: str | None = ADMIN_TOKEN) -> TestClient:
     client = TestClient(create_app(store, ADMIN_TOKEN), base_url="http://127.0.0.1")
     if token is not None:
-        r = client.get(f"/?token={token}", follow_redirects=False)
+        r = client.get(f"/?token={token}", headers=OPENED_BY_THE_PERSON, follow_redirects=False)
         assert r.status_code == 303, r.text
     return client
 
@@ -35,7 +37,7 @@ def admin(store: AuditStore) -> Iterator[TestClient]:
 def test_login_by_token_sets_a_strict_httponly_cookie_and_drops_the_token(store: AuditStore) -> None:
     client = client_for(store, token=None)
     assert client.get("/").status_code == 401
-    r = client.get(f"/?token={ADMIN_TOKEN}&view=decided", follow_redirects=False)
+    r = client.get(f"/?token={ADMIN_TOKEN}&view=decided", headers=OPENED_BY_THE_PERSON, follow_redirects=False)
     assert r.status_code == 303
     assert r.headers["location"] == "/?view=decided"
     cookie = r.headers["set-cookie"]
@@ -50,7 +52,8 @@ def test_login_by_token_sets_a_strict_httponly_cookie_and_drops_the_token(store:
 
 def test_a_wrong_token_is_refused(store: AuditStore) -> None:
     client = client_for(store, token=None)
-    assert client.get("/?token=not-a-token", follow_redirects=False).status_code == 403
+    assert client.get("/?token=not-a-token", headers=OPENED_BY_THE_PERSON, follow_redirects=False).status_code == 403
+    assert client.get("/?token=not-a-token", follow_redirects=False).status_code == 403  # the confirmation path too
     assert client.get("/").status_code == 401
 
 
