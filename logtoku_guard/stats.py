@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from logtoku_guard.claims import ClaimStats
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import quadrant_shares
 from logtoku_guard.prompt_scores import PromptStats
@@ -46,6 +47,10 @@ StatName = Literal[
     "prompt_min_logprob",
     "reliability_debiased",
     "guard_score",
+    "claim_max_eu",
+    "claim_mean_eu",
+    "claim_min_logprob",
+    "claim_mean_logprob",
 ]
 STAT_NAMES: tuple[str, ...] = get_args(StatName)
 HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
@@ -58,6 +63,8 @@ HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
         "guard_score",
         "prompt_mean_logprob",
         "prompt_min_logprob",
+        "claim_min_logprob",
+        "claim_mean_logprob",
     }
 )
 """Statistics where higher means more reliable; every other one (``*_eu``, ``*_au``,
@@ -85,6 +92,8 @@ class ResponseStats:
     answer's words of each word's max EU (:func:`~logtoku_guard.uncertainty.word_scores`).
     ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass
     (:class:`~logtoku_guard.prompt_scores.PromptStats`; NaN without prompt scores).
+    ``claim_*``: the words the answer asserts beyond the question (:mod:`logtoku_guard.claims`:
+    max/mean word EU, min/mean log-probability; NaN when it asserts no new content word).
     ``reliability_debiased`` and ``guard_score`` need a fitted guard model
     (:func:`logtoku_guard.guard_score.with_guard_score`; NaN otherwise): reliability minus its
     expected value at this answer length, and the predicted probability that the answer is
@@ -109,6 +118,10 @@ class ResponseStats:
     prompt_min_logprob: float = math.nan
     reliability_debiased: float = math.nan
     guard_score: float = math.nan
+    claim_max_eu: float = math.nan
+    claim_mean_eu: float = math.nan
+    claim_min_logprob: float = math.nan
+    claim_mean_logprob: float = math.nan
 
     @property
     def reliability(self) -> float:
@@ -148,6 +161,8 @@ class ResponseStats:
             return "no quadrant thresholds (no profile)"
         if name in ("first_eu", "first_max_eu"):
             return "no content tokens or NaN token scores"
+        if name.startswith("claim_"):
+            return "the answer asserts no content word beyond the question"
         if name.startswith("prompt_"):
             return "no prompt scores (the backend does not see the prompt's logits)"
         if name in ("guard_score", "reliability_debiased") and math.isnan(self.guard_score):
@@ -169,9 +184,11 @@ class ResponseStats:
         *,
         score: ResponseScore | None = None,
         prompt_tokens: Sequence[TokenScore] = (),
+        question: str = "",
     ) -> ResponseStats:
         """The statistics of ``tokens`` (``score``: their ResponseScore, when already computed;
-        ``prompt_tokens``: the question's teacher-forced scores, for the ``prompt_*`` statistics)."""
+        ``prompt_tokens``: the question's teacher-forced scores, for the ``prompt_*`` statistics;
+        ``question``: its text, whose words are not part of the answer's claim)."""
         score = score if score is not None else ResponseScore.from_tokens(tokens, top_n)
         nan = math.nan
         n = len(tokens)
@@ -195,6 +212,7 @@ class ResponseStats:
             first_max_eu=_max(content),
             word_mean_eu=_word_mean_eu(tokens),
             **vars(PromptStats.from_tokens(prompt_tokens)),
+            **vars(ClaimStats.from_tokens(tokens, question)),
         )
 
     @classmethod
@@ -209,6 +227,7 @@ class ResponseStats:
             first_tokens,
             score=generation.score,
             prompt_tokens=generation.prompt_scores,
+            question=generation.prompt,
         )
 
 

@@ -40,16 +40,29 @@ def qa_prompt(question: str, template: str = PROMPT_TEMPLATE) -> str:
 
 @dataclass(frozen=True)
 class GreedySpec:
-    """Greedy decoding as in the paper: at most ``max_new_tokens``, stop at newline or EOS."""
+    """Greedy decoding: at most ``max_new_tokens``, stop at ``stop`` or EOS.
+
+    The default is the paper's (stop at the first newline); :data:`SERVING` answers as
+    ``logtoku-guard ask`` and ``calibrate`` do (no stop string, the question alone as the user
+    turn), for benchmarks of what users see.
+    """
 
     max_new_tokens: int = 64
+    stop: tuple[str, ...] = ("\n",)
 
     @property
     def name(self) -> str:
-        return f"greedy-max{self.max_new_tokens}"
+        base = f"greedy-max{self.max_new_tokens}"
+        return base if self.stop == ("\n",) else base + ("-nostop" if not self.stop else f"-stop{len(self.stop)}")
 
     def options(self) -> DecodingOptions:
-        return DecodingOptions(max_new_tokens=self.max_new_tokens, stop=("\n",))
+        return DecodingOptions(max_new_tokens=self.max_new_tokens, stop=self.stop)
+
+
+SERVING = GreedySpec(max_new_tokens=64, stop=())
+"""Answers as the guard sees them in ``ask`` and ``calibrate``: greedy, 64 tokens, no stop string."""
+SERVING_TEMPLATE = "{question}"
+"""The question alone as the user turn (the chat template is the backend's)."""
 
 
 @dataclass(frozen=True)
