@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from logtoku_guard.backends.quiet import quiet_transformers
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,14 @@ def converted_by(folder: Path) -> str | None:
     return str(version) if version else None
 
 
-def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None) -> Path:
-    """Return a transformers folder with the embedded model, converting the GGUF on first use."""
+def ensure_embedded_model(
+    cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None, *, verbose: bool | None = None
+) -> Path:
+    """Return a transformers folder with the embedded model, converting the GGUF on first use.
+
+    The conversion draws no progress bars and logs no transformers warnings unless ``verbose``
+    (None: ``$LOGTOKU_GUARD_VERBOSE``; :mod:`logtoku_guard.backends.quiet`).
+    """
     target = embedded_cache_dir(cache_dir)
     if is_cached(target):
         return target
@@ -156,7 +163,8 @@ def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progr
     logger.info("converting %s into %s", gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _convert(gguf, tmp)
+        with quiet_transformers(verbose, gguf=True):
+            _convert(gguf, tmp)
         _make_private(tmp)
         try:
             os.rename(tmp, target)

@@ -37,6 +37,7 @@ from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow,
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.prompt_capture import question_span
+from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
@@ -127,6 +128,9 @@ class TransformersBackend:
         prefix_cache_mb: MiB of prompt-prefix KV caches kept (the chat template's opening and
             the system prompt, prefilled once and reused by every prompt that begins with them:
             :mod:`logtoku_guard.backends.prefix_cache`); 0 prefills every prompt whole.
+        verbose: let transformers print its progress bars and warnings while loading and
+            generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
+            :mod:`logtoku_guard.backends.quiet`).
     """
 
     def __init__(
@@ -146,8 +150,11 @@ class TransformersBackend:
         max_batch: int = DEFAULT_MAX_BATCH,
         threads: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+        verbose: bool | None = None,
     ) -> None:
         validate_k(k)
+        is_verbose(verbose)  # a bad value or $LOGTOKU_GUARD_VERBOSE fails here, not at the first generation
+        self._verbose = verbose
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
             msg = f"prefix_cache_mb must be a whole number of MiB >= 0 (0 disables prefix caching), got {prefix_cache_mb!r}"
             raise ConfigurationError(msg)
@@ -168,7 +175,7 @@ class TransformersBackend:
             self._model, self._tokenizer = model_obj, tokenizer
             self._name = str(model) if model is not None else getattr(model_obj, "name_or_path", "model")
         else:
-            self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress)
+            self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress, verbose)
         self._model.eval()
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
@@ -373,16 +380,17 @@ class TransformersBackend:
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
         scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids)
-        loop = DecodeLoop(
-            self._model,
-            self._tokenizer,
-            scoring,
-            jobs[0].options,
-            self._batcher.take_joiners,
-            self._generation,
-            self._prefix_cache,
-        )
-        loop.run(jobs)
+        with quiet_transformers(self._verbose):
+            loop = DecodeLoop(
+                self._model,
+                self._tokenizer,
+                scoring,
+                jobs[0].options,
+                self._batcher.take_joiners,
+                self._generation,
+                self._prefix_cache,
+            )
+            loop.run(jobs)
 
     def _generation(self, row: LiveRow) -> Generation:
         """The finished ``row`` as a :class:`Generation` (its timings from when it joined the batch)."""
