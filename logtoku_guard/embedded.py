@@ -163,8 +163,7 @@ def ensure_embedded_model(
     logger.info("converting %s into %s", gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        with quiet_transformers(verbose, gguf=True):
-            _convert(gguf, tmp)
+        _convert(gguf, tmp, verbose)
         _make_private(tmp)
         try:
             os.rename(tmp, target)
@@ -180,23 +179,24 @@ def ensure_embedded_model(
     return target
 
 
-def _convert(gguf: Path, out: Path) -> None:
+def _convert(gguf: Path, out: Path, verbose: bool | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:
-        msg = f"could not load the embedded GGUF model {gguf}: {exc}; reinstall it with: {_INSTALL}"
-        raise ModelLoadError(msg) from exc
-    # The de-quantised weights are plain float32: drop the GGUF quantisation marker so
-    # transformers agrees to save them as an ordinary checkpoint.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None  # type: ignore[assignment]
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with quiet_transformers(verbose, gguf=True):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:
+            msg = f"could not load the embedded GGUF model {gguf}: {exc}; reinstall it with: {_INSTALL}"
+            raise ModelLoadError(msg) from exc
+        # The de-quantised weights are plain float32: drop the GGUF quantisation marker so
+        # transformers agrees to save them as an ordinary checkpoint.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None  # type: ignore[assignment]
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     (out / _COMPLETE_MARKER).write_text(
         json.dumps(
             {
