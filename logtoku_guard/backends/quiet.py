@@ -3,15 +3,18 @@
 Loading or converting a model makes transformers draw progress bars ("Loading weights",
 "Writing model shards", "Converting and de-quantizing GGUF tensors...") and may log warnings
 meant for its own ``generate``; a command-line answer or a server log should not carry them.
-:func:`quiet_transformers` turns transformers' progress bars off and raises its logger
-(``"transformers"``, the one its ``utils.logging`` configures) to ERROR for the duration of a
-block, then restores both. Nested and concurrent blocks (a load in one thread while the batcher
-generates in another) share one save/restore: the first to enter saves the settings, the last
-to leave puts them back, so a block never restores another's quiet state as the user's.
+:func:`quiet_transformers` turns transformers' progress bars off (its public switch, which
+also covers huggingface_hub's) and raises its logger (``"transformers"``, the one its
+``utils.logging`` configures) to ERROR for the duration of a block, then restores both. With
+``gguf=True`` the GGUF de-quantisation's bar, which transformers draws with tqdm directly
+outside its switch, is off too (its reader's ``tqdm`` is a disabled one for the block). Nested
+and concurrent blocks (a load in one thread while the batcher generates in another) share one
+save/restore: the first to enter saves the settings, the last to leave puts them back, so a
+block never restores another's quiet state as the user's.
 
 Nothing else is touched: not the root logger, not another library's logger, not Python's
-warning filters (the warnings our calls used to cause are avoided at their source:
-:mod:`~logtoku_guard.backends.hf_compat`). Errors are still logged.
+warning filters (the deprecation warnings a forward pass could raise are avoided at their
+source: :mod:`~logtoku_guard.backends.hf_compat`). Errors are still logged.
 
 ``verbose=True``, or ``LOGTOKU_GUARD_VERBOSE=1`` in the environment, leaves transformers'
 output as it is.

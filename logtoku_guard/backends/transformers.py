@@ -16,7 +16,9 @@ batcher), ``decode_loop`` (the running batch: rows join and leave between steps)
 ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
 embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
-``Generation.prompt_scores``).
+``Generation.prompt_scores``), ``hf_compat`` (the transformers calls whose form changed across
+5.x: the KV cache argument, ``generate``'s logits-processor builder), ``quiet`` (no transformers
+progress bars or warnings around our calls unless ``verbose``).
 """
 
 from __future__ import annotations
