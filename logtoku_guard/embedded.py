@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from logtoku_guard.backends.quiet import quiet_transformers
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,14 @@ def converted_by(folder: Path) -> str | None:
     return str(version) if version else None
 
 
-def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None) -> Path:
-    """Return a transformers folder with the embedded model, converting the GGUF on first use."""
+def ensure_embedded_model(
+    cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None, *, verbose: bool | None = None
+) -> Path:
+    """Return a transformers folder with the embedded model, converting the GGUF on first use.
+
+    The conversion draws no progress bars and logs no transformers warnings unless ``verbose``
+    (None: ``$LOGTOKU_GUARD_VERBOSE``; :mod:`logtoku_guard.backends.quiet`).
+    """
     target = embedded_cache_dir(cache_dir)
     if is_cached(target):
         return target
@@ -156,7 +163,7 @@ def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progr
     logger.info("converting %s into %s", gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _convert(gguf, tmp)
+        _convert(gguf, tmp, verbose)
         _make_private(tmp)
         try:
             os.rename(tmp, target)
@@ -172,23 +179,24 @@ def ensure_embedded_model(cache_dir: str | os.PathLike[str] | None = None, progr
     return target
 
 
-def _convert(gguf: Path, out: Path) -> None:
+def _convert(gguf: Path, out: Path, verbose: bool | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:
-        msg = f"could not load the embedded GGUF model {gguf}: {exc}; reinstall it with: {_INSTALL}"
-        raise ModelLoadError(msg) from exc
-    # The de-quantised weights are plain float32: drop the GGUF quantisation marker so
-    # transformers agrees to save them as an ordinary checkpoint.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None  # type: ignore[assignment]
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with quiet_transformers(verbose, gguf=True):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:
+            msg = f"could not load the embedded GGUF model {gguf}: {exc}; reinstall it with: {_INSTALL}"
+            raise ModelLoadError(msg) from exc
+        # The de-quantised weights are plain float32: drop the GGUF quantisation marker so
+        # transformers agrees to save them as an ordinary checkpoint.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None  # type: ignore[assignment]
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     (out / _COMPLETE_MARKER).write_text(
         json.dumps(
             {

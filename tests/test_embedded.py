@@ -40,7 +40,7 @@ def test_concurrent_first_conversions_never_corrupt_the_cache(monkeypatch: pytes
     barrier = threading.Barrier(8)
     calls: list[int] = []
 
-    def fake_convert(gguf: Path, out: Path) -> None:
+    def fake_convert(gguf: Path, out: Path, verbose: bool | None = None) -> None:
         calls.append(1)
         barrier.wait(timeout=10)  # everybody converts at the same time
         (out / "weights.bin").write_bytes(os.urandom(1024))
@@ -74,7 +74,7 @@ def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     monkeypatch.setattr(embedded.importlib.metadata, "version", lambda name: "9.9")
 
-    def broken(gguf: Path, out: Path) -> None:
+    def broken(gguf: Path, out: Path, verbose: bool | None = None) -> None:
         (out / "half-written").write_text("x")
         raise OSError("disk full")
 
@@ -103,7 +103,7 @@ def fake_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, transformers: 
 def test_the_cache_is_owner_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, umask_022: None) -> None:
     fake_package(monkeypatch, tmp_path)
 
-    def fake_convert(gguf: Path, out: Path) -> None:
+    def fake_convert(gguf: Path, out: Path, verbose: bool | None = None) -> None:
         (out / "sub").mkdir()
         (out / "sub" / "weights.bin").write_bytes(b"w")
         (out / embedded._COMPLETE_MARKER).write_text("{}")
@@ -148,7 +148,7 @@ def test_an_unreadable_converted_cache_says_which_transformers_wrote_it(monkeypa
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]')  # cut short
     (folder / embedded._COMPLETE_MARKER).write_text(json.dumps({"transformers": "6.0.0"}))
-    monkeypatch.setattr(loading, "ensure_embedded_model", lambda cache_dir, progress: folder)
+    monkeypatch.setattr(loading, "ensure_embedded_model", lambda cache_dir, progress, verbose=None: folder)
     with pytest.raises(ModelLoadError, match=r"written by transformers 6\.0\.0.*delete that folder") as info:
         loading.load_model(None, "cpu", "auto", tmp_path, None)
     assert str(folder) in str(info.value) and "Hugging Face cache" not in str(info.value)
@@ -186,6 +186,7 @@ def _spec_au_eu(top: list[float]) -> tuple[float, float]:
 def test_cli_score_json_answers_paris_with_spec_exact_scores(embedded_cache: Path, embedded_backend: object) -> None:
     res = _cli("score", "--json", "What is the capital of France?", cache=embedded_cache)
     assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no progress bar, no transformers or torch warning on load and generation
     data = json.loads(res.stdout)
     assert {"model", "prompt", "answer", "reliability", "reliability_mean", "finish_reason", "k", "tokens", "timings"} <= set(
         data
@@ -243,6 +244,7 @@ def test_two_processes_converting_at_once_share_one_cache(tmp_path: Path) -> Non
     ]
     outs = [p.communicate(timeout=900) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert [o[1] for o in outs] == ["", ""]  # the GGUF conversion draws no progress bar and warns nothing
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1
     models = tmp_path / "models"

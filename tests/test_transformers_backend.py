@@ -483,3 +483,123 @@ def test_the_direct_tokenizers_decode_equals_the_tokenizers_own(tiny_tokenizer: 
             return str(super().decode(*args, **kwargs)).upper()
 
     assert not detokenizer._plain_tokenizers_backend(Shouting)
+
+
+# -- quiet by default: no transformers / torch output on load or generate ------------------------
+
+
+def test_loading_and_generating_print_nothing_and_warn_nothing(
+    tiny_tokenizer: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No progress bar, no logged warning and no Python warning from transformers or torch while a
+    model loads and generates (generate, batch, stream, a prefix-cache hit, a repetition penalty)."""
+    import warnings
+
+    from logtoku_guard.backends.quiet import VERBOSE_ENV
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    model = make_model(tiny_tokenizer, seed=5)
+    model.generation_config.repetition_penalty = 1.3
+    save_plain(model, tiny_tokenizer, tmp_path)
+    capfd.readouterr()  # save_pretrained's own bars are not ours
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend = TransformersBackend(str(tmp_path), device="cpu")
+        backend.generate(QUESTION, DecodingOptions(max_new_tokens=4))
+        backend.generate(QUESTION, DecodingOptions(max_new_tokens=4))  # the prefix cache's keys passed in
+        backend.batch([QUESTION, "Count from one to ten"], DecodingOptions(max_new_tokens=4))
+        assert len(list(backend.stream(QUESTION, DecodingOptions(max_new_tokens=4)))) == 4
+    assert backend.prefix_cache is not None and backend.prefix_cache.hits >= 1
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
+def test_verbose_lets_transformers_print_and_quiet_restores_the_users_settings(
+    tiny_tokenizer: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from logtoku_guard.backends.quiet import VERBOSE_ENV
+
+    save_plain(make_model(tiny_tokenizer), tiny_tokenizer, tmp_path)
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    hf_logger = logging.getLogger("transformers")
+    level, bars = hf_logger.level, hf_logging.is_progress_bar_enabled()
+    try:
+        hf_logger.setLevel(logging.INFO)  # the user's own choice: kept after a quiet load
+        hf_logging.enable_progress_bar()
+        capfd.readouterr()
+        TransformersBackend(str(tmp_path), device="cpu")
+        assert "Loading weights" not in capfd.readouterr().err
+        assert hf_logger.level == logging.INFO and hf_logging.is_progress_bar_enabled()
+
+        TransformersBackend(str(tmp_path), device="cpu", verbose=True)
+        assert "Loading weights" in capfd.readouterr().err
+        monkeypatch.setenv(VERBOSE_ENV, "1")
+        TransformersBackend(str(tmp_path), device="cpu")
+        assert "Loading weights" in capfd.readouterr().err
+    finally:
+        hf_logger.setLevel(level)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+
+    monkeypatch.setenv(VERBOSE_ENV, "loud")
+    with pytest.raises(ConfigurationError, match=r"LOGTOKU_GUARD_VERBOSE must be 1 .* got 'loud'"):
+        TransformersBackend(str(tmp_path), device="cpu")
+    monkeypatch.delenv(VERBOSE_ENV)
+    with pytest.raises(ConfigurationError, match=r"verbose must be True, False or None .* got 'yes'"):
+        TransformersBackend(str(tmp_path), device="cpu", verbose="yes")  # type: ignore[arg-type]
+
+
+def test_nested_and_concurrent_quiet_blocks_restore_the_setting_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first block in saves transformers' logger level, the last one out restores it, whichever thread."""
+    import logging
+
+    from logtoku_guard.backends.quiet import VERBOSE_ENV, quiet_transformers
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    hf_logger = logging.getLogger("transformers")
+    before = hf_logger.level
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with quiet_transformers():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    with quiet_transformers():
+        thread.start()
+        assert inside.wait(10)
+        with quiet_transformers(gguf=True):
+            assert hf_logger.level == logging.ERROR
+    assert hf_logger.level == logging.ERROR  # the other thread's block is still open
+    release.set()
+    thread.join(10)
+    assert hf_logger.level == before
+
+
+def test_the_cache_goes_under_the_name_the_forward_takes() -> None:
+    """``cache`` (transformers >= 5.24) or ``past_key_values`` (5.0-5.23), read from the forward's
+    signature; a forward taking only ``**kwargs`` gets the installed transformers' name."""
+    import dataclasses
+
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
+
+    class New:
+        def forward(self, input_ids: Any = None, cache: Any = None) -> None: ...
+
+    class Old:
+        def forward(self, input_ids: Any = None, past_key_values: Any = None) -> None: ...
+
+    class Passing:
+        def forward(self, input_ids: Any = None, **kwargs: Any) -> None: ...
+
+    installed = "cache" if "cache" in {f.name for f in dataclasses.fields(BaseModelOutputWithPast)} else "past_key_values"
+    assert (cache_arg(New()), cache_arg(Old()), cache_arg(Passing())) == ("cache", "past_key_values", installed)
+    marker = object()
+    assert returned_cache(BaseModelOutputWithPast(**{installed: marker})) is marker

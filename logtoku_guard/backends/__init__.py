@@ -3,7 +3,8 @@
 ``base`` (the :class:`Backend` protocol, :class:`TokenStream`), ``fake`` (``ScriptedBackend``),
 ``transformers`` (``TransformersBackend``) and its parts: ``recorder`` (raw top-K capture,
 token scoring, stop strings), ``detokenizer``, ``processors`` (``DynamicTemperatureLogitsWarper``)
-and ``loading`` (local folder, .gguf, cached hub id, embedded default);
+``loading`` (local folder, .gguf, cached hub id, embedded default), ``hf_compat`` (transformers
+5.x differences) and ``quiet`` (transformers' output silenced around our calls);
 ``openai_compat`` (``OpenAICompatibleBackend``: a remote server's raw top-K logits).
 """
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.hf_compat import cache_arg, logits_processors, returned_cache
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
 from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
@@ -224,6 +225,7 @@ class DecodeLoop:
             on_row_done=self._on_row_done,
         )
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        self.cache_arg = cache_arg(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         self._build_processors()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -264,10 +266,10 @@ class DecodeLoop:
             input_ids=batch.last[:, None],
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=batch.cache,
             use_cache=True,
+            **{self.cache_arg: batch.cache},
         )
-        batch.mask, batch.cache = mask, out.past_key_values
+        batch.mask, batch.cache = mask, returned_cache(out)
         return out.logits[:, -1, :]
 
     def _prefill(self, jobs: list[Job]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -328,8 +330,8 @@ class DecodeLoop:
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=positions,
-                    past_key_values=past,
                     use_cache=True,
+                    **{self.cache_arg: past},
                     **logits_to_keep,
                 )
             finally:
@@ -344,7 +346,7 @@ class DecodeLoop:
                 if not job.future.done():
                     job.future.set_exception(exc)
             return None
-        self.batch.extend(mask, out.past_key_values)
+        self.batch.extend(mask, returned_cache(out))
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel)
             row = LiveRow(job, i, p, state, start, prompt_scores[b])
@@ -376,10 +378,11 @@ class DecodeLoop:
                 position_ids=torch.arange(len(key), device=self.device)[None],
                 use_cache=True,
             )
-            if not _mergeable(out.past_key_values):
+            cache = returned_cache(out)
+            if not _mergeable(cache):
                 self.prefix_cache = None  # sliding-window or hybrid cache: whole prompts from now on
                 return None
-            layers = tuple((layer.keys, layer.values) for layer in out.past_key_values.layers)
+            layers = tuple((layer.keys, layer.values) for layer in cache.layers)
             self.prefix_cache.put(key, layers)
         return layers
 
@@ -459,7 +462,6 @@ class DecodeLoop:
         else:
             config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         config.update(eos_token_id=sorted(self.scoring.eos_ids) or None, pad_token_id=self.pad)
-        self.model._prepare_special_tokens(config, True, self.device)
         self.config = config
         self.history_config = copy.deepcopy(config)
         self.history_config.do_sample = False
@@ -467,9 +469,10 @@ class DecodeLoop:
         if options.dynamic is not None:
             rec = self.recorder
             custom.append(DynamicTemperatureLogitsWarper(options.dynamic, rec.current_eu, rec.record_temperatures))
-        build = self.model._get_logits_processor  # generate()'s own builder (transformers 5)
-        every = build(config, input_ids_seq_length=1, logits_processor=LogitsProcessorList(custom), device=self.device)
-        history = build(self.history_config, input_ids_seq_length=1, device=self.device)
+        every = logits_processors(
+            self.model, config, input_ids_seq_length=1, logits_processor=LogitsProcessorList(custom), device=self.device
+        )
+        history = logits_processors(self.model, self.history_config, input_ids_seq_length=1, device=self.device)
         self.row_processors = len(history) > 0
         self.warpers = LogitsProcessorList(every[len(history) :])
 
@@ -477,8 +480,9 @@ class DecodeLoop:
         import torch
 
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        build = self.model._get_logits_processor
-        return build(self.history_config, input_ids_seq_length=len(prompt), encoder_input_ids=ids, device=self.device)
+        return logits_processors(
+            self.model, self.history_config, input_ids_seq_length=len(prompt), encoder_input_ids=ids, device=self.device
+        )
 
     def _apply_row(self, row: LiveRow, scores: torch.Tensor) -> torch.Tensor:
         import torch

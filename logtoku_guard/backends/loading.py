@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from logtoku_guard.backends.quiet import quiet_transformers
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, ProgressCallback, converted_by, ensure_embedded_model
 from logtoku_guard.errors import ConfigurationError, ModelLoadError
 
@@ -68,11 +69,14 @@ def load_model(
     dtype: str,
     cache_dir: str | Path | None,
     progress: ProgressCallback | None,
+    verbose: bool | None = None,
 ) -> tuple[Any, Any, str]:
     """Load ``(model, tokenizer, name)`` from local files only; raises :class:`ModelLoadError`.
 
     ``model``: ``None`` or an alias of the embedded default, a folder, a ``.gguf`` file, or a
     cached hub id. ``dtype`` is one of :data:`DTYPES`; the model is moved to ``device``.
+    transformers draws no progress bars and logs no warnings meanwhile unless ``verbose``
+    (None: ``$LOGTOKU_GUARD_VERBOSE``; :mod:`~logtoku_guard.backends.quiet`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -87,7 +91,7 @@ def load_model(
     name = str(model) if model is not None else EMBEDDED_MODEL
     kwargs: dict[str, Any] = {}
     if name in EMBEDDED_ALIASES:
-        folder = ensure_embedded_model(cache_dir, progress)
+        folder = ensure_embedded_model(cache_dir, progress, verbose=verbose)
         name = EMBEDDED_MODEL
         source: str | Path = folder
     else:
@@ -116,8 +120,9 @@ def load_model(
     if progress:
         progress(f"Loading {name}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
-        loaded = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch_dtype, **kwargs)
+        with quiet_transformers(verbose, gguf="gguf_file" in kwargs):
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
+            loaded = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch_dtype, **kwargs)
     except MemoryError:
         raise
     except Exception as exc:  # transformers, gguf and safetensors raise many types for unreadable files

@@ -16,7 +16,9 @@ batcher), ``decode_loop`` (the running batch: rows join and leave between steps)
 ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
 embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
-``Generation.prompt_scores``).
+``Generation.prompt_scores``), ``hf_compat`` (the transformers calls whose form changed across
+5.x: the KV cache argument, ``generate``'s logits-processor builder), ``quiet`` (no transformers
+progress bars or warnings around our calls unless ``verbose``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow,
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.prompt_capture import question_span
+from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
@@ -127,6 +130,9 @@ class TransformersBackend:
         prefix_cache_mb: MiB of prompt-prefix KV caches kept (the chat template's opening and
             the system prompt, prefilled once and reused by every prompt that begins with them:
             :mod:`logtoku_guard.backends.prefix_cache`); 0 prefills every prompt whole.
+        verbose: let transformers print its progress bars and warnings while loading and
+            generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
+            :mod:`logtoku_guard.backends.quiet`).
     """
 
     def __init__(
@@ -146,8 +152,11 @@ class TransformersBackend:
         max_batch: int = DEFAULT_MAX_BATCH,
         threads: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+        verbose: bool | None = None,
     ) -> None:
         validate_k(k)
+        is_verbose(verbose)  # a bad value or $LOGTOKU_GUARD_VERBOSE fails here, not at the first generation
+        self._verbose = verbose
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
             msg = f"prefix_cache_mb must be a whole number of MiB >= 0 (0 disables prefix caching), got {prefix_cache_mb!r}"
             raise ConfigurationError(msg)
@@ -168,7 +177,7 @@ class TransformersBackend:
             self._model, self._tokenizer = model_obj, tokenizer
             self._name = str(model) if model is not None else getattr(model_obj, "name_or_path", "model")
         else:
-            self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress)
+            self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress, verbose)
         self._model.eval()
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
@@ -373,16 +382,17 @@ class TransformersBackend:
         if self._threads is not None and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
         scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids)
-        loop = DecodeLoop(
-            self._model,
-            self._tokenizer,
-            scoring,
-            jobs[0].options,
-            self._batcher.take_joiners,
-            self._generation,
-            self._prefix_cache,
-        )
-        loop.run(jobs)
+        with quiet_transformers(self._verbose):
+            loop = DecodeLoop(
+                self._model,
+                self._tokenizer,
+                scoring,
+                jobs[0].options,
+                self._batcher.take_joiners,
+                self._generation,
+                self._prefix_cache,
+            )
+            loop.run(jobs)
 
     def _generation(self, row: LiveRow) -> Generation:
         """The finished ``row`` as a :class:`Generation` (its timings from when it joined the batch)."""

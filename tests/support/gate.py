@@ -60,6 +60,7 @@ class Forwards:
         model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        ids, mask, cache = kwargs["input_ids"], kwargs["attention_mask"], kwargs.get("past_key_values")
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        cache = kwargs["cache"] if "cache" in kwargs else kwargs.get("past_key_values")  # the name before transformers 5.24
         cached = int(cache.layers[0].keys.shape[0]) if cache is not None else None
         self.seen.append(Forward(int(ids.shape[0]), int(ids.shape[1]), int(mask.shape[1]), cached))

@@ -69,7 +69,7 @@ def make_model(tokenizer: Any, seed: int = 0, max_positions: int = 256) -> Any:
             if attention_mask is not None:
                 real = attention_mask.sum(-1)
             else:  # transformers drops an all-ones mask for a single row: count cached + new tokens
-                cache = kwargs.get("past_key_values")
+                cache = kwargs["cache"] if "cache" in kwargs else kwargs.get("past_key_values")  # the name before 5.24
                 past = cache.get_seq_length() if cache is not None else 0
                 real = torch.full((input_ids.shape[0],), past + input_ids.shape[1])
             out = super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
