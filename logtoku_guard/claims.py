@@ -40,7 +40,7 @@ FUNCTION_WORDS = frozenset(
     before after since until while as like also too very just only not no yes all any some each every both either neither
     more most less least much many few one ones other another such same own
     known called named based located founded established
-    sorry however although though because therefore thus""".split()
+    sorry however although though because therefore thus""".split()  # noqa: SIM905
 )
 """Words that never carry the claim: articles, pronouns, auxiliaries, prepositions and a few
 answer-template verbs ("known", "called", "founded")."""
