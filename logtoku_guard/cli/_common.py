@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -328,6 +329,69 @@ def check_at_least_one(*options: tuple[str, int]) -> None:
         if value < 1:
             msg = f"{flag} {value} is too small; give at least 1"
             raise ConfigurationError(msg)
+
+
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+"""Largest file read as a model profile (a real one is about 100 kB)."""
+
+
+def _profile_problem(path: Path) -> str | None:
+    """Why the existing regular file ``path`` is not a model profile, or None if it is one.
+
+    Nothing of the file's content goes into the answer: only its size, or the first
+    validation error's location and kind.
+    """
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import ModelProfile
+
+    size = path.stat().st_size
+    if size > MAX_PROFILE_BYTES:
+        return f"{size} bytes, larger than any profile"
+    try:
+        ModelProfile.load(path)
+    except ValidationError as exc:
+        e = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(map(str, e["loc"]))
+        if e["type"] == "json_invalid":
+            return "not JSON"
+        return f"{where}: {e['type']}" if where else e["type"]
+    except (OSError, UnicodeDecodeError, LogTokUError) as exc:
+        return exc.__class__.__name__ if not isinstance(exc, OSError) else str(exc.strerror or exc)
+    return None
+
+
+def check_profile_out(path: Path | None, force: bool) -> None:
+    """``calibrate --out``: a file path that may be written, checked before any model loads.
+
+    A folder, a device or pipe, a folder that cannot be made, and (unless ``force``) an
+    existing file that is not a model profile are refused: a profile never replaces other
+    data by accident. An existing profile is replaced (that is what re-calibrating does).
+    """
+    if path is None:
+        return
+    shown = str(path)
+    if path.is_dir():
+        msg = f"--out {shown!r} is a folder; give a file path for the profile, e.g. --out {str(path / 'profile.json')!r}"
+        raise ConfigurationError(msg)
+    if path.exists() and not path.is_file():
+        msg = f"--out {shown!r} is not a regular file (a device, pipe or socket); give a file path for the profile"
+        raise ConfigurationError(msg)
+    parent = path.absolute().parent
+    while not parent.exists() and parent.parent != parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        msg = f"--out {shown!r}: cannot write in {str(parent)!r} (not a writable folder); give a path in a folder you can write"
+        raise ConfigurationError(msg)
+    if force or not path.exists():
+        return
+    problem = _profile_problem(path)
+    if problem is not None:
+        msg = (
+            f"--out {shown!r} exists and is not a model profile ({problem}); calibrate will not replace it: "
+            "give another path, or add --force to replace that file"
+        )
+        raise ConfigurationError(msg)
 
 
 def read_context_file(path: Path) -> Any:
