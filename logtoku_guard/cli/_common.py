@@ -120,13 +120,20 @@ def load_backend(
         )
 
 
-def open_store(store: str | None, cache_dir: Path | None = None) -> AuditStore:
-    """``--store``, else ``audit.db`` in the model cache (its folder made if missing)."""
+def open_store(store: str | None, cache_dir: Path | None = None, *, read_only: bool = False) -> AuditStore:
+    """``--store``, else ``audit.db`` in the model cache (its folder made if missing).
+
+    ``read_only``: for commands that only read (``audit tail``, ``review list``...): an existing
+    store only, so a mistyped ``--store`` is an error instead of a new empty store, and no
+    folder is made.
+    """
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.embedded import cache_root, private_dir
 
     if store is not None:
-        return AuditStore(store)
+        return AuditStore(store, create=not read_only)
+    if read_only:
+        return AuditStore(cache_root(cache_dir) / "audit.db", create=False)
     target = private_dir(cache_root(cache_dir)) / "audit.db"
     return AuditStore(target)
 
@@ -299,6 +306,15 @@ def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any
     """Open the store, call one of its methods, close it; a library error exits with status 2."""
     try:
         with open_store(store) as audit:
+            return getattr(audit, method)(*args, **kwargs)
+    except LogTokUError as exc:
+        raise fail(exc) from exc
+
+
+def store_read(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """:func:`store_call` for commands that only read: the store must exist (none is created)."""
+    try:
+        with open_store(store, read_only=True) as audit:
             return getattr(audit, method)(*args, **kwargs)
     except LogTokUError as exc:
         raise fail(exc) from exc
