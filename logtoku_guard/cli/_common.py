@@ -339,6 +339,17 @@ def check_load_options(device: str, cache_dir: Path | None) -> None:
         check_cache_dir(cache_dir)
 
 
+SEED_MAX = 2**64 - 1
+"""Largest random seed torch accepts (an unsigned 64-bit integer)."""
+
+
+def check_seed(seed: int | None) -> None:
+    """``--seed`` is None or fits torch's unsigned 64-bit seed."""
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        msg = f"--seed {seed} is out of range; give an integer from 0 to {SEED_MAX}"
+        raise ConfigurationError(msg)
+
+
 def check_at_least_one(*options: tuple[str, int]) -> None:
     """Each ``(flag, value)`` count option is at least 1."""
     for flag, value in options:
