@@ -170,9 +170,11 @@ def calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = No
 
 
 def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
-    """An explicit ``--profile``, read before any model loads so a bad path fails at once."""
-    from pydantic import ValidationError
+    """An explicit ``--profile``, read before any model loads so a bad path fails at once.
 
+    The error for a file that is not a profile never shows the file's content (only where and
+    why it fails to validate), and a pipe or device is refused without reading it.
+    """
     from logtoku_guard.calibration import ModelProfile
 
     if path.is_dir():
@@ -181,25 +183,21 @@ def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
             f"{calibrate_hint(model, k, evidence)}, or leave out --profile to use the saved profile of --model"
         )
         raise ConfigurationError(msg)
+    if path.exists() and not path.is_file():
+        msg = f"--profile {str(path)!r} is not a regular file (a device, pipe or socket); give the JSON file of a profile"
+        raise ConfigurationError(msg)
     if not path.is_file():
         msg = (
             f"--profile {str(path)!r} does not exist; write it with {calibrate_hint(model, k, evidence, path)}, "
             "or leave out --profile to use the saved profile of --model"
         )
         raise ConfigurationError(msg)
-    try:
-        return ModelProfile.load(path)
-    except (ValidationError, OSError, UnicodeDecodeError) as exc:
-        if isinstance(exc, ValidationError):
-            e = exc.errors()[0]
-            first = f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
-        else:
-            first = str(exc)
-        msg = (
-            f"--profile {str(path)!r} is not a model profile ({first}); "
-            f"give a file written by {calibrate_hint(model, k, evidence)}"
-        )
-        raise ConfigurationError(msg) from exc
+    problem = _profile_problem(path)
+    if problem is not None:
+        hint = calibrate_hint(model, k, evidence)
+        msg = f"--profile {str(path)!r} is not a model profile ({problem}); give a file written by {hint}"
+        raise ConfigurationError(msg)
+    return ModelProfile.load(path)
 
 
 def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
@@ -382,7 +380,7 @@ def _profile_problem(path: Path) -> str | None:
         where = ".".join(map(str, e["loc"]))
         if e["type"] == "json_invalid":
             return "not JSON"
-        return f"{where}: {e['type']}" if where else e["type"]
+        return f"{where}: {e['msg'][:200]}" if where else e["msg"][:200]
     except (OSError, UnicodeDecodeError, LogTokUError) as exc:
         return exc.__class__.__name__ if not isinstance(exc, OSError) else str(exc.strerror or exc)
     return None

@@ -220,3 +220,26 @@ def test_profile_save_failure_leaves_the_target_and_no_temporary_file(tmp_path: 
     assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
     with pytest.raises(ConfigurationError, match="is a folder"):
         profile.save(tmp_path)
+
+
+def test_profile_that_is_another_file_never_echoes_its_content(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:secret-line\n")
+    text = fails("score", "hi?", "--profile", str(passwd), expect=(str(passwd), "not a model profile", "not JSON", "calibrate"))
+    assert "root:x" not in text and "secret-line" not in text and "pydantic" not in text
+    other_json = tmp_path / "other.json"
+    other_json.write_text('{"password": "hunter2-secret"}')
+    text = fails("score", "hi?", "--profile", str(other_json), expect=(str(other_json), "not a model profile"))
+    assert "hunter2" not in text
+
+
+def test_score_seed_beyond_64_bits() -> None:
+    fails(
+        "score",
+        "hi?",
+        "--seed",
+        "18446744073709551616",
+        "--temperature",
+        "1",
+        expect=("--seed 18446744073709551616", "from 0 to 18446744073709551615"),
+    )
