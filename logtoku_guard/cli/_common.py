@@ -45,7 +45,12 @@ ModelOpt = Annotated[
     str,
     typer.Option(help=f"Model: {EMBEDDED_MODEL!r} (embedded default), a local folder, a .gguf file, or a cached hub id."),
 ]
-TopKOpt = Annotated[int, typer.Option("--top-k", "-k", help="Number K of top raw logits per token (K >= 2).")]
+MAX_TOP_K = 2**22
+"""Largest ``--top-k`` taken before a model loads (above any vocabulary; the model's own size is checked on load)."""
+TopKOpt = Annotated[
+    int,
+    typer.Option("--top-k", "-k", max=MAX_TOP_K, help="Number K of top raw logits per token (2 <= K <= the vocabulary size)."),
+]
 DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")]
 CacheOpt = Annotated[
