@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,30 @@ ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "rai
 Op = Literal[">", ">=", "<", "<="]
 UndefinedMode = Literal["least_reliable", "never_fires"]
 _OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+def _policy_error(exc: ValidationError) -> PolicyError:
+    """:meth:`PolicyError.from_validation`, except that a value outside a fixed set (a stat or
+    action name with a typo) is named with the closest allowed values and the whole set, uncut."""
+    import difflib
+
+    errors = exc.errors(include_url=False)
+    if not any(e["type"] == "literal_error" for e in errors):
+        return PolicyError.from_validation(exc)
+    lines = []
+    for err in errors[:20]:
+        loc = ".".join(str(p) for p in err["loc"] if p not in ("Compare", "AllOf", "AnyOf", "NotOf"))[:120] or "<policy>"
+        given = err.get("input")
+        if err["type"] == "literal_error":
+            allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            close = difflib.get_close_matches(given, allowed, n=2, cutoff=0.6) if isinstance(given, str) else []
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            lines.append(f"{loc}: {short_repr(given)} is not allowed; {hint}allowed: {', '.join(allowed)}")
+        else:
+            lines.append(f"{loc}: {err['msg'][:300]} (got {short_repr(given)})")
+    if len(errors) > 20:
+        lines.append(f"... and {len(errors) - 20} more error(s)")
+    return PolicyError("invalid policy:\n  " + "\n  ".join(lines))
 
 
 class _Strict(BaseModel):
@@ -269,7 +294,7 @@ class Policy(_Strict):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise PolicyError.from_validation(exc) from None
+            raise _policy_error(exc) from None
         except RecursionError:
             msg = "the policy is nested too deeply to validate; flatten the conditions"
             raise PolicyError(msg) from None

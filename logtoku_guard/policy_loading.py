@@ -7,6 +7,8 @@ parsed, with a :class:`~logtoku_guard.errors.PolicyError` naming the file and th
   gives the byte offset of the first bad byte);
 - YAML is read by a safe loader that refuses aliases (``*name``: the "billion laughs" bomb
   needs them) and counts nodes and depth while composing, so nothing is expanded;
+- a key given twice in one mapping (YAML) or object (JSON) is refused with its line, never
+  silently resolved to the last value;
 - at most :data:`MAX_POLICY_NODES` values and :data:`MAX_POLICY_DEPTH` levels of nesting, in
   files and in dicts given directly (:func:`check_bounds`).
 
@@ -93,7 +95,42 @@ def _bounded_loader(source: str) -> type:
             finally:
                 self.depth -= 1
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = key_node.value
+                    line = key_node.start_mark.line + 1
+                    if key in seen:
+                        msg = (
+                            f"{source}: the key {short_repr(key)} is given twice in one mapping (lines {seen[key]} and "
+                            f"{line}); YAML would silently keep the last one: remove or rename one of them"
+                        )
+                        raise PolicyError(msg)
+                    seen[key] = line
+            return super().construct_mapping(node, deep)
+
     return BoundedSafeLoader
+
+
+def _no_duplicate_keys(source: str) -> Any:
+    """A ``json.loads`` ``object_pairs_hook`` that refuses a key given twice in one object."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                msg = (
+                    f"{source}: the key {short_repr(key)} is given twice in one object; "
+                    "JSON readers would silently keep the last one: remove or rename one of them"
+                )
+                raise PolicyError(msg)
+            out[key] = value
+        return out
+
+    return hook
 
 
 def parse_policy_text(text: str, kind: str, source: str) -> Any:
@@ -112,7 +149,7 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
             raise PolicyError(msg) from exc
     else:
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys(source))
         except json.JSONDecodeError as exc:
             msg = f"{source} is not valid JSON: {exc}"
             raise PolicyError(msg) from exc

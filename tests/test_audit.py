@@ -803,3 +803,61 @@ def test_a_store_of_another_schema_version_is_refused_untouched(store_url: Store
         version = conn.exec_driver_sql("SELECT value FROM audit_meta WHERE key = 'schema_version'").scalar()
     engine.dispose()
     assert "reviewer_os_user" not in columns and version == value
+
+
+# -- names and files that must never become (or be read as) a store ------------------------------
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_store_named_like_a_sqlite_side_file_is_refused(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"p.db{suffix}"
+    for given in (path, f"sqlite:///{path}"):
+        with pytest.raises(ConfigurationError, match=rf"p\.db{suffix}.*{suffix[1:]} file of .*p\.db"):
+            AuditStore(given)
+    assert not path.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_is_called_a_pipe_and_never_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "audit.db"
+    os.mkfifo(fifo)
+    with pytest.raises(AuditStoreError, match="named pipe") as info:
+        AuditStore(fifo)  # reading it would block forever
+    assert "empty" not in str(info.value)
+
+
+def test_a_truncated_store_is_called_damaged(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as full:
+        for i in range(50):
+            full.record(
+                AuditRecord(
+                    model="m",
+                    policy_name="p",
+                    policy_version="1",
+                    prompt=f"q{i}" * 200,
+                    answer="a",
+                    action="pass",
+                    reason="r",
+                    reliability=0.5,
+                )
+            )
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(path.read_bytes()[:3000])
+    with pytest.raises(AuditStoreError, match="damaged") as info:
+        AuditStore(cut)
+    assert "permission" not in str(info.value) and "can write" not in str(info.value)
+
+
+def test_create_false_opens_existing_stores_only(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    with pytest.raises(AuditStoreError, match=r"no audit store at .*typo\.db"):
+        AuditStore(typo, create=False)
+    assert not typo.exists()
+    AuditStore(tmp_path / "real.db").close()
+    with AuditStore(tmp_path / "real.db", create=False) as again:
+        assert again.count() == 0
+
+
+@pytest.mark.parametrize("n", [-1, 2**63, 10**30])
+def test_tail_refuses_counts_outside_a_sql_integer(store: AuditStore, n: int) -> None:
+    with pytest.raises(ConfigurationError, match="from 0 to 9223372036854775807"):
+        store.tail(n)

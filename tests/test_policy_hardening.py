@@ -237,3 +237,35 @@ def test_quadrant_share_rules_need_a_profile() -> None:
     )
     with pytest.raises(ConfigurationError, match="quadrant thresholds"):
         Guard(ScriptedBackend([]), policy)
+
+
+# -- keys given twice and typos in fixed names --------------------------------------------------
+def test_yaml_key_given_twice_is_refused_with_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "name: x\nrules:\n  - name: r\n    when: {stat: max_eu, op: '>', value: 0.5}\n    action: pass\n    action: abstain\n"
+    )
+    with pytest.raises(PolicyError, match=r"'action' is given twice .*lines 5 and 6"):
+        Policy.from_file(path)
+    top = tmp_path / "top.yaml"
+    top.write_text("name: a\nname: b\n")
+    with pytest.raises(PolicyError, match=r"'name' is given twice .*lines 1 and 2"):
+        Policy.from_file(top)
+
+
+def test_json_key_given_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"name": "x", "fallback": "pass", "fallback": "abstain"}')
+    with pytest.raises(PolicyError, match=r"'fallback' is given twice"):
+        Policy.from_file(path)
+
+
+def test_a_typo_in_a_stat_name_gets_the_closest_name_and_the_whole_list() -> None:
+
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict(
+            {"name": "x", "rules": [{"name": "r", "when": {"stat": "max_euu", "op": ">", "value": 1}, "action": "pas"}]}
+        )
+    text = str(info.value)
+    assert "'max_euu' is not allowed; did you mean 'max_eu'" in text and "'pas' is not allowed; did you mean 'pass'" in text
+    assert "..." not in text and all(name in text for name in STAT_NAMES)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -35,20 +36,43 @@ def sqlite_file(url: sa.URL) -> Path | None:
     return Path(db)
 
 
+def check_store_name(path: Path) -> None:
+    """Refuse a path named like a SQLite side file (``x.db-wal``, ``-shm``, ``-journal``).
+
+    SQLite treats ``<db>-wal`` as the write-ahead log of ``<db>``: a store kept there would be
+    replayed into, or deleted by, whoever opens ``<db>``.
+    """
+    for suffix in STORE_SUFFIXES[1:]:
+        if path.name.endswith(suffix) and len(path.name) > len(suffix):
+            base = path.with_name(path.name[: -len(suffix)])
+            msg = (
+                f"cannot keep an audit store at {path}: SQLite uses that name for the {suffix[1:]} file of {base}, "
+                f"and deletes or rewrites it whenever {base} is opened; pass a name that does not end in "
+                f"{', '.join(STORE_SUFFIXES[1:])}, e.g. {path.with_name(path.name[: -len(suffix)] + '.audit.db')}"
+            )
+            raise ConfigurationError(msg)
+
+
 def check_existing(path: Path, fix: str) -> bool:
     """True if ``path`` exists and looks like a SQLite database; False if it does not exist.
 
-    Raises :class:`AuditStoreError` for a folder, an empty file or a file that is not SQLite.
+    Raises :class:`AuditStoreError` for a folder, a pipe or device, an empty file or a file that
+    is not SQLite (nothing is read from anything but a regular file: a pipe would block).
     """
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError as e:
         msg = f"could not open the audit store at {path}: {e.strerror or e}; {fix}"
         raise AuditStoreError(msg) from e
-    if path.is_dir():
+    size = st.st_size
+    if stat.S_ISDIR(st.st_mode):
         msg = f"could not open the audit store at {path}: it is a folder; pass a file path inside it ({path / 'audit.db'}); {fix}"
+        raise AuditStoreError(msg)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+        msg = f"{path} is {kind}, not a file, so it cannot hold an audit store; pass the path of a regular file"
         raise AuditStoreError(msg)
     if size == 0:
         msg = (

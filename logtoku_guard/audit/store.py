@@ -73,11 +73,15 @@ from logtoku_guard.errors import (
     ConfigurationError,
     MissingDependencyError,
     UnknownTraceError,
+    short_repr,
 )
 
 __all__ = ["SCHEMA_VERSION", "AuditStore", "ExportFormat"]
 
 ExportFormat = Literal["jsonl", "csv"]
+
+MAX_ROWS = 2**63 - 1
+"""Largest row count a query can be asked for (a 64-bit SQL integer)."""
 
 
 def _init_tables(path: Path) -> None:
@@ -161,10 +165,13 @@ class AuditStore(ReviewQueue):
     claim can be taken, approved or rejected by someone else.
 
     Opening a SQLite file that does not exist creates it owner-only (0600) with the tables; an
-    existing file must be a store (an empty or foreign file raises :class:`AuditStoreError`).
-    Other databases get the tables if missing. Opening makes one small write, so an unusable
-    location fails here, not at the first record. Safe to share between threads; any number of
-    processes may open the same file.
+    existing file must be a store (an empty, damaged or foreign file raises
+    :class:`AuditStoreError`). Other databases get the tables if missing. ``create=False``
+    opens an existing store only (for readers: a mistyped path raises instead of starting an
+    empty store). A path named like a SQLite side file (``-wal``, ``-shm``, ``-journal``) is
+    refused: SQLite would delete or rewrite it when the database beside it opens. Opening
+    makes one small write, so an unusable location fails here, not at the first record. Safe
+    to share between threads; any number of processes may open the same file.
     """
 
     def __init__(
@@ -175,6 +182,7 @@ class AuditStore(ReviewQueue):
         redact: RedactMode | Redactor | None = None,
         redact_answer: bool | RedactMode | Redactor = False,
         claim_ttl: timedelta | None = None,
+        create: bool = True,
     ) -> None:
         if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not 0 <= busy_timeout_s < math.inf:
             msg = f"busy_timeout_s must be a non-negative number of seconds, got {busy_timeout_s!r}"
@@ -205,6 +213,7 @@ class AuditStore(ReviewQueue):
             self._where = url.render_as_string(hide_password=True)
         else:
             path = Path(raw).expanduser().absolute()
+            _files.check_store_name(path)
             url = sa.URL.create("sqlite", database=str(path))
             self._where = str(path)
         self.url: str = url.render_as_string(hide_password=True)
@@ -217,6 +226,8 @@ class AuditStore(ReviewQueue):
             )
             raise ConfigurationError(msg)
         self._file = _files.sqlite_file(url)
+        if self._file is not None:
+            _files.check_store_name(self._file)
         self._closed = False
         # SQLite has one writer at a time: this process's threads queue here, in order and without
         # the sleep-and-retry of busy_timeout (which still arbitrates between processes).
@@ -238,8 +249,14 @@ class AuditStore(ReviewQueue):
             _configure_sqlite(self._engine, busy_timeout_ms=round(busy_timeout_s * 1000))
         try:
             if self._file is not None and not _files.check_existing(self._file, self._fix(OSError())):
+                if not create:
+                    msg = (
+                        f"there is no audit store at {self._file}; check the path (a store is made by the first "
+                        "guarded answer that is recorded, e.g. by `logtoku-guard ask` or `serve` with this store)"
+                    )
+                    raise AuditStoreError(msg)
                 _files.create_store_file(self._file, _init_tables, self._fix(OSError()))
-            with self._transaction("create the tables of", write=True) as conn:
+            with self._transaction("open", write=True) as conn:
                 self._lock_schema(conn)
                 has_meta = sa.inspect(conn).has_table(_meta.name)
                 if self._file is not None and not has_meta:
@@ -247,6 +264,9 @@ class AuditStore(ReviewQueue):
                         f"{self._where} is a SQLite database but not an audit store (it has no {_meta.name} table); "
                         "pass the path of an audit store, or a new path to start one"
                     )
+                    raise AuditStoreError(msg)
+                if not create and not has_meta:
+                    msg = f"{self._where} holds no audit store (no {_meta.name} table); check the URL"
                     raise AuditStoreError(msg)
                 version = None
                 if has_meta:  # checked before anything is created or altered
@@ -285,6 +305,11 @@ class AuditStore(ReviewQueue):
 
     def _fix(self, error: BaseException) -> str:
         text = str(error).lower()
+        if self._sqlite and ("malformed" in text or "not a database" in text):
+            return (
+                "the file is damaged (truncated or partly overwritten): restore it from a backup, or move it "
+                "away and pass a new path to start a new store"
+            )
         if "locked" in text or "busy" in text:
             return "another writer held the lock longer than busy_timeout_s; raise busy_timeout_s or shorten other transactions"
         if not self._sqlite and ("0x00" in text or "\\u0000" in text):
@@ -292,7 +317,7 @@ class AuditStore(ReviewQueue):
         if self._sqlite:
             return (
                 "check that the folder exists and this user can write to it (and to the file), and that the disk has "
-                "space; or pass another path, e.g. AuditStore('/writable/folder/audit.db'), or a database URL"
+                "space; or pass another store path in a writable folder, or a database URL"
             )
         return "check that the database server is reachable, the URL and credentials are right and the user may create tables"
 
@@ -367,8 +392,8 @@ class AuditStore(ReviewQueue):
 
     def tail(self, n: int = 20) -> list[AuditRecord]:
         """The ``n`` newest records (by ``created_at``), newest first."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            msg = f"n must be a non-negative integer, got {n!r}"
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_ROWS:
+            msg = f"n must be an integer from 0 to {MAX_ROWS}, got {short_repr(n)}"
             raise ConfigurationError(msg)
         stmt = _record_select.order_by(_records.c.created_at.desc(), _records.c.id.desc()).limit(n)
         with self._transaction("read", write=False) as conn:

@@ -21,6 +21,7 @@ import itertools
 import math
 import os
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -160,11 +161,35 @@ class ModelProfile(BaseModel):
             raise ConfigurationError(msg)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile to ``path`` (its missing folders made) and return it.
+
+        The JSON is written to a new temporary file in the same folder, then renamed onto
+        ``path``: a reader never sees half a profile, and a failure leaves ``path`` as it was
+        and no temporary file behind. An existing file at ``path`` is replaced (callers that
+        must not replace other data check first, as ``logtoku-guard calibrate --out`` does).
+        Raises :class:`ConfigurationError` naming the path when it cannot be written (a folder,
+        no permission, a full disk).
+        """
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=1))
-        os.replace(tmp, p)  # never a half-written profile
+        if p.is_dir():
+            msg = f"cannot save the profile to {str(p)!r}: it is a folder; pass a file path, e.g. {str(p / 'profile.json')!r}"
+            raise ConfigurationError(msg)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(self.model_dump_json(indent=1))
+                os.replace(tmp, p)  # never a half-written profile
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            msg = (
+                f"cannot save the profile to {str(p)!r}: {exc.strerror or exc}; "
+                "pass a path in a folder this user can write to, on a disk with space"
+            )
+            raise ConfigurationError(msg) from exc
         return p
 
     @classmethod

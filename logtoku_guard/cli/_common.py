@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,7 +45,12 @@ ModelOpt = Annotated[
     str,
     typer.Option(help=f"Model: {EMBEDDED_MODEL!r} (embedded default), a local folder, a .gguf file, or a cached hub id."),
 ]
-TopKOpt = Annotated[int, typer.Option("--top-k", "-k", help="Number K of top raw logits per token (K >= 2).")]
+MAX_TOP_K = 2**22
+"""Largest ``--top-k`` taken before a model loads (above any vocabulary; the model's own size is checked on load)."""
+TopKOpt = Annotated[
+    int,
+    typer.Option("--top-k", "-k", max=MAX_TOP_K, help="Number K of top raw logits per token (2 <= K <= the vocabulary size)."),
+]
 DeviceOpt = Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")]
 CacheOpt = Annotated[
@@ -119,13 +125,20 @@ def load_backend(
         )
 
 
-def open_store(store: str | None, cache_dir: Path | None = None) -> AuditStore:
-    """``--store``, else ``audit.db`` in the model cache (its folder made if missing)."""
+def open_store(store: str | None, cache_dir: Path | None = None, *, read_only: bool = False) -> AuditStore:
+    """``--store``, else ``audit.db`` in the model cache (its folder made if missing).
+
+    ``read_only``: for commands that only read (``audit tail``, ``review list``...): an existing
+    store only, so a mistyped ``--store`` is an error instead of a new empty store, and no
+    folder is made.
+    """
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.embedded import cache_root, private_dir
 
     if store is not None:
-        return AuditStore(store)
+        return AuditStore(store, create=not read_only)
+    if read_only:
+        return AuditStore(cache_root(cache_dir) / "audit.db", create=False)
     target = private_dir(cache_root(cache_dir)) / "audit.db"
     return AuditStore(target)
 
@@ -162,9 +175,11 @@ def calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = No
 
 
 def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
-    """An explicit ``--profile``, read before any model loads so a bad path fails at once."""
-    from pydantic import ValidationError
+    """An explicit ``--profile``, read before any model loads so a bad path fails at once.
 
+    The error for a file that is not a profile never shows the file's content (only where and
+    why it fails to validate), and a pipe or device is refused without reading it.
+    """
     from logtoku_guard.calibration import ModelProfile
 
     if path.is_dir():
@@ -173,25 +188,21 @@ def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
             f"{calibrate_hint(model, k, evidence)}, or leave out --profile to use the saved profile of --model"
         )
         raise ConfigurationError(msg)
+    if path.exists() and not path.is_file():
+        msg = f"--profile {str(path)!r} is not a regular file (a device, pipe or socket); give the JSON file of a profile"
+        raise ConfigurationError(msg)
     if not path.is_file():
         msg = (
             f"--profile {str(path)!r} does not exist; write it with {calibrate_hint(model, k, evidence, path)}, "
             "or leave out --profile to use the saved profile of --model"
         )
         raise ConfigurationError(msg)
-    try:
-        return ModelProfile.load(path)
-    except (ValidationError, OSError, UnicodeDecodeError) as exc:
-        if isinstance(exc, ValidationError):
-            e = exc.errors()[0]
-            first = f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
-        else:
-            first = str(exc)
-        msg = (
-            f"--profile {str(path)!r} is not a model profile ({first}); "
-            f"give a file written by {calibrate_hint(model, k, evidence)}"
-        )
-        raise ConfigurationError(msg) from exc
+    problem = _profile_problem(path)
+    if problem is not None:
+        hint = calibrate_hint(model, k, evidence)
+        msg = f"--profile {str(path)!r} is not a model profile ({problem}); give a file written by {hint}"
+        raise ConfigurationError(msg)
+    return ModelProfile.load(path)
 
 
 def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
@@ -304,6 +315,15 @@ def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any
         raise fail(exc) from exc
 
 
+def store_read(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """:func:`store_call` for commands that only read: the store must exist (none is created)."""
+    try:
+        with open_store(store, read_only=True) as audit:
+            return getattr(audit, method)(*args, **kwargs)
+    except LogTokUError as exc:
+        raise fail(exc) from exc
+
+
 # -- input checks before any model loads ---------------------------------------------------------
 def check_load_options(device: str, cache_dir: Path | None) -> None:
     """``--device`` is a device string and ``--cache-dir`` (when given) a usable folder; nothing is loaded or created.
@@ -323,12 +343,86 @@ def check_load_options(device: str, cache_dir: Path | None) -> None:
         check_cache_dir(cache_dir)
 
 
+SEED_MAX = 2**64 - 1
+"""Largest random seed torch accepts (an unsigned 64-bit integer)."""
+
+
+def check_seed(seed: int | None) -> None:
+    """``--seed`` is None or fits torch's unsigned 64-bit seed."""
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        msg = f"--seed {seed} is out of range; give an integer from 0 to {SEED_MAX}"
+        raise ConfigurationError(msg)
+
+
 def check_at_least_one(*options: tuple[str, int]) -> None:
     """Each ``(flag, value)`` count option is at least 1."""
     for flag, value in options:
         if value < 1:
             msg = f"{flag} {value} is too small; give at least 1"
             raise ConfigurationError(msg)
+
+
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+"""Largest file read as a model profile (a real one is about 100 kB)."""
+
+
+def _profile_problem(path: Path) -> str | None:
+    """Why the existing regular file ``path`` is not a model profile, or None if it is one.
+
+    Nothing of the file's content goes into the answer: only its size, or the first
+    validation error's location and kind.
+    """
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import ModelProfile
+
+    size = path.stat().st_size
+    if size > MAX_PROFILE_BYTES:
+        return f"{size} bytes, larger than any profile"
+    try:
+        ModelProfile.load(path)
+    except ValidationError as exc:
+        e = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(map(str, e["loc"]))
+        if e["type"] == "json_invalid":
+            return "not JSON"
+        return f"{where}: {e['msg'][:200]}" if where else e["msg"][:200]
+    except (OSError, UnicodeDecodeError, LogTokUError) as exc:
+        return exc.__class__.__name__ if not isinstance(exc, OSError) else str(exc.strerror or exc)
+    return None
+
+
+def check_profile_out(path: Path | None, force: bool) -> None:
+    """``calibrate --out``: a file path that may be written, checked before any model loads.
+
+    A folder, a device or pipe, a folder that cannot be made, and (unless ``force``) an
+    existing file that is not a model profile are refused: a profile never replaces other
+    data by accident. An existing profile is replaced (that is what re-calibrating does).
+    """
+    if path is None:
+        return
+    shown = str(path)
+    if path.is_dir():
+        msg = f"--out {shown!r} is a folder; give a file path for the profile, e.g. --out {str(path / 'profile.json')!r}"
+        raise ConfigurationError(msg)
+    if path.exists() and not path.is_file():
+        msg = f"--out {shown!r} is not a regular file (a device, pipe or socket); give a file path for the profile"
+        raise ConfigurationError(msg)
+    parent = path.absolute().parent
+    while not parent.exists() and parent.parent != parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        msg = f"--out {shown!r}: cannot write in {str(parent)!r} (not a writable folder); give a path in a folder you can write"
+        raise ConfigurationError(msg)
+    if force or not path.exists():
+        return
+    problem = _profile_problem(path)
+    if problem is not None:
+        msg = (
+            f"--out {shown!r} exists and is not a model profile ({problem}); calibrate will not replace it: "
+            "give another path, or add --force to replace that file"
+        )
+        raise ConfigurationError(msg)
 
 
 def read_context_file(path: Path) -> Any:

@@ -15,18 +15,23 @@ from rich.table import Table
 
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
+from logtoku_guard.errors import ConfigurationError
 
 audit_app = typer.Typer(help="The audit trail of guard decisions: tail, export, purge.", no_args_is_help=True)
 
 
 @audit_app.command("tail")
 def audit_tail(
-    n: Annotated[int, typer.Option("-n", help="Number of records.")] = 20,
+    n: Annotated[int, typer.Option("-n", help="Number of records (0 or more).")] = 20,
     store: StoreOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object ({records: [...]}) instead of a table.")] = False,
 ) -> None:
-    """The newest decisions."""
-    records = _common.store_call(store, "tail", n)
+    """The newest decisions (the store must exist: none is created)."""
+    from logtoku_guard.audit.store import MAX_ROWS
+
+    if not 0 <= n <= MAX_ROWS:
+        raise _common.fail(ConfigurationError(f"-n {n} is out of range; give a number of records from 0 to {MAX_ROWS}"))
+    records = _common.store_read(store, "tail", n)
     if as_json:
         rows = [
             {
@@ -66,7 +71,11 @@ def audit_export(
     store: StoreOpt = None,
 ) -> None:
     """Export every record as JSONL or CSV (owner-only file; never onto the store's own files)."""
-    n = _common.store_call(store, "export", path, fmt, overwrite=force)
+    if not force and (path.exists() or path.is_symlink()) and not path.is_dir():
+        raise _common.fail(
+            ConfigurationError(f"cannot export to {path}: the file exists; pass another path, or --force to replace it")
+        )
+    n = _common.store_read(store, "export", path, fmt, overwrite=force)
     _common.out.print(safe_text(f"{n} record(s) written to {path}"), highlight=False)
 
 

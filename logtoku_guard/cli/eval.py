@@ -16,7 +16,11 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import DeviceOpt
 
 eval_app = typer.Typer(
-    help="Benchmarks: TruthfulQA and NQ-open response reliability, GoEmotions dynamic decoding.",
+    help=(
+        "Benchmarks: TruthfulQA and NQ-open response reliability, GoEmotions dynamic decoding, known vs "
+        "fabricated questions (fabricated) and the guard end to end with retrieval (guard). Generations are "
+        "cached under --gen-cache-dir and results written to --out-dir (both default to the user cache folder)."
+    ),
     no_args_is_help=True,
 )
 
@@ -24,10 +28,21 @@ ModelOpt = Annotated[
     str, typer.Option(help="Model under test: the embedded default, a local folder, a .gguf file or a cached hub id.")
 ]
 LimitOpt = Annotated[int | None, typer.Option(help="Evaluate only the first N questions (default: all).")]
-CacheDirOpt = Annotated[
-    Path, typer.Option(help="Generation cache folder (JSONL per model, dataset, K stored, decoding); resumable.")
+GenCacheOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--gen-cache-dir",
+        help="Generation cache folder (JSONL per model, dataset, K stored, decoding); resumable. "
+        "Default: eval/generations in the user cache ($LOGTOKU_GUARD_CACHE or the platform's cache folder).",
+    ),
 ]
-OutDirOpt = Annotated[Path, typer.Option(help="Where the markdown, JSON and PNG results are written.")]
+OutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Where the markdown, JSON and PNG results are written. Default: eval/results in the user cache "
+        "($LOGTOKU_GUARD_CACHE or the platform's cache folder); the paths are printed at the end."
+    ),
+]
 DataDirOpt = Annotated[Path | None, typer.Option(help="Shared datasets folder (default: $LOGTOKU_GUARD_DATA or ../shared/data).")]
 ModelCacheOpt = Annotated[
     Path | None, typer.Option(help="Cache of the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache).")
@@ -49,6 +64,51 @@ JudgeOpt = Annotated[
         help="Judge (repeatable; the first is the primary one for plots): rouge, embedding, llm. BLEURT is unavailable offline.",
     ),
 ]
+
+
+def _dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
+    """``--gen-cache-dir`` and ``--out-dir``, each defaulting to a folder of the user cache (never the working folder)."""
+    from logtoku_guard.embedded import cache_root
+
+    base = cache_root() / "eval"
+    return gen_cache_dir or base / "generations", out_dir or base / "results"
+
+
+MAX_BOOT = 1_000_000
+"""Most bootstrap resamples (the intervals settle long before)."""
+
+
+def _check_counts(
+    *,
+    limit: int | None = None,
+    batch_size: int = 1,
+    n_boot: int = 1,
+    seed: int = 0,
+    samples_limit: int = 0,
+    n_samples: int = 2,
+    guard_folds: int = 0,
+) -> None:
+    """The count options shared by the benchmarks, checked before any data or model loads."""
+    from logtoku_guard.errors import ConfigurationError
+
+    checks = [
+        ("--limit", limit, 1, None, "a number of questions"),
+        ("--batch-size", batch_size, 1, None, "a number of questions per batch"),
+        ("--n-boot", n_boot, 1, MAX_BOOT, "a number of bootstrap resamples"),
+        ("--seed", seed, 0, _common.SEED_MAX, "a seed"),
+        ("--samples-limit", samples_limit, 0, None, "a number of questions (0 = no sampling baselines)"),
+        ("--n-samples", n_samples, 2, None, "a number of sampled answers per question"),
+    ]
+    for flag, value, lo, hi, what in checks:
+        if value is None:
+            continue
+        if value < lo or (hi is not None and value > hi):
+            bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
+            msg = f"{flag} {value} is out of range; give {what}, {bound}"
+            raise _common.fail(ConfigurationError(msg))
+    if guard_folds < 0 or guard_folds == 1:
+        msg = f"--guard-folds {guard_folds} is out of range; give 0 (no cross-fitted guard score) or at least 2"
+        raise _common.fail(ConfigurationError(msg))
 
 
 def _model_name(model: str) -> str:
@@ -185,8 +245,8 @@ def truthfulqa(
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the sampling baselines.")] = 0.5,
     batch_size: BatchOpt = 8,
-    cache_dir: CacheDirOpt = Path("results/cache"),
-    out_dir: OutDirOpt = Path("results"),
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
@@ -194,10 +254,20 @@ def truthfulqa(
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
 ) -> None:
-    """TruthfulQA response reliability (spec section 7): AUROC/AUPRC/PRR/AURC of every method.
+    """TruthfulQA response reliability: AUROC/AUPRC/PRR/AURC of every method.
 
     Per judge, the cross-fitted guard-score and its paired difference against the best single-pass baseline.
     """
+    _check_counts(
+        limit=limit,
+        batch_size=batch_size,
+        n_boot=n_boot,
+        seed=seed,
+        samples_limit=samples_limit,
+        n_samples=n_samples,
+        guard_folds=guard_folds,
+    )
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_truthfulqa
 
@@ -237,8 +307,8 @@ def nq_open(
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.5,
     batch_size: BatchOpt = 8,
-    cache_dir: CacheDirOpt = Path("results/cache"),
-    out_dir: OutDirOpt = Path("results"),
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
@@ -247,6 +317,16 @@ def nq_open(
     guard_folds: GuardFoldsOpt = 5,
 ) -> None:
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
+    _check_counts(
+        limit=limit,
+        batch_size=batch_size,
+        n_boot=n_boot,
+        seed=seed,
+        samples_limit=samples_limit,
+        n_samples=n_samples,
+        guard_folds=guard_folds,
+    )
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_nq_open
 
@@ -285,12 +365,14 @@ def dynamic_decoding(
         str, typer.Option(help="Labels: 'goemotions' (the 28 labels) or 'ekman' (their 7-way Ekman grouping).")
     ] = "goemotions",
     batch_size: Annotated[int, typer.Option(help="Comments per forward pass.")] = 16,
-    cache_dir: CacheDirOpt = Path("results/cache"),
-    out_dir: OutDirOpt = Path("results"),
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
 ) -> None:
-    """GoEmotions (spec section 6): add a second label when u = EU/AU is low; tuned on dev, reported on test."""
+    """GoEmotions: add a second label when u = EU/AU is low; tuned on dev, reported on test."""
+    _check_counts(limit=limit, batch_size=batch_size)
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
     import json
 
     import numpy as np
@@ -373,8 +455,8 @@ def guard_end_to_end(
     live: Annotated[int, typer.Option(help="Run the real Guard on the first N questions to check the replay (0 = no).")] = 100,
     live_budget: Annotated[float, typer.Option(help="Retrieval budget of the live check's LogTokU guard.")] = 0.3,
     batch_size: BatchOpt = 8,
-    cache_dir: CacheDirOpt = Path("results/cache"),
-    out_dir: OutDirOpt = Path("results"),
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the knowledge base's coverage, the guard-score folds.")] = 0,
     plots: PlotsOpt = True,
@@ -396,9 +478,11 @@ def guard_end_to_end(
     from logtoku_guard.policy import RetrieveSettings
 
     chosen = _budgets(budgets)
-    if limit is not None and limit < 1:
-        msg = f"--limit must be a positive number of questions, got {limit!r}"
+    _check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed, guard_folds=guard_folds)
+    if live < 0:
+        msg = f"--live must be 0 (no live check) or a positive number of questions, got {live!r}"
         raise typer.BadParameter(msg)
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
     if passages < 1:
         msg = f"--passages must be at least 1, got {passages!r}"
         raise typer.BadParameter(msg)
@@ -444,8 +528,8 @@ def fabricated(
     ] = None,
     l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
     batch_size: BatchOpt = 8,
-    cache_dir: CacheDirOpt = Path("results/cache"),
-    out_dir: OutDirOpt = Path("results"),
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
     device: DeviceOpt = "auto",
@@ -457,9 +541,8 @@ def fabricated(
     from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, write_fabricated
     from logtoku_guard.evaluation.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
 
-    if limit is not None and limit < 1:
-        msg = f"--limit must be a positive number of questions, got {limit!r}"
-        raise typer.BadParameter(msg)
+    _check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
     try:
         name = _model_name(model)
         halves = {s: _first_of_each_kind(load_fabricated(s), limit) for s in ("tune", "test")}

@@ -45,8 +45,12 @@ def calibrate(
     max_new_tokens: Annotated[int, typer.Option(help="Maximum tokens per calibration answer.")] = 64,
     batch_size: Annotated[int, typer.Option(help="Prompts per generation batch (at least 1).")] = 8,
     out_path: Annotated[
-        Path | None, typer.Option("--out", help="Where to write the profile (default: next to the model cache).")
+        Path | None,
+        typer.Option("--out", help="Where to write the profile (default: next to the model cache); a profile there is replaced."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Let --out replace an existing file that is not a model profile.")
+    ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
@@ -68,6 +72,7 @@ def calibrate(
         validate_k(top_k)
         _common.check_at_least_one(("--n", n), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
         _common.check_load_options(device, cache_dir)
+        _common.check_profile_out(out_path, force)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         labelled = read_labels(labels) if labels is not None else None
         guard: GuardModel | None

@@ -62,6 +62,7 @@ def score(
         to_messages(prompt, system)  # fail on a bad prompt before spending seconds on loading
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
+        _common.check_seed(seed)
         explicit = _common.read_profile(profile, model, top_k, evidence) if profile else None
         options = DecodingOptions(
             max_new_tokens=max_new_tokens,

@@ -134,3 +134,39 @@ def test_export_json_lines_parse(store: str, tmp_path: Path) -> None:
     out = tmp_path / "a.jsonl"
     assert invoke("audit", "export", str(out), "--store", store).exit_code == 0
     assert {json.loads(line)["prompt"] for line in out.read_text().splitlines()} >= set(INJECTIONS.values())
+
+
+def _refused(res: Any, *pieces: str) -> str:
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, text
+    assert "Traceback" not in text and (res.exception is None or isinstance(res.exception, SystemExit))
+    for piece in pieces:
+        assert piece in text, (piece, text)
+    return text
+
+
+@pytest.mark.parametrize("n", ["9223372036854775808", "-1", "-99999999999999999999999"])
+def test_tail_count_out_of_range_is_refused(store: str, n: str) -> None:
+    _refused(invoke("audit", "tail", "-n", n, "--store", store), f"-n {n}", "from 0 to 9223372036854775807")
+
+
+@pytest.mark.parametrize("command", [["audit", "tail"], ["audit", "export", "out.jsonl"]])
+def test_read_commands_never_create_a_store(tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "typo.db"
+    _refused(invoke(*command, "--store", str(typo)), "no audit store at", "typo.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_read_commands_without_store_never_create_the_default_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(tmp_path / "cache"))
+    _refused(invoke("audit", "tail"), "no audit store at", str(tmp_path / "cache" / "audit.db"))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_export_onto_an_existing_file_names_the_cli_flag(store: str, tmp_path: Path) -> None:
+    target = tmp_path / "out.jsonl"
+    target.write_text("keep me")
+    text = _refused(invoke("audit", "export", str(target), "--store", store), "--force")
+    assert "overwrite=True" not in text and target.read_text() == "keep me"
+    assert invoke("audit", "export", str(target), "--store", store, "--force").exit_code == 0

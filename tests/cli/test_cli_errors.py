@@ -69,7 +69,7 @@ def test_calibrate_prompts_with_a_bad_jsonl_line(tmp_path: Path) -> None:
 def test_eval_nq_open_with_a_bad_jsonl_line(tmp_path: Path) -> None:
     bad = tmp_path / "nq.jsonl"
     bad.write_text('{"question": "who?", "answer": ["me"]}\n{"question": "broken\n')
-    fails("eval", "nq-open", "--path", str(bad), "--cache-dir", str(tmp_path / "c"), expect=("nq.jsonl", "JSON"))
+    fails("eval", "nq-open", "--path", str(bad), "--gen-cache-dir", str(tmp_path / "c"), expect=("nq.jsonl", "JSON"))
 
 
 def test_calibrate_batch_size_zero(tmp_path: Path) -> None:
@@ -152,3 +152,94 @@ def test_empty_model_folder(tmp_path: Path, real_loader: None) -> None:
     folder = tmp_path / "empty-model"
     folder.mkdir()
     fails("score", "hi?", "--model", str(folder), "--device", "cpu", expect=(str(folder), "config.json", "weights"))
+
+
+# -- calibrate --out: never replaces other data, checked before the model loads ----------------
+def _profile(tmp_path: Path) -> Path:
+    from logtoku_guard import ScriptedAnswer, ScriptedBackend
+    from logtoku_guard.calibration import calibrate
+
+    answers = [ScriptedAnswer(["a", "b"], [[3.0, 1.0], [2.0, 1.5]]) for _ in range(3)]
+    return calibrate(ScriptedBackend(answers), ["q1?", "q2?", "q3?"]).save(tmp_path / "profile.json")
+
+
+def test_calibrate_out_refuses_an_audit_store(tmp_path: Path) -> None:
+    from logtoku_guard.audit import AuditStore
+
+    store = tmp_path / "audit.db"
+    AuditStore(store).close()
+    before = store.read_bytes()
+    fails("calibrate", "--out", str(store), expect=(str(store), "not a model profile", "--force"))
+    assert store.read_bytes() == before
+
+
+def test_calibrate_out_refuses_any_other_file_and_names_no_content(tmp_path: Path) -> None:
+    secret = tmp_path / "notes.txt"
+    secret.write_text("root:x:0:0:secret-content\n")
+    text = fails("calibrate", "--out", str(secret), expect=(str(secret), "not JSON", "--force"))
+    assert "secret-content" not in text
+
+
+def test_calibrate_out_refuses_a_folder_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    fails("calibrate", "--out", str(folder), expect=(str(folder), "is a folder", "profile.json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["etc"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_calibrate_out_refuses_a_pipe(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    fails("calibrate", "--out", str(fifo), "--force", expect=(str(fifo), "not a regular file"))
+
+
+def test_calibrate_out_accepts_a_profile_a_new_path_and_force(tmp_path: Path) -> None:
+    _common.check_profile_out(_profile(tmp_path), force=False)  # re-calibrating replaces a profile
+    _common.check_profile_out(tmp_path / "new" / "p.json", force=False)
+    other = tmp_path / "other.txt"
+    other.write_text("x")
+    _common.check_profile_out(other, force=True)
+
+
+def test_profile_save_failure_leaves_the_target_and_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.errors import ConfigurationError
+
+    path = _profile(tmp_path)
+    before = path.read_bytes()
+    profile = ModelProfile.load(path)
+
+    def full_disk(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(ConfigurationError, match="No space left"):
+        profile.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
+    with pytest.raises(ConfigurationError, match="is a folder"):
+        profile.save(tmp_path)
+
+
+def test_profile_that_is_another_file_never_echoes_its_content(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:secret-line\n")
+    text = fails("score", "hi?", "--profile", str(passwd), expect=(str(passwd), "not a model profile", "not JSON", "calibrate"))
+    assert "root:x" not in text and "secret-line" not in text and "pydantic" not in text
+    other_json = tmp_path / "other.json"
+    other_json.write_text('{"password": "hunter2-secret"}')
+    text = fails("score", "hi?", "--profile", str(other_json), expect=(str(other_json), "not a model profile"))
+    assert "hunter2" not in text
+
+
+def test_score_seed_beyond_64_bits() -> None:
+    fails(
+        "score",
+        "hi?",
+        "--seed",
+        "18446744073709551616",
+        "--temperature",
+        "1",
+        expect=("--seed 18446744073709551616", "from 0 to 18446744073709551615"),
+    )
