@@ -20,7 +20,8 @@ Two groups, written before any model answer was seen (the model plays no part he
 
 The syllable-soup fabrications are not copied: the eval reads ``fabricated.jsonl`` for them.
 Both groups are split into ``tune`` and ``test`` (half each, stratified by group and category,
-seeded). Output: ``logtoku_guard/evaluation/data/traffic.jsonl`` (read by
+seeded); a known fact that ``fabricated.jsonl`` also asks keeps that file's split.
+Output: ``logtoku_guard/evaluation/data/traffic.jsonl`` (read by
 ``logtoku_guard.evaluation.traffic.load_traffic``). The same seed, data and calibration set
 give the same bytes.
 """
@@ -45,6 +46,7 @@ ROOT = HERE.parents[1]
 OUT_FILE = ROOT / "logtoku_guard" / "evaluation" / "data" / "traffic.jsonl"
 CALIBRATION_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "calibration_questions.jsonl"
 FABRICATED_SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
+FABRICATED_FILE = ROOT / "logtoku_guard" / "evaluation" / "data" / "fabricated.jsonl"
 STOP_LIST_FILE = HERE / "stop_list.txt"
 PER_CATEGORY = 40
 N_NQ = 200
@@ -560,30 +562,48 @@ def nq_records(items: Sequence[Any], calibration: Calibration, n: int, seed: int
 
 
 # -- assembling ----------------------------------------------------------------------------------------------
-def assign_splits(records: list[dict[str, Any]], seed: int) -> None:
+def fabricated_splits(path: Path = FABRICATED_FILE) -> dict[str, str]:
+    """``question -> split`` of the known-vs-fabricated benchmark's known half (its tune/test stay theirs here)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {r["question"]: r["split"] for r in rows if r["kind"] == "known"}
+
+
+def assign_splits(records: list[dict[str, Any]], seed: int, fixed: dict[str, str] | None = None) -> None:
     """Half of each (group, category) stratum to ``tune``, half to ``test``, each stratum shuffled on its own.
 
-    An odd stratum's extra item goes to ``tune`` or ``test`` by the stratum's parity in the
-    sorted list of odd strata, so the splits stay within one item of each other per group.
+    ``fixed``: ``question -> split`` kept as given (the known facts that the known-vs-fabricated
+    benchmark already split, so that no question is ``tune`` in one benchmark and ``test`` in
+    the other); the rest of the stratum fills each split up to its half. An odd stratum's
+    extra item goes to ``tune`` or ``test`` by the stratum's parity in the sorted list of odd
+    strata, so the splits stay within one item of each other.
     """
+    fixed = fixed or {}
     strata: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
         strata.setdefault((r["group"], r["category"]), []).append(r)
     odd = [key for key in sorted(strata) if len(strata[key]) % 2]
     for key in sorted(strata):
         group = list(strata[key])
-        random.Random(f"split-{seed}-{key[0]}-{key[1]}").shuffle(group)
         extra = 1 if key in odd and odd.index(key) % 2 == 0 else 0
         n_tune = len(group) // 2 + extra
-        for j, r in enumerate(group):
-            r["split"] = "tune" if j < n_tune else "test"
+        for r in group:
+            if r["question"] in fixed:
+                r["split"] = fixed[r["question"]]
+        free = [r for r in group if r["question"] not in fixed]
+        random.Random(f"split-{seed}-{key[0]}-{key[1]}").shuffle(free)
+        n_tune_free = n_tune - sum(r["question"] in fixed and r["split"] == "tune" for r in group)
+        if not 0 <= n_tune_free <= len(free):
+            msg = f"the fixed splits leave no balanced split of {key}"
+            raise SystemExit(msg)
+        for j, r in enumerate(free):
+            r["split"] = "tune" if j < n_tune_free else "test"
 
 
 def build(seed: int, nq_items: Sequence[Any], calibration: Calibration) -> list[dict[str, Any]]:
     """The whole benchmark in file order (plausible, known, nq), split, with the fields of :data:`FIELDS`."""
     records = plausible_records(seed, load_stop_list(), known_pool_words()) + known_records()
     records += nq_records(nq_items, calibration, N_NQ, seed)
-    assign_splits(records, seed)
+    assign_splits(records, seed, fabricated_splits())
     return [{k: r[k] for k in FIELDS} for r in records]
 
 

@@ -11,6 +11,7 @@ from support.scripts import imported_script
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.datasets import load_nq_open
+from logtoku_guard.evaluation.fabricated import load_fabricated
 from logtoku_guard.evaluation.traffic import TrafficItem, dataset_name, default_path, load_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,8 +121,15 @@ def test_plausible_and_known_parts_rebuild_the_shipped_file(gen, raw):
 
 def test_splits_rebuild_the_shipped_ones(gen, raw):
     records = [{k: v for k, v in r.items() if k != "split"} for r in raw]
-    gen.assign_splits(records, 0)
+    gen.assign_splits(records, 0, gen.fabricated_splits())
     assert [r["split"] for r in records] == [r["split"] for r in raw]
+
+
+def test_known_facts_keep_the_split_of_the_known_vs_fabricated_benchmark(items):
+    fabricated = {it.question: it.split for it in load_fabricated() if it.kind == "known"}
+    shared = [it for it in items if it.question in fabricated]
+    assert len(shared) == len(fabricated)
+    assert all(it.split == fabricated[it.question] for it in shared)
 
 
 def test_nq_sample_avoids_the_calibration_set_and_repeats(gen, tmp_path):
