@@ -201,7 +201,7 @@ def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
             "fabricated",
             "--limit",
             "10",
-            "--cache-dir",
+            "--gen-cache-dir",
             str(tmp_path / "cache"),
             "--out-dir",
             str(tmp_path / "out"),

@@ -18,7 +18,8 @@ from logtoku_guard.cli._common import DeviceOpt
 eval_app = typer.Typer(
     help=(
         "Benchmarks: TruthfulQA and NQ-open response reliability, GoEmotions dynamic decoding, known vs "
-        "fabricated questions (fabricated) and the guard end to end with retrieval (guard). Generations are "
+        "fabricated questions (fabricated), realistic traffic: right and wrong answers to real questions and plausible "
+        "fabrications (traffic), and the guard end to end with retrieval (guard). Generations are "
         "cached under --gen-cache-dir and results written to --out-dir (both default to the user cache folder)."
     ),
     no_args_is_help=True,
@@ -557,6 +558,70 @@ def fabricated(
         pairs = {s: [(cache.get(it.id), it.is_known) for it in halves[s]] for s in halves}
         report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
         files = write_fabricated(report, out_dir)
+    except LogTokUError as exc:
+        raise _common.fail(exc) from exc
+    typer.echo(report.to_markdown())
+    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+
+
+@eval_app.command("traffic")
+def traffic(
+    model: ModelOpt = "smollm2-135m-instruct",
+    pass_target: Annotated[
+        float, typer.Option(help="Share of correct real answers the chosen flag threshold must pass (on the tune half).")
+    ] = 0.85,
+    l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
+    batch_size: BatchOpt = 16,
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+) -> None:
+    """Realistic traffic: correct and wrong answers to real questions, plausible and syllable-name fabrications.
+
+    Answers as `ask` makes them; the guard is fit on the tune half (pooled over the groups), its flag
+    threshold chosen there; flag rates per group with 95% CIs on the test half. Writes traffic.md,
+    traffic.json and the fitted guard traffic-guard.json.
+    """
+    from logtoku_guard.calibration.prompts import shipped_calibration_questions
+    from logtoku_guard.errors import ConfigurationError, LogTokUError
+    from logtoku_guard.evaluation.datasets import QAItem
+    from logtoku_guard.evaluation.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
+    from logtoku_guard.evaluation.traffic import dataset_name
+    from logtoku_guard.evaluation.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
+
+    _check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
+    if not 0.0 < pass_target < 1.0:
+        raise _common.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
+    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
+    try:
+        name = _model_name(model)
+        questions = traffic_questions()
+        calibration = [QAItem(q.id, q.question, q.answers) for q in shipped_calibration_questions()]
+        caches = {
+            "traffic": greedy_cache(cache_dir, name, dataset_name(), SERVING, template=SERVING_TEMPLATE),
+            "syllable": greedy_cache(cache_dir, name, "traffic-syllable", SERVING, template=SERVING_TEMPLATE),
+            "calibration": greedy_cache(cache_dir, name, "calibration-default", SERVING, template=SERVING_TEMPLATE),
+        }
+        work = {
+            "traffic": [QAItem(q.id, q.question, q.answers) for q in questions if q.group != "syllable"],
+            "syllable": [QAItem(q.id, q.question, q.answers) for q in questions if q.group == "syllable"],
+            "calibration": calibration,
+        }
+        todo = {k: [it for it in items if it.id not in caches[k]] for k, items in work.items()}
+        if any(todo.values()):
+            backend = _backend_loader(model, K_STORED, device, model_cache)()
+            with _progress() as progress:
+                for key, items in work.items():
+                    on = _progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
+                    run_greedy(backend, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
+        pairs = [(q, caches["syllable" if q.group == "syllable" else "traffic"].get(q.id)) for q in questions]
+        answers = judge_answers(pairs)  # type: ignore[arg-type]
+        cal = caches["calibration"].records([it.id for it in calibration])
+        report = evaluate_traffic(answers, cal, model=name, pass_target=pass_target, l2=l2, n_boot=n_boot, seed=seed)
+        files = write_traffic(report, out_dir)
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
     typer.echo(report.to_markdown())

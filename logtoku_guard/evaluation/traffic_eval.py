@@ -1,0 +1,374 @@
+"""``logtoku-guard eval traffic``: the guard on questions that look like a user's traffic.
+
+Four groups, each cut into ``tune`` and ``test`` halves before any answer was seen:
+
+* ``real-correct`` / ``real-wrong``: real questions (every known fact of the pool and a sample
+  of NQ-open, :mod:`~logtoku_guard.evaluation.traffic`) whose answer the ``nq-match`` judge
+  finds right / wrong: the model's confident wrong answers are a class of their own;
+* ``plausible``: invented things named with ordinary words ("the Northfield Institute for
+  Coastal Research");
+* ``syllable``: invented names made of random syllables (the fabricated half of the
+  known-vs-fabricated benchmark).
+
+Answers are made as ``logtoku-guard ask`` makes them (:data:`~logtoku_guard.evaluation.generate.SERVING`:
+the question alone, greedy, 64 tokens), and the default calibration set is answered the same
+way, so the thresholds are placed in the very profile ``calibrate`` builds.
+
+Steps, all fitting on **tune** only (:func:`evaluate_traffic`):
+
+1. each candidate feature set (:data:`FEATURE_SETS`) is scored by the pooled, stratified
+   cross-validated AUROC of a guard fit on tune (positive = ``real-correct``, everything else
+   negative); the best one is kept;
+2. the pooled guard is fit on the whole tune half with it; its out-of-fold tune scores place
+   the flag threshold: the highest guard score that still passes ``pass_target`` of the
+   correct real answers (:func:`choose_threshold`), expressed as a quantile of the calibration
+   profile (what the default policy stores);
+3. on **test**: the flag rate of each group with bootstrap 95% CIs, the AUROC of each statistic
+   for three contrasts (correct vs wrong, vs plausible, vs syllable), and the trade-off curve of
+   correct-passed against wrong-flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from logtoku_guard.calibration.profiles import ModelProfile, build_profile
+from logtoku_guard.evaluation.cache import CachedGeneration
+from logtoku_guard.evaluation.fabricated import load_fabricated
+from logtoku_guard.evaluation.fabricated_eval import generation_from_cached
+from logtoku_guard.evaluation.judges import MatchJudge
+from logtoku_guard.evaluation.metrics import bootstrap_ci
+from logtoku_guard.evaluation.traffic import load_traffic
+from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
+from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
+
+__all__ = [
+    "CLAIM_FEATURES",
+    "CONTRASTS",
+    "FEATURE_SETS",
+    "OUTCOMES",
+    "TrafficAnswer",
+    "TrafficQuestion",
+    "TrafficReport",
+    "choose_threshold",
+    "evaluate_traffic",
+    "judge_answers",
+    "traffic_questions",
+    "write_traffic",
+]
+
+OUTCOMES = ("real-correct", "real-wrong", "plausible", "syllable")
+"""The report's groups; only ``real-correct`` answers should pass."""
+CONTRASTS = (("real-correct", "real-wrong"), ("real-correct", "plausible"), ("real-correct", "syllable"))
+CLAIM_FEATURES = ("claim_max_eu", "claim_mean_eu", "claim_min_logprob", "claim_mean_logprob")
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "answer+prompt": FEATURES,
+    "answer+prompt+claim": (*FEATURES, *CLAIM_FEATURES),
+    "claim+prompt": (
+        "claim_max_eu",
+        "claim_mean_eu",
+        "claim_min_logprob",
+        "claim_mean_logprob",
+        "prompt_max_eu",
+        "prompt_mean_eu",
+        "prompt_mean_logprob",
+        "prompt_min_logprob",
+        "n_tokens",
+    ),
+}
+"""Candidate guard features, chosen between on the tune half's pooled cross-validated AUROC."""
+REPORTED_STATS = (
+    "guard_score",
+    "reliability",
+    "probability_reliability",
+    "max_eu",
+    "word_mean_eu",
+    "prompt_mean_logprob",
+    "claim_max_eu",
+    "claim_mean_eu",
+    "claim_min_logprob",
+    "claim_mean_logprob",
+)
+
+
+@dataclass(frozen=True)
+class TrafficQuestion:
+    """One benchmark question: its group (``real``, ``plausible`` or ``syllable``), half and references."""
+
+    id: str
+    group: str
+    category: str
+    split: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def traffic_questions(path: str | Path | None = None, fabricated_path: str | Path | None = None) -> list[TrafficQuestion]:
+    """The traffic benchmark's questions plus the syllable-name fabrications of ``fabricated.jsonl``."""
+    out = [TrafficQuestion(t.id, t.group, t.category, t.split, t.question, t.answers) for t in load_traffic(path)]
+    out += [
+        TrafficQuestion(f.id, "syllable", f.category, f.split, f.question, ())
+        for f in load_fabricated(path=fabricated_path)
+        if not f.is_known
+    ]
+    return out
+
+
+@dataclass(frozen=True)
+class TrafficAnswer:
+    """A question, the model's answer and its outcome (one of :data:`OUTCOMES`)."""
+
+    question: TrafficQuestion
+    record: CachedGeneration
+    outcome: str
+
+    @property
+    def correct(self) -> bool:
+        return self.outcome == "real-correct"
+
+
+def judge_answers(pairs: Sequence[tuple[TrafficQuestion, CachedGeneration]]) -> list[TrafficAnswer]:
+    """The outcome of each answer: real questions judged by ``nq-match``; any answer about an invented thing is not correct."""
+    from logtoku_guard.evaluation.datasets import QAItem
+
+    judge = MatchJudge()
+    out = []
+    for q, rec in pairs:
+        if q.group == "real":
+            ok = judge.judge(QAItem(q.id, q.question, q.answers), rec.answer).correct
+            outcome = "real-correct" if ok else "real-wrong"
+        else:
+            outcome = q.group
+        out.append(TrafficAnswer(q, rec, outcome))
+    return out
+
+
+def _stats(answers: Sequence[TrafficAnswer], model: str) -> list[ResponseStats]:
+    return [ResponseStats.from_generation(generation_from_cached(a.record, model)) for a in answers]
+
+
+def _folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    fold = np.empty(y.size, dtype=int)
+    for cls in (False, True):
+        idx = np.flatnonzero(y == cls)
+        fold[rng.permutation(idx)] = np.arange(idx.size) % folds
+    return fold
+
+
+def out_of_fold(
+    rows: Sequence[ResponseStats], y: np.ndarray, features: Sequence[str], l2: float, folds: int, seed: int
+) -> np.ndarray:
+    """Each row's guard score from a guard fit on the other folds (stratified, seeded)."""
+    fold = _folds(y, folds, seed)
+    scores = np.empty(y.size)
+    for f in range(folds):
+        test = fold == f
+        train = [r for r, t in zip(rows, test) if not t]
+        guard = fit_guard(train, y[~test].tolist(), ["fold"], features=features, l2=l2, folds=0, seed=seed)
+        scores[test] = [with_guard_score(r, guard).guard_score for r, t in zip(rows, test) if t]
+    return scores
+
+
+def choose_threshold(correct_scores: np.ndarray, pass_target: float) -> float:
+    """The highest threshold ``t`` such that at least ``pass_target`` of ``correct_scores`` are ``>= t``
+    (a rule ``guard_score < t`` flags the rest)."""
+    s = np.sort(correct_scores[np.isfinite(correct_scores)])
+    if s.size == 0:
+        return math.nan
+    k = math.floor((1.0 - pass_target) * s.size + 1e-9)  # how many correct answers may be flagged
+    return float(s[min(k, s.size - 1)])
+
+
+@dataclass(frozen=True)
+class Rate:
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
+
+
+def _rate(x: np.ndarray, n_boot: int, seed: int) -> Rate:
+    if x.size == 0:
+        return Rate(math.nan, math.nan, math.nan, 0)
+    iv = bootstrap_ci(
+        lambda v, _y: float(np.mean(v)), x.astype(np.float64), np.zeros(x.size, dtype=bool), n_boot=n_boot, seed=seed
+    )
+    return Rate(iv.value, iv.low, iv.high, int(x.size))
+
+
+def _auroc_ci(scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
+    iv = bootstrap_ci(lambda s, y: auroc(s, y), scores, labels, n_boot=n_boot, seed=seed)
+    return (iv.value, iv.low, iv.high)
+
+
+@dataclass(frozen=True)
+class TrafficReport:
+    """What ``eval traffic`` measured (see the module docstring)."""
+
+    model: str
+    feature_sets: dict[str, float]
+    """Pooled tune CV AUROC of each candidate feature set."""
+    chosen: str
+    guard: GuardModel
+    pass_target: float
+    threshold: float
+    quantile: float
+    """The threshold's place in the calibration profile's ``guard_score`` grid (the default policy's value)."""
+    tune_rates: dict[str, Rate]
+    test_rates: dict[str, Rate]
+    contrasts: dict[str, dict[str, tuple[float, float, float]]]
+    """contrast -> statistic -> test AUROC [95% CI] (higher score = more reliable)."""
+    curve: list[tuple[float, float, float]]
+    """(threshold, correct passed, wrong flagged) on the test half."""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        def rates(r: dict[str, Rate]) -> dict[str, list[float]]:
+            return {k: [v.value, v.low, v.high, v.n] for k, v in r.items()}
+
+        return {
+            "model": self.model,
+            "feature_sets": self.feature_sets,
+            "chosen": self.chosen,
+            "guard": self.guard.model_dump(),
+            "pass_target": self.pass_target,
+            "threshold": self.threshold,
+            "quantile": self.quantile,
+            "tune_rates": rates(self.tune_rates),
+            "test_rates": rates(self.test_rates),
+            "contrasts": {c: {s: list(v) for s, v in d.items()} for c, d in self.contrasts.items()},
+            "curve": [list(p) for p in self.curve],
+            "counts": self.counts,
+        }
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"### Realistic traffic ({self.model}; guard fit on the tune half, rates on the test half)",
+            "",
+            "Answer counts per half: " + "; ".join(f"{h}: {c}" for h, c in self.counts.items()),
+            "",
+            "Feature sets (pooled tune CV AUROC): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in self.feature_sets.items())
+            + f"; chosen: **{self.chosen}**",
+            "",
+            f"Flag rule: guard_score < {self.threshold:.4f} (the highest threshold passing {self.pass_target:.0%} of the "
+            f"tune half's correct real answers, out of fold), = quantile {self.quantile:.3f} of the calibration profile.",
+            "",
+            "| group | should | tune flagged | test flagged % [95% CI] |",
+            "|---|---|---|---|",
+        ]
+        for g in OUTCOMES:
+            should = "pass" if g == "real-correct" else "flag"
+            lines.append(f"| {g} | {should} | {self.tune_rates[g]} | {self.test_rates[g]} |")
+        lines += ["", "Test AUROC % [95% CI] per contrast (correct = positive):", ""]
+        head = "| statistic | " + " | ".join(f"{a} vs {b}" for a, b in CONTRASTS) + " |"
+        lines += [head, "|---|" + "---|" * len(CONTRASTS)]
+        for stat in REPORTED_STATS:
+            cells = []
+            for a, b in CONTRASTS:
+                v = self.contrasts[f"{a} vs {b}"].get(stat)
+                cells.append("n/a" if v is None or math.isnan(v[0]) else f"{100 * v[0]:.1f} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]")
+            lines.append(f"| {stat} | " + " | ".join(cells) + " |")
+        lines += ["", f"Guard: {self.guard.describe()}"]
+        return "\n".join(lines)
+
+
+def evaluate_traffic(
+    answers: Sequence[TrafficAnswer],
+    calibration: Sequence[CachedGeneration],
+    *,
+    model: str,
+    pass_target: float = 0.85,
+    l2: float = 1.0,
+    folds: int = 5,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> TrafficReport:
+    """Fit on the tune half of ``answers``, report on the test half (``calibration``: the default
+    calibration set answered the same way, for the profile the threshold is placed in)."""
+    tune = [a for a in answers if a.question.split == "tune"]
+    test = [a for a in answers if a.question.split == "test"]
+    tune_rows, test_rows = _stats(tune, model), _stats(test, model)
+    y_tune = np.array([a.correct for a in tune])
+    cv = {name: auroc(out_of_fold(tune_rows, y_tune, feats, l2, folds, seed), y_tune) for name, feats in FEATURE_SETS.items()}
+    chosen = max(cv, key=lambda k: cv[k])
+    features = FEATURE_SETS[chosen]
+    guard = fit_guard(tune_rows, y_tune.tolist(), ["traffic-tune"], features=features, l2=l2, folds=folds, seed=seed)
+    oof = out_of_fold(tune_rows, y_tune, features, l2, folds, seed)
+    threshold = choose_threshold(oof[y_tune], pass_target)
+    cal_gens = [generation_from_cached(r, model) for r in calibration]
+    profile: ModelProfile = build_profile(cal_gens, "default calibration set", guard)
+    quantile = profile.percentile("guard_score", threshold)
+    test_scored = [with_guard_score(r, guard) for r in test_rows]
+    test_scores = np.array([r.guard_score for r in test_scored])
+    tune_outcomes = np.array([a.outcome for a in tune])
+    test_outcomes = np.array([a.outcome for a in test])
+
+    def rates(scores: np.ndarray, outcomes: np.ndarray) -> dict[str, Rate]:
+        flagged = ~(scores >= threshold)  # NaN counts as flagged (least reliable)
+        return {g: _rate(flagged[outcomes == g], n_boot, seed) for g in OUTCOMES}
+
+    contrasts: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for a, b in CONTRASTS:
+        keep = (test_outcomes == a) | (test_outcomes == b)
+        labels = test_outcomes[keep] == a
+        table = {}
+        for stat in REPORTED_STATS:
+            sign = 1.0 if stat in HIGHER_IS_RELIABLE else -1.0
+            values = np.array([sign * r.get(stat) for r in test_scored])[keep]
+            table[stat] = _auroc_ci(values, labels, n_boot, seed) if labels.any() and (~labels).any() else (math.nan,) * 3
+        contrasts[f"{a} vs {b}"] = table  # type: ignore[assignment]
+    curve = _trade_off(test_scores, test_outcomes)
+    counts = {
+        half: {g: sum(1 for a in part if a.outcome == g) for g in OUTCOMES} for half, part in (("tune", tune), ("test", test))
+    }
+    return TrafficReport(
+        model=model,
+        feature_sets=cv,
+        chosen=chosen,
+        guard=guard,
+        pass_target=pass_target,
+        threshold=threshold,
+        quantile=quantile,
+        tune_rates=rates(oof, tune_outcomes),
+        test_rates=rates(test_scores, test_outcomes),
+        contrasts=contrasts,
+        curve=curve,
+        counts=counts,
+    )
+
+
+def _trade_off(scores: np.ndarray, outcomes: np.ndarray, points: int = 41) -> list[tuple[float, float, float]]:
+    """(threshold, share of correct real answers passed, share of wrong ones flagged) over thresholds
+    spread on the real answers' scores."""
+    correct, wrong = scores[outcomes == "real-correct"], scores[outcomes == "real-wrong"]
+    real = np.concatenate([correct, wrong])
+    real = real[np.isfinite(real)]
+    if correct.size == 0 or wrong.size == 0 or real.size == 0:
+        return []
+    return [
+        (float(t), float(np.mean(correct >= t)), float(np.mean(~(wrong >= t))))
+        for t in np.unique(np.quantile(real, np.linspace(0.0, 1.0, points)))
+    ]
+
+
+def write_traffic(report: TrafficReport, out_dir: str | Path) -> list[Path]:
+    """``traffic.md``, ``traffic.json`` and the fitted guard ``traffic-guard.json`` under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, js, guard = out / "traffic.md", out / "traffic.json", out / "traffic-guard.json"
+    md.write_text(report.to_markdown() + "\n", encoding="utf-8")
+    js.write_text(json.dumps(report.to_json(), indent=1, allow_nan=True, default=str), encoding="utf-8")
+    guard.write_text(report.guard.model_dump_json(indent=1), encoding="utf-8")
+    return [md, js, guard]
