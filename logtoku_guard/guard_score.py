@@ -84,6 +84,17 @@ class GuardModel(BaseModel):
     cv_folds: int
     seed: int
     created_at: str
+    reference_scores: dict[str, list[float]] = {}
+    """Out-of-fold guard scores of the fit data by group (e.g. ``real-correct``, ``plausible``; or
+    ``correct``/``incorrect``), so :meth:`expected_flag_rates` can say what a threshold flags."""
+
+    def expected_flag_rates(self, threshold: float) -> dict[str, float]:
+        """Share of each reference group that a rule ``guard_score < threshold`` flags (empty without references)."""
+        return {
+            group: sum(1 for v in scores if not v >= threshold) / len(scores)
+            for group, scores in self.reference_scores.items()
+            if scores
+        }
 
     def predict(self, x: Sequence[float]) -> float:
         """``guard_score`` of one raw feature vector (in :attr:`features` order; NaN = the mean)."""
@@ -176,11 +187,14 @@ def fit_guard(
     l2: float = 1.0,
     folds: int = 5,
     seed: int = 0,
+    groups: Sequence[str] | None = None,
 ) -> GuardModel:
     """Fit the guard on ``rows`` (one per labelled answer; ``labels``: True = correct/known).
 
     ``datasets`` names what the rows came from (kept in the model). The reported CV AUROC is
-    from ``folds``-fold stratified cross-validation (folds drawn with ``seed``).
+    from ``folds``-fold stratified cross-validation (folds drawn with ``seed``); its out-of-fold
+    scores are kept by ``groups`` (one name per row; default ``correct``/``incorrect`` by label)
+    in :attr:`GuardModel.reference_scores`.
     """
     import numpy as np
 
@@ -195,9 +209,18 @@ def fit_guard(
     if not l2 >= 0:
         msg = f"l2 must be >= 0, got {l2!r}"
         raise ConfigurationError(msg)
+    if groups is not None and len(groups) != y.size:
+        msg = f"fit_guard needs one group per row, got {len(groups)} groups for {y.size} rows"
+        raise ConfigurationError(msg)
     x = feature_matrix(rows, features)
     w, means, stds = _fit_arrays(x, y, l2)
-    cv = _cross_validate(x, y, l2, folds, seed) if folds >= 2 else None
+    oof = _cross_validate(x, y, l2, folds, seed) if folds >= 2 else None
+    cv = auroc(oof, y.astype(bool)) if oof is not None else None
+    reference: dict[str, list[float]] = {}
+    if oof is not None:
+        names = list(groups) if groups is not None else ["correct" if v else "incorrect" for v in y]
+        for name, v in zip(names, oof.tolist()):
+            reference.setdefault(name, []).append(round(float(v), 5))
     rel = np.array([r.reliability for r in rows])
     n_log = np.log1p(np.array([r.n_tokens for r in rows]))
     ok = np.isfinite(rel) & np.isfinite(n_log)
@@ -220,10 +243,12 @@ def fit_guard(
         cv_folds=folds,
         seed=seed,
         created_at=datetime.now(timezone.utc).isoformat(),
+        reference_scores=reference,
     )
 
 
-def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: int) -> float:
+def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: int) -> np.ndarray:
+    """Each row's prediction from a fit on the other stratified folds."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -236,7 +261,7 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: i
         test = fold == f
         w, means, stds = _fit_arrays(x[~test], y[~test], l2)
         pred[test] = _predict_arrays(x[test], w, means, stds)
-    return auroc(pred, y.astype(bool))
+    return pred
 
 
 def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None) -> ResponseStats:

@@ -19,7 +19,8 @@ Steps, all fitting on **tune** only (:func:`evaluate_traffic`):
 1. each candidate feature set (:data:`FEATURE_SETS`) is scored by the pooled, stratified
    cross-validated AUROC of a guard fit on tune (positive = ``real-correct``, everything else
    negative); the best one is kept;
-2. the pooled guard is fit on the whole tune half with it; its out-of-fold tune scores place
+2. the pooled guard fit on the whole tune half with it keeps its out-of-fold tune scores by
+   group (:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`); they place
    the flag threshold: the highest guard score that still passes ``pass_target`` of the
    correct real answers (:func:`choose_threshold`), expressed as a quantile of the calibration
    profile (what the default policy stores);
@@ -154,29 +155,6 @@ def _stats(answers: Sequence[TrafficAnswer], model: str) -> list[ResponseStats]:
     return [ResponseStats.from_generation(generation_from_cached(a.record, model)) for a in answers]
 
 
-def _folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    fold = np.empty(y.size, dtype=int)
-    for cls in (False, True):
-        idx = np.flatnonzero(y == cls)
-        fold[rng.permutation(idx)] = np.arange(idx.size) % folds
-    return fold
-
-
-def out_of_fold(
-    rows: Sequence[ResponseStats], y: np.ndarray, features: Sequence[str], l2: float, folds: int, seed: int
-) -> np.ndarray:
-    """Each row's guard score from a guard fit on the other folds (stratified, seeded)."""
-    fold = _folds(y, folds, seed)
-    scores = np.empty(y.size)
-    for f in range(folds):
-        test = fold == f
-        train = [r for r, t in zip(rows, test) if not t]
-        guard = fit_guard(train, y[~test].tolist(), ["fold"], features=features, l2=l2, folds=0, seed=seed)
-        scores[test] = [with_guard_score(r, guard).guard_score for r, t in zip(rows, test) if t]
-    return scores
-
-
 def choose_threshold(correct_scores: np.ndarray, pass_target: float) -> float:
     """The highest threshold ``t`` such that at least ``pass_target`` of ``correct_scores`` are ``>= t``
     (a rule ``guard_score < t`` flags the rest)."""
@@ -301,23 +279,25 @@ def evaluate_traffic(
     test = [a for a in answers if a.question.split == "test"]
     tune_rows, test_rows = _stats(tune, model), _stats(test, model)
     y_tune = np.array([a.correct for a in tune])
-    cv = {name: auroc(out_of_fold(tune_rows, y_tune, feats, l2, folds, seed), y_tune) for name, feats in FEATURE_SETS.items()}
+    outcomes = [a.outcome for a in tune]
+    fits = {
+        name: fit_guard(tune_rows, y_tune.tolist(), ["traffic-tune"], features=f, l2=l2, folds=folds, seed=seed, groups=outcomes)
+        for name, f in FEATURE_SETS.items()
+    }
+    cv = {name: float(g.cv_auroc if g.cv_auroc is not None else math.nan) for name, g in fits.items()}
     chosen = max(cv, key=lambda k: cv[k])
-    features = FEATURE_SETS[chosen]
-    guard = fit_guard(tune_rows, y_tune.tolist(), ["traffic-tune"], features=features, l2=l2, folds=folds, seed=seed)
-    oof = out_of_fold(tune_rows, y_tune, features, l2, folds, seed)
-    threshold = choose_threshold(oof[y_tune], pass_target)
+    guard = fits[chosen]
+    oof = {g: np.array(v) for g, v in guard.reference_scores.items()}  # out-of-fold tune scores by group
+    threshold = choose_threshold(oof.get("real-correct", np.array([])), pass_target)
     cal_gens = [generation_from_cached(r, model) for r in calibration]
     profile: ModelProfile = build_profile(cal_gens, "default calibration set", guard)
     quantile = profile.percentile("guard_score", threshold)
     test_scored = [with_guard_score(r, guard) for r in test_rows]
     test_scores = np.array([r.guard_score for r in test_scored])
-    tune_outcomes = np.array([a.outcome for a in tune])
     test_outcomes = np.array([a.outcome for a in test])
 
-    def rates(scores: np.ndarray, outcomes: np.ndarray) -> dict[str, Rate]:
-        flagged = ~(scores >= threshold)  # NaN counts as flagged (least reliable)
-        return {g: _rate(flagged[outcomes == g], n_boot, seed) for g in OUTCOMES}
+    def flag_rate(scores: np.ndarray) -> Rate:
+        return _rate(~(scores >= threshold), n_boot, seed)  # NaN counts as flagged (least reliable)
 
     contrasts: dict[str, dict[str, tuple[float, float, float]]] = {}
     for a, b in CONTRASTS:
@@ -341,8 +321,8 @@ def evaluate_traffic(
         pass_target=pass_target,
         threshold=threshold,
         quantile=quantile,
-        tune_rates=rates(oof, tune_outcomes),
-        test_rates=rates(test_scores, test_outcomes),
+        tune_rates={g: flag_rate(oof.get(g, np.array([]))) for g in OUTCOMES},
+        test_rates={g: flag_rate(test_scores[test_outcomes == g]) for g in OUTCOMES},
         contrasts=contrasts,
         curve=curve,
         counts=counts,
