@@ -96,9 +96,32 @@ def calibrate(
     _common.out.print(table)
     if profile.guard is not None:
         _common.out.print(f"guard score: {profile.guard.describe()}", highlight=False)
+        for line in expected_flag_lines(profile):
+            _common.out.print(line, highlight=False)
     else:
         _common.out.print("guard score: unavailable (no labels and no shipped fit); policies fall back to reliability")
     _common.out.print(f"profile written to {path}")
+
+
+def expected_flag_lines(profile: ModelProfile) -> list[str]:
+    """For each rule of the default policy on a ``guard_score`` quantile: its threshold in this
+    profile and the share of each group of the guard's fit data it flags (out of fold)."""
+    from logtoku_guard.policy import Compare, Quantile, default_policy
+
+    lines = []
+    guard = profile.guard
+    for rule in default_policy().rules:
+        c = rule.when
+        if guard is None or not isinstance(c, Compare) or c.stat != "guard_score" or not isinstance(c.value, Quantile):
+            continue
+        t = profile.quantile("guard_score", c.value.quantile)
+        rates = guard.expected_flag_rates(t)
+        where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in rates.items()) or "no reference scores in this guard"
+        lines.append(
+            f"default policy: {rule.action} when guard_score {c.op} {t:.4f} (quantile {c.value.quantile:g} of this profile); "
+            f"expected flag rate per group of the guard's fit data (out of fold): {where}"
+        )
+    return lines
 
 
 def run_calibration(
