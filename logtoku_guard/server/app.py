@@ -11,7 +11,8 @@ every ``/v1`` route (``GET /health`` stays open for probes).
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -47,8 +48,27 @@ def require_serve_extra() -> None:
 def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     """The FastAPI app serving ``engine``'s backend under the OpenAI/vLLM API."""
     require_serve_extra()
+    import anyio
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
+
+    class ClosingStreamingResponse(StreamingResponse):
+        """Closes its event generator in the task that streamed it, also when the client hangs up.
+
+        Starlette leaves the body iterator open when the client disconnects mid-stream; left to
+        the garbage collector, the generation would hold its runner slot until a finalizer task runs.
+        """
+
+        def __init__(self, events: AsyncGenerator[bytes, None], **kwargs: Any) -> None:
+            super().__init__(events, **kwargs)
+            self._events = events
+
+        async def stream_response(self, send: Any) -> None:
+            try:
+                await super().stream_response(send)
+            finally:
+                with anyio.CancelScope(shield=True):  # cancelled by the disconnect: still close it
+                    await self._events.aclose()
 
     settings = settings or ServerSettings()
     backend = engine.backend
@@ -94,7 +114,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             req = wire.parse_chat(body, limits) if chat else wire.parse_completion(body, limits)
             messages = list(req.messages) if isinstance(req, wire.ChatRequest) else [ChatMessage("user", req.prompt)]
             if req.stream:
-                return StreamingResponse(
+                return ClosingStreamingResponse(
                     _sse(engine, req, messages, names[0], text_of),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -175,7 +195,7 @@ async def _sse(
     messages: list[ChatMessage],
     model: str,
     text_of: wire.TokenText,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``."""
     chat = isinstance(req, wire.ChatRequest)
     cid, created = wire.new_id("chatcmpl" if chat else "cmpl"), wire.now()
@@ -186,15 +206,16 @@ async def _sse(
     guarded = engine.policy is not None
     tokens: list[TokenScore] = []
     try:
-        async for item in engine.stream(messages, req.options):
-            if isinstance(item, Answer):
-                answer = item
-                break
-            if guarded:
-                tokens.append(item)  # sent below, once the answer is known to be the draft
-                continue
-            yield _token_chunk(req, cid, created, model, item, offset, text_of)
-            offset += len(item.text)
+        async with aclosing(engine.stream(messages, req.options)) as items:
+            async for item in items:
+                if isinstance(item, Answer):
+                    answer = item
+                    break
+                if guarded:
+                    tokens.append(item)  # sent below, once the answer is known to be the draft
+                    continue
+                yield _token_chunk(req, cid, created, model, item, offset, text_of)
+                offset += len(item.text)
     except LogTokUError as exc:
         from logtoku_guard.guard import GuardRejectedError
         from logtoku_guard.payloads import result_payload
