@@ -34,6 +34,33 @@ class ServerSettings:
     limits: wire.Limits = field(default_factory=wire.Limits)
     model_names: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key)
+
+
+def check_api_key(key: str | None) -> str | None:
+    """``key`` if clients can send it as ``Authorization: Bearer KEY`` (``None``: no key); raise otherwise.
+
+    An empty key would let in any request with a bare ``Bearer`` header; a key with spaces or
+    characters outside printable ASCII could never be matched from an HTTP header.
+    """
+    if key is None:
+        return None
+    if not key.strip():
+        msg = (
+            f"--api-key is empty ({key!r}): any request would pass with a bare 'Authorization: Bearer' header; "
+            "pass a real key (e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+            "or leave --api-key out to serve without one"
+        )
+        raise ConfigurationError(msg)
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        msg = (
+            "--api-key must be printable ASCII without spaces (clients send it in the header 'Authorization: Bearer KEY'); "
+            "pass a key such as one from: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+        raise ConfigurationError(msg)
+    return key
+
 
 def require_serve_extra() -> None:
     """Raise :class:`MissingDependencyError` unless FastAPI and uvicorn are installed."""
@@ -103,6 +130,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             chunks.append(chunk)
         try:
             return json.loads(b"".join(chunks))
+        except RecursionError as exc:
+            msg = "the request body nests JSON arrays/objects too deeply to read; send a flat OpenAI request body"
+            raise wire.RequestError(400, msg) from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise wire.RequestError(400, f"the request body is not valid JSON ({exc})") from exc
 
@@ -151,6 +181,12 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
         )
         return error(wire.RequestError(404, msg))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+        msg = f"internal error while handling {request.method} {request.url.path}: {exc.__class__.__name__}"
+        return error(wire.RequestError(500, msg))
 
     @app.exception_handler(405)
     async def bad_method(request: Request, exc: Exception) -> JSONResponse:
@@ -222,7 +258,14 @@ async def _sse(
 
         extra = {"logtoku_guard": dict(result_payload(exc.result))} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500
+        if status == 500:
+            logger.error("generation failed: %s", exc, exc_info=exc)
         yield _data(wire.error_body(str(exc), status, extra=extra))
+        yield b"data: [DONE]\n\n"
+        return
+    except Exception as exc:  # the status line is sent: the client learns of the failure in the stream
+        logger.error("generation failed: %s", exc, exc_info=exc)
+        yield _data(wire.error_body(f"generation failed: {exc.__class__.__name__}: {exc}", 500))
         yield b"data: [DONE]\n\n"
         return
     if answer is None:  # the generation ended without a result: cannot happen unless cancelled
