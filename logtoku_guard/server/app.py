@@ -78,6 +78,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     import anyio
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.requests import ClientDisconnect
 
     class ClosingStreamingResponse(StreamingResponse):
         """Closes its event generator in the task that streamed it, also when the client hangs up.
@@ -123,11 +124,14 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise wire.RequestError(413, f"request body of {declared} bytes is over the server's limit of {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise wire.RequestError(413, f"request body is over the server's limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise wire.RequestError(413, f"request body is over the server's limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect as exc:  # nobody is left to answer; not a server error
+            raise wire.RequestError(400, "the client closed the connection before sending the whole body") from exc
         try:
             return json.loads(b"".join(chunks))
         except RecursionError as exc:
@@ -184,7 +188,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+        # Starlette raises the exception again once this answer is sent: the server logs it with its traceback.
         msg = f"internal error while handling {request.method} {request.url.path}: {exc.__class__.__name__}"
         return error(wire.RequestError(500, msg))
 
