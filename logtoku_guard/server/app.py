@@ -11,7 +11,8 @@ every ``/v1`` route (``GET /health`` stays open for probes).
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -33,6 +34,33 @@ class ServerSettings:
     limits: wire.Limits = field(default_factory=wire.Limits)
     model_names: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key)
+
+
+def check_api_key(key: str | None) -> str | None:
+    """``key`` if clients can send it as ``Authorization: Bearer KEY`` (``None``: no key); raise otherwise.
+
+    An empty key would let in any request with a bare ``Bearer`` header; a key with spaces or
+    characters outside printable ASCII could never be matched from an HTTP header.
+    """
+    if key is None:
+        return None
+    if not key.strip():
+        msg = (
+            f"--api-key is empty ({key!r}): any request would pass with a bare 'Authorization: Bearer' header; "
+            "pass a real key (e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+            "or leave --api-key out to serve without one"
+        )
+        raise ConfigurationError(msg)
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        msg = (
+            "--api-key must be printable ASCII without spaces (clients send it in the header 'Authorization: Bearer KEY'); "
+            "pass a key such as one from: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+        raise ConfigurationError(msg)
+    return key
+
 
 def require_serve_extra() -> None:
     """Raise :class:`MissingDependencyError` unless FastAPI and uvicorn are installed."""
@@ -47,8 +75,28 @@ def require_serve_extra() -> None:
 def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     """The FastAPI app serving ``engine``'s backend under the OpenAI/vLLM API."""
     require_serve_extra()
+    import anyio
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.requests import ClientDisconnect
+
+    class ClosingStreamingResponse(StreamingResponse):
+        """Closes its event generator in the task that streamed it, also when the client hangs up.
+
+        Starlette leaves the body iterator open when the client disconnects mid-stream; left to
+        the garbage collector, the generation would hold its runner slot until a finalizer task runs.
+        """
+
+        def __init__(self, events: AsyncGenerator[bytes, None], **kwargs: Any) -> None:
+            super().__init__(events, **kwargs)
+            self._events = events
+
+        async def stream_response(self, send: Any) -> None:
+            try:
+                await super().stream_response(send)
+            finally:
+                with anyio.CancelScope(shield=True):  # cancelled by the disconnect: still close it
+                    await self._events.aclose()
 
     settings = settings or ServerSettings()
     backend = engine.backend
@@ -76,13 +124,19 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise wire.RequestError(413, f"request body of {declared} bytes is over the server's limit of {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise wire.RequestError(413, f"request body is over the server's limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise wire.RequestError(413, f"request body is over the server's limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect as exc:  # nobody is left to answer; not a server error
+            raise wire.RequestError(400, "the client closed the connection before sending the whole body") from exc
         try:
             return json.loads(b"".join(chunks))
+        except RecursionError as exc:
+            msg = "the request body nests JSON arrays/objects too deeply to read; send a flat OpenAI request body"
+            raise wire.RequestError(400, msg) from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise wire.RequestError(400, f"the request body is not valid JSON ({exc})") from exc
 
@@ -94,7 +148,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             req = wire.parse_chat(body, limits) if chat else wire.parse_completion(body, limits)
             messages = list(req.messages) if isinstance(req, wire.ChatRequest) else [ChatMessage("user", req.prompt)]
             if req.stream:
-                return StreamingResponse(
+                return ClosingStreamingResponse(
                     _sse(engine, req, messages, names[0], text_of),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -131,6 +185,12 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
         )
         return error(wire.RequestError(404, msg))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette raises the exception again once this answer is sent: the server logs it with its traceback.
+        msg = f"internal error while handling {request.method} {request.url.path}: {exc.__class__.__name__}"
+        return error(wire.RequestError(500, msg))
 
     @app.exception_handler(405)
     async def bad_method(request: Request, exc: Exception) -> JSONResponse:
@@ -175,7 +235,7 @@ async def _sse(
     messages: list[ChatMessage],
     model: str,
     text_of: wire.TokenText,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``."""
     chat = isinstance(req, wire.ChatRequest)
     cid, created = wire.new_id("chatcmpl" if chat else "cmpl"), wire.now()
@@ -186,22 +246,30 @@ async def _sse(
     guarded = engine.policy is not None
     tokens: list[TokenScore] = []
     try:
-        async for item in engine.stream(messages, req.options):
-            if isinstance(item, Answer):
-                answer = item
-                break
-            if guarded:
-                tokens.append(item)  # sent below, once the answer is known to be the draft
-                continue
-            yield _token_chunk(req, cid, created, model, item, offset, text_of)
-            offset += len(item.text)
+        async with aclosing(engine.stream(messages, req.options)) as items:
+            async for item in items:
+                if isinstance(item, Answer):
+                    answer = item
+                    break
+                if guarded:
+                    tokens.append(item)  # sent below, once the answer is known to be the draft
+                    continue
+                yield _token_chunk(req, cid, created, model, item, offset, text_of)
+                offset += len(item.text)
     except LogTokUError as exc:
         from logtoku_guard.guard import GuardRejectedError
         from logtoku_guard.payloads import result_payload
 
         extra = {"logtoku_guard": dict(result_payload(exc.result))} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500
+        if status == 500:
+            logger.error("generation failed: %s", exc, exc_info=exc)
         yield _data(wire.error_body(str(exc), status, extra=extra))
+        yield b"data: [DONE]\n\n"
+        return
+    except Exception as exc:  # the status line is sent: the client learns of the failure in the stream
+        logger.error("generation failed: %s", exc, exc_info=exc)
+        yield _data(wire.error_body(f"generation failed: {exc.__class__.__name__}: {exc}", 500))
         yield b"data: [DONE]\n\n"
         return
     if answer is None:  # the generation ended without a result: cannot happen unless cancelled

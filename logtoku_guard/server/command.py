@@ -57,13 +57,17 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
     from logtoku_guard.errors import ConfigurationError
-    from logtoku_guard.server.app import ServerSettings, require_serve_extra
-    from logtoku_guard.server.run import check_host, run_server
+    from logtoku_guard.server.app import ServerSettings, check_api_key, require_serve_extra
+    from logtoku_guard.server.run import bind_socket, check_graceful_timeout, check_host, check_port, run_server, url
     from logtoku_guard.server.wire import Limits
 
+    sock = None
     try:
         require_serve_extra()
         check_host(host, allow_remote)
+        check_port(port)
+        check_graceful_timeout(graceful_timeout)
+        check_api_key(api_key)
         if max_batch < 1:
             msg = f"--max-batch must be at least 1, got {max_batch}"
             raise ConfigurationError(msg)
@@ -73,6 +77,7 @@ def serve(
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
+        sock = bind_socket(host, port)  # before the model loads: a port in use fails at once
         pol = prof = None
         if policy is not None:
             from logtoku_guard.policy import Policy
@@ -106,11 +111,11 @@ def serve(
             model_names=(served_name,) if served_name else (),
         )
     except Exception as exc:
+        if sock is not None:
+            sock.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(
-        f"serving {backend.model_name!r} on http://{host}:{port}/v1 (K={backend.k}, max batch {backend.max_batch})", err=True
-    )
+    typer.echo(f"serving {backend.model_name!r} on {url(host, port)} (K={backend.k}, max batch {backend.max_batch})", err=True)
     run_server(
         backend,
         host=host,
@@ -120,4 +125,5 @@ def serve(
         profile=prof,
         settings=settings,
         graceful_timeout=graceful_timeout,
+        sock=sock,
     )

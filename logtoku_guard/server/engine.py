@@ -12,11 +12,13 @@ the next decoding step and each returns as soon as its own answer ends. Everythi
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from logtoku_guard.backends.base import Backend, TokenStream
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 T = TypeVar("T")
@@ -30,7 +32,11 @@ class Runner(Protocol):
     async def run(self, fn: Callable[[Backend], T]) -> T: ...
 
     def slot(self) -> Any:
-        """An async context manager held for the life of a stream (one generation)."""
+        """An async context manager held for the life of a stream (one generation).
+
+        It must not care which task leaves it: a stream abandoned by its client is closed by
+        whichever task finalizes it, and the slot is released exactly once on every path.
+        """
         ...
 
 
@@ -39,6 +45,10 @@ class ThreadRunner:
 
     ``workers`` defaults to twice the backend's ``max_batch`` (1 for a backend without one):
     up to ``max_batch`` generate in the running batch while the others wait in the backend's queue.
+
+    The slots are a semaphore, not an :class:`anyio.CapacityLimiter`: a limiter's token belongs to
+    the task that borrowed it, and a stream whose client hung up may be closed by another task
+    (the event loop finalizing the abandoned generator), which a limiter refuses, losing the slot.
     """
 
     def __init__(self, backend: Backend, workers: int | None = None) -> None:
@@ -46,17 +56,32 @@ class ThreadRunner:
 
         if workers is None:
             workers = 2 * int(getattr(backend, "max_batch", 0)) or 1
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            msg = f"workers must be a whole number >= 1, got {workers!r}"
+            raise ConfigurationError(msg)
         self.backend = backend
-        self._limiter = anyio.CapacityLimiter(workers)
+        self.workers = workers
+        self._slots = anyio.Semaphore(workers)
+
+    @property
+    def busy(self) -> int:
+        """Slots held now (generations running or streaming), ``0`` to ``workers``."""
+        return self.workers - self._slots.value
 
     async def run(self, fn: Callable[[Backend], T]) -> T:
         import anyio.to_thread
 
-        async with self._limiter:
+        async with self.slot():
             return await anyio.to_thread.run_sync(fn, self.backend)
 
-    def slot(self) -> Any:
-        return self._limiter
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one slot; released exactly once on leaving, whichever task leaves."""
+        await self._slots.acquire()
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 @dataclass(frozen=True)
@@ -104,12 +129,14 @@ class Engine:
         result = await self.runner.run(lambda b: self._guard(options, b).run(messages))
         return Answer(result.generation, result.answer, result)
 
-    async def stream(self, messages: list[ChatMessage], options: DecodingOptions) -> AsyncIterator[TokenScore | Answer]:
+    async def stream(self, messages: list[ChatMessage], options: DecodingOptions) -> AsyncGenerator[TokenScore | Answer, None]:
         """Yield each token as it is generated, then the :class:`Answer`.
 
         With a policy, the answer is decided before anything is sent (an answer the guard
         withholds must never reach the client): its tokens then follow at once. Closing the
-        iterator early (client gone) cancels the generation.
+        iterator early (client gone) cancels the generation and frees its runner slot: close it
+        with ``aclose()`` (:func:`contextlib.aclosing`) in the task that iterates it; one that is
+        merely dropped frees the slot when the event loop finalizes it, from another task.
         """
         import anyio.to_thread
 

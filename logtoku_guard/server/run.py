@@ -1,13 +1,17 @@
 """Running the app: :func:`run_server` (blocking, the CLI's) and :class:`BackgroundServer` (a thread).
 
-Both use uvicorn. Shutdown is graceful: on SIGINT/SIGTERM (or :meth:`BackgroundServer.stop`)
-the server stops accepting connections and waits up to ``graceful_timeout`` seconds for the
-requests in flight, streams included, to finish.
+Both use uvicorn on a socket bound by :func:`bind_socket` first, so a port already in use or out
+of range is refused with a clear :class:`~logtoku_guard.errors.ConfigurationError` before
+anything announces the server. Shutdown is graceful: on SIGINT/SIGTERM (or
+:meth:`BackgroundServer.stop`) the server stops accepting connections and waits up to
+``graceful_timeout`` seconds for the requests in flight, streams included, to finish.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import math
 import socket
 import threading
 import time
@@ -40,6 +44,58 @@ def check_host(host: str, allow_remote: bool) -> str:
     return host
 
 
+def check_port(port: int) -> int:
+    """``port`` if it is a TCP port (1 to 65535); raise otherwise."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        msg = f"--port must be a TCP port from 1 to 65535, got {port!r}; the default is 8000"
+        raise ConfigurationError(msg)
+    return port
+
+
+def check_graceful_timeout(seconds: float) -> float:
+    """``seconds`` if it is a finite number >= 0; raise otherwise."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 <= seconds < math.inf):
+        msg = f"--graceful-timeout must be a finite number of seconds >= 0, got {seconds!r}; the default is 30"
+        raise ConfigurationError(msg)
+    return float(seconds)
+
+
+def url(host: str, port: int) -> str:
+    """``http://host:port/v1`` (an IPv6 address in brackets)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/v1"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free one), not yet listening.
+
+    Raises :class:`ConfigurationError` naming the address and the fix when it cannot be bound
+    (the port in use, a privileged port, an address not on this machine, a host name that
+    does not resolve).
+    """
+    if port != 0:
+        check_port(port)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        msg = f"cannot resolve --host {host!r} ({exc}); pass an IP address such as 127.0.0.1"
+        raise ConfigurationError(msg) from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # rebind at once after a restart (TIME_WAIT)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            msg = f"port {port} on {host} is already in use (another server listens there); stop it, or pick another --port"
+        elif exc.errno == errno.EACCES:
+            msg = f"no permission to listen on port {port} of {host} (ports below 1024 need privileges); use a --port >= 1024"
+        else:
+            msg = f"cannot listen on {host}:{port} ({exc.strerror or exc}); check --host and --port"
+        raise ConfigurationError(msg) from exc
+    return sock
+
+
 def build_app(
     backend: Any,
     *,
@@ -57,6 +113,7 @@ def build_app(
 def _config(app: Any, host: str, port: int, graceful_timeout: float, log_level: str) -> Any:
     import uvicorn
 
+    check_graceful_timeout(graceful_timeout)
     return uvicorn.Config(
         app,
         host=host,
@@ -80,13 +137,23 @@ def run_server(
     settings: ServerSettings | None = None,
     graceful_timeout: float = 30.0,
     log_level: str = "info",
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``backend`` until SIGINT/SIGTERM (then finish the requests in flight)."""
+    """Serve ``backend`` until SIGINT/SIGTERM (then finish the requests in flight).
+
+    ``sock``: a socket from :func:`bind_socket` (the CLI binds it before loading the model);
+    by default ``host:port`` is bound here. The socket is closed when the server stops.
+    """
     import uvicorn
 
     check_host(host, allow_remote)
-    app = build_app(backend, policy=policy, profile=profile, store=store, settings=settings)
-    uvicorn.Server(_config(app, host, port, graceful_timeout, log_level)).run()
+    check_graceful_timeout(graceful_timeout)
+    sock = sock or bind_socket(host, port)
+    try:
+        app = build_app(backend, policy=policy, profile=profile, store=store, settings=settings)
+        uvicorn.Server(_config(app, host, port, graceful_timeout, log_level)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,14 +180,18 @@ class BackgroundServer:
         import uvicorn
 
         check_host(host, allow_remote=False)
+        config = _config(app, host, port or 0, graceful_timeout, log_level)
+        self._sock = bind_socket(host, port or 0)  # bound now: no other process can take the port before start()
         self.host = host
-        self.port = port or free_port(host)
-        self.server = uvicorn.Server(_config(app, host, self.port, graceful_timeout, log_level))
-        self._thread = threading.Thread(target=self.server.run, name="logtoku-server", daemon=True)
+        self.port = int(self._sock.getsockname()[1])
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, name="logtoku-server", daemon=True
+        )
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return url(self.host, self.port)
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
         self._thread.start()
@@ -135,6 +206,8 @@ class BackgroundServer:
     def stop(self, timeout: float = 60.0) -> None:
         self.server.should_exit = True
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._sock.close()
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

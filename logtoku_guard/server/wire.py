@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from logtoku_guard.errors import short_repr
 from logtoku_guard.payloads import json_float, result_payload, summary_payload, token_payload
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
@@ -121,22 +122,33 @@ def _bad(message: str, param: str | None = None) -> RequestError:
     return RequestError(400, message, param=param)
 
 
+SEED_LIMIT = 2**64
+"""Seeds are 0 to ``SEED_LIMIT - 1`` (64 bits, what the random number generator takes)."""
+
+
 def _int(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{name} must be an integer, got {value!r}", name)
+        raise _bad(f"{name} must be an integer, got {short_repr(value)}", name)
     return value
 
 
 def _number(body: Mapping[str, Any], name: str, default: float) -> float:
+    """A finite JSON number as a float (an integer of hundreds of digits overflows a float: refused)."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(f"{name} must be a number, got {value!r}", name)
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"{name} must be a number, got {short_repr(value)}", name)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _bad(f"{name} must be a finite number, got {short_repr(value)}", name)
+    return number
 
 
 def check_model(body: Mapping[str, Any], served: Sequence[str]) -> None:
@@ -147,7 +159,7 @@ def check_model(body: Mapping[str, Any], served: Sequence[str]) -> None:
     if not isinstance(model, str) or model not in served:
         raise RequestError(
             404,
-            f"the model {model!r} does not exist on this server; it serves {served[0]!r} (see GET /v1/models)",
+            f"the model {short_repr(model)} does not exist on this server; it serves {served[0]!r} (see GET /v1/models)",
             param="model",
             kind="model_not_found",
         )
@@ -156,23 +168,25 @@ def check_model(body: Mapping[str, Any], served: Sequence[str]) -> None:
 def _common(body: Mapping[str, Any], limits: Limits, *, max_tokens_default: int) -> tuple[DecodingOptions, bool, bool]:
     n = _int(body, "n", 1)
     if n != 1:
-        raise _bad(f"n={n!r}: this server returns one choice per request; send n=1 (or several requests)", "n")
+        raise _bad(f"n={short_repr(n)}: this server returns one choice per request; send n=1 (or several requests)", "n")
     if body.get("best_of") not in (None, 1):
-        raise _bad(f"best_of={body['best_of']!r} is not supported; leave it out", "best_of")
+        raise _bad(f"best_of={short_repr(body['best_of'])} is not supported; leave it out", "best_of")
     max_tokens = _int(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", max_tokens_default)
     if max_tokens is None or max_tokens < 1:
-        raise _bad(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+        raise _bad(f"max_tokens must be a positive integer, got {short_repr(max_tokens)}", "max_tokens")
     if max_tokens > limits.max_tokens:
         raise _bad(
-            f"max_tokens={max_tokens} is above this server's limit of {limits.max_tokens}; ask for at most "
+            f"max_tokens={short_repr(max_tokens)} is above this server's limit of {limits.max_tokens}; ask for at most "
             f"{limits.max_tokens} (the server's --max-tokens)",
             "max_tokens",
         )
     temperature = _number(body, "temperature", 1.0)
     top_p = _number(body, "top_p", 1.0)
     seed = _int(body, "seed", None)
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise _bad(f"seed must be an integer from 0 to 2**64 - 1, got {short_repr(seed)}", "seed")
     stop = body.get("stop")
     if stop is None:
         stop = ()
@@ -181,17 +195,19 @@ def _common(body: Mapping[str, Any], limits: Limits, *, max_tokens_default: int)
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stop = tuple(stop)
     else:
-        raise _bad(f"stop must be a string or a list of strings, got {stop!r}", "stop")
+        raise _bad(f"stop must be a string or a list of strings, got {short_repr(stop)}", "stop")
+    if not all(stop):
+        raise _bad(f"stop strings must not be empty, got {short_repr(list(stop))}", "stop")
     try:
         options = DecodingOptions(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
     except ValueError as exc:
         raise _bad(str(exc)) from exc
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise _bad(f"stream must be true or false, got {stream!r}", "stream")
+        raise _bad(f"stream must be true or false, got {short_repr(stream)}", "stream")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, Mapping):
-        raise _bad(f"stream_options must be an object, got {stream_options!r}", "stream_options")
+        raise _bad(f"stream_options must be an object, got {short_repr(stream_options)}", "stream_options")
     return options, stream, bool(stream_options.get("include_usage", False))
 
 
@@ -205,7 +221,7 @@ def _content(value: Any, i: int) -> str:
                 raise _bad(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported", "messages")
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"messages[{i}].content must be a string, got {value!r}", "messages")
+    raise _bad(f"messages[{i}].content must be a string, got {short_repr(value)}", "messages")
 
 
 def parse_chat(body: Any, limits: Limits) -> ChatRequest:
@@ -218,14 +234,14 @@ def parse_chat(body: Any, limits: Limits) -> ChatRequest:
     turns = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant"):
-            raise _bad(f"messages[{i}] must have role 'system', 'user' or 'assistant', got {m!r}", "messages")
+            raise _bad(f"messages[{i}] must have role 'system', 'user' or 'assistant', got {short_repr(m)}", "messages")
         turns.append(ChatMessage(m["role"], _content(m.get("content"), i)))
     if not any(t.content.strip() for t in turns if t.role != "system"):
         raise _bad("every user/assistant message is empty; add the question as a user message", "messages")
     options, stream, include_usage = _common(body, limits, max_tokens_default=limits.default_max_tokens)
     logprobs = body.get("logprobs", False)
     if not isinstance(logprobs, bool):
-        raise _bad(f"logprobs must be true or false in a chat request, got {logprobs!r}", "logprobs")
+        raise _bad(f"logprobs must be true or false in a chat request, got {short_repr(logprobs)}", "logprobs")
     top = _int(body, "top_logprobs", None)
     if top is not None and not logprobs:
         raise _bad("top_logprobs needs logprobs=true", "top_logprobs")
@@ -241,7 +257,7 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise _bad(f"prompt must be one string (one prompt per request), got {prompt!r}", "prompt")
+        raise _bad(f"prompt must be one string (one prompt per request), got {short_repr(prompt)}", "prompt")
     if not prompt.strip():
         raise _bad("prompt is empty; send the text to complete", "prompt")
     if body.get("echo"):
@@ -257,11 +273,12 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
 
 def _check_top(n: int, limits: Limits, param: str) -> int:
     if n < 0:
-        raise _bad(f"{param} must be >= 0, got {n}", param)
+        raise _bad(f"{param} must be >= 0, got {short_repr(n)}", param)
     if n > limits.k:
+        shown = short_repr(n)
         raise _bad(
-            f"{param}={n} but this server keeps the top K={limits.k} raw logits per token; ask for {param} <= {limits.k}, "
-            f"or restart the server with --top-k {n} (K also sets the K of its AU/EU; the LogTokU setting is 2)",
+            f"{param}={shown} but this server keeps the top K={limits.k} raw logits per token; ask for {param} <= {limits.k}, "
+            f"or restart the server with --top-k {shown} (K also sets the K of its AU/EU; the LogTokU setting is 2)",
             param,
         )
     return n

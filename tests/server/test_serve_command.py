@@ -31,3 +31,35 @@ def test_non_loopback_host_is_refused_before_loading_a_model() -> None:
 def test_a_negative_prefix_cache_is_refused_before_loading_a_model() -> None:
     result = CliRunner().invoke(app(), ["--prefix-cache-mb", "-1", "--model", "/nonexistent/model"])
     assert result.exit_code == 2 and "--prefix-cache-mb" in result.output and "0 disables" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--port", "70000"], "--port must be a TCP port from 1 to 65535, got 70000"),
+        (["--port", "-1"], "got -1"),
+        (["--graceful-timeout", "nan"], "--graceful-timeout must be a finite number"),
+        (["--graceful-timeout", "inf"], "got inf"),
+        (["--api-key", ""], "--api-key is empty"),
+        (["--api-key", " secret"], "--api-key must be printable ASCII without spaces"),
+    ],
+    ids=["port-70000", "port-negative", "graceful-nan", "graceful-inf", "api-key-empty", "api-key-space"],
+)
+def test_bad_settings_exit_2_before_any_url_or_model(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app(), [*args, "--model", "/nonexistent/model"])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "http://" not in result.output and "Traceback" not in result.output
+    assert "/nonexistent/model" not in result.output  # refused before the model is looked for
+
+
+def test_a_port_in_use_is_a_clear_error_before_the_model_loads() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app(), ["--port", str(port), "--model", "/nonexistent/model"])
+    assert result.exit_code == 2, result.output
+    assert f"port {port} on 127.0.0.1 is already in use" in result.output and "--port" in result.output
+    assert "http://" not in result.output and "/nonexistent/model" not in result.output

@@ -237,3 +237,34 @@ def test_graceful_shutdown_finishes_in_flight_request(tiny_backend: Any) -> None
     assert results and results[0].status_code == 200, results
     assert results[0].json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert not math.isnan(results[0].json()["choices"][0]["logtoku"]["reliability"] or 0.0)
+
+
+def test_run_server_refuses_bad_settings_before_binding(tiny_backend: Any) -> None:
+    import socket
+
+    from logtoku_guard.errors import ConfigurationError
+    from logtoku_guard.server import run_server
+    from logtoku_guard.server.run import bind_socket
+
+    with pytest.raises(ConfigurationError, match="--graceful-timeout"):
+        run_server(tiny_backend, graceful_timeout=float("nan"))
+    with pytest.raises(ConfigurationError, match="65535"):
+        bind_socket("127.0.0.1", 70000)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigurationError, match=f"port {port} on 127.0.0.1 is already in use"):
+            run_server(tiny_backend, port=port)
+        with pytest.raises(ConfigurationError, match="already in use"):
+            BackgroundServer(build_app(tiny_backend), port=port)
+
+
+def test_background_server_holds_its_port_from_the_start(tiny_backend: Any) -> None:
+    import socket
+
+    srv = BackgroundServer(build_app(tiny_backend))  # bound, not yet started
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", srv.port))
+    with srv:
+        assert httpx.get(f"{srv.base_url[: -len('/v1')]}/health").status_code == 200
