@@ -84,9 +84,9 @@ def serve(
 
             pol = Policy.from_file(policy)
         if profile is not None:
-            from logtoku_guard.calibration import ModelProfile
+            from logtoku_guard.cli._common import read_profile
 
-            prof = ModelProfile.load(profile)
+            prof = read_profile(profile, model, top_k, "clamped")  # never echoes the file's content
         from logtoku_guard.backends.transformers import TransformersBackend
 
         backend = TransformersBackend(

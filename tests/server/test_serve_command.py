@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 typer = pytest.importorskip("typer")
@@ -63,3 +65,11 @@ def test_a_port_in_use_is_a_clear_error_before_the_model_loads() -> None:
     assert result.exit_code == 2, result.output
     assert f"port {port} on 127.0.0.1 is already in use" in result.output and "--port" in result.output
     assert "http://" not in result.output and "/nonexistent/model" not in result.output
+
+
+def test_a_profile_that_is_not_a_profile_is_refused_without_echoing_its_content(tmp_path: Path) -> None:
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n", encoding="utf-8")
+    result = CliRunner().invoke(app(), ["--profile", str(secret), "--model", "/nonexistent/model"])
+    assert result.exit_code == 2, result.output
+    assert "is not a model profile" in result.output and "root:x" not in result.output and "Traceback" not in result.output
