@@ -223,3 +223,35 @@ def test_closed_stream_still_ends_its_spans(provider: TracerProvider, exporter: 
     assert [c.name for c in children] == ["chat scripted"]
     assert (children[0].attributes or {})["gen_ai.response.finish_reasons"] == ("cancelled",)
     assert (root.attributes or {})["logtoku.reason"].find("stream closed by the caller") >= 0  # type: ignore[union-attr]
+
+
+def test_the_console_example_prints_what_its_docstring_says() -> None:
+    """examples/otel_console.py: a passing question (one chat span, one evaluation) and an
+    invented one (chat, retrieve, chat again, two evaluations), each under a GUARDRAIL span."""
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("opentelemetry.sdk")
+    script = Path(__file__).resolve().parents[1] / "examples" / "otel_console.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    decoder, spans, text = json.JSONDecoder(), [], done.stdout
+    for m in re.finditer(r"^\{", text, flags=re.M):
+        spans.append(decoder.raw_decode(text[m.start() :])[0])
+    names = [s["name"] for s in spans]
+    assert names == [
+        "chat scripted",
+        "apply_guardrail logtoku",
+        "chat scripted",
+        "retrieve",
+        "chat scripted",
+        "apply_guardrail logtoku",
+    ]
+    guards = [s for s in spans if s["name"] == "apply_guardrail logtoku"]
+    assert [len(s["events"]) for s in guards] == [1, 2] and all(
+        e["name"] == "gen_ai.evaluation.result" for s in guards for e in s["events"]
+    )
+    assert {s["attributes"]["openinference.span.kind"] for s in guards} == {"GUARDRAIL"}
