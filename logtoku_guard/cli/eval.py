@@ -576,6 +576,7 @@ def traffic(
     out_dir: OutDirOpt = None,
     n_boot: BootOpt = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
+    plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
 ) -> None:
@@ -621,7 +622,7 @@ def traffic(
         answers = judge_answers(pairs)  # type: ignore[arg-type]
         cal = caches["calibration"].records([it.id for it in calibration])
         report = evaluate_traffic(answers, cal, model=name, pass_target=pass_target, l2=l2, n_boot=n_boot, seed=seed)
-        files = write_traffic(report, out_dir)
+        files = write_traffic(report, out_dir, plots=plots)
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
     typer.echo(report.to_markdown())

@@ -108,6 +108,23 @@ def plot_budget_curves(
     return _save(fig, path)
 
 
+def plot_trade_off(
+    path: str | Path, curve: Sequence[tuple[float, float, float]], chosen: tuple[float, float] | None, title: str
+) -> Path:
+    """Share of correct answers passed against share of wrong answers flagged, one point per
+    threshold (``curve``: ``(threshold, passed, flagged)``); ``chosen``: the operating point."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=90)
+    ax.plot([c[1] for c in curve], [c[2] for c in curve], marker=".", lw=1.2, label="guard_score thresholds")
+    if chosen is not None:
+        ax.plot([chosen[0]], [chosen[1]], "o", color="C3", label="default policy threshold")
+    ax.plot([0, 1], [1, 0], color="k", ls=":", lw=0.8, label="random")
+    ax.set(xlabel="correct real answers passed", ylabel="wrong real answers flagged", xlim=(0, 1.02), ylim=(0, 1.02))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 

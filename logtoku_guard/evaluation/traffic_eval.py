@@ -343,12 +343,19 @@ def _trade_off(scores: np.ndarray, outcomes: np.ndarray, points: int = 41) -> li
     ]
 
 
-def write_traffic(report: TrafficReport, out_dir: str | Path) -> list[Path]:
-    """``traffic.md``, ``traffic.json`` and the fitted guard ``traffic-guard.json`` under ``out_dir``."""
+def write_traffic(report: TrafficReport, out_dir: str | Path, *, plots: bool = True) -> list[Path]:
+    """``traffic.md``, ``traffic.json``, the fitted guard ``traffic-guard.json`` and (``plots``, needs
+    matplotlib) the correct-passed vs wrong-flagged trade-off ``traffic-trade-off.png`` under ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, guard = out / "traffic.md", out / "traffic.json", out / "traffic-guard.json"
     md.write_text(report.to_markdown() + "\n", encoding="utf-8")
     js.write_text(json.dumps(report.to_json(), indent=1, allow_nan=True, default=str), encoding="utf-8")
     guard.write_text(report.guard.model_dump_json(indent=1), encoding="utf-8")
-    return [md, js, guard]
+    files = [md, js, guard]
+    if plots and report.curve:
+        from logtoku_guard.evaluation.plots import plot_trade_off
+
+        point = (1.0 - report.test_rates["real-correct"].value, report.test_rates["real-wrong"].value)
+        files.append(plot_trade_off(out / "traffic-trade-off.png", report.curve, point, "Real questions, test half"))
+    return files

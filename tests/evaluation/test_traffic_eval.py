@@ -23,6 +23,8 @@ from logtoku_guard.evaluation.traffic_eval import (
     traffic_questions,
 )
 
+from .support import HAS_MPL
+
 
 def _tok(text: str, peak: float, rng: random.Random) -> CachedToken:
     top = sorted((rng.gauss(0, 0.5) + (peak if i == 0 else 0.0) for i in range(5)), reverse=True)
@@ -115,10 +117,10 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(tmp_path: Path,
     caches["calibration"].append(record(c.id, c.question, "It is Some Thing", 3.0) for c in shipped_calibration_questions())
     monkeypatch.setattr("logtoku_guard.cli.eval._backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
-    res = CliRunner().invoke(
-        app, ["eval", "traffic", "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(out), "--n-boot", "20"]
-    )
+    args = ["eval", "traffic", "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(out), "--n-boot", "20"]
+    res = CliRunner().invoke(app, [*args, *([] if HAS_MPL else ["--no-plots"])])
     assert res.exit_code == 0, res.output
+    assert (out / "traffic-trade-off.png").is_file() == HAS_MPL
     assert "real-wrong" in res.output and (out / "traffic.md").is_file()
     payload = json.loads((out / "traffic.json").read_text())
     assert set(payload["test_rates"]) == set(OUTCOMES)
