@@ -84,6 +84,8 @@ class GuardModel(BaseModel):
     cv_folds: int
     seed: int
     created_at: str
+    balanced_groups: bool = False
+    """Whether each group of the fit data was weighted to count equally (``fit_guard(balance_groups=True)``)."""
     reference_scores: dict[str, list[float]] = {}
     """Out-of-fold guard scores of the fit data by group (e.g. ``real-correct``, ``plausible``; or
     ``correct``/``incorrect``), so :meth:`expected_flag_rates` can say what a threshold flags."""
@@ -147,18 +149,19 @@ def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (filled - means) / stds, means, stds
 
 
-def _newton(z: np.ndarray, y: np.ndarray, l2: float, iterations: int = 100) -> np.ndarray:
-    """L2-penalised logistic regression (intercept unpenalised) by Newton's method."""
+def _newton(z: np.ndarray, y: np.ndarray, l2: float, weights: np.ndarray | None = None, iterations: int = 100) -> np.ndarray:
+    """L2-penalised, optionally row-weighted logistic regression (intercept unpenalised) by Newton's method."""
     import numpy as np
 
+    r = np.ones(z.shape[0]) if weights is None else weights
     design = np.hstack([np.ones((z.shape[0], 1)), z])
     w = np.zeros(design.shape[1])
     penalty = np.full(design.shape[1], l2)
     penalty[0] = 0.0
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -700, 700)))
-        grad = design.T @ (p - y) + penalty * w
-        hess = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty) + 1e-9 * np.eye(design.shape[1])
+        grad = design.T @ (r * (p - y)) + penalty * w
+        hess = (design * (r * p * (1 - p))[:, None]).T @ design + np.diag(penalty) + 1e-9 * np.eye(design.shape[1])
         step = np.linalg.solve(hess, grad)
         w -= step
         if float(np.abs(step).max()) < 1e-10:
@@ -166,9 +169,11 @@ def _newton(z: np.ndarray, y: np.ndarray, l2: float, iterations: int = 100) -> n
     return w
 
 
-def _fit_arrays(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _fit_arrays(
+    x: np.ndarray, y: np.ndarray, l2: float, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     z, means, stds = _standardise(x)
-    return _newton(z, y, l2), means, stds
+    return _newton(z, y, l2, weights), means, stds
 
 
 def _predict_arrays(x: np.ndarray, w: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarray:
@@ -188,13 +193,16 @@ def fit_guard(
     folds: int = 5,
     seed: int = 0,
     groups: Sequence[str] | None = None,
+    balance_groups: bool = False,
 ) -> GuardModel:
     """Fit the guard on ``rows`` (one per labelled answer; ``labels``: True = correct/known).
 
     ``datasets`` names what the rows came from (kept in the model). The reported CV AUROC is
     from ``folds``-fold stratified cross-validation (folds drawn with ``seed``); its out-of-fold
     scores are kept by ``groups`` (one name per row; default ``correct``/``incorrect`` by label)
-    in :attr:`GuardModel.reference_scores`.
+    in :attr:`GuardModel.reference_scores`. ``balance_groups``: weight each row by
+    ``n / (n_groups * size of its group)``, so every group counts as much in the fit whatever
+    its size (a small group such as wrong answers to real questions is not drowned out).
     """
     import numpy as np
 
@@ -212,9 +220,16 @@ def fit_guard(
     if groups is not None and len(groups) != y.size:
         msg = f"fit_guard needs one group per row, got {len(groups)} groups for {y.size} rows"
         raise ConfigurationError(msg)
+    if balance_groups and groups is None:
+        msg = "balance_groups needs groups (one group name per row)"
+        raise ConfigurationError(msg)
+    weights = None
+    if balance_groups and groups is not None:
+        sizes = {g: list(groups).count(g) for g in set(groups)}
+        weights = np.array([y.size / (len(sizes) * sizes[g]) for g in groups])
     x = feature_matrix(rows, features)
-    w, means, stds = _fit_arrays(x, y, l2)
-    oof = _cross_validate(x, y, l2, folds, seed) if folds >= 2 else None
+    w, means, stds = _fit_arrays(x, y, l2, weights)
+    oof = _cross_validate(x, y, l2, folds, seed, weights) if folds >= 2 else None
     cv = auroc(oof, y.astype(bool)) if oof is not None else None
     reference: dict[str, list[float]] = {}
     if oof is not None:
@@ -243,11 +258,14 @@ def fit_guard(
         cv_folds=folds,
         seed=seed,
         created_at=datetime.now(timezone.utc).isoformat(),
+        balanced_groups=weights is not None,
         reference_scores=reference,
     )
 
 
-def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: int) -> np.ndarray:
+def _cross_validate(
+    x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: int, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Each row's prediction from a fit on the other stratified folds."""
     import numpy as np
 
@@ -259,7 +277,7 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, l2: float, folds: int, seed: i
     pred = np.empty(y.size)
     for f in range(folds):
         test = fold == f
-        w, means, stds = _fit_arrays(x[~test], y[~test], l2)
+        w, means, stds = _fit_arrays(x[~test], y[~test], l2, None if weights is None else weights[~test])
         pred[test] = _predict_arrays(x[test], w, means, stds)
     return pred
 

@@ -16,6 +16,7 @@ from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.profiles import build_profile
 from logtoku_guard.cli import app
 from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
 from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
 from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
@@ -213,3 +214,21 @@ def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
     assert "guard-score" in result.output
     payload = json.loads((tmp_path / "out" / "fabricated.json").read_text())
     assert payload["n_test"] == 20 and payload["guard"]["datasets"] == ["fabricated-tune"]
+
+
+def test_balanced_groups_weigh_a_small_group_as_much_as_a_large_one() -> None:
+    """Group weights: the fit records that it was weighted, keeps every row's out-of-fold score
+    under its group, and says what a threshold flags per group; weighting without groups is refused."""
+    rows, labels = _rows(60)
+    groups = ["pos" if y else ("small" if i % 10 == 1 else "big") for i, y in enumerate(labels)]
+    plain = fit_guard(rows, labels, ["s"], groups=groups)
+    balanced = fit_guard(rows, labels, ["s"], groups=groups, balance_groups=True)
+    assert not plain.balanced_groups and balanced.balanced_groups
+    assert set(balanced.reference_scores) == {"pos", "small", "big"}
+    assert sum(len(v) for v in balanced.reference_scores.values()) == 60
+    rates = balanced.expected_flag_rates(0.5)
+    assert set(rates) == {"pos", "small", "big"} and all(0.0 <= r <= 1.0 for r in rates.values())
+    with pytest.raises(ConfigurationError, match="balance_groups needs groups"):
+        fit_guard(rows, labels, ["s"], balance_groups=True)
+    with pytest.raises(ConfigurationError, match="one group per row"):
+        fit_guard(rows, labels, ["s"], groups=groups[:-1])
