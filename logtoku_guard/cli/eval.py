@@ -571,6 +571,9 @@ def traffic(
         float, typer.Option(help="Share of correct real answers the chosen flag threshold must pass (on the tune half).")
     ] = 0.85,
     l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
+    balance_groups: Annotated[
+        bool, typer.Option(help="Weight the four groups equally in the guard's fit (default: every answer counts once).")
+    ] = False,
     batch_size: BatchOpt = 16,
     gen_cache_dir: GenCacheOpt = None,
     out_dir: OutDirOpt = None,
@@ -621,7 +624,9 @@ def traffic(
         pairs = [(q, caches["syllable" if q.group == "syllable" else "traffic"].get(q.id)) for q in questions]
         answers = judge_answers(pairs)  # type: ignore[arg-type]
         cal = caches["calibration"].records([it.id for it in calibration])
-        report = evaluate_traffic(answers, cal, model=name, pass_target=pass_target, l2=l2, n_boot=n_boot, seed=seed)
+        report = evaluate_traffic(
+            answers, cal, model=name, pass_target=pass_target, l2=l2, balance_groups=balance_groups, n_boot=n_boot, seed=seed
+        )
         files = write_traffic(report, out_dir, plots=plots)
     except LogTokUError as exc:
         raise _common.fail(exc) from exc

@@ -16,14 +16,14 @@ way, so the thresholds are placed in the very profile ``calibrate`` builds.
 
 Steps, all fitting on **tune** only (:func:`evaluate_traffic`):
 
-1. each candidate feature set (:data:`FEATURE_SETS`) is scored by the pooled, stratified
-   cross-validated AUROC of a guard fit on tune (positive = ``real-correct``, everything else
-   negative); the best one is kept;
-2. the pooled guard fit on the whole tune half with it keeps its out-of-fold tune scores by
-   group (:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`); they place
-   the flag threshold: the highest guard score that still passes ``pass_target`` of the
-   correct real answers (:func:`choose_threshold`), expressed as a quantile of the calibration
-   profile (what the default policy stores);
+1. for each candidate feature set (:data:`FEATURE_SETS`) a pooled guard is fit on tune
+   (positive = ``real-correct``, every other group negative); its stratified out-of-fold tune
+   scores, kept by group (:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`),
+   place its flag threshold: the highest guard score that still passes ``pass_target`` of the
+   correct real answers (:func:`choose_threshold`);
+2. the feature set whose threshold flags the most of the three groups to flag (their mean
+   out-of-fold flag rate, each group counting once) is kept, and its threshold is expressed as
+   a quantile of the calibration profile (what the default policy stores);
 3. on **test**: the flag rate of each group with bootstrap 95% CIs, the AUROC of each statistic
    for three contrasts (correct vs wrong, vs plausible, vs syllable), and the trade-off curve of
    correct-passed against wrong-flagged.
@@ -155,6 +155,12 @@ def _stats(answers: Sequence[TrafficAnswer], model: str) -> list[ResponseStats]:
     return [ResponseStats.from_generation(generation_from_cached(a.record, model)) for a in answers]
 
 
+def _mean_flagged(rates: dict[str, float]) -> float:
+    """Mean flag rate over the groups that should be flagged (each group counts once)."""
+    values = [rates.get(g, math.nan) for g in OUTCOMES if g != "real-correct"]
+    return float(np.mean(values)) if all(math.isfinite(v) for v in values) else math.nan
+
+
 def choose_threshold(correct_scores: np.ndarray, pass_target: float) -> float:
     """The highest threshold ``t`` such that at least ``pass_target`` of ``correct_scores`` are ``>= t``
     (a rule ``guard_score < t`` flags the rest)."""
@@ -196,7 +202,8 @@ class TrafficReport:
 
     model: str
     feature_sets: dict[str, float]
-    """Pooled tune CV AUROC of each candidate feature set."""
+    """Each candidate feature set's mean out-of-fold tune flag rate over the groups to flag, at
+    its threshold passing ``pass_target`` of the correct answers (the choice criterion)."""
     chosen: str
     guard: GuardModel
     pass_target: float
@@ -236,8 +243,8 @@ class TrafficReport:
             "",
             "Answer counts per half: " + "; ".join(f"{h}: {c}" for h, c in self.counts.items()),
             "",
-            "Feature sets (pooled tune CV AUROC): "
-            + ", ".join(f"{k} {v:.3f}" for k, v in self.feature_sets.items())
+            "Feature sets (mean tune flag rate of the groups to flag, out of fold, at the pass target): "
+            + ", ".join(f"{k} {100 * v:.1f}%" for k, v in self.feature_sets.items())
             + f"; chosen: **{self.chosen}**",
             "",
             f"Flag rule: guard_score < {self.threshold:.4f} (the highest threshold passing {self.pass_target:.0%} of the "
@@ -269,6 +276,7 @@ def evaluate_traffic(
     model: str,
     pass_target: float = 0.85,
     l2: float = 1.0,
+    balance_groups: bool = False,
     folds: int = 5,
     n_boot: int = 1000,
     seed: int = 0,
@@ -281,14 +289,26 @@ def evaluate_traffic(
     y_tune = np.array([a.correct for a in tune])
     outcomes = [a.outcome for a in tune]
     fits = {
-        name: fit_guard(tune_rows, y_tune.tolist(), ["traffic-tune"], features=f, l2=l2, folds=folds, seed=seed, groups=outcomes)
+        name: fit_guard(
+            tune_rows,
+            y_tune.tolist(),
+            ["traffic-tune"],
+            features=f,
+            l2=l2,
+            folds=folds,
+            seed=seed,
+            groups=outcomes,
+            balance_groups=balance_groups,
+        )
         for name, f in FEATURE_SETS.items()
     }
-    cv = {name: float(g.cv_auroc if g.cv_auroc is not None else math.nan) for name, g in fits.items()}
+    thresholds = {
+        name: choose_threshold(np.array(g.reference_scores.get("real-correct", [])), pass_target) for name, g in fits.items()
+    }
+    cv = {name: _mean_flagged(g.expected_flag_rates(thresholds[name])) for name, g in fits.items()}
     chosen = max(cv, key=lambda k: cv[k])
-    guard = fits[chosen]
+    guard, threshold = fits[chosen], thresholds[chosen]
     oof = {g: np.array(v) for g, v in guard.reference_scores.items()}  # out-of-fold tune scores by group
-    threshold = choose_threshold(oof.get("real-correct", np.array([])), pass_target)
     cal_gens = [generation_from_cached(r, model) for r in calibration]
     profile: ModelProfile = build_profile(cal_gens, "default calibration set", guard)
     quantile = profile.percentile("guard_score", threshold)
