@@ -195,7 +195,10 @@ def export_to(path: str | os.PathLike[str], store_file: Path | None, overwrite: 
             try:
                 os.link(tmp, target)
             except FileExistsError:
-                msg = f"cannot export to {target}: the file appeared during the export; pass another path, or overwrite=True"
+                msg = (
+                    f"cannot export to {target}: the file appeared during the export; "
+                    "pass another path, or overwrite=True (CLI: --force)"
+                )
                 raise ConfigurationError(msg) from None
             except OSError:  # no hard links here
                 os.replace(tmp, target)

@@ -442,14 +442,14 @@ class AuditStore(ReviewQueue):
         would go and delete nothing. One transaction: the counts are what was deleted.
         """
         if isinstance(days, bool) or not isinstance(days, (int, float)) or not (0 <= days < math.inf):
-            msg = f"days must be a finite non-negative number, got {days!r}; e.g. purge(90)"
+            msg = f"days (CLI: --days) must be a finite non-negative number of days, got {days!r}; e.g. 90"
             raise ConfigurationError(msg)
         now = _utcnow()
         try:
             cutoff = now - timedelta(days=days)
         except OverflowError:
             limit = (now - datetime.min.replace(tzinfo=timezone.utc)).days
-            msg = f"days={days!r} reaches back before the year 1; pass at most {limit} days (0 purges every record)"
+            msg = f"days (CLI: --days) {days!r} reaches back before the year 1; give at most {limit} days (0 purges every record)"
             raise ConfigurationError(msg) from None
         old = _records.c.created_at < sa.literal(cutoff, _UTCDateTime())
         undecided = _records.c.trace_id.in_(sa.select(_reviews.c.trace_id).where(_reviews.c.status.in_(_OPEN)))
