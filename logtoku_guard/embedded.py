@@ -60,6 +60,10 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(platformdirs.user_cache_dir("logtoku-guard"))
 
 
+_CACHE_FLAGS = "the cache folder (CLI: --cache-dir, or --model-cache for eval; Python: cache_dir=)"
+"""How the cache-folder errors name the setting: they reach both the CLI and Python callers."""
+
+
 def check_cache_dir(folder: str | os.PathLike[str]) -> Path:
     """Check that ``folder`` is, or can be made as, a writable folder; create nothing.
 
@@ -71,12 +75,12 @@ def check_cache_dir(folder: str | os.PathLike[str]) -> Path:
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():
-        msg = f"cache folder {str(path)!r}: {str(existing)!r} is not a folder; pass a folder path as --cache-dir / cache_dir"
+        msg = f"cache folder {str(path)!r}: {str(existing)!r} is not a folder; pass a folder path as {_CACHE_FLAGS}"
         raise ConfigurationError(msg)
     if not os.access(existing, os.W_OK | os.X_OK):
         msg = (
             f"cache folder {str(path)!r}: {str(existing)!r} is not writable by this user; "
-            f"pass a writable folder as --cache-dir / cache_dir or set ${CACHE_ENV}"
+            f"pass a writable folder as {_CACHE_FLAGS}, or set ${CACHE_ENV}"
         )
         raise ConfigurationError(msg)
     return path
@@ -100,7 +104,7 @@ def private_dir(folder: str | os.PathLike[str]) -> Path:
             if not p.is_dir():
                 raise
         except OSError as exc:
-            msg = f"cannot create the cache folder {str(p)!r} ({exc.strerror}); pass a writable folder as --cache-dir / cache_dir"
+            msg = f"cannot create the cache folder {str(p)!r} ({exc.strerror}); pass a writable folder as {_CACHE_FLAGS}"
             raise ConfigurationError(msg) from exc
     return path
 

@@ -22,6 +22,7 @@ Hierarchy::
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,6 +71,27 @@ class PromptTooLongError(InvalidPromptError):
         )
 
 
+MESSAGE_LIMIT = 2000
+"""Most characters of one validation message kept by :func:`bounded_message` (a list of allowed
+values, such as the 25 statistic names, fits whole)."""
+
+_QUOTED = re.compile(r"'[^']*'")
+
+
+def bounded_message(msg: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``msg`` whole if it has at most ``limit`` characters; else cut after the last whole quoted
+    item that fits (``'a', 'b' ... and 3 more``), never inside a value of a list; a message
+    without such a point is cut at ``limit`` with ``...``. Bounds an echo of hostile input."""
+    if len(msg) <= limit:
+        return msg
+    ends = [m.end() for m in _QUOTED.finditer(msg)]
+    fitting = [end for end in ends if end <= limit]
+    if not fitting:
+        return msg[: limit - 3] + "..."
+    more = len(ends) - len(fitting)
+    return msg[: fitting[-1]] + (f" ... and {more} more" if more else " ...")
+
+
 class PolicyError(ConfigurationError):
     """A policy that does not validate; the message names each bad field and value."""
 
@@ -80,7 +102,7 @@ class PolicyError(ConfigurationError):
         for err in errors[:20]:
             loc = ".".join(str(p) for p in err["loc"])
             loc = loc if len(loc) <= 120 else loc[:117] + "..."
-            msg = err["msg"] if len(err["msg"]) <= 300 else err["msg"][:297] + "..."
+            msg = bounded_message(err["msg"])
             lines.append(f"{loc or '<policy>'}: {msg} (got {short_repr(err.get('input'))})")
         if len(errors) > 20:
             lines.append(f"... and {len(errors) - 20} more error(s)")

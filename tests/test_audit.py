@@ -857,6 +857,65 @@ def test_create_false_opens_existing_stores_only(tmp_path: Path) -> None:
         assert again.count() == 0
 
 
+def _file_state(path: Path) -> list[tuple[str, int, bytes]]:
+    """The files of the store at ``path`` (database and side files): name, mtime and content."""
+    return sorted((p.name, p.stat().st_mtime_ns, p.read_bytes()) for p in path.parent.iterdir())
+
+
+def test_create_false_writes_nothing_when_opening_a_current_store(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as audit:
+        audit.record(rec(prompt="kept"))
+    before = _file_state(path)
+    with AuditStore(path, create=False) as reader:
+        assert [r.prompt for r in reader.tail(5)] == ["kept"]
+    assert _file_state(path) == before
+    # a read-only connection opens it too (the write probe of create=True would fail on one)
+    with AuditStore(f"sqlite:///file:{path}?mode=ro&uri=true", create=False) as reader:
+        assert reader.count() == 1
+
+
+def test_create_false_still_adds_columns_a_store_of_this_version_lacks(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    AuditStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE review_items DROP COLUMN reviewer_os_user")
+    conn.close()
+    with AuditStore(path, create=False) as audit:
+        assert audit.record_for_review(rec()).reviewer_os_user is None
+
+
+def _read_only_copy(path: Path, folder: Path) -> Path:
+    folder.mkdir()
+    copy = folder / path.name
+    copy.write_bytes(path.read_bytes())
+    copy.chmod(0o444)
+    folder.chmod(0o555)
+    if os.access(copy, os.W_OK) or os.access(folder, os.W_OK):
+        folder.chmod(0o755)
+        pytest.skip("file permissions are not enforced for this user (root?)")
+    return copy
+
+
+def test_a_store_this_user_may_only_read_opens_with_create_false(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with AuditStore(path) as audit:
+        audit.record(rec(prompt="kept"))
+        audit.record_for_review(rec(prompt="to review"))
+    copy = _read_only_copy(path, tmp_path / "ro")
+    try:
+        with AuditStore(copy, create=False) as reader:
+            assert [r.prompt for r in reader.tail(5)] == ["to review", "kept"]
+            assert [i.record.prompt for i in reader.pending()] == ["to review"]
+            with pytest.raises(AuditStoreError, match=r"readonly.*can write"):
+                reader.record(rec())
+        with pytest.raises(AuditStoreError, match="can write"):
+            AuditStore(copy)  # opening for writing still fails at open, naming the fix
+        assert sorted(p.name for p in copy.parent.iterdir()) == ["audit.db"]
+    finally:
+        copy.parent.chmod(0o755)
+
+
 @pytest.mark.parametrize("n", [-1, 2**63, 10**30])
 def test_tail_refuses_counts_outside_a_sql_integer(store: AuditStore, n: int) -> None:
     with pytest.raises(ConfigurationError, match="from 0 to 9223372036854775807"):

@@ -114,7 +114,7 @@ def test_url_repr_hides_the_password_and_a_wrong_server_is_a_clear_error(postgre
     with AuditStore(url) as s:
         assert "s3cret" not in repr(s) and "s3cret" not in s.url and "***" in s.url
     closed_port = postgres_server.url("postgres").replace(f":{postgres_server.port}/", ":1/")
-    expected = r"(?s)could not create the tables of the audit store at .*:1/postgres.*server is reachable"
+    expected = r"(?s)could not open the audit store at .*:1/postgres.*server is reachable"
     with pytest.raises(AuditStoreError, match=expected):
         AuditStore(closed_port)
 

@@ -32,6 +32,16 @@ def test_cache_dir_argument_beats_environment(monkeypatch: pytest.MonkeyPatch, t
     assert "logtoku-guard" in str(embedded.cache_root())
 
 
+def test_cache_folder_errors_name_the_cli_flags_and_the_python_argument(tmp_path: Path) -> None:
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    with pytest.raises(ConfigurationError) as info:
+        embedded.check_cache_dir(file / "sub")
+    message = str(info.value)
+    assert str(file) in message and "not a folder" in message
+    assert "(CLI: --cache-dir, or --model-cache for eval; Python: cache_dir=)" in message and "--cache-dir /" not in message
+
+
 def test_concurrent_first_conversions_never_corrupt_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Eight threads convert at once (a fake, slow converter): one folder wins, all use it, no temp left."""
     monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: tmp_path / "model.gguf")

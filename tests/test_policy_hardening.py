@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import typing
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import ModelProfile, build_profile
@@ -269,3 +273,36 @@ def test_a_typo_in_a_stat_name_gets_the_closest_name_and_the_whole_list() -> Non
     text = str(info.value)
     assert "'max_euu' is not allowed; did you mean 'max_eu'" in text and "'pas' is not allowed; did you mean 'pass'" in text
     assert "..." not in text and all(name in text for name in STAT_NAMES)
+
+
+def test_a_validation_message_keeps_the_whole_list_of_allowed_values() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    from logtoku_guard.policy import StatName
+
+    class Model(BaseModel):
+        stat: StatName
+
+    with pytest.raises(ValidationError) as info:
+        Model(stat="max_euu")
+    text = str(PolicyError.from_validation(info.value))
+    for name in typing.get_args(StatName):  # the message lists all 25, none cut
+        assert f"'{name}'" in text, name
+    assert "..." not in text
+
+
+@given(items=st.lists(st.text(alphabet="abcdefghij_", min_size=1, max_size=40), min_size=1, max_size=300))
+def test_a_long_validation_message_is_cut_after_whole_items(items: list[str]) -> None:
+    from logtoku_guard.errors import MESSAGE_LIMIT, bounded_message
+
+    msg = "Input should be " + ", ".join(f"'{i}'" for i in items)
+    cut = bounded_message(msg)
+    assert len(cut) <= MESSAGE_LIMIT + len(" ... and 300 more")
+    if len(msg) <= MESSAGE_LIMIT:
+        assert cut == msg
+    else:
+        kept, _, tail = cut.partition(" ...")
+        assert msg.startswith(kept) and kept.endswith("'")  # ends after a whole quoted value
+        shown = re.findall(r"'([^']*)'", kept)
+        assert shown == items[: len(shown)]
+        assert tail == (f" and {len(items) - len(shown)} more" if len(shown) < len(items) else "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,30 @@ def check_store_name(path: Path) -> None:
                 f"{', '.join(STORE_SUFFIXES[1:])}, e.g. {path.with_name(path.name[: -len(suffix)] + '.audit.db')}"
             )
             raise ConfigurationError(msg)
+
+
+def read_only_url(path: Path) -> sa.URL | None:
+    """A read-only SQLite URL for the existing store file ``path`` if this process may not write
+    it or its folder; None if it may (or if ``path`` is not a regular file: the caller says why).
+
+    SQLite keeps a WAL database's shared index in ``<db>-shm`` beside it, which a reader must be
+    able to create or find: in a folder the process cannot write and with no ``-shm`` file (no
+    writer has the store open) the file is opened ``immutable`` (read as it is on disk, without
+    locks); otherwise ``mode=ro``, which reads the writer's ``-wal`` as well.
+    """
+    try:
+        if not path.is_file():
+            return None
+    except OSError:
+        return None
+    folder = path.parent
+    folder_writable = os.access(folder, os.W_OK | os.X_OK)
+    if os.access(path, os.W_OK) and folder_writable:
+        return None
+    query = {"mode": "ro", "uri": "true"}
+    if not folder_writable and not any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm")):
+        query["immutable"] = "1"
+    return sa.URL.create("sqlite", database="file:" + urllib.parse.quote(str(path), safe="/"), query=query)
 
 
 def check_existing(path: Path, fix: str) -> bool:
@@ -170,7 +195,10 @@ def export_to(path: str | os.PathLike[str], store_file: Path | None, overwrite: 
             try:
                 os.link(tmp, target)
             except FileExistsError:
-                msg = f"cannot export to {target}: the file appeared during the export; pass another path, or overwrite=True"
+                msg = (
+                    f"cannot export to {target}: the file appeared during the export; "
+                    "pass another path, or overwrite=True (CLI: --force)"
+                )
                 raise ConfigurationError(msg) from None
             except OSError:  # no hard links here
                 os.replace(tmp, target)

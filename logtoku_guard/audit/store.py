@@ -53,6 +53,7 @@ from logtoku_guard.audit.queue import ReviewQueue
 from logtoku_guard.audit.records import _OPEN, AuditRecord, PurgeSummary, _utcnow
 from logtoku_guard.audit.redact import RedactMode, Redactor, redact_record, redactor
 from logtoku_guard.audit.schema import (
+    _ADDED_COLUMNS,
     _RECORD_FIELDS,
     _WRITE_OPTION,
     SCHEMA_VERSION,
@@ -168,10 +169,12 @@ class AuditStore(ReviewQueue):
     existing file must be a store (an empty, damaged or foreign file raises
     :class:`AuditStoreError`). Other databases get the tables if missing. ``create=False``
     opens an existing store only (for readers: a mistyped path raises instead of starting an
-    empty store). A path named like a SQLite side file (``-wal``, ``-shm``, ``-journal``) is
-    refused: SQLite would delete or rewrite it when the database beside it opens. Opening
-    makes one small write, so an unusable location fails here, not at the first record. Safe
-    to share between threads; any number of processes may open the same file.
+    empty store) and writes nothing while opening a store of this version, so a store this
+    process may only read (a read-only file or folder) opens, read-only, and its writes fail
+    when tried. A path named like a SQLite side file (``-wal``, ``-shm``, ``-journal``) is
+    refused: SQLite would delete or rewrite it when the database beside it opens. Otherwise
+    opening makes one small write, so an unusable location fails here, not at the first
+    record. Safe to share between threads; any number of processes may open the same file.
     """
 
     def __init__(
@@ -228,6 +231,8 @@ class AuditStore(ReviewQueue):
         self._file = _files.sqlite_file(url)
         if self._file is not None:
             _files.check_store_name(self._file)
+            if not create:  # a store this process may only read is opened read-only by SQLite too
+                url = _files.read_only_url(self._file) or url
         self._closed = False
         # SQLite has one writer at a time: this process's threads queue here, in order and without
         # the sleep-and-retry of busy_timeout (which still arbitrates between processes).
@@ -256,33 +261,51 @@ class AuditStore(ReviewQueue):
                     )
                     raise AuditStoreError(msg)
                 _files.create_store_file(self._file, _init_tables, self._fix(OSError()))
-            with self._transaction("open", write=True) as conn:
-                self._lock_schema(conn)
-                has_meta = sa.inspect(conn).has_table(_meta.name)
-                if self._file is not None and not has_meta:
-                    msg = (
-                        f"{self._where} is a SQLite database but not an audit store (it has no {_meta.name} table); "
-                        "pass the path of an audit store, or a new path to start one"
-                    )
-                    raise AuditStoreError(msg)
-                if not create and not has_meta:
-                    msg = f"{self._where} holds no audit store (no {_meta.name} table); check the URL"
-                    raise AuditStoreError(msg)
-                version = None
-                if has_meta:  # checked before anything is created or altered
-                    version = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).scalar_one_or_none()
-                    _check_version(version, self._where)
-                _metadata.create_all(conn)
-                _add_missing_columns(conn)
-                if version is None:
-                    conn.execute(sa.insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-                else:  # the write probe: a read-only store fails now rather than at the first record
-                    conn.execute(sa.update(_meta).where(_meta.c.key == "schema_version").values(value=version))
+            if create or not self._schema_is_current():
+                with self._transaction("open", write=True) as conn:
+                    self._lock_schema(conn)
+                    version = self._stored_version(conn, create)
+                    _metadata.create_all(conn)
+                    _add_missing_columns(conn)
+                    if version is None:
+                        conn.execute(sa.insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+                    else:  # the write probe: a read-only store fails now rather than at the first record
+                        conn.execute(sa.update(_meta).where(_meta.c.key == "schema_version").values(value=version))
         except BaseException:
             self._engine.dispose()
             raise
 
     # -- plumbing
+
+    def _stored_version(self, conn: Connection, create: bool) -> str | None:
+        """The store's schema version (None: a database without our tables, which ``create`` may
+        fill); a SQLite file without them, or another version, raises before anything is written."""
+        has_meta = sa.inspect(conn).has_table(_meta.name)
+        if self._file is not None and not has_meta:
+            msg = (
+                f"{self._where} is a SQLite database but not an audit store (it has no {_meta.name} table); "
+                "pass the path of an audit store, or a new path to start one"
+            )
+            raise AuditStoreError(msg)
+        if not create and not has_meta:
+            msg = f"{self._where} holds no audit store (no {_meta.name} table); check the URL"
+            raise AuditStoreError(msg)
+        if not has_meta:
+            return None
+        version = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).scalar_one_or_none()
+        _check_version(version, self._where)
+        return version
+
+    def _schema_is_current(self) -> bool:
+        """Whether the store has this version's tables and columns, checked in a read transaction
+        (nothing written; errors as :meth:`_stored_version`). False: opening must add some."""
+        with self._transaction("open", write=False) as conn:
+            if self._stored_version(conn, create=False) is None:
+                return False
+            inspector = sa.inspect(conn)
+            if not set(_metadata.tables) <= set(inspector.get_table_names()):
+                return False
+            return all(set(names) <= {c["name"] for c in inspector.get_columns(table)} for table, names in _ADDED_COLUMNS.items())
 
     def __repr__(self) -> str:
         return f"AuditStore({self._where!r})"
@@ -419,14 +442,14 @@ class AuditStore(ReviewQueue):
         would go and delete nothing. One transaction: the counts are what was deleted.
         """
         if isinstance(days, bool) or not isinstance(days, (int, float)) or not (0 <= days < math.inf):
-            msg = f"days must be a finite non-negative number, got {days!r}; e.g. purge(90)"
+            msg = f"days (CLI: --days) must be a finite non-negative number of days, got {days!r}; e.g. 90"
             raise ConfigurationError(msg)
         now = _utcnow()
         try:
             cutoff = now - timedelta(days=days)
         except OverflowError:
             limit = (now - datetime.min.replace(tzinfo=timezone.utc)).days
-            msg = f"days={days!r} reaches back before the year 1; pass at most {limit} days (0 purges every record)"
+            msg = f"days (CLI: --days) {days!r} reaches back before the year 1; give at most {limit} days (0 purges every record)"
             raise ConfigurationError(msg) from None
         old = _records.c.created_at < sa.literal(cutoff, _UTCDateTime())
         undecided = _records.c.trace_id.in_(sa.select(_reviews.c.trace_id).where(_reviews.c.status.in_(_OPEN)))

@@ -128,9 +128,9 @@ def load_backend(
 def open_store(store: str | None, cache_dir: Path | None = None, *, read_only: bool = False) -> AuditStore:
     """``--store``, else ``audit.db`` in the model cache (its folder made if missing).
 
-    ``read_only``: for commands that only read (``audit tail``, ``review list``...): an existing
-    store only, so a mistyped ``--store`` is an error instead of a new empty store, and no
-    folder is made.
+    ``read_only``: for commands that read or change an existing store (``audit tail``,
+    ``review list``, ``review approve``...): an existing store only, opened without writing, so
+    a mistyped ``--store`` is an error instead of a new empty store, and no folder is made.
     """
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.embedded import cache_root, private_dir
@@ -306,22 +306,38 @@ def render_generation(generation: Generation, thresholds: QuadrantThresholds, pe
     )
 
 
-def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Open the store, call one of its methods, close it; a library error exits with status 2."""
+def _call(store: str | None, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from logtoku_guard.audit.queue import ReviewHints
+
     try:
-        with open_store(store) as audit:
+        with open_store(store, read_only=True) as audit:
+            # the queue's errors name `logtoku-guard review` commands as their fix, not Python calls
+            audit.review_hints = ReviewHints(
+                show="read it with `logtoku-guard review show {id}`",
+                list_open="list open items with `logtoku-guard review list`",
+                take_another="take another item from `logtoku-guard review list`",
+                force="pass --force",
+            )
             return getattr(audit, method)(*args, **kwargs)
     except LogTokUError as exc:
         raise fail(exc) from exc
+
+
+def store_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Open the existing store, call one of its methods that change it, close it.
+
+    None is created: a verdict or a purge on a mistyped ``--store`` is an error naming the path,
+    not a new empty store. A library error exits with status 2; review-queue errors name
+    ``logtoku-guard review`` commands as their fix (``--force``, ``review show N``), never
+    Python calls.
+    """
+    return _call(store, method, args, kwargs)
 
 
 def store_read(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
-    """:func:`store_call` for commands that only read: the store must exist (none is created)."""
-    try:
-        with open_store(store, read_only=True) as audit:
-            return getattr(audit, method)(*args, **kwargs)
-    except LogTokUError as exc:
-        raise fail(exc) from exc
+    """:func:`store_call` for commands that only read: opening writes nothing, so a store the
+    user may only read (a read-only file in a read-only folder) opens too."""
+    return _call(store, method, args, kwargs)
 
 
 # -- input checks before any model loads ---------------------------------------------------------

@@ -89,7 +89,8 @@ def audit_purge(
     store: StoreOpt = None,
 ) -> None:
     """Retention: drop records (and their review items) older than DAYS; undecided reviews are kept."""
-    s = _common.store_call(store, "purge", days, include_undecided=include_undecided, dry_run=dry_run)
+    call = _common.store_read if dry_run else _common.store_call
+    s = call(store, "purge", days, include_undecided=include_undecided, dry_run=dry_run)
     by_status = ", ".join(f"{status} {k}" for status, k in sorted(s.reviews.items())) or "none"
     verb = "would be removed" if dry_run else "removed"
     lines = [

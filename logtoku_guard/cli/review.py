@@ -19,7 +19,6 @@ from rich.text import Text
 
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
-from logtoku_guard.errors import LogTokUError
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import ReviewItem
@@ -51,26 +50,6 @@ def os_user() -> str:
         return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
-def review_call(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Open the store, call one of its review-queue methods, close it; a library error exits with status 2.
-
-    The store's review errors name ``logtoku-guard review`` commands as their fix, not Python calls.
-    """
-    from logtoku_guard.audit.queue import ReviewHints
-
-    try:
-        with _common.open_store(store) as audit:
-            audit.review_hints = ReviewHints(
-                show="read it with `logtoku-guard review show {id}`",
-                list_open="list open items with `logtoku-guard review list`",
-                take_another="take another item from `logtoku-guard review list`",
-                force="pass --force",
-            )
-            return getattr(audit, method)(*args, **kwargs)
-    except LogTokUError as exc:
-        raise _common.fail(exc) from exc
-
-
 def _item_row(item: ReviewItem) -> dict[str, Any]:
     return {
         "id": item.id,
@@ -100,7 +79,7 @@ def _say(message: str) -> None:
 @review_app.command("list")
 def review_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Items waiting for a verdict (pending or claimed), oldest first."""
-    items = review_call(store, "pending", include_claimed=True)
+    items = _common.store_read(store, "pending", include_claimed=True)
     if as_json:
         _common.print_json({"items": [_item_row(i) for i in items]})
         return
@@ -137,7 +116,7 @@ def _heat_map(item: ReviewItem, answer: str) -> Text:
 @review_app.command("show")
 def review_show(item_id: ItemIdArg, store: StoreOpt = None) -> None:
     """One item: the question, exactly the answer an approval releases, its tokens by quadrant, the decision."""
-    item = review_call(store, "review_item", item_id)
+    item = _common.store_read(store, "review_item", item_id)
     out = _common.out
     out.print(Text(f"Review {item.id}", style="bold") + safe_text(f" ({item.status}) trace {item.trace_id}"))
     out.print(Text("Question: ", style="bold") + safe_text(item.record.prompt))
@@ -163,7 +142,7 @@ def review_show(item_id: ItemIdArg, store: StoreOpt = None) -> None:
 @review_app.command("claim")
 def review_claim(item_id: ItemIdArg, reviewer: ReviewerOpt, store: StoreOpt = None) -> None:
     """Claim an item so nobody else decides it (until released, or until the claim expires)."""
-    item = review_call(store, "claim", item_id, reviewer, os_user=os_user())
+    item = _common.store_call(store, "claim", item_id, reviewer, os_user=os_user())
     _say(f"review {item.id} claimed by {_who(item.claimed_by, item.claimed_os_user)}")
 
 
@@ -175,7 +154,7 @@ def review_release(
     store: StoreOpt = None,
 ) -> None:
     """Give a claimed item back to the queue (only its claimer, or anyone with --force)."""
-    item = review_call(store, "release", item_id, reviewer, force=force)
+    item = _common.store_call(store, "release", item_id, reviewer, force=force)
     _say(f"review {item.id} released by {_who(reviewer, os_user())}; it is pending again")
 
 
@@ -188,7 +167,7 @@ def review_approve(
     store: StoreOpt = None,
 ) -> None:
     """Approve an item (optionally with an edited answer)."""
-    item = review_call(store, "approve", item_id, reviewer, edited_answer=answer, note=note, os_user=os_user())
+    item = _common.store_call(store, "approve", item_id, reviewer, edited_answer=answer, note=note, os_user=os_user())
     _say(f"review {item.id} approved by {_who(item.reviewer, item.reviewer_os_user)}")
 
 
@@ -200,5 +179,5 @@ def review_reject(
     store: StoreOpt = None,
 ) -> None:
     """Reject an item with a note."""
-    item = review_call(store, "reject", item_id, reviewer, note, os_user=os_user())
+    item = _common.store_call(store, "reject", item_id, reviewer, note, os_user=os_user())
     _say(f"review {item.id} rejected by {_who(item.reviewer, item.reviewer_os_user)}")

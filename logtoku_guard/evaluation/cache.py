@@ -238,7 +238,7 @@ class JsonlCache(Generic[R]):
             diff = {k: (found.get(k), v) for k, v in asdict(self.meta).items() if found.get(k) != v}
             msg = (
                 f"cache file {str(self.path)!r} holds another run (field: (file, wanted) = {diff}); "
-                "use another --cache-dir or delete the file"
+                "use another generation cache folder (CLI: eval --gen-cache-dir; Python: cache_dir=) or delete the file"
             )
             raise ConfigurationError(msg)
         for number, line in enumerate(lines[1:], 2):

@@ -79,9 +79,10 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The datasets folder: ``data_dir`` if given, else :func:`default_data_dir`; it must exist."""
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     if root is None or not root.is_dir():
-        where = f"{str(root)!r} is not a folder" if root else f"no --data-dir given and ${DATA_ENV} is not set"
+        where = f"{str(root)!r} is not a folder" if root else f"no data folder given and ${DATA_ENV} is not set"
         msg = (
-            f"the evaluation datasets folder was not found ({where}); pass --data-dir FOLDER or set ${DATA_ENV} to a "
+            f"the evaluation datasets folder was not found ({where}); pass the folder (CLI: eval --data-dir; "
+            f"Python: data_dir=) or set ${DATA_ENV} to a "
             "folder holding truthfulqa/TruthfulQA.csv, nq_open/NQ-open.dev.jsonl and goemotions/ (README: Evaluation datasets)"
         )
         raise DatasetUnavailableError(msg)
@@ -91,7 +92,10 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
 def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] | None, default: Path) -> Path:
     p = Path(path) if path is not None else data_root(data_dir) / default
     if not p.is_file():
-        msg = f"dataset file {str(p)!r} does not exist; set ${DATA_ENV}, pass --data-dir, or give the file path"
+        msg = (
+            f"dataset file {str(p)!r} does not exist; set ${DATA_ENV}, pass the datasets folder "
+            "(CLI: eval --data-dir; Python: data_dir=), or give the file path (CLI: --path; Python: path=)"
+        )
         raise DatasetUnavailableError(msg)
     return p
 

@@ -276,7 +276,10 @@ def _notes(config: QAConfig, embedder: Embedder | None, single: dict[str, np.nda
     notes = [BLEURT_NOTE] if config.dataset == "truthfulqa" else []
     notes.append("NaN scores (empty answers; raw evidence outside its domain) are kept and ranked least reliable.")
     if "prompt-mean-logprob" not in single:
-        notes.append("No prompt-side statistics: the cache predates prompt scoring (regenerate into a new --cache-dir).")
+        notes.append(
+            "No prompt-side statistics: the cache predates prompt scoring "
+            "(regenerate into a new generation cache folder: eval --gen-cache-dir)."
+        )
     raw_inf = int(np.isinf(single.get("logtoku-k2-raw-top25", np.zeros(0))).sum())
     if raw_inf:
         notes.append(

@@ -93,7 +93,7 @@ def test_bogus_device(command: list[str], tmp_path: Path) -> None:
 def test_cache_dir_that_is_a_file(tmp_path: Path) -> None:
     file = tmp_path / "cache"
     file.write_text("not a folder")
-    fails("score", "hi?", "--cache-dir", str(file), expect=(str(file), "not a folder"))
+    fails("score", "hi?", "--cache-dir", str(file), expect=(str(file), "not a folder", "CLI: --cache-dir", "Python: cache_dir="))
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs POSIX permissions and a non-root user")

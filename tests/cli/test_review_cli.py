@@ -182,3 +182,28 @@ def test_any_integer_id_exits_0_or_2_with_a_message_never_a_traceback(store: str
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     if res.exit_code == 2:
         assert "error" in res.output.lower(), res.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["review", "list"],
+        ["review", "list", "--json"],
+        ["review", "show", "1"],
+        ["review", "claim", "1", "-r", "alice"],
+        ["review", "release", "1", "-r", "alice"],
+        ["review", "approve", "1", "-r", "alice"],
+        ["review", "reject", "1", "-r", "alice", "--note", "no"],
+        ["audit", "purge", "--days", "1"],
+        ["audit", "purge", "--days", "1", "--dry-run"],
+    ],
+)
+def test_commands_on_a_missing_store_exit_2_and_create_nothing(
+    tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "missing.db"
+    res = invoke(*command, "--store", str(missing))
+    assert res.exit_code == 2, res.output
+    assert f"no audit store at {missing}" in res.output and "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []

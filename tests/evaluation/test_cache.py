@@ -43,8 +43,10 @@ def test_cache_cuts_a_half_written_line(tmp_path: Path) -> None:
 def test_cache_refuses_another_run(tmp_path: Path) -> None:
     JsonlCache(tmp_path / "c.jsonl", META, CachedGeneration)
     other = CacheMeta("m", "d", 2, "greedy-max64", "T {question}", "generation")
-    with pytest.raises(ConfigurationError, match="k_stored"):
+    with pytest.raises(ConfigurationError, match="k_stored") as info:
         JsonlCache(tmp_path / "c.jsonl", other, CachedGeneration)
+    # the generation cache is eval's --gen-cache-dir (--cache-dir is the model cache elsewhere)
+    assert "(CLI: eval --gen-cache-dir; Python: cache_dir=)" in str(info.value) and "--cache-dir" not in str(info.value)
     with pytest.raises(ConfigurationError, match="record"):
         JsonlCache(tmp_path / "d.jsonl", META, CachedLabelLogits)
 

@@ -73,7 +73,7 @@ def test_calibration_prompts_read_through_the_loaders(tmp_path: Path, monkeypatc
 def test_without_a_folder_the_datasets_ask_for_one_and_never_guess(monkeypatch: pytest.MonkeyPatch) -> None:
     """No --data-dir and no variable: a message naming both ways, never a folder guessed beside the package."""
     monkeypatch.delenv("LOGTOKU_GUARD_DATA", raising=False)
-    with pytest.raises(DatasetUnavailableError, match=r"--data-dir FOLDER or set \$LOGTOKU_GUARD_DATA"):
+    with pytest.raises(DatasetUnavailableError, match=r"\(CLI: eval --data-dir; Python: data_dir=\) or set \$LOGTOKU_GUARD_DATA"):
         load_truthfulqa(limit=3)
 
 
