@@ -222,6 +222,7 @@ def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_re
     profile = build_profile([backend.generate("q") for _ in blanks], "t")
     undefined = {"first_eu", "first_max_eu", "word_mean_eu", "guard_score", "reliability_debiased"}
     undefined |= {s for s in STAT_NAMES if s.startswith("prompt_")}  # no prompt scores from a scripted backend
+    undefined |= {s for s in STAT_NAMES if s.startswith("claim_")}  # a blank answer asserts nothing
     assert "first_eu" not in profile.stats and set(profile.stats) == set(STAT_NAMES) - undefined
     policy = Policy.from_dict(
         {
