@@ -44,7 +44,9 @@ OutDirOpt = Annotated[
         "($LOGTOKU_GUARD_CACHE or the platform's cache folder); the paths are printed at the end."
     ),
 ]
-DataDirOpt = Annotated[Path | None, typer.Option(help="Evaluation datasets folder (default: $LOGTOKU_GUARD_DATA; README: Evaluation datasets).")]
+DataDirOpt = Annotated[
+    Path | None, typer.Option(help="Evaluation datasets folder (default: $LOGTOKU_GUARD_DATA; README: Evaluation datasets).")
+]
 ModelCacheOpt = Annotated[
     Path | None, typer.Option(help="Cache of the converted embedded model (default: $LOGTOKU_GUARD_CACHE or the user cache).")
 ]
