@@ -158,7 +158,10 @@ def ask(
     store: StoreOpt = None,
     model: ModelOpt = EMBEDDED_MODEL,
     top_k: TopKOpt = DEFAULT_K,
-    max_new_tokens: Annotated[int, typer.Option(help="Maximum number of generated tokens.")] = 128,
+    max_new_tokens: Annotated[
+        int,
+        typer.Option(help="Maximum number of generated tokens (64: the length the profile and the shipped guard were fit on)."),
+    ] = 64,
     system: Annotated[str | None, typer.Option(help="System message.")] = None,
     calibration_size: Annotated[
         int, typer.Option(help="Shipped questions used when the model has no profile yet and one is made (at most 200).")
