@@ -11,7 +11,7 @@ import pytest
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.guard import Guard, GuardRejectedError
-from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
 from logtoku_guard.retrieval import KeywordRetriever
 from logtoku_guard.types import ChatMessage
 
@@ -140,8 +140,8 @@ def test_default_policy_routes_by_the_models_own_distribution() -> None:
     guard = Guard(ScriptedBackend(by_question, model_name="m"), default_policy(), profile=profile)
     assert guard.run("What is the capital of France?").action == "pass"
     r = guard.run("Who founded the Zarnovian Institute?")
-    assert r.action == "abstain" and r.decision.rule == "lowest-guard-score-30pct"
-    assert (r.decision.checks[0].stat, r.decision.checks[0].quantile) == ("reliability", 0.3)  # no fitted guard: fallback
+    assert r.action == "abstain" and r.decision.rule == "low-guard-score"
+    assert (r.decision.checks[0].stat, r.decision.checks[0].quantile) == ("reliability", DEFAULT_FLAG_QUANTILE)  # fallback
 
 
 def test_every_decision_is_recorded_and_review_items_are_queued(tmp_path: Path) -> None:

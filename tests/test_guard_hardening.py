@@ -115,7 +115,7 @@ def test_an_empty_answer_is_not_passed_by_the_default_policy(tmp_path: Path) -> 
     store = AuditStore(tmp_path / "a.db")
     guard = Guard(ScriptedBackend(lambda m: EMPTY, model_name="m"), default_policy(), profile=profile, store=store)
     r = guard.run("Anything?")
-    assert r.action == "abstain" and r.decision.rule == "lowest-guard-score-30pct"
+    assert r.action == "abstain" and r.decision.rule == "low-guard-score"
     assert "undefined: empty answer" in r.decision.reason and "no retriever configured" in r.decision.reason
     rec = store.get(r.trace_id)
     assert rec.action == "abstain" and "undefined: empty answer" in rec.reason

@@ -138,8 +138,15 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 
 
 def test_default_policy_is_calibrated() -> None:
+    """One quantile threshold on guard_score (reliability without a fitted guard): retrieve, then abstain."""
+    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE
+
     p = default_policy()
-    assert p.uses_quantiles() and {"retrieve", "warn", "pass", "abstain"} <= p.actions()
+    assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "3"
+    (rule,) = p.rules
+    assert rule.when.stat == "guard_score" and rule.when.fallback == "reliability"  # type: ignore[union-attr]
+    assert rule.when.value.quantile == DEFAULT_FLAG_QUANTILE  # type: ignore[union-attr]
+    assert f"{DEFAULT_FLAG_QUANTILE:g}" in p.description
 
 
 def test_stats_used_names_each_comparisons_fallback() -> None:

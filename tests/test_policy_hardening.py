@@ -153,7 +153,7 @@ def test_good_templates_still_load() -> None:
 # -- NaN semantics --------------------------------------------------------------------------------
 def test_an_empty_answer_never_passes_silently_under_the_default_policy() -> None:
     d = default_policy().decide(ResponseStats.from_tokens([]), _profile())
-    assert d.action == "retrieve" and d.rule == "lowest-guard-score-30pct"
+    assert d.action == "retrieve" and d.rule == "low-guard-score"
     assert "undefined: empty answer" in d.reason and d.checks[0].undefined == "empty answer"
 
 

@@ -216,6 +216,9 @@ class TrafficReport:
     """contrast -> statistic -> test AUROC [95% CI] (higher score = more reliable)."""
     curve: list[tuple[float, float, float]]
     """(threshold, correct passed, wrong flagged) on the test half."""
+    by_category: dict[str, Rate] = field(default_factory=dict)
+    """Test flag rate of the real answers per category (``known``, ``nq``) and outcome, e.g.
+    ``"real-wrong / known"``: the question styles differ, so each is reported on its own too."""
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -234,6 +237,7 @@ class TrafficReport:
             "test_rates": rates(self.test_rates),
             "contrasts": {c: {s: list(v) for s, v in d.items()} for c, d in self.contrasts.items()},
             "curve": [list(p) for p in self.curve],
+            "by_category": {k: [v.value, v.low, v.high, v.n] for k, v in self.by_category.items()},
             "counts": self.counts,
         }
 
@@ -256,6 +260,10 @@ class TrafficReport:
         for g in OUTCOMES:
             should = "pass" if g == "real-correct" else "flag"
             lines.append(f"| {g} | {should} | {self.tune_rates[g]} | {self.test_rates[g]} |")
+        for key, rate in self.by_category.items():
+            outcome, category = key.split(" / ")
+            should = "pass" if outcome == "real-correct" else "flag"
+            lines.append(f"| {outcome}, {category} questions only | {should} | | {rate} |")
         lines += ["", "Test AUROC % [95% CI] per contrast (correct = positive):", ""]
         head = "| statistic | " + " | ".join(f"{a} vs {b}" for a, b in CONTRASTS) + " |"
         lines += [head, "|---|" + "---|" * len(CONTRASTS)]
@@ -330,6 +338,12 @@ def evaluate_traffic(
             table[stat] = _auroc_ci(values, labels, n_boot, seed) if labels.any() and (~labels).any() else (math.nan,) * 3
         contrasts[f"{a} vs {b}"] = table  # type: ignore[assignment]
     curve = _trade_off(test_scores, test_outcomes)
+    categories = np.array([a.question.category for a in test])
+    by_category = {
+        f"{o} / {c}": flag_rate(test_scores[(test_outcomes == o) & (categories == c)])
+        for c in sorted({a.question.category for a in test if a.question.group == "real"})
+        for o in ("real-correct", "real-wrong")
+    }
     counts = {
         half: {g: sum(1 for a in part if a.outcome == g) for g in OUTCOMES} for half, part in (("tune", tune), ("test", test))
     }
@@ -346,6 +360,7 @@ def evaluate_traffic(
         contrasts=contrasts,
         curve=curve,
         counts=counts,
+        by_category=by_category,
     )
 
 

@@ -83,6 +83,7 @@ def test_evaluate_fits_on_tune_and_reports_every_group_on_test() -> None:
     # the synthetic claims separate the groups: correct answers pass, the rest is flagged
     assert report.test_rates["real-correct"].value <= 0.3 and report.test_rates["plausible"].value >= 0.9
     assert 0.0 <= report.quantile <= 1.0 and report.curve
+    assert set(report.by_category) == {"real-correct / known", "real-wrong / known"}
     assert report.contrasts["real-correct vs plausible"]["claim_min_logprob"][0] > 0.9
     md = report.to_markdown()
     assert "| plausible | flag |" in md and "claim_max_eu" in md
