@@ -103,14 +103,30 @@ class Compare(_Strict):
     op: Op
     value: Union[float, Quantile]  # noqa: UP007 - pydantic union
     fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
+    fallback_value: Optional[Union[float, Quantile]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
+    """The threshold of ``fallback`` when it differs from ``value`` (e.g. an absolute ``guard_score``
+    probability falling back to a quantile of ``reliability``); default: ``value``."""
 
-    @field_validator("value")
+    @field_validator("value", "fallback_value")
     @classmethod
-    def _finite(cls, v: float | Quantile) -> float | Quantile:
+    def _finite(cls, v: float | Quantile | None) -> float | Quantile | None:
         if isinstance(v, float) and not math.isfinite(v):
             msg = f"threshold must be finite, got {v!r}"
             raise ValueError(msg)
         return v
+
+    @model_validator(mode="after")
+    def _fallback_value_needs_a_fallback(self) -> Compare:
+        if self.fallback_value is not None and self.fallback is None:
+            msg = f"fallback_value {self.fallback_value!r} is given without a fallback statistic; add fallback: <stat>"
+            raise ValueError(msg)
+        return self
+
+    def threshold_of(self, stat: str) -> float | Quantile:
+        """The threshold compared with ``stat`` (``value``, or ``fallback_value`` for the fallback)."""
+        if stat != self.stat and self.fallback_value is not None:
+            return self.fallback_value
+        return self.value
 
 
 class AllOf(_Strict):
@@ -415,6 +431,8 @@ def _check_quantiles(c: Any, profile: ModelProfile | None) -> None:
     if isinstance(c, Compare):
         usable = c.fallback is None or not isinstance(c.value, Quantile) or (profile is not None and profile.has_stat(c.stat))
         _threshold(c, profile, c.stat if usable else c.fallback)
+        if c.fallback is not None and isinstance(c.fallback_value, Quantile):  # the fallback may be needed per answer
+            _threshold(c, profile, c.fallback)
     elif isinstance(c, (AllOf, AnyOf)):
         for x in c.all if isinstance(c, AllOf) else c.any:
             _check_quantiles(x, profile)
@@ -424,7 +442,7 @@ def _check_quantiles(c: Any, profile: ModelProfile | None) -> None:
 
 def _has_quantile(c: Any) -> bool:
     if isinstance(c, Compare):
-        return isinstance(c.value, Quantile)
+        return isinstance(c.value, Quantile) or isinstance(c.fallback_value, Quantile)
     if isinstance(c, AllOf):
         return any(_has_quantile(x) for x in c.all)
     if isinstance(c, AnyOf):
@@ -445,19 +463,20 @@ def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -
 
 def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None) -> tuple[float, float | None]:
     stat = stat or c.stat
-    if isinstance(c.value, Quantile):
+    target = c.threshold_of(stat)
+    if isinstance(target, Quantile):
         if profile is None:
             msg = (
                 f"the rule on {c.stat!r} uses a quantile threshold but no model profile is loaded; "
                 "run `logtoku-guard calibrate` or pass profile=..."
             )
             raise ConfigurationError(msg)
-        value = float(profile.quantile(stat, c.value.quantile))
+        value = float(profile.quantile(stat, target.quantile))
         if not math.isfinite(value):  # a validated profile never has one
-            msg = f"the profile's {stat!r} grid is not finite at q{c.value.quantile:g}; re-run `logtoku-guard calibrate`"
+            msg = f"the profile's {stat!r} grid is not finite at q{target.quantile:g}; re-run `logtoku-guard calibrate`"
             raise ConfigurationError(msg)
-        return value, c.value.quantile
-    return float(c.value), None
+        return value, target.quantile
+    return float(target), None
 
 
 def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
@@ -484,45 +503,57 @@ def _describe(checks: list[Check]) -> str:
     return "; ".join(c.describe() for c in checks)
 
 
-DEFAULT_FLAG_QUANTILE = 0.796
-"""Where the default policy's flag threshold lies in the model profile's ``guard_score`` grid.
+DEFAULT_GUARD_THRESHOLD = 0.2474
+"""The default policy flags an answer whose ``guard_score`` (its predicted probability of being
+right) is below this.
 
 Chosen by ``logtoku-guard eval traffic`` on the tune half of the realistic-traffic benchmark
 (right and wrong answers to real questions, plausible and syllable-name fabrications): the
 highest guard score that still passes 85% of the correct answers to real questions, out of
-fold, placed in the embedded model's calibration profile. On the test half it passed 83.9%
-[76.8, 90.2] of correct answers and flagged 73.3% [66.5, 79.5] of wrong ones, 96.9% [93.8, 99.4]
-of plausible and 97.4% [94.0, 100] of syllable-name fabrications (RESULTS.md). A user's mix of
-mostly real questions is flagged at about the rate the model answers them wrongly."""
+fold. On the test half it passed 83.9% [76.8, 90.2] of correct answers and flagged 73.3%
+[66.5, 79.5] of wrong ones, 96.9% [93.8, 99.4] of plausible and 97.4% [94.0, 100] of
+syllable-name fabrications (RESULTS.md section 8). Being a probability, it keeps its meaning
+for a guard fit on another model's labelled answers (``calibrate --labels``)."""
+
+DEFAULT_FLAG_QUANTILE = 0.796
+"""Where :data:`DEFAULT_GUARD_THRESHOLD` lies in the embedded model's calibration profile; the
+default policy flags below this quantile of ``reliability`` when a profile has no fitted guard."""
 
 
 def default_policy() -> Policy:
-    """The calibrated default: flag (retrieve, then abstain) an answer whose ``guard_score`` falls
-    below :data:`DEFAULT_FLAG_QUANTILE` of the model's own profile.
+    """The calibrated default: flag (retrieve, then abstain) an answer whose ``guard_score`` is below
+    :data:`DEFAULT_GUARD_THRESHOLD`; every other answer passes.
 
     ``guard_score`` (:mod:`logtoku_guard.guard_score`) is the profile's learned combination of
     answer and prompt-side statistics, the predicted probability that the answer is right
     (higher = more reliable). Flagged answers go to retrieval, then abstention when still
-    uncertain or without a retriever; the rest pass. A profile without a fitted guard (an older
-    version, a model with no shipped fit and no ``--labels``) uses the same quantile of
-    ``reliability`` instead (``fallback``), a much weaker signal.
+    uncertain or without a retriever. A profile without a fitted guard (an older version, a
+    model with no shipped fit and no ``--labels``) flags below quantile
+    :data:`DEFAULT_FLAG_QUANTILE` of ``reliability`` instead (``fallback``), a much weaker signal.
     """
-    q = DEFAULT_FLAG_QUANTILE
+    t, q = DEFAULT_GUARD_THRESHOLD, DEFAULT_FLAG_QUANTILE
     return Policy.from_dict(
         {
             "name": "default",
             "version": "3",
             "description": (
-                f"retrieve (then abstain) below quantile {q:g} of the model profile's guard_score: on the realistic-traffic "
-                "benchmark's test half this passed 84% of correct answers to real questions and flagged 73% of wrong ones "
-                "and 97% of invented-entity questions (reliability quantiles when the profile has no fitted guard score)"
+                f"retrieve (then abstain) when guard_score, the answer's predicted probability of being right, is below {t:g}: "
+                "on the realistic-traffic benchmark's test half this passed 84% of correct answers to real questions and "
+                f"flagged 73% of wrong ones and 97% of invented-entity questions (below quantile {q:g} of reliability when "
+                "the profile has no fitted guard score)"
             ),
             "rules": [
                 {
                     "name": "low-guard-score",
-                    "when": {"stat": "guard_score", "op": "<", "value": {"quantile": q}, "fallback": "reliability"},
+                    "when": {
+                        "stat": "guard_score",
+                        "op": "<",
+                        "value": t,
+                        "fallback": "reliability",
+                        "fallback_value": {"quantile": q},
+                    },
                     "action": "retrieve",
-                    "reason": "the answer is less likely to be right than this model's flag threshold allows",
+                    "reason": f"the answer's predicted probability of being right is below {t:g}",
                 },
             ],
             "default_action": "pass",

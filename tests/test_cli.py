@@ -325,3 +325,31 @@ def test_help_starts_without_heavy_imports() -> None:
     assert res.stdout.strip() == "[]"
     res = subprocess.run([sys.executable, "-m", "logtoku_guard.cli", "--help"], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and "review" in res.stdout and "eval" in res.stdout
+
+
+def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
+    tmp_path: Path, loads: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard fit on --labels keeps its out-of-fold scores by label; calibrate prints the default
+    policy's threshold in the new profile and the share of correct and incorrect answers it flags."""
+    shaky = ScriptedAnswer(["Some", " body"], [[1.2, 1.1, 1.0], [1.0, 0.9, 0.8]])
+
+    def fake_load(model: str, k: int, device: str, dtype: str, cache_dir: Any, evidence: str = "clamped", top_n: int = 25) -> Any:
+        def answer(messages: Any) -> ScriptedAnswer:
+            return ANSWER if "good" in messages[-1].content else shaky
+
+        return CliBackend(answer, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_common, "load_backend", fake_load)
+    labels = tmp_path / "labels.jsonl"
+    rows = [{"question": f"{'good' if i % 2 else 'odd'} question {i}?", "correct": bool(i % 2)} for i in range(20)]
+    labels.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(r["question"] for r in rows) + "\n", encoding="utf-8")
+    out = tmp_path / "profile.json"
+    res = invoke("calibrate", "--model", "fake", "--labels", str(labels), "--prompts", str(prompts), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("default policy: retrieve when guard_score <"))
+    assert "guard_score < 0.2474" in line and "correct 0%" in line and "incorrect 100%" in line, line
+    guard = ModelProfile.load(out).guard
+    assert guard is not None and set(guard.reference_scores) == {"correct", "incorrect"}

@@ -138,15 +138,37 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 
 
 def test_default_policy_is_calibrated() -> None:
-    """One quantile threshold on guard_score (reliability without a fitted guard): retrieve, then abstain."""
-    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE
+    """One rule: guard_score below an absolute probability, else (no fitted guard) a reliability
+    quantile of the profile; retrieve, then abstain."""
+    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, DEFAULT_GUARD_THRESHOLD, Compare, Quantile
 
     p = default_policy()
     assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "3"
     (rule,) = p.rules
-    assert rule.when.stat == "guard_score" and rule.when.fallback == "reliability"  # type: ignore[union-attr]
-    assert rule.when.value.quantile == DEFAULT_FLAG_QUANTILE  # type: ignore[union-attr]
-    assert f"{DEFAULT_FLAG_QUANTILE:g}" in p.description
+    c = rule.when
+    assert isinstance(c, Compare) and (c.stat, c.value, c.fallback) == ("guard_score", DEFAULT_GUARD_THRESHOLD, "reliability")
+    assert c.fallback_value == Quantile(quantile=DEFAULT_FLAG_QUANTILE)
+    assert f"{DEFAULT_GUARD_THRESHOLD:g}" in p.description
+
+
+def test_a_fallback_can_have_its_own_threshold() -> None:
+    """guard_score 0.5 (absolute) when the profile has a guard; else reliability's q0.9 of the profile."""
+    rule = {"stat": "guard_score", "op": "<", "value": 0.5, "fallback": "reliability", "fallback_value": {"quantile": 0.9}}
+    policy = Policy.from_dict({"name": "p", "rules": [{"name": "r", "when": rule, "action": "warn"}]})
+    assert policy.uses_quantiles()
+    from logtoku_guard.calibration import build_profile
+
+    backend = ScriptedBackend([answer(("t", v + 1.0, 1.0)) for v in range(10)], model_name="m")
+    profile = build_profile([backend.generate("q") for _ in range(10)], "t")  # no fitted guard: guard_score is NaN
+    no_guard = policy.decide(stats_of(("t", 4.0, 1.0)), profile)
+    (check,) = no_guard.checks
+    assert check.stat == "reliability" and check.quantile == 0.9 and check.threshold == profile.quantile("reliability", 0.9)
+    with pytest.raises(PolicyError, match=r"fallback_value .* without a fallback"):
+        Policy.from_dict({"name": "p", "rules": [{"name": "r", "when": {**rule, "fallback": None}, "action": "warn"}]})
+    with pytest.raises(PolicyError, match="finite"):
+        Policy.from_dict(
+            {"name": "p", "rules": [{"name": "r", "when": {**rule, "fallback_value": float("nan")}, "action": "warn"}]}
+        )
 
 
 def test_stats_used_names_each_comparisons_fallback() -> None:

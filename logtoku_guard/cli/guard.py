@@ -104,22 +104,23 @@ def calibrate(
 
 
 def expected_flag_lines(profile: ModelProfile) -> list[str]:
-    """For each rule of the default policy on a ``guard_score`` quantile: its threshold in this
-    profile and the share of each group of the guard's fit data it flags (out of fold)."""
+    """For each rule of the default policy on ``guard_score``: its threshold (and where that lies in
+    this profile) and the share of each group of the guard's fit data it flags (out of fold)."""
     from logtoku_guard.policy import Compare, Quantile, default_policy
 
     lines = []
     guard = profile.guard
     for rule in default_policy().rules:
         c = rule.when
-        if guard is None or not isinstance(c, Compare) or c.stat != "guard_score" or not isinstance(c.value, Quantile):
+        if guard is None or not isinstance(c, Compare) or c.stat != "guard_score":
             continue
-        t = profile.quantile("guard_score", c.value.quantile)
+        t = profile.quantile("guard_score", c.value.quantile) if isinstance(c.value, Quantile) else float(c.value)
         rates = guard.expected_flag_rates(t)
-        where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in rates.items()) or "no reference scores in this guard"
+        where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in sorted(rates.items())) or "no reference scores in this guard"
         lines.append(
-            f"default policy: {rule.action} when guard_score {c.op} {t:.4f} (quantile {c.value.quantile:g} of this profile); "
-            f"expected flag rate per group of the guard's fit data (out of fold): {where}"
+            f"default policy: {rule.action} when guard_score {c.op} {t:.4f} (quantile "
+            f"{profile.percentile('guard_score', t):.3f} of this profile); expected flag rate per group of the "
+            f"guard's fit data (out of fold): {where}"
         )
     return lines
 
