@@ -285,12 +285,18 @@ def _cross_validate(
 def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None) -> ResponseStats:
     """``stats`` with ``guard_score`` and ``reliability_debiased`` filled from ``guard``.
 
+    Both stay NaN (undefined) when the answer's reliability is: an empty answer or NaN token
+    scores give the guard nothing to predict from, and a policy then reads them as the least
+    reliable value instead of a score made of the fit data's means.
+
     ``guard``: a :class:`GuardModel`, or a profile holding one in ``.guard`` (None, or a
     profile without one: ``stats`` unchanged, both stay NaN).
     """
     model = guard if isinstance(guard, GuardModel) or guard is None else getattr(guard, "guard", None)
     if model is None:
         return stats
+    if not math.isfinite(stats.reliability):  # an empty answer or NaN token scores: nothing to predict from
+        return dataclasses.replace(stats, guard_score=math.nan, reliability_debiased=math.nan)
     x = [_value(stats, f) for f in model.features]
     a, b = model.length_fit
     n = stats.n_tokens

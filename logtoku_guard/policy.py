@@ -33,30 +33,37 @@ YAML aliases: :mod:`logtoku_guard.policy_loading`).
 
 from __future__ import annotations
 
-import math
-import operator
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError, PolicyError, short_repr
+from logtoku_guard.conditions import (
+    Check,
+    Condition,
+    StrictModel,
+    check_quantiles,
+    collect_stats,
+    describe_checks,
+    evaluate,
+    has_quantile,
+    is_monotone,
+)
+from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
-from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
+from logtoku_guard.stats import ResponseStats
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.payloads import DecisionPayload
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
-Op = Literal[">", ">=", "<", "<="]
 UndefinedMode = Literal["least_reliable", "never_fires"]
-_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
 def _policy_error(exc: ValidationError) -> PolicyError:
@@ -83,89 +90,7 @@ def _policy_error(exc: ValidationError) -> PolicyError:
     return PolicyError("invalid policy:\n  " + "\n  ".join(lines))
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class Quantile(_Strict):
-    """A threshold placed at quantile ``quantile`` of the model profile's distribution of the stat."""
-
-    quantile: float = Field(ge=0.0, le=1.0)
-
-
-class Compare(_Strict):
-    """``stat op value``. ``fallback``: the statistic compared instead when ``stat`` is
-    unavailable (its profile grid is missing or all NaN for a quantile threshold, its value NaN
-    for a fixed one), e.g. ``guard_score`` falling back to ``reliability`` with a profile that
-    holds no fitted guard; the recorded check names the statistic actually used."""
-
-    stat: StatName
-    op: Op
-    value: Union[float, Quantile]  # noqa: UP007 - pydantic union
-    fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
-    fallback_value: Optional[Union[float, Quantile]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
-    """The threshold of ``fallback`` when it differs from ``value`` (e.g. an absolute ``guard_score``
-    probability falling back to a quantile of ``reliability``); default: ``value``."""
-
-    @field_validator("value", "fallback_value")
-    @classmethod
-    def _finite(cls, v: float | Quantile | None) -> float | Quantile | None:
-        if isinstance(v, float) and not math.isfinite(v):
-            msg = f"threshold must be finite, got {v!r}"
-            raise ValueError(msg)
-        return v
-
-    @model_validator(mode="after")
-    def _fallback_value_needs_a_fallback(self) -> Compare:
-        if self.fallback_value is not None and self.fallback is None:
-            msg = f"fallback_value {self.fallback_value!r} is given without a fallback statistic; add fallback: <stat>"
-            raise ValueError(msg)
-        return self
-
-    def threshold_of(self, stat: str) -> float | Quantile:
-        """The threshold compared with ``stat`` (``value``, or ``fallback_value`` for the fallback)."""
-        if stat != self.stat and self.fallback_value is not None:
-            return self.fallback_value
-        return self.value
-
-
-class AllOf(_Strict):
-    all: list[Condition] = Field(min_length=1)
-
-
-class AnyOf(_Strict):
-    any: list[Condition] = Field(min_length=1)
-
-
-class NotOf(_Strict):
-    not_: Condition = Field(alias="not")
-
-
-def _condition_kind(v: Any) -> str:
-    if isinstance(v, BaseModel):
-        return type(v).__name__
-    if isinstance(v, Mapping):
-        for key, tag in (("stat", "Compare"), ("all", "AllOf"), ("any", "AnyOf"), ("not", "NotOf")):
-            if key in v:
-                return tag
-    return "Compare"  # reports the missing fields of a comparison
-
-
-Condition = Annotated[
-    Union[  # noqa: UP007
-        Annotated[Compare, Tag("Compare")],
-        Annotated[AllOf, Tag("AllOf")],
-        Annotated[AnyOf, Tag("AnyOf")],
-        Annotated[NotOf, Tag("NotOf")],
-    ],
-    Discriminator(_condition_kind),
-]
-AllOf.model_rebuild()
-AnyOf.model_rebuild()
-NotOf.model_rebuild()
-
-
-class Rule(_Strict):
+class Rule(StrictModel):
     """When ``when`` holds, take ``action``; ``reason`` is shown to users and auditors.
 
     ``early_stop``: while streaming, stop generating as soon as the rule has fired on the
@@ -181,7 +106,7 @@ class Rule(_Strict):
 
     @model_validator(mode="after")
     def _early_stop_is_sound(self) -> Rule:
-        if self.early_stop and not _monotone(self.when):
+        if self.early_stop and not is_monotone(self.when):
             msg = (
                 f"rule {self.name!r}: early_stop needs a condition that cannot un-fire as the answer grows "
                 "('>'/'>=' on max_eu, max_au or n_tokens, joined by all/any)"
@@ -190,17 +115,7 @@ class Rule(_Strict):
         return self
 
 
-def _monotone(c: Any) -> bool:
-    if isinstance(c, Compare):
-        return c.stat in MONOTONE_INCREASING and c.op in (">", ">=")
-    if isinstance(c, AllOf):
-        return all(_monotone(x) for x in c.all)
-    if isinstance(c, AnyOf):
-        return all(_monotone(x) for x in c.any)
-    return False
-
-
-class RetrieveSettings(_Strict):
+class RetrieveSettings(StrictModel):
     max_attempts: int = Field(default=1, ge=1, le=5)
     fallback: Literal["pass", "warn", "abstain", "human_review", "raise"] = "abstain"
     passages: int = Field(default=4, ge=1, le=50)
@@ -227,15 +142,15 @@ class RetrieveSettings(_Strict):
         return self.context_template.format(context="\n\n".join(passages), question=question)
 
 
-class WarnSettings(_Strict):
+class WarnSettings(StrictModel):
     disclaimer: str = "Note: the model was unsure about parts of this answer; please verify it."
 
 
-class AbstainSettings(_Strict):
+class AbstainSettings(StrictModel):
     message: str = "I don't know."
 
 
-class ReviewSettings(_Strict):
+class ReviewSettings(StrictModel):
     message: str = "This answer is waiting for review by a person (review id {review_id})."
 
     @field_validator("message")
@@ -270,12 +185,12 @@ def _only_fields(template: str, fields: set[str], allowed: set[str], what: str, 
         raise ValueError(msg) from None
 
 
-class QuadrantSettings(_Strict):
+class QuadrantSettings(StrictModel):
     au_quantile: float = Field(default=0.5, ge=0.0, le=1.0)
     eu_quantile: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
-class Policy(_Strict):
+class Policy(StrictModel):
     """An ordered list of rules; the first that fires decides, else ``default_action``."""
 
     name: str = Field(min_length=1)
@@ -328,7 +243,7 @@ class Policy(_Strict):
 
     # -- evaluation -------------------------------------------------------------------------
     def uses_quantiles(self) -> bool:
-        return any(_has_quantile(r.when) for r in self.rules)
+        return any(has_quantile(r.when) for r in self.rules)
 
     def actions(self) -> set[str]:
         acts: set[str] = {r.action for r in self.rules} | {self.default_action}
@@ -340,14 +255,14 @@ class Policy(_Strict):
         """The statistics the rules read, each comparison's ``fallback`` included."""
         found: set[str] = set()
         for r in self.rules:
-            _collect_stats(r.when, found)
+            collect_stats(r.when, found)
         return found
 
     def check_profile(self, profile: ModelProfile | None) -> None:
         """Raise :class:`ConfigurationError` now when a quantile threshold cannot be resolved
         against ``profile`` (no profile, or a statistic the profile lacks)."""
         for rule in self.rules:
-            _check_quantiles(rule.when, profile)
+            check_quantiles(rule.when, profile)
 
     def decide(self, stats: ResponseStats, profile: ModelProfile | None = None, *, only_early_stop: bool = False) -> Decision:
         """The first rule that fires on ``stats`` (thresholds resolved against ``profile``).
@@ -359,8 +274,8 @@ class Policy(_Strict):
             if only_early_stop and not rule.early_stop:
                 continue
             checks: list[Check] = []
-            if _eval(rule.when, stats, profile, checks, self.undefined):
-                reason = rule.reason or _describe(checks)
+            if evaluate(rule.when, stats, profile, checks, self.undefined):
+                reason = rule.reason or describe_checks(checks)
                 undefined = sorted({c.undefined for c in checks if c.undefined is not None})
                 if undefined and rule.reason:
                     reason = f"{reason}; " + "; ".join(f"undefined: {u}" for u in undefined)
@@ -372,30 +287,6 @@ class Policy(_Strict):
             checks=(),
             stats=stats,
         )
-
-
-@dataclass(frozen=True)
-class Check:
-    """One comparison a rule made: ``observed op threshold``.
-
-    ``observed`` is None when the statistic is undefined (NaN); ``undefined`` then says why
-    (``"empty answer"``, ``"NaN token scores"``, ...) and ``passed`` follows the policy's
-    ``undefined`` setting (by default the value counts as the least reliable one).
-    """
-
-    stat: str
-    op: str
-    threshold: float
-    observed: float | None
-    passed: bool
-    quantile: float | None = None
-    undefined: str | None = None
-
-    def describe(self) -> str:
-        where = f" (q{self.quantile:g} of the profile)" if self.quantile is not None else ""
-        if self.undefined is not None or self.observed is None:
-            return f"{self.stat} {self.op} {self.threshold:.4g}{where}: undefined: {self.undefined}"
-        return f"{self.stat} {self.observed:.4g} {self.op} {self.threshold:.4g}{where}"
 
 
 @dataclass(frozen=True)
@@ -413,94 +304,6 @@ class Decision:
         from logtoku_guard.payloads import decision_payload
 
         return decision_payload(self)
-
-
-def _collect_stats(c: Any, found: set[str]) -> None:
-    if isinstance(c, Compare):
-        found.add(c.stat)
-        if c.fallback is not None:
-            found.add(c.fallback)
-    elif isinstance(c, (AllOf, AnyOf)):
-        for x in c.all if isinstance(c, AllOf) else c.any:
-            _collect_stats(x, found)
-    else:
-        _collect_stats(c.not_, found)
-
-
-def _check_quantiles(c: Any, profile: ModelProfile | None) -> None:
-    if isinstance(c, Compare):
-        usable = c.fallback is None or not isinstance(c.value, Quantile) or (profile is not None and profile.has_stat(c.stat))
-        _threshold(c, profile, c.stat if usable else c.fallback)
-        if c.fallback is not None and isinstance(c.fallback_value, Quantile):  # the fallback may be needed per answer
-            _threshold(c, profile, c.fallback)
-    elif isinstance(c, (AllOf, AnyOf)):
-        for x in c.all if isinstance(c, AllOf) else c.any:
-            _check_quantiles(x, profile)
-    else:
-        _check_quantiles(c.not_, profile)
-
-
-def _has_quantile(c: Any) -> bool:
-    if isinstance(c, Compare):
-        return isinstance(c.value, Quantile) or isinstance(c.fallback_value, Quantile)
-    if isinstance(c, AllOf):
-        return any(_has_quantile(x) for x in c.all)
-    if isinstance(c, AnyOf):
-        return any(_has_quantile(x) for x in c.any)
-    return _has_quantile(c.not_)
-
-
-def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -> str:
-    """``c.stat``, or ``c.fallback`` when ``c.stat`` is unavailable (see :class:`Compare`)."""
-    if c.fallback is None:
-        return c.stat
-    if isinstance(c.value, Quantile):
-        available = profile is not None and profile.has_stat(c.stat)
-    else:
-        available = math.isfinite(stats.get(c.stat))
-    return c.stat if available else c.fallback
-
-
-def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None) -> tuple[float, float | None]:
-    stat = stat or c.stat
-    target = c.threshold_of(stat)
-    if isinstance(target, Quantile):
-        if profile is None:
-            msg = (
-                f"the rule on {c.stat!r} uses a quantile threshold but no model profile is loaded; "
-                "run `logtoku-guard calibrate` or pass profile=..."
-            )
-            raise ConfigurationError(msg)
-        value = float(profile.quantile(stat, target.quantile))
-        if not math.isfinite(value):  # a validated profile never has one
-            msg = f"the profile's {stat!r} grid is not finite at q{target.quantile:g}; re-run `logtoku-guard calibrate`"
-            raise ConfigurationError(msg)
-        return value, target.quantile
-    return float(target), None
-
-
-def _eval(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
-    if isinstance(c, Compare):
-        stat = _stat_used(c, stats, profile)
-        threshold, q = _threshold(c, profile, stat)
-        observed = stats.get(stat)
-        why = stats.undefined_reason(stat) if math.isnan(observed) else None
-        if undefined == "never_fires":
-            ok = math.isfinite(observed) and _OPS[c.op](observed, threshold)
-        else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
-            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
-            ok = _OPS[c.op](value, threshold)
-        checks.append(Check(stat, c.op, threshold, None if why is not None else observed, ok, q, why))
-        return ok
-    if isinstance(c, AllOf):
-        return all([_eval(x, stats, profile, checks, undefined) for x in c.all])  # evaluate all: every check is recorded
-    if isinstance(c, AnyOf):
-        return any([_eval(x, stats, profile, checks, undefined) for x in c.any])
-    return not _eval(c.not_, stats, profile, checks, undefined)
-
-
-def _describe(checks: list[Check]) -> str:
-    return "; ".join(c.describe() for c in checks)
 
 
 DEFAULT_GUARD_THRESHOLD = 0.2474

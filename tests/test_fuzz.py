@@ -160,7 +160,10 @@ def _stats(values: dict[str, float], n_tokens: float) -> ResponseStats:
         for n in STAT_NAMES
         if n not in {"reliability", "reliability_mean", "probability_reliability", "entropy_reliability", "n_tokens"}
     ]
-    return ResponseStats(score=score, **{n: values[n] for n in names}, n_tokens=n_tokens)
+    stats = {n: values[n] for n in names}
+    if not math.isfinite(values["reliability"]):  # as with_guard_score makes it: no guard score without a reliability
+        stats["guard_score"] = math.nan
+    return ResponseStats(score=score, **stats, n_tokens=n_tokens)
 
 
 @FUZZ

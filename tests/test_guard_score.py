@@ -232,3 +232,14 @@ def test_balanced_groups_weigh_a_small_group_as_much_as_a_large_one() -> None:
         fit_guard(rows, labels, ["s"], balance_groups=True)
     with pytest.raises(ConfigurationError, match="one group per row"):
         fit_guard(rows, labels, ["s"], groups=groups[:-1])
+
+
+def test_an_empty_answer_has_no_guard_score() -> None:
+    """Nothing to predict from: guard_score is undefined, not a score made of the fit data's means."""
+    import math
+
+    rows, labels = _rows(20)
+    guard = fit_guard(rows, labels, ["s"])
+    empty = with_guard_score(ResponseStats.from_tokens([]), guard)
+    assert math.isnan(empty.guard_score) and math.isnan(empty.reliability_debiased)
+    assert empty.undefined_reason("guard_score") == "empty answer"

@@ -140,7 +140,8 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 def test_default_policy_is_calibrated() -> None:
     """One rule: guard_score below an absolute probability, else (no fitted guard) a reliability
     quantile of the profile; retrieve, then abstain."""
-    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, DEFAULT_GUARD_THRESHOLD, Compare, Quantile
+    from logtoku_guard.conditions import Compare, Quantile
+    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, DEFAULT_GUARD_THRESHOLD
 
     p = default_policy()
     assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "3"

@@ -279,7 +279,7 @@ def test_a_typo_in_a_stat_name_gets_the_closest_name_and_the_whole_list() -> Non
 def test_a_validation_message_keeps_the_whole_list_of_allowed_values() -> None:
     from pydantic import BaseModel, ValidationError
 
-    from logtoku_guard.policy import StatName
+    from logtoku_guard.stats import StatName
 
     class Model(BaseModel):
         stat: StatName

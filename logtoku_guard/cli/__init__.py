@@ -15,7 +15,13 @@ from typing import Annotated
 
 import typer
 
-from logtoku_guard.cli import audit, guard, review, score
+from logtoku_guard.cli import (
+    audit,
+    eval_guard,  # noqa: F401 - registers eval guard | fabricated | traffic
+    guard,
+    review,
+    score,
+)
 from logtoku_guard.cli import eval as eval_commands
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
 from logtoku_guard.cli.guard import run_calibration

@@ -69,7 +69,7 @@ JudgeOpt = Annotated[
 ]
 
 
-def _dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
+def output_dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
     """``--gen-cache-dir`` and ``--out-dir``, each defaulting to a folder of the user cache (never the working folder)."""
     from logtoku_guard.embedded import cache_root
 
@@ -81,7 +81,7 @@ MAX_BOOT = 1_000_000
 """Most bootstrap resamples (the intervals settle long before)."""
 
 
-def _check_counts(
+def check_counts(
     *,
     limit: int | None = None,
     batch_size: int = 1,
@@ -114,20 +114,20 @@ def _check_counts(
         raise _common.fail(ConfigurationError(msg))
 
 
-def _model_name(model: str) -> str:
+def model_name(model: str) -> str:
     from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 
     return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
 
 
-def _backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> Callable[[], Any]:
+def backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> Callable[[], Any]:
     def load() -> Any:
         return _common.load_backend(model, k, device, "auto", cache_dir)
 
     return load
 
 
-def _progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int], None]]:
+def progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int], None]]:
     def make(stage: str, total: int, done: int) -> Callable[[int], None]:
         task = progress.add_task(stage, total=total, completed=done)
         return lambda n: progress.advance(task, n)
@@ -135,7 +135,7 @@ def _progress_factory(progress: Any) -> Callable[[str, int, int], Callable[[int]
     return make
 
 
-def _progress() -> Any:
+def progress_bar() -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
@@ -165,7 +165,7 @@ def _judges(names: list[str], judge_model: str | None, device: str, model_cache:
             if not judge_model:
                 msg = "--judge llm needs --judge-model (a local model bigger than the one under test)"
                 raise typer.BadParameter(msg)
-            judges.append(LLMJudge(_backend_loader(judge_model, 2, device, model_cache)()))
+            judges.append(LLMJudge(backend_loader(judge_model, 2, device, model_cache)()))
         elif name == "bleurt":
             msg = "BLEURT is not available offline (its checkpoints download at run time; TensorFlow); use rouge or embedding"
             raise typer.BadParameter(msg)
@@ -219,15 +219,15 @@ def _run_qa(
         plots=plots,
         guard_folds=guard_folds,
     )
-    with _progress() as progress:
+    with progress_bar() as progress:
         result = run_qa(
             items,
-            _model_name(model),
-            _backend_loader(model, K_STORED, device, model_cache),
+            model_name(model),
+            backend_loader(model, K_STORED, device, model_cache),
             judges,
             config,
             embedder=embedder,
-            on_progress=_progress_factory(progress),
+            on_progress=progress_factory(progress),
         )
     for report in result.reports:
         typer.echo(report.to_markdown())
@@ -261,7 +261,7 @@ def truthfulqa(
 
     Per judge, the cross-fitted guard-score and its paired difference against the best single-pass baseline.
     """
-    _check_counts(
+    check_counts(
         limit=limit,
         batch_size=batch_size,
         n_boot=n_boot,
@@ -270,7 +270,7 @@ def truthfulqa(
         n_samples=n_samples,
         guard_folds=guard_folds,
     )
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
+    cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_truthfulqa
 
@@ -320,7 +320,7 @@ def nq_open(
     guard_folds: GuardFoldsOpt = 5,
 ) -> None:
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
-    _check_counts(
+    check_counts(
         limit=limit,
         batch_size=batch_size,
         n_boot=n_boot,
@@ -329,7 +329,7 @@ def nq_open(
         n_samples=n_samples,
         guard_folds=guard_folds,
     )
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
+    cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
     from logtoku_guard.errors import LogTokUError
     from logtoku_guard.evaluation.datasets import load_nq_open
 
@@ -374,8 +374,8 @@ def dynamic_decoding(
     model_cache: ModelCacheOpt = None,
 ) -> None:
     """GoEmotions: add a second label when u = EU/AU is low; tuned on dev, reported on test."""
-    _check_counts(limit=limit, batch_size=batch_size)
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
+    check_counts(limit=limit, batch_size=batch_size)
+    cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
     import json
 
     import numpy as np
@@ -394,16 +394,16 @@ def dynamic_decoding(
             fine = names
             for s in splits:
                 names, splits[s] = to_ekman(splits[s], fine)
-        name = _model_name(model)
+        name = model_name(model)
         caches = {s: label_cache(cache_dir, name, s, names) for s in splits}
         backend = None
         logits = {}
-        with _progress() as progress:
-            make = _progress_factory(progress)
+        with progress_bar() as progress:
+            make = progress_factory(progress)
             for s, items in splits.items():
                 missing = [it for it in items if it.id not in caches[s]]
                 if missing and backend is None:
-                    backend = _backend_loader(model, 2, device, model_cache)()
+                    backend = backend_loader(model, 2, device, model_cache)()
                 if missing:
                     progress_fn = make(f"goemotions {s}", len(items), len(items) - len(missing))
                     collect_label_logits(backend, missing, names, caches[s], batch_size=batch_size, on_progress=progress_fn)
@@ -428,215 +428,3 @@ def dynamic_decoding(
     )
     typer.echo(md)
     _common.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
-
-
-def _budgets(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        msg = f"--budgets must be comma-separated shares in [0, 1] such as 0,0.1,0.3,1, got {text!r}"
-        raise typer.BadParameter(msg) from exc
-    if not values or any(not 0.0 <= b <= 1.0 for b in values):
-        msg = f"--budgets must be comma-separated shares in [0, 1] such as 0,0.1,0.3,1, got {text!r}"
-        raise typer.BadParameter(msg)
-    return values
-
-
-@eval_app.command("guard")
-def guard_end_to_end(
-    model: ModelOpt = "smollm2-135m-instruct",
-    limit: LimitOpt = None,
-    path: Annotated[Path | None, typer.Option(help="NQ-open JSONL (default: <data-dir>/nq_open/NQ-open.dev.jsonl).")] = None,
-    data_dir: DataDirOpt = None,
-    coverage: Annotated[
-        float, typer.Option(help="Share of the evaluated questions whose own Q/A entry is in the knowledge base.")
-    ] = 0.7,
-    passages: Annotated[int, typer.Option(help="Passages retrieved per question (the policy's retrieve.passages).")] = 4,
-    budgets: Annotated[
-        str, typer.Option(help="Retrieval budgets (shares of questions) for the table, comma-separated.")
-    ] = "0,0.1,0.2,0.3,0.5,0.7,1",
-    live: Annotated[int, typer.Option(help="Run the real Guard on the first N questions to check the replay (0 = no).")] = 100,
-    live_budget: Annotated[float, typer.Option(help="Retrieval budget of the live check's LogTokU guard.")] = 0.3,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the knowledge base's coverage, the guard-score folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    guard_folds: GuardFoldsOpt = 5,
-) -> None:
-    """The guard end to end on NQ-open with a FAQ knowledge base: accuracy vs retrievals spent.
-
-    Never/always retrieve, and guards that retrieve when LogTokU, entropy or probability
-    reliability or the cross-fitted guard-score (fit on the closed-book answers' labels) is
-    low, at matched retrieval budgets (replayed from cached closed-book and retrieval
-    answers), plus a live run of the real Guard (LogTokU rule) on the first questions.
-    """
-    from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.datasets import load_nq_open
-    from logtoku_guard.evaluation.generate import K_STORED
-    from logtoku_guard.evaluation.rag import GuardEvalConfig, run_guard_eval
-    from logtoku_guard.policy import RetrieveSettings
-
-    chosen = _budgets(budgets)
-    _check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed, guard_folds=guard_folds)
-    if live < 0:
-        msg = f"--live must be 0 (no live check) or a positive number of questions, got {live!r}"
-        raise typer.BadParameter(msg)
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
-    if passages < 1:
-        msg = f"--passages must be at least 1, got {passages!r}"
-        raise typer.BadParameter(msg)
-    try:
-        config = GuardEvalConfig(
-            cache_dir=cache_dir,
-            out_dir=out_dir,
-            coverage=coverage,
-            kb_seed=seed,
-            settings=RetrieveSettings(passages=passages),
-            budgets=chosen,
-            batch_size=batch_size,
-            n_boot=n_boot,
-            seed=seed,
-            live=live,
-            live_budget=live_budget,
-            plots=plots,
-            guard_folds=guard_folds,
-        )
-        pool = load_nq_open(path, data_dir=data_dir)
-        items = pool[:limit] if limit is not None else pool
-        with _progress() as progress:
-            result = run_guard_eval(
-                items,
-                pool,
-                _model_name(model),
-                _backend_loader(model, K_STORED, device, model_cache),
-                config,
-                live_backend=_backend_loader(model, 2, device, model_cache),
-                on_progress=_progress_factory(progress),
-            )
-    except LogTokUError as exc:
-        raise _common.fail(exc) from exc
-    typer.echo(result.report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
-
-
-@eval_app.command("fabricated")
-def fabricated(
-    model: ModelOpt = "smollm2-135m-instruct",
-    limit: Annotated[
-        int | None, typer.Option(help="First N known and first N fabricated questions of each half, for a quick run.")
-    ] = None,
-    l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-) -> None:
-    """Known vs fabricated questions: the guard score fit on the tune half, AUROC and policy rates on the test half."""
-    from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
-    from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, write_fabricated
-    from logtoku_guard.evaluation.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
-
-    _check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
-    try:
-        name = _model_name(model)
-        halves = {s: _first_of_each_kind(load_fabricated(s), limit) for s in ("tune", "test")}
-        cache = greedy_cache(cache_dir, name, dataset_name(), GreedySpec())
-        todo = [it.to_qa_item() for s in halves for it in halves[s] if it.id not in cache]
-        if todo:
-            with _progress() as progress:
-                total = sum(len(h) for h in halves.values())
-                on = _progress_factory(progress)("fabricated", total, total - len(todo))
-                backend = _backend_loader(model, K_STORED, device, model_cache)()
-                run_greedy(backend, todo, cache, spec=GreedySpec(), batch_size=batch_size, on_progress=on)
-        pairs = {s: [(cache.get(it.id), it.is_known) for it in halves[s]] for s in halves}
-        report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
-        files = write_fabricated(report, out_dir)
-    except LogTokUError as exc:
-        raise _common.fail(exc) from exc
-    typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
-
-
-@eval_app.command("traffic")
-def traffic(
-    model: ModelOpt = "smollm2-135m-instruct",
-    pass_target: Annotated[
-        float, typer.Option(help="Share of correct real answers the chosen flag threshold must pass (on the tune half).")
-    ] = 0.85,
-    l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
-    balance_groups: Annotated[
-        bool, typer.Option(help="Weight the four groups equally in the guard's fit (default: every answer counts once).")
-    ] = False,
-    batch_size: BatchOpt = 16,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-) -> None:
-    """Realistic traffic: correct and wrong answers to real questions, plausible and syllable-name fabrications.
-
-    Answers as `ask` makes them; the guard is fit on the tune half (pooled over the groups), its flag
-    threshold chosen there; flag rates per group with 95% CIs on the test half. Writes traffic.md,
-    traffic.json and the fitted guard traffic-guard.json.
-    """
-    from logtoku_guard.calibration.prompts import shipped_calibration_questions
-    from logtoku_guard.errors import ConfigurationError, LogTokUError
-    from logtoku_guard.evaluation.datasets import QAItem
-    from logtoku_guard.evaluation.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
-    from logtoku_guard.evaluation.traffic import dataset_name
-    from logtoku_guard.evaluation.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
-
-    _check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
-    if not 0.0 < pass_target < 1.0:
-        raise _common.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
-    cache_dir, out_dir = _dirs(gen_cache_dir, out_dir)
-    try:
-        name = _model_name(model)
-        questions = traffic_questions()
-        calibration = [QAItem(q.id, q.question, q.answers) for q in shipped_calibration_questions()]
-        caches = {
-            "traffic": greedy_cache(cache_dir, name, dataset_name(), SERVING, template=SERVING_TEMPLATE),
-            "syllable": greedy_cache(cache_dir, name, "traffic-syllable", SERVING, template=SERVING_TEMPLATE),
-            "calibration": greedy_cache(cache_dir, name, "calibration-default", SERVING, template=SERVING_TEMPLATE),
-        }
-        work = {
-            "traffic": [QAItem(q.id, q.question, q.answers) for q in questions if q.group != "syllable"],
-            "syllable": [QAItem(q.id, q.question, q.answers) for q in questions if q.group == "syllable"],
-            "calibration": calibration,
-        }
-        todo = {k: [it for it in items if it.id not in caches[k]] for k, items in work.items()}
-        if any(todo.values()):
-            backend = _backend_loader(model, K_STORED, device, model_cache)()
-            with _progress() as progress:
-                for key, items in work.items():
-                    on = _progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
-                    run_greedy(backend, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
-        pairs = [(q, caches["syllable" if q.group == "syllable" else "traffic"].get(q.id)) for q in questions]
-        answers = judge_answers(pairs)  # type: ignore[arg-type]
-        cal = caches["calibration"].records([it.id for it in calibration])
-        report = evaluate_traffic(
-            answers, cal, model=name, pass_target=pass_target, l2=l2, balance_groups=balance_groups, n_boot=n_boot, seed=seed
-        )
-        files = write_traffic(report, out_dir, plots=plots)
-    except LogTokUError as exc:
-        raise _common.fail(exc) from exc
-    typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
-
-
-def _first_of_each_kind(items: list[Any], limit: int | None) -> list[Any]:
-    if limit is None:
-        return items
-    return [it for kind in ("known", "fabricated") for it in [x for x in items if x.kind == kind][:limit]]

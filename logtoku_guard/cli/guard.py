@@ -106,7 +106,8 @@ def calibrate(
 def expected_flag_lines(profile: ModelProfile) -> list[str]:
     """For each rule of the default policy on ``guard_score``: its threshold (and where that lies in
     this profile) and the share of each group of the guard's fit data it flags (out of fold)."""
-    from logtoku_guard.policy import Compare, Quantile, default_policy
+    from logtoku_guard.conditions import Compare, Quantile
+    from logtoku_guard.policy import default_policy
 
     lines = []
     guard = profile.guard

@@ -7,7 +7,6 @@ Registered by :mod:`logtoku_guard.cli.review` as ``review_app.command("serve")(s
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import math
 import secrets
@@ -20,11 +19,12 @@ import typer
 import logtoku_guard.cli._common as _common
 from logtoku_guard.cli._common import StoreOpt
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
+from logtoku_guard.sockets import bind_socket, check_port
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
 
-__all__ = ["add_reviewer", "check_claim_ttl", "check_port", "is_loopback", "listen_socket", "serve"]
+__all__ = ["add_reviewer", "check_claim_ttl", "is_loopback", "serve"]
 
 
 def is_loopback(host: str) -> bool:
@@ -41,13 +41,6 @@ MAX_CLAIM_TTL_MIN = 366 * 24 * 60.0
 """The longest ``--claim-ttl`` (a year, in minutes); leave the option out for claims that never expire."""
 
 
-def check_port(port: int) -> None:
-    """``--port`` is a TCP port (0: any free one); else a ConfigurationError naming the value and the fix."""
-    if not 0 <= port <= 65535:
-        msg = f"--port {port} is not a TCP port; give a number from 1 to 65535 (e.g. the default 8321), or 0 for any free port"
-        raise ConfigurationError(msg)
-
-
 def check_claim_ttl(minutes: float | None) -> None:
     """``--claim-ttl`` is a finite number of minutes from 0.1 to a year; else a ConfigurationError."""
     if minutes is not None and not (math.isfinite(minutes) and 0.1 <= minutes <= MAX_CLAIM_TTL_MIN):
@@ -56,27 +49,6 @@ def check_claim_ttl(minutes: float | None) -> None:
             "(a year), e.g. --claim-ttl 30, or leave it out so that claims never expire"
         )
         raise ConfigurationError(msg)
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (not yet listening), so a taken port fails before any URL is printed."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as e:
-        msg = f"--host {host!r} is not an address of this machine ({e.strerror}); give an IP address such as 127.0.0.1"
-        raise ConfigurationError(msg) from e
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            msg = f"port {port} on {host} is already in use (another server?); pass another --port, or --port 0 for any free port"
-        else:
-            msg = f"cannot listen on {host} port {port}: {e.strerror or e}; pass another --host or --port"
-        raise LogTokUError(msg) from e
-    return sock
 
 
 def _open(store: str | None, claim_ttl_min: float | None) -> AuditStore:
@@ -111,7 +83,7 @@ def serve(
             )
         )
     try:
-        check_port(port)
+        check_port(port, allow_any=True, default=8321)
         check_claim_ttl(claim_ttl)
     except ConfigurationError as e:
         raise _common.fail(e) from e
@@ -130,7 +102,7 @@ def serve(
         raise _common.fail(e) from e
     try:
         app = create_app(audit, token)
-        sock = listen_socket(host, port)
+        sock = bind_socket(host, port)
     except LogTokUError as e:
         audit.close()
         raise _common.fail(e) from e

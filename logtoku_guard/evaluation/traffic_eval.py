@@ -336,7 +336,7 @@ def evaluate_traffic(
             sign = 1.0 if stat in HIGHER_IS_RELIABLE else -1.0
             values = np.array([sign * r.get(stat) for r in test_scored])[keep]
             table[stat] = _auroc_ci(values, labels, n_boot, seed) if labels.any() and (~labels).any() else (math.nan,) * 3
-        contrasts[f"{a} vs {b}"] = table  # type: ignore[assignment]
+        contrasts[f"{a} vs {b}"] = table
     curve = _trade_off(test_scores, test_outcomes)
     categories = np.array([a.question.category for a in test])
     by_category = {

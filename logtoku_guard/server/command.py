@@ -58,8 +58,9 @@ def serve(
     """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
     from logtoku_guard.errors import ConfigurationError
     from logtoku_guard.server.app import ServerSettings, check_api_key, require_serve_extra
-    from logtoku_guard.server.run import bind_socket, check_graceful_timeout, check_host, check_port, run_server, url
+    from logtoku_guard.server.run import bind_socket, check_graceful_timeout, check_host, run_server, url
     from logtoku_guard.server.wire import Limits
+    from logtoku_guard.sockets import check_port
 
     sock = None
     try:
@@ -85,8 +86,9 @@ def serve(
             pol = Policy.from_file(policy)
         if profile is not None:
             from logtoku_guard.cli._common import read_profile
+            from logtoku_guard.embedded import EMBEDDED_MODEL
 
-            prof = read_profile(profile, model, top_k, "clamped")  # never echoes the file's content
+            prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
         from logtoku_guard.backends.transformers import TransformersBackend
 
         backend = TransformersBackend(

@@ -9,7 +9,6 @@ anything announces the server. Shutdown is graceful: on SIGINT/SIGTERM (or
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import math
 import socket
@@ -20,6 +19,7 @@ from typing import Any
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.server.app import ServerSettings, create_app
 from logtoku_guard.server.engine import Engine, ThreadRunner
+from logtoku_guard.sockets import bind_socket
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -44,14 +44,6 @@ def check_host(host: str, allow_remote: bool) -> str:
     return host
 
 
-def check_port(port: int) -> int:
-    """``port`` if it is a TCP port (1 to 65535); raise otherwise."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        msg = f"--port must be a TCP port from 1 to 65535, got {port!r}; the default is 8000"
-        raise ConfigurationError(msg)
-    return port
-
-
 def check_graceful_timeout(seconds: float) -> float:
     """``seconds`` if it is a finite number >= 0; raise otherwise."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 <= seconds < math.inf):
@@ -64,36 +56,6 @@ def url(host: str, port: int) -> str:
     """``http://host:port/v1`` (an IPv6 address in brackets)."""
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/v1"
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (``port`` 0: a free one), not yet listening.
-
-    Raises :class:`ConfigurationError` naming the address and the fix when it cannot be bound
-    (the port in use, a privileged port, an address not on this machine, a host name that
-    does not resolve).
-    """
-    if port != 0:
-        check_port(port)
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except (socket.gaierror, UnicodeError) as exc:
-        msg = f"cannot resolve --host {host!r} ({exc}); pass an IP address such as 127.0.0.1"
-        raise ConfigurationError(msg) from exc
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # rebind at once after a restart (TIME_WAIT)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            msg = f"port {port} on {host} is already in use (another server listens there); stop it, or pick another --port"
-        elif exc.errno == errno.EACCES:
-            msg = f"no permission to listen on port {port} of {host} (ports below 1024 need privileges); use a --port >= 1024"
-        else:
-            msg = f"cannot listen on {host}:{port} ({exc.strerror or exc}); check --host and --port"
-        raise ConfigurationError(msg) from exc
-    return sock
 
 
 def build_app(

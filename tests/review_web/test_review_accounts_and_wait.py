@@ -145,8 +145,8 @@ def test_serve_port_0_prints_the_port_it_got(tmp_path: Path, monkeypatch: pytest
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--port", "70000"], "--port 70000 is not a TCP port; give a number from 1 to 65535"),
-        (["--port", "-1"], "--port -1 is not a TCP port; give a number from 1 to 65535"),
+        (["--port", "70000"], "--port must be a TCP port from 1 to 65535, got 70000"),
+        (["--port", "-1"], "--port must be a TCP port from 1 to 65535, got -1"),
         (["--claim-ttl", "1e300"], "--claim-ttl 1e+300 is not a usable number of minutes; give one from 0.1 to"),
         (["--claim-ttl", "nan"], "--claim-ttl nan is not a usable number of minutes"),
         (["--claim-ttl", "0"], "--claim-ttl 0 is not a usable number of minutes"),
