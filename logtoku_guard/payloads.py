@@ -9,9 +9,8 @@ JSON has no NaN or infinity: every float that is not finite is written as ``None
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
 count in no quadrant (the four shares then sum to less than 1). :mod:`logtoku_guard.stats`
-computes the policy's ``quadrant_*_share`` statistics with the same :func:`quadrant_shares`. This settles the first round's
-disagreement (one adapter called a NaN token quadrant ``"III"``, another ``None``; shares divided
-by different counts).
+computes the policy's ``quadrant_*_share`` statistics with the same :func:`quadrant_shares`, so
+every adapter and payload agrees on both.
 
 Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
 ``reliability*`` higher = more reliable.

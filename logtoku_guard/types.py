@@ -100,7 +100,7 @@ def _check_unicode(text: object, what: str) -> None:
 
 @dataclass(frozen=True)
 class DynamicTemperature:
-    """Dynamic decoding (spec section 6): the sampling temperature falls as EU rises.
+    """Dynamic decoding (Ma et al. 2025): the sampling temperature falls as EU rises.
 
     ``T_t = t_min + (t_max - t_min) * (1 - EU_t) ** power`` where ``EU_t`` is the current
     step's epistemic uncertainty in (0, 1]: a token the model knows little about is sampled

@@ -10,7 +10,7 @@ Sign conventions, kept everywhere in the library:
 * AU, EU, token uncertainty ``u = AU * EU``, ``-log p`` and entropy: higher = more uncertain.
 * reliability (token ``-u``, response ``-mean(top-N u)``): higher = more reliable.
 
-See ``LOGTOKU_SPEC.md`` sections 1-5 for the formulas this module implements.
+The formulas are those of Ma et al., "Estimating LLM Uncertainty with Evidence" (arXiv 2502.00290).
 """
 
 from __future__ import annotations

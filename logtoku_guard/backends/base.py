@@ -43,7 +43,7 @@ class Backend(Protocol):
     @property
     def evidence(self) -> EvidenceMode:
         """``"clamped"`` (evidence ``max(z, 0)``, the default) or ``"raw"`` (the reference
-        code's raw logits: AU may be NaN or -inf, see the spec section 3)."""
+        code's raw logits: AU may be NaN or -inf, see README "Evidence modes")."""
         ...
 
     @property

@@ -2,7 +2,7 @@
 
 :class:`DynamicTemperatureLogitsWarper` samples each step at the temperature that
 :class:`~logtoku_guard.types.DynamicTemperature` gives for that step's epistemic uncertainty
-(spec section 6). It never reads the model: the EU comes from a callable (the backend wires
+(as in the paper, Ma et al. 2025). It never reads the model: the EU comes from a callable (the backend wires
 the step recorder's, computed on the raw logits), so it is tested on hand-built tensors.
 """
 

@@ -1,4 +1,4 @@
-"""Dynamic decoding on GoEmotions (spec section 6): answer one emotion label, or two?
+"""Dynamic decoding on GoEmotions (the paper, Ma et al. 2025, section on dynamic decoding): answer one emotion label, or two?
 
 Prompt (the user turn, then the model's chat template, then the assistant turn pre-filled
 with ``"Emotion:"``)::

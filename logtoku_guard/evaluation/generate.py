@@ -1,6 +1,6 @@
 """Fill the generation caches: greedy answers with raw top-K logits, and sampled answers.
 
-Protocol of the paper (spec section 7): prompt ``"Answer the question concisely. Q:
+Protocol of the paper (Ma et al. 2025, arXiv 2502.00290): prompt ``"Answer the question concisely. Q:
 {question} A:"`` (sent as the user turn; the model's chat template is applied by the
 backend), greedy decoding, at most 64 new tokens, stop at the first newline or EOS. Raw
 top-K logits are stored with K = 5 so K = 2 and K = 5 are re-scored from one run.

@@ -15,7 +15,7 @@ from logtoku_guard.payloads import json_float
 __all__ = ["HEADLINE_BUDGET", "GuardEvalReport", "write_report"]
 
 HEADLINE_BUDGET = 0.3
-"""The budget whose paired differences the report states in words (issue 12's target)."""
+"""The budget whose paired differences the report states in words (the headline retrieval budget)."""
 
 
 @dataclass(frozen=True)

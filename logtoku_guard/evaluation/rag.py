@@ -1,4 +1,4 @@
-"""The guard end to end (issue 6, part 4): accuracy against retrievals spent, on NQ-open.
+"""The guard end to end: accuracy against retrievals spent, on NQ-open.
 
 This module runs the whole evaluation; each step has its own module:
 
