@@ -317,7 +317,7 @@ class Guard:
         its reason starts with ``"after retrieval: "``.
         """
         stats = with_guard_score(
-            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile
+            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile, generation
         )
         decision = self.policy.decide(stats, self.profile)
         if attempts and decision.action != "retrieve":
@@ -352,7 +352,7 @@ class Guard:
     def unanswerable(self, generation: Generation, why: str) -> Decision:
         """The ``retrieve.fallback`` decision, without a rule, for an answer made with nothing to answer from."""
         stats = with_guard_score(
-            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile
+            ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens), self.profile, generation
         )
         base = self.policy.decide(stats, self.profile)
         return replace(base, action=self.policy.retrieve.fallback, rule=None, reason=why)

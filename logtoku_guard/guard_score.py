@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.types import Generation
 
 __all__ = ["FEATURES", "GuardModel", "auroc", "feature_matrix", "fit_guard", "with_guard_score"]
 
@@ -84,6 +85,10 @@ class GuardModel(BaseModel):
     cv_folds: int
     seed: int
     created_at: str
+    max_tokens: int | None = None
+    """The answer length the fit data had at most (its answers' ``max_new_tokens``): a longer
+    answer is scored on its first ``max_tokens`` tokens (:func:`with_guard_score` with the
+    generation), so the guard never extrapolates in length. None: the whole answer."""
     balanced_groups: bool = False
     """Whether each group of the fit data was weighted to count equally (``fit_guard(balance_groups=True)``)."""
     reference_scores: dict[str, list[float]] = {}
@@ -194,6 +199,7 @@ def fit_guard(
     seed: int = 0,
     groups: Sequence[str] | None = None,
     balance_groups: bool = False,
+    max_tokens: int | None = None,
 ) -> GuardModel:
     """Fit the guard on ``rows`` (one per labelled answer; ``labels``: True = correct/known).
 
@@ -203,6 +209,7 @@ def fit_guard(
     in :attr:`GuardModel.reference_scores`. ``balance_groups``: weight each row by
     ``n / (n_groups * size of its group)``, so every group counts as much in the fit whatever
     its size (a small group such as wrong answers to real questions is not drowned out).
+    ``max_tokens``: the most tokens the fit data's answers could have (kept in the model).
     """
     import numpy as np
 
@@ -258,6 +265,7 @@ def fit_guard(
         cv_folds=folds,
         seed=seed,
         created_at=datetime.now(timezone.utc).isoformat(),
+        max_tokens=max_tokens,
         balanced_groups=weights is not None,
         reference_scores=reference,
     )
@@ -282,12 +290,16 @@ def _cross_validate(
     return pred
 
 
-def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None) -> ResponseStats:
+def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None, generation: Generation | None = None) -> ResponseStats:
     """``stats`` with ``guard_score`` and ``reliability_debiased`` filled from ``guard``.
 
     Both stay NaN (undefined) when the answer's reliability is: an empty answer or NaN token
     scores give the guard nothing to predict from, and a policy then reads them as the least
     reliable value instead of a score made of the fit data's means.
+
+    ``generation``: the answer ``stats`` were computed from; when it is longer than the guard's
+    :attr:`~GuardModel.max_tokens`, the guard score is computed from the statistics of its first
+    ``max_tokens`` tokens (the length the guard was fit on), the rest of ``stats`` unchanged.
 
     ``guard``: a :class:`GuardModel`, or a profile holding one in ``.guard`` (None, or a
     profile without one: ``stats`` unchanged, both stay NaN).
@@ -297,7 +309,17 @@ def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None) -> Re
         return stats
     if not math.isfinite(stats.reliability):  # an empty answer or NaN token scores: nothing to predict from
         return dataclasses.replace(stats, guard_score=math.nan, reliability_debiased=math.nan)
-    x = [_value(stats, f) for f in model.features]
+    basis = stats
+    if generation is not None and model.max_tokens is not None and len(generation.tokens) > model.max_tokens:
+        from logtoku_guard.stats import ResponseStats
+
+        basis = ResponseStats.from_tokens(
+            generation.tokens[: model.max_tokens],
+            generation.top_n,
+            prompt_tokens=generation.prompt_scores,
+            question=generation.prompt,
+        )
+    x = [_value(basis, f) for f in model.features]
     a, b = model.length_fit
     n = stats.n_tokens
     debiased = stats.reliability - (a + b * math.log1p(n)) if math.isfinite(n) else math.nan

@@ -243,3 +243,20 @@ def test_an_empty_answer_has_no_guard_score() -> None:
     empty = with_guard_score(ResponseStats.from_tokens([]), guard)
     assert math.isnan(empty.guard_score) and math.isnan(empty.reliability_debiased)
     assert empty.undefined_reason("guard_score") == "empty answer"
+
+
+def test_a_longer_answer_is_scored_on_the_length_the_guard_was_fit_on() -> None:
+    """A guard fit on answers of at most N tokens scores a longer answer on its first N tokens."""
+    from logtoku_guard import ScriptedAnswer, ScriptedBackend
+
+    rows, labels = _rows(20)
+    guard = fit_guard(rows, labels, ["s"], max_tokens=3)
+    assert guard.max_tokens == 3
+    long = ScriptedBackend([ScriptedAnswer(["a", " b", " c", " d", " e"], [[9.0, 1.0]] * 3 + [[1.0, 0.9]] * 2)]).generate("q?")
+    short = ScriptedBackend([ScriptedAnswer(["a", " b", " c"], [[9.0, 1.0]] * 3)]).generate("q?")
+    scored_long = with_guard_score(ResponseStats.from_generation(long), guard, long)
+    scored_short = with_guard_score(ResponseStats.from_generation(short), guard, short)
+    assert scored_long.guard_score == scored_short.guard_score
+    assert scored_long.max_eu > scored_short.max_eu  # the other statistics still describe the whole answer
+    unbounded = fit_guard(rows, labels, ["s"])
+    assert with_guard_score(ResponseStats.from_generation(long), unbounded, long).guard_score != scored_short.guard_score

@@ -272,7 +272,7 @@ def build_profile(generations: Sequence[Generation], source: str, guard: GuardMo
         msg = "no calibration token has a finite AU and EU (NaN token scores); use evidence='clamped' or other prompts"
         raise ConfigurationError(msg)
     quadrants = QuadrantThresholds.from_quantile([t.au for t in tokens], [t.eu for t in tokens], 0.5, "calibration median")
-    rows = [with_guard_score(ResponseStats.from_generation(g, quadrants), guard) for g in generations]
+    rows = [with_guard_score(ResponseStats.from_generation(g, quadrants), guard, g) for g in generations]
     grids = {name: _grid([r.get(name) for r in rows]) for name in STAT_NAMES}
     return ModelProfile(
         model=first.model,

@@ -44,6 +44,7 @@ from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_guard.evaluation.cache import CachedGeneration
 from logtoku_guard.evaluation.fabricated import load_fabricated
 from logtoku_guard.evaluation.fabricated_eval import generation_from_cached
+from logtoku_guard.evaluation.generate import SERVING
 from logtoku_guard.evaluation.judges import MatchJudge
 from logtoku_guard.evaluation.metrics import bootstrap_ci
 from logtoku_guard.evaluation.traffic import load_traffic
@@ -307,6 +308,7 @@ def evaluate_traffic(
             seed=seed,
             groups=outcomes,
             balance_groups=balance_groups,
+            max_tokens=SERVING.max_new_tokens,
         )
         for name, f in FEATURE_SETS.items()
     }
