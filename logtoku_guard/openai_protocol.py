@@ -306,7 +306,7 @@ class ChatCompletionResponse(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
-    choices: list[ChatChoice]
+    choices: list[ChatChoice] = Field(min_length=1)
     usage: Usage | None = None
 
 
@@ -328,12 +328,20 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[CompletionChoice] = Field(min_length=1)
     usage: Usage | None = None
 
 
-class CompletionChunk(CompletionResponse):
+class CompletionChunk(BaseModel):
     """One server-sent event of a completion stream (same ``object`` as the whole response, as vLLM)."""
+
+    model_config = _RESPONSE
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
