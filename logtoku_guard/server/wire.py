@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import short_repr
 from logtoku_guard.payloads import json_float, result_payload, summary_payload, token_payload
@@ -69,7 +67,7 @@ def error_body(
     info = proto.ErrorInfo(
         message=message, type=kind or _ERROR_TYPES.get(status, "invalid_request_error"), param=param, code=status, **(extra or {})
     )
-    return dump(proto.ErrorResponse(error=info))
+    return proto.ErrorResponse(error=info).model_dump(mode="json", exclude_unset=True)  # no logtoku_guard unless given
 
 
 # -- requests: what depends on the server's settings ----------------------------------------------
@@ -303,8 +301,3 @@ def models_response(names: Sequence[str], owner: str = "logtoku-guard") -> proto
     return proto.ModelList(
         object="list", data=[proto.ModelCard(id=n, object="model", created=created, owned_by=owner) for n in names]
     )
-
-
-def dump(body: BaseModel) -> dict[str, Any]:
-    """A response model as JSON data: the fields it was built with (an unset extra is left out, as vLLM does)."""
-    return body.model_dump(mode="json", exclude_unset=True)
