@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal
+
+from typing_extensions import TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
 
 from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
 

@@ -19,18 +19,21 @@ What the wire cannot give, and what this backend does instead:
 
 A server that sends log-probabilities (vLLM's default ``--logprobs-mode raw_logprobs``) is
 refused with :class:`LogProbsNotLogitsError`: AU/EU of log-probabilities are meaningless.
-``httpx`` is imported only when the backend is created.
+Requests and responses are the models of :mod:`logtoku_guard.openai_protocol` (the server's
+own); ``httpx`` is imported only when the backend is created.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
@@ -144,18 +147,13 @@ class OpenAICompatibleBackend:
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
         self._raise_for_status(response.status_code, response.text)
-        data = _json(response.text, self._url)
+        data = self._parse(proto.ChatCompletionResponse, response.text, "a chat completion")
         total = time.perf_counter() - start
-        try:
-            choice = data["choices"][0]
-            entries = (choice.get("logprobs") or {}).get("content") or []
-            text = choice["message"].get("content") or ""
-            finish = choice.get("finish_reason")
-            stop = choice.get("stop_reason")
-            prompt_tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            msg = f"{self._url} sent a response that is not a chat completion ({exc!r}): {response.text[:200]!r}"
-            raise RemoteServerError(msg) from exc
+        choice = data.choices[0]
+        entries = _entries(choice.logprobs)
+        text = choice.message.content or ""
+        finish, stop = choice.finish_reason, choice.stop_reason
+        prompt_tokens = data.usage.prompt_tokens if data.usage else 0
         tokens = self._tokens(entries)
         if text and not tokens:
             msg = f"{self._url} sent no logprobs; the server must support logprobs=true, top_logprobs={self._k}"
@@ -204,9 +202,9 @@ class OpenAICompatibleBackend:
         if options.dynamic is not None:
             msg = "dynamic temperature needs each step's logits before sampling; it runs only on a local backend"
             raise ConfigurationError(msg)
-        body: dict[str, Any] = {
+        fields: dict[str, Any] = {
             "model": self._model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [proto.ChatMessageParam(role=m.role, content=m.content) for m in messages],
             "max_tokens": options.max_new_tokens,
             "temperature": float(options.temperature),
             "top_p": float(options.top_p),
@@ -215,12 +213,28 @@ class OpenAICompatibleBackend:
             "stream": stream,
         }
         if stream:
-            body["stream_options"] = {"include_usage": True}
+            fields["stream_options"] = proto.StreamOptions(include_usage=True)
         if options.seed is not None:
-            body["seed"] = options.seed
+            fields["seed"] = options.seed
         if options.stop:
-            body["stop"] = list(options.stop)
-        return body
+            fields["stop"] = list(options.stop)
+        try:
+            request = proto.ChatCompletionRequest(**fields)
+        except proto.ValidationError as exc:
+            raise ConfigurationError(proto.describe_errors(exc.errors())[0]) from exc
+        return request.model_dump(mode="json", exclude_unset=True)
+
+    def _parse(self, model: Any, text: str, what: str) -> Any:
+        """``text`` read as ``model`` (a response model or type adapter); RemoteServerError when it is not one."""
+        try:
+            if isinstance(model, TypeAdapter):
+                return model.validate_json(text)
+            return model.model_validate_json(text)
+        except proto.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the body"
+            msg = f"{self._url} sent a response that is not {what} ({where}: {first['msg']}): {text[:200]!r}"
+            raise RemoteServerError(msg) from exc
 
     def _unreachable(self, exc: Exception) -> RemoteServerError:
         msg = f"cannot reach {self._url} ({exc.__class__.__name__}: {exc}); is the server running and base_url right?"
@@ -230,8 +244,8 @@ class OpenAICompatibleBackend:
         if status < 400:
             return
         try:
-            detail = json.loads(text)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+            detail = proto.ErrorResponse.model_validate_json(text).error.message
+        except proto.ValidationError:
             detail = text[:300]
         hint = " (check api_key)" if status == 401 else ""
         if "logprobs" in str(detail) and status == 400:
@@ -239,7 +253,7 @@ class OpenAICompatibleBackend:
         msg = f"{self._url} answered HTTP {status}: {detail}{hint}"
         raise RemoteServerError(msg)
 
-    def _tokens(self, entries: Sequence[Any], start_index: int = 0, check: bool = True) -> list[TokenScore]:
+    def _tokens(self, entries: Sequence[proto.ChatTokenLogprob], start_index: int = 0, check: bool = True) -> list[TokenScore]:
         """TokenScores from ``logprobs.content`` entries (AU/EU recomputed from the raw top-K)."""
         import torch
 
@@ -249,21 +263,17 @@ class OpenAICompatibleBackend:
             return []
         rows = [self._top_values(e) for e in entries]
         if check:
-            self._refuse_logprobs([[z for z, _ in row] for row in rows[:_CHECK_TOKENS]])
-        values = torch.tensor([[z for z, _ in row] for row in rows], dtype=torch.float64)
-        au, eu = logtoku(values, self._evidence)
+            self._refuse_logprobs(rows[:_CHECK_TOKENS])
+        au, eu = logtoku(torch.tensor(rows, dtype=torch.float64), self._evidence)
         out = []
-        for j, (e, row) in enumerate(zip(entries, rows)):
-            extra = e.get("logtoku") if isinstance(e.get("logtoku"), Mapping) else None
-            text = str(extra["token"]) if extra and isinstance(extra.get("token"), str) else str(e.get("token") or "")
-            z = [v for v, _ in row]
+        for j, (e, z) in enumerate(zip(entries, rows)):
+            extra = e.logtoku  # only from logtoku-guard serve: ids and the true full-softmax values
             if extra is not None:
-                token_id = int(extra.get("id", -1))
-                top_ids = tuple(int(i) for i in (extra.get("top_ids") or [-1] * self._k)[: self._k])
-                logprob, entropy = _float(extra.get("logprob")), _float(extra.get("entropy"))
+                text, token_id, top_ids = extra["token"], extra["id"], tuple(extra["top_ids"][: self._k])
+                logprob, entropy = _float(extra["logprob"]), _float(extra["entropy"])
             else:
-                token_id, top_ids = -1, (-1,) * self._k
-                logprob, entropy = _topk_stats(_float(e.get("logprob")), z)
+                text, token_id, top_ids = e.token, -1, (-1,) * self._k
+                logprob, entropy = _topk_stats(_float(e.logprob), z)
             out.append(
                 TokenScore(
                     index=start_index + j,
@@ -279,19 +289,15 @@ class OpenAICompatibleBackend:
             )
         return out
 
-    def _top_values(self, entry: Any) -> list[tuple[float, str]]:
-        try:
-            tops = [(float(t["logprob"]), str(t.get("token", ""))) for t in entry["top_logprobs"] if t.get("logprob") is not None]
-        except (KeyError, TypeError, ValueError) as exc:
-            msg = f"{self._url} sent a logprobs entry without numeric top_logprobs: {entry!r:.200}"
-            raise RemoteServerError(msg) from exc
+    def _top_values(self, entry: proto.ChatTokenLogprob) -> list[float]:
+        """The K largest raw logits of one token's ``top_logprobs``, largest first."""
+        tops = sorted((t.logprob for t in entry.top_logprobs if t.logprob is not None), reverse=True)
         if len(tops) < self._k:
             msg = (
                 f"{self._url} sent {len(tops)} top_logprobs per token but K={self._k} are needed; "
                 f"for vLLM start it with --max-logprobs {max(20, self._k)}, or use a smaller k"
             )
             raise RemoteServerError(msg)
-        tops.sort(key=lambda t: -t[0])
         return tops[: self._k]
 
     def _refuse_logprobs(self, rows: Sequence[Sequence[float]]) -> None:
@@ -326,19 +332,18 @@ class OpenAICompatibleBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk = _json(payload, self._url)
-                    if "error" in chunk:
-                        msg = f"{self._url} failed while streaming: {chunk['error'].get('message')}"
+                    chunk = self._parse(_CHUNK_OR_ERROR, payload, "a chat completion chunk")
+                    if isinstance(chunk, proto.ErrorResponse):
+                        msg = f"{self._url} failed while streaming: {chunk.error.message}"
                         raise RemoteServerError(msg)
-                    if chunk.get("usage"):
-                        state.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        state.text += delta.get("content") or ""
-                        if choice.get("finish_reason"):
-                            state.finish = choice["finish_reason"]
-                            state.stop = choice.get("stop_reason")
-                        entries = (choice.get("logprobs") or {}).get("content") or []
+                    if chunk.usage:
+                        state.prompt_tokens = chunk.usage.prompt_tokens
+                    for choice in chunk.choices:
+                        state.text += choice.delta.content or ""
+                        if choice.finish_reason:
+                            state.finish = choice.finish_reason
+                            state.stop = choice.stop_reason
+                        entries = _entries(choice.logprobs)
                         new = self._tokens(entries, start_index=len(state.tokens), check=False)
                         if new and state.first_s is None:
                             state.first_s = time.perf_counter() - state.start
@@ -398,12 +403,13 @@ class _StreamState:
         self.sent = 0
 
 
-def _json(text: str, url: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        msg = f"{url} sent a body that is not JSON: {text[:200]!r}"
-        raise RemoteServerError(msg) from exc
+_CHUNK_OR_ERROR: TypeAdapter[proto.ChatCompletionChunk | proto.ErrorResponse] = TypeAdapter(
+    proto.ChatCompletionChunk | proto.ErrorResponse
+)
+
+
+def _entries(logprobs: proto.ChatLogprobs | None) -> list[proto.ChatTokenLogprob]:
+    return (logprobs.content or []) if logprobs is not None else []
 
 
 def _float(x: Any) -> float:

@@ -1,6 +1,8 @@
 """An OpenAI-compatible HTTP server (``logtoku-guard serve``), vLLM's wire format with raw logits.
 
-Layout: :mod:`~logtoku_guard.server.wire` (request parsing, response bodies; no web framework),
+Layout: the bodies are the pydantic models of :mod:`logtoku_guard.openai_protocol`;
+:mod:`~logtoku_guard.server.wire` (the server's limits, response bodies; no web framework),
+:mod:`~logtoku_guard.server.body` (size and JSON depth limits before parsing),
 :mod:`~logtoku_guard.server.engine` (generation and guarding off the event loop; the
 :class:`Runner` seam a batcher replaces), :mod:`~logtoku_guard.server.app` (the FastAPI app),
 :mod:`~logtoku_guard.server.run` (uvicorn: :func:`run_server`, :class:`BackgroundServer`) and

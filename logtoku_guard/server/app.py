@@ -1,9 +1,12 @@
 """The ASGI app (FastAPI): ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
 
-Bodies are read with a size limit and parsed by :mod:`logtoku_guard.server.wire`; generation
-runs through :class:`~logtoku_guard.server.engine.Engine`. Every refusal is an OpenAI error
-body with a 4xx status; an API key, when set, is required as ``Authorization: Bearer KEY`` on
-every ``/v1`` route (``GET /health`` stays open for probes).
+A body is first held to the size and nesting limits (:class:`~logtoku_guard.server.body.BodyLimits`),
+then FastAPI parses it into the request models of :mod:`logtoku_guard.openai_protocol` (their
+schemas are served at ``GET /openapi.json``, browsable at ``GET /docs``); the server's own
+limits are checked by :mod:`logtoku_guard.server.wire` and generation runs through
+:class:`~logtoku_guard.server.engine.Engine`. Every refusal is an OpenAI error body with a 4xx
+status; an API key, when set, is required as ``Authorization: Bearer KEY`` on every ``/v1``
+route (``GET /health``, ``/docs`` and ``/openapi.json`` stay open).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) at runtime.
@@ -17,10 +20,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from logtoku_guard import __version__
+from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.server import wire
+from logtoku_guard.server.body import TOO_DEEP, BodyLimits
 from logtoku_guard.server.engine import Answer, Engine
-from logtoku_guard.types import ChatMessage, TokenScore
+from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +83,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     require_serve_extra()
     import anyio
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
-    from starlette.requests import ClientDisconnect
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
 
     class ClosingStreamingResponse(StreamingResponse):
         """Closes its event generator in the task that streamed it, also when the client hangs up.
@@ -103,10 +110,19 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     limits = wire.Limits(settings.limits.max_tokens, settings.limits.default_max_tokens, int(backend.k))
     names: Sequence[str] = settings.model_names or (backend.model_name,)
     text_of = _token_text(backend)
-    app = FastAPI(title="logtoku-guard", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="logtoku-guard",
+        summary="OpenAI-compatible API with vLLM's raw-logit logprobs, plus LogTokU scores and guard decisions.",
+        version=__version__,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
 
     def error(exc: wire.RequestError, extra: Any = None) -> JSONResponse:
         return JSONResponse(exc.body(extra), status_code=exc.status)
+
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes)  # inside the key check: added first
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
@@ -118,65 +134,58 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 return error(wire.RequestError(401, msg))
         return await call_next(request)
 
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        limit = settings.max_body_bytes
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise wire.RequestError(413, f"request body of {declared} bytes is over the server's limit of {limit} bytes")
-        chunks, size = [], 0
+    async def handle(req: wire.AnyRequest) -> Any:
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise wire.RequestError(413, f"request body is over the server's limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect as exc:  # nobody is left to answer; not a server error
-            raise wire.RequestError(400, "the client closed the connection before sending the whole body") from exc
-        try:
-            return json.loads(b"".join(chunks))
-        except RecursionError as exc:
-            msg = "the request body nests JSON arrays/objects too deeply to read; send a flat OpenAI request body"
-            raise wire.RequestError(400, msg) from exc
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise wire.RequestError(400, f"the request body is not valid JSON ({exc})") from exc
-
-    async def handle(request: Request, chat: bool) -> Any:
-        try:
-            body = await read_json(request)
-            if isinstance(body, dict):
-                wire.check_model(body, names)
-            req = wire.parse_chat(body, limits) if chat else wire.parse_completion(body, limits)
-            messages = list(req.messages) if isinstance(req, wire.ChatRequest) else [ChatMessage("user", req.prompt)]
+            wire.check_model(req.model, names)
+            options = wire.decoding_options(req, limits)
+            messages = wire.chat_messages(req)
             if req.stream:
                 return ClosingStreamingResponse(
-                    _sse(engine, req, messages, names[0], text_of),
+                    _sse(engine, req, messages, options, names[0], text_of),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
-            answer = await engine.answer(messages, req.options)
+            answer = await engine.answer(messages, options)
         except wire.RequestError as exc:
             return error(exc)
         except LogTokUError as exc:
             return _library_error(exc, error)
-        if isinstance(req, wire.ChatRequest):
-            return wire.chat_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
-        return wire.completion_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
+        if isinstance(req, proto.ChatCompletionRequest):
+            body: Any = wire.chat_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
+        else:
+            body = wire.completion_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
+        return Response(_json(body), media_type="application/json")
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return wire.models_response(names)
+    @app.get("/v1/models", response_model=proto.ModelList, responses=_ERRORS)
+    async def models() -> Any:
+        """The served model (one name)."""
+        return Response(_json(wire.models_response(names)), media_type="application/json")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        return await handle(request, chat=True)
+    @app.post("/v1/chat/completions", response_model=proto.ChatCompletionResponse, responses=_ERRORS)
+    async def chat_completions(body: proto.ChatCompletionRequest) -> Any:
+        """A chat answer with raw top-K logits per token; ``stream: true`` answers as server-sent
+        events of :class:`ChatCompletionChunk` ending with ``data: [DONE]``."""
+        return await handle(body)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await handle(request, chat=False)
+    @app.post("/v1/completions", response_model=proto.CompletionResponse, responses=_ERRORS)
+    async def completions(body: proto.CompletionRequest) -> Any:
+        """A completion of one prompt (the legacy API); ``stream: true`` answers as server-sent events."""
+        return await handle(body)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = proto.describe_errors(exc.errors())
+        return error(wire.RequestError(400, message, param=param))
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's JSON parser gave up below BodyLimits' depth limit
+            return error(wire.RequestError(400, TOO_DEEP))
+        return error(wire.RequestError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
@@ -225,28 +234,48 @@ def _token_text(backend: Any) -> wire.TokenText:
     return text_of
 
 
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": proto.ErrorResponse, "description": text}
+    for status, text in (
+        (400, "Invalid request (OpenAI error body)"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body over the server's limit"),
+        (422, "Refused by the guard's policy (raise action); the decision is in error.logtoku_guard"),
+    )
+}
+
+
+def _json(body: Any) -> bytes:
+    """A response model's JSON: the fields it was built with (an extra left unset is left out, as vLLM does)."""
+    if isinstance(body, dict):
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return body.model_dump_json(exclude_unset=True).encode()
+
+
 def _data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json(obj) + b"\n\n"
 
 
 async def _sse(
     engine: Engine,
-    req: wire.ChatRequest | wire.CompletionRequest,
+    req: wire.AnyRequest,
     messages: list[ChatMessage],
+    options: DecodingOptions,
     model: str,
     text_of: wire.TokenText,
 ) -> AsyncGenerator[bytes, None]:
     """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``."""
-    chat = isinstance(req, wire.ChatRequest)
+    chat = isinstance(req, proto.ChatCompletionRequest)
     cid, created = wire.new_id("chatcmpl" if chat else "cmpl"), wire.now()
     if chat:
-        yield _data(wire.chat_chunk(cid, created, model, {"role": "assistant", "content": ""}))
+        yield _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(role="assistant", content="")))
     offset = 0
     answer: Answer | None = None
     guarded = engine.policy is not None
     tokens: list[TokenScore] = []
     try:
-        async with aclosing(engine.stream(messages, req.options)) as items:
+        async with aclosing(engine.stream(messages, options)) as items:
             async for item in items:
                 if isinstance(item, Answer):
                     answer = item
@@ -260,7 +289,7 @@ async def _sse(
         from logtoku_guard.guard import GuardRejectedError
         from logtoku_guard.payloads import result_payload
 
-        extra = {"logtoku_guard": dict(result_payload(exc.result))} if isinstance(exc, GuardRejectedError) else None
+        extra = {"logtoku_guard": result_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500
         if status == 500:
             logger.error("generation failed: %s", exc, exc_info=exc)
@@ -281,26 +310,24 @@ async def _sse(
                 yield _token_chunk(req, cid, created, model, t, offset, text_of)
                 offset += len(t.text)
         else:  # the guard replaced the answer (warn/abstain/review): one chunk with it
-            delta_text = answer.text
             yield _data(
-                wire.chat_chunk(cid, created, model, {"content": delta_text})
+                wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=answer.text))
                 if chat
-                else wire.completion_chunk(cid, created, model, delta_text)
+                else wire.completion_chunk(cid, created, model, answer.text)
             )
-    final = (
-        wire.chat_chunk(cid, created, model, {}, finish=g) if chat else wire.completion_chunk(cid, created, model, "", finish=g)
+    final: proto.ChatCompletionChunk | proto.CompletionChunk = (
+        wire.chat_chunk(cid, created, model, proto.DeltaMessage(), finish=g, guard_result=answer.guard_result)
+        if chat
+        else wire.completion_chunk(cid, created, model, "", finish=g, guard_result=answer.guard_result)
     )
-    final["choices"][0].update(wire.choice_extras(g, answer.guard_result))
     yield _data(final)
     if req.include_usage:
-        yield _data(
-            {"id": cid, "object": final["object"], "created": created, "model": model, "choices": [], "usage": wire.usage(g)}
-        )
+        yield _data(final.model_copy(update={"choices": [], "usage": wire.usage(g)}))
     yield b"data: [DONE]\n\n"
 
 
 def _token_chunk(
-    req: wire.ChatRequest | wire.CompletionRequest,
+    req: wire.AnyRequest,
     cid: str,
     created: int,
     model: str,
@@ -308,8 +335,8 @@ def _token_chunk(
     offset: int,
     text_of: wire.TokenText,
 ) -> bytes:
-    if isinstance(req, wire.ChatRequest):
-        lp = {"content": [wire.chat_logprob(t, req.top_logprobs, text_of)]} if req.logprobs else None
-        return _data(wire.chat_chunk(cid, created, model, {"content": t.text}, logprobs=lp))
+    if isinstance(req, proto.ChatCompletionRequest):
+        lp = proto.ChatLogprobs(content=[wire.chat_logprob(t, req.top_logprobs or 0, text_of)]) if req.logprobs else None
+        return _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=t.text), logprobs=lp))
     clp = None if req.logprobs is None else wire.completion_logprobs([t], req.logprobs, text_of, offset)
     return _data(wire.completion_chunk(cid, created, model, t.text, logprobs=clp))

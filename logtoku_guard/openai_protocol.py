@@ -1,0 +1,490 @@
+"""The OpenAI-compatible wire protocol, as pydantic models: vLLM's JSON with raw logits, plus LogTokU extras.
+
+One definition of every body that crosses the wire, used by both ends: ``logtoku-guard serve``
+(FastAPI parses and documents the requests, and the responses are built from these models) and
+:class:`~logtoku_guard.backends.openai_compat.OpenAICompatibleBackend` (it builds its request
+and reads vLLM's or our server's responses with them). No web framework is imported here.
+
+Requests (:class:`ChatCompletionRequest`, :class:`CompletionRequest`) are strict: a JSON
+``true`` is not an integer, ``"1"`` is not a number, numbers must be finite, ``seed`` is 0 to
+2**64 - 1. What depends on the server's settings (the largest ``max_tokens``, ``top_logprobs``
+<= K, the served model name) is checked by the server after parsing. Unknown fields are ignored,
+as OpenAI clients send many. :func:`describe_errors` turns a validation error into one sentence
+naming the field, the value and what is accepted.
+
+Responses follow vLLM's shape with ``--logprobs-mode raw_logits``: every ``logprob`` is a **raw
+logit**, not a log-probability. Extensions an OpenAI client ignores: each chat
+``logprobs.content[]`` entry has ``logtoku`` (:class:`LogTokUToken`: AU, EU, the true
+full-softmax log p and entropy, token ids); a completion's ``logprobs.logtoku`` is the same
+list; each choice has ``logtoku`` (the response summary) and, under a policy, ``logtoku_guard``
+(the guard's decision). Response models ignore fields they do not know (vLLM sends many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
+
+from logtoku_guard.errors import short_repr
+from logtoku_guard.payloads import ResultPayload, SummaryPayload, TokenPayload
+
+__all__ = [
+    "SEED_MAX",
+    "AssistantMessage",
+    "ChatChoice",
+    "ChatChunkChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatLogprobs",
+    "ChatMessageParam",
+    "ChatTokenLogprob",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "CompletionResponse",
+    "DeltaMessage",
+    "ErrorInfo",
+    "ErrorResponse",
+    "LogTokUToken",
+    "ModelCard",
+    "ModelList",
+    "StreamOptions",
+    "TextPart",
+    "TopLogprob",
+    "Usage",
+    "ValidationError",
+    "WireValueError",
+    "describe_errors",
+]
+
+SEED_MAX = 2**64 - 1
+"""The largest ``seed`` (64 bits, what the random number generator takes)."""
+
+
+class WireValueError(ValueError):
+    """A request refused by one of the models' own rules: the whole message, and the field it names."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# -- requests ----------------------------------------------------------------------------------
+_REQUEST = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(BaseModel):
+    """A content part of a chat message (only text parts are supported)."""
+
+    model_config = _REQUEST
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessageParam(BaseModel):
+    """One chat turn: ``content`` is a string or a list of text parts (joined)."""
+
+    model_config = _REQUEST
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+    include_usage: StrictBool | None = Field(default=False, description="Send a last chunk with the token counts.")
+
+
+class _SamplingRequest(BaseModel):
+    """The fields both endpoints share."""
+
+    model_config = _REQUEST
+    model: StrictStr | None = Field(default=None, description="The served model's name (see GET /v1/models); may be left out.")
+    max_tokens: StrictInt | None = Field(default=None, ge=1, description="Largest number of tokens to generate.")
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, description="Alias of max_tokens (wins over it).")
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="0 = greedy; default 1.")
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, description="Nucleus sampling mass; default 1.")
+    seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX, description="Makes sampling repeatable (0 to 2**64 - 1).")
+    stop: StrictStr | list[StrictStr] | None = Field(default=None, description="Generation stops before any of these strings.")
+    n: StrictInt | None = Field(default=1, description="Choices per request: this server returns one (n=1).")
+    stream: StrictBool | None = Field(default=False, description="Answer as server-sent events, one chunk per token.")
+    stream_options: StreamOptions | None = None
+    best_of: StrictInt | None = Field(default=None, description="Not supported beyond 1: leave it out.")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
+            msg = f"n={short_repr(n)}: this server returns one choice per request; send n=1 (or several requests)"
+            raise WireValueError(msg, "n")
+        return n
+
+    @field_validator("best_of", mode="before")
+    @classmethod
+    def _no_best_of(cls, best_of: Any) -> Any:
+        if best_of is not None and (best_of is True or best_of != 1):
+            raise WireValueError(f"best_of={short_repr(best_of)} is not supported; leave it out", "best_of")
+        return best_of
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if not all(strings):
+            msg = f"stop strings must not be empty, got {short_repr(strings)}"
+            raise WireValueError(msg, "stop")
+        return stop
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation, oldest turn first.")
+    logprobs: StrictBool | None = Field(default=False, description="Return each token's raw top logits in logprobs.content.")
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if not any(m.text.strip() for m in self.messages if m.role != "system"):
+            raise WireValueError("every user/assistant message is empty; add the question as a user message", "messages")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise WireValueError("top_logprobs needs logprobs=true", "top_logprobs")
+        return self
+
+
+class CompletionRequest(_SamplingRequest):
+    """``POST /v1/completions`` (one prompt per request)."""
+
+    prompt: StrictStr | list[StrictStr] = Field(description="The text to complete: one string (or a list of one).")
+    logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+    echo: StrictBool | None = Field(default=False, description="Not supported: leave it out.")
+    suffix: StrictStr | None = Field(default=None, description="Not supported: leave it out.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise WireValueError(f"prompt must be one string (one prompt per request), got {short_repr(prompt)}", "prompt")
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        if not text.strip():
+            raise WireValueError("prompt is empty; send the text to complete", "prompt")
+        return prompt
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise WireValueError("echo=true is not supported; leave it out", "echo")
+        return echo
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix is not None:
+            raise WireValueError("suffix is not supported; leave it out", "suffix")
+        return suffix
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# -- responses ---------------------------------------------------------------------------------
+_RESPONSE = ConfigDict(extra="ignore")
+
+
+class LogTokUToken(TokenPayload):
+    """The per-token ``logtoku`` extension: the token's payload plus the ids of its top-K logits."""
+
+    top_ids: list[int]
+
+
+class TopLogprob(BaseModel):
+    """One alternative: its text, raw logit (``logprob``) and UTF-8 bytes."""
+
+    model_config = _RESPONSE
+    token: str
+    logprob: float | None
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    """One generated token of a chat answer, its top alternatives and (from this server) ``logtoku``.
+
+    ``logprob`` is the chosen token's raw logit, ``None`` when a sampled token is outside the kept top-K.
+    """
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    logtoku: LogTokUToken | None = None
+
+
+class ChatLogprobs(BaseModel):
+    model_config = _RESPONSE
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy ``logprobs`` object of a completion choice (values: raw logits)."""
+
+    model_config = _RESPONSE
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float | None] | None] = Field(default_factory=list)
+    logtoku: list[LogTokUToken] | None = None
+
+
+class Usage(BaseModel):
+    model_config = _RESPONSE
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class AssistantMessage(BaseModel):
+    model_config = _RESPONSE
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[Any] = Field(default_factory=list)
+
+
+class DeltaMessage(BaseModel):
+    """What a chat chunk adds to the message (fields left out of the JSON when not sent)."""
+
+    model_config = _RESPONSE
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    model_config = _RESPONSE
+    index: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logtoku: SummaryPayload | None = Field(default=None, description="LogTokU scores of the answer (this server only).")
+    logtoku_guard: ResultPayload | None = Field(default=None, description="The guard's decision (this server, under a policy).")
+
+
+class ChatChoice(_Choice):
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatChunkChoice(_Choice):
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+
+
+class CompletionChoice(_Choice):
+    text: str
+    logprobs: CompletionLogprobs | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    model_config = _RESPONSE
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice] = Field(min_length=1)
+    usage: Usage | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a chat stream (the last one, ``choices`` empty, may carry ``usage``)."""
+
+    model_config = _RESPONSE
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionResponse(BaseModel):
+    model_config = _RESPONSE
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice] = Field(min_length=1)
+    usage: Usage | None = None
+
+
+class CompletionChunk(BaseModel):
+    """One server-sent event of a completion stream (same ``object`` as the whole response, as vLLM)."""
+
+    model_config = _RESPONSE
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    model_config = _RESPONSE
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    model_config = _RESPONSE
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """OpenAI's error: ``code`` is the HTTP status; a guard refusal (422) adds ``logtoku_guard``."""
+
+    model_config = _RESPONSE
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+    logtoku_guard: ResultPayload | None = None
+
+
+class ErrorResponse(BaseModel):
+    model_config = _RESPONSE
+    error: ErrorInfo
+
+
+# -- validation errors as one sentence ---------------------------------------------------------
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a JSON object",
+    "model_type": "a JSON object",
+    "model_attributes_type": "a JSON object",
+    "literal_error": "{expected}",
+    "too_short": "a non-empty list",
+}
+_RANGE = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _field_names() -> frozenset[str]:
+    names: set[str] = set()
+    for model in (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions):
+        names.update(model.model_fields)
+    return frozenset(names)
+
+
+_FIELDS = _field_names()
+
+
+def _path(loc: Sequence[int | str]) -> list[int | str]:
+    """The location without FastAPI's ``body`` root and pydantic's union-member tags (``str``, ``list[str]``)."""
+    parts = list(loc[1:] if loc[:1] == ("body",) else loc)
+    return [p for p in parts if isinstance(p, int) or p in _FIELDS]
+
+
+def _path_text(path: Sequence[int | str]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "the request body"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, int) and value > 2**32 and (value + 1).bit_count() == 1:
+        return f"2**{(value + 1).bit_length() - 1} - 1"
+    return str(value)
+
+
+def _expected(error: Mapping[str, Any]) -> str:
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+        return "a finite number"  # an integer too large for a float
+    if kind in _RANGE:
+        return f"{_RANGE[kind]} {_number(next(iter(ctx.values())))}"
+    if kind in _EXPECTED:
+        return _EXPECTED[kind].format(**ctx)
+    return str(error.get("msg", kind)).rstrip(".")
+
+
+def describe_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """``(message, param)`` for a request's validation errors (pydantic's or FastAPI's ``errors()``).
+
+    The first failing field is described; alternatives of a field that takes several forms
+    (``stop``: a string or a list of strings) are named together.
+    """
+    if not errors:
+        return "the request body is not valid", None
+    first = errors[0]
+    kind = first["type"]
+    if kind in ("value_error", "assertion_error") and isinstance((first.get("ctx") or {}).get("error"), WireValueError):
+        err = first["ctx"]["error"]
+        return str(err), err.param
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"the request body is not valid JSON ({detail} at character {first['loc'][-1]})", None
+    path = _path(first["loc"])
+    param = str(path[0]) if path and isinstance(path[0], str) else None
+    subject = _path_text(path)
+    if kind == "missing":
+        return (f"{subject} is required" if path else "the request body is missing; send a JSON object"), param
+    if not path and isinstance(first.get("input"), bytes):
+        return "the request body must be JSON sent with the header 'Content-Type: application/json'", None
+    # a union reports one error per alternative at the same place: name them all
+    same = [e for e in errors if _path(e["loc"]) == path and e["type"] not in ("value_error", "missing")]
+    deeper = [e for e in errors if len(_path(e["loc"])) > len(path) and _path(e["loc"])[: len(path)] == path]
+    if deeper:  # an alternative that got further (a list whose item is wrong) says more
+        return describe_errors(deeper)
+    expected = " or ".join(dict.fromkeys(_expected(e) for e in same or [first]))
+    if kind in _RANGE and param is not None:
+        expected = _range_of(param) or expected
+    return f"{subject} must be {expected}, got {short_repr(first.get('input'))}", param
+
+
+def _range_of(name: str) -> str | None:
+    """The field's whole range when it has two bounds: ``"an integer from 0 to 2**64 - 1"``, ``"a number > 0 and <= 1"``."""
+    for model in (ChatCompletionRequest, CompletionRequest):
+        info = model.model_fields.get(name)
+        if info is None:
+            continue
+        bounds = {a: getattr(m, a) for m in info.metadata for a in ("ge", "gt", "le", "lt") if getattr(m, a, None) is not None}
+        low = next(((a, v) for a, v in bounds.items() if a in ("ge", "gt")), None)
+        high = next(((a, v) for a, v in bounds.items() if a in ("le", "lt")), None)
+        if low is None or high is None:
+            return None
+        kind = "a number" if "float" in str(info.annotation) else "an integer"
+        if low[0] == "ge" and high[0] == "le":
+            return f"{kind} from {_number(low[1])} to {_number(high[1])}"
+        return f"{kind} {_RANGE[_OPS[low[0]]]} {_number(low[1])} and {_RANGE[_OPS[high[0]]]} {_number(high[1])}"
+    return None
+
+
+_OPS = {"ge": "greater_than_equal", "gt": "greater_than", "le": "less_than_equal", "lt": "less_than"}
