@@ -14,6 +14,30 @@ every adapter and payload agrees on both.
 
 Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
 ``reliability*`` higher = more reliable.
+
+Flat decision attributes (:func:`decision_attributes`): one set of ``logtoku.*`` keys, built
+here only, for the OpenTelemetry GUARDRAIL span, the metadata LangChain tracers get on the
+guard's run (``LogTokUGuard`` and ``LogTokUMiddleware``) and their ``logtoku_flagged`` /
+``logtoku_retracted`` events, and LlamaIndex's instrument tags. Values are OpenTelemetry
+attribute values (strings, numbers, booleans, lists of strings); a key whose value is undefined
+is left out, never ``None``:
+
+==================================  ===================================================================
+``logtoku.action``                  the decision's action
+``logtoku.reason``                  why (the rule's reason, or why no rule fired)
+``logtoku.rule``                    the rule that fired (absent when none did)
+``logtoku.reliability``             the last answer's reliability (absent when undefined)
+``logtoku.guard_score``             the decision's guard score (absent without a fitted guard)
+``logtoku.reliability_percentile``  the reliability's percentile (0-100) in the model's profile,
+                                    when a profile of the same ``top_n`` is given
+``logtoku.attempts``                how many answers were generated
+``logtoku.route``                   every action taken, in order: each attempt's own, then the
+                                    decision's when it differs (``["retrieve", "pass"]``)
+``logtoku.rules``                   the rules that fired on the way, in order, each once
+``logtoku.trace_id``                the audit trace id (once concluded)
+``logtoku.stopped_early``           an early-stop rule cut the generation (once concluded)
+``logtoku.review_id``               the review queue id (``human_review``, once recorded)
+==================================  ===================================================================
 """
 
 from __future__ import annotations
@@ -26,6 +50,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
 
 if TYPE_CHECKING:
+    from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.guard import Attempt, GuardResult
     from logtoku_guard.policy import Check, Decision
     from logtoku_guard.stats import ResponseStats
@@ -33,6 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptPayload",
+    "AttributeValue",
     "CheckPayload",
     "DecisionPayload",
     "GenerationPayload",
@@ -45,6 +71,7 @@ __all__ = [
     "TokenPayload",
     "attempt_payload",
     "check_payload",
+    "decision_attributes",
     "decision_payload",
     "generation_payload",
     "json_float",
@@ -345,3 +372,51 @@ def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = 
         tokens=[token_payload(t, thresholds) for t in g.tokens],
         timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
     )
+
+
+AttributeValue = str | bool | int | float | list[str]
+"""A value of :func:`decision_attributes` (an OpenTelemetry attribute value)."""
+
+
+def decision_attributes(
+    decision: Decision,
+    attempts: Sequence[Attempt],
+    result: GuardResult | None = None,
+    profile: ModelProfile | None = None,
+) -> dict[str, AttributeValue]:
+    """The flat ``logtoku.*`` attributes of ``decision`` after ``attempts`` (the keys: see the module).
+
+    ``result`` (the concluded answer) adds the trace id, ``stopped_early`` and the review id;
+    ``profile`` adds the reliability's percentile when it was measured with the same ``top_n``.
+    An undefined value (no rule, a NaN reliability) leaves its key out.
+    """
+    actions: list[str] = [a.decision.action for a in attempts]
+    route = actions if actions and actions[-1] == decision.action else [*actions, decision.action]
+    rules = [a.decision.rule for a in attempts] + [decision.rule]
+    out: dict[str, AttributeValue] = {
+        "logtoku.action": decision.action,
+        "logtoku.reason": decision.reason,
+        "logtoku.attempts": len(attempts),
+        "logtoku.route": route,
+        "logtoku.rules": list(dict.fromkeys(r for r in rules if r is not None)),
+    }
+    if decision.rule is not None:
+        out["logtoku.rule"] = decision.rule
+    guard_score = json_float(decision.stats.as_dict().get("guard_score"))
+    if guard_score is not None:
+        out["logtoku.guard_score"] = guard_score
+    if attempts:
+        generation = attempts[-1].generation
+        reliability = json_float(generation.score.reliability)
+        if reliability is not None:
+            out["logtoku.reliability"] = reliability
+            if profile is not None and profile.top_n == generation.top_n:
+                percentile = json_float(profile.percentile("reliability", reliability))
+                if percentile is not None:
+                    out["logtoku.reliability_percentile"] = 100.0 * percentile
+    if result is not None:
+        out["logtoku.trace_id"] = result.trace_id
+        out["logtoku.stopped_early"] = result.stopped_early
+        if result.review_id is not None:
+            out["logtoku.review_id"] = result.review_id
+    return out

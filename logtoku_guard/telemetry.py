@@ -3,6 +3,7 @@
 One guarded question is one span tree::
 
     apply_guardrail logtoku     openinference.span.kind=GUARDRAIL; the decision as logtoku.* attributes
+                                (payloads.decision_attributes)
     ├── chat <model>            one per generation (openinference.span.kind=LLM, gen_ai.usage.*)
     ├── retrieve                one per retrieval (openinference.span.kind=RETRIEVER)
     └── chat <model>            the answer made with the retrieved context
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import decision_attributes
 
 if TYPE_CHECKING:
     from logtoku_guard.guard import Guard, GuardResult
@@ -193,27 +195,8 @@ class RunSpan(_Span):
             if attempt.decision.rule is not None:
                 event["logtoku.rule"] = attempt.decision.rule
             span.add_event(EVALUATION_EVENT, event, timestamp=self._generated.get(number))
-        attributes: dict[str, Any] = {
-            "logtoku.action": result.action,
-            "logtoku.reason": decision.reason,
-            "logtoku.attempts": len(result.attempts),
-            "logtoku.trace_id": result.trace_id,
-            "logtoku.stopped_early": result.stopped_early,
-        }
-        if decision.rule is not None:
-            attributes["logtoku.rule"] = decision.rule
-        if result.review_id is not None:
-            attributes["logtoku.review_id"] = result.review_id
-        if _finite(result.reliability):
-            attributes["logtoku.reliability"] = result.reliability
-        guard_score = decision.stats.as_dict().get("guard_score")
-        if guard_score is not None:
-            attributes["logtoku.guard_score"] = guard_score
         profile = self._guard.profile if self._guard is not None else None
-        if profile is not None and profile.top_n == result.generation.top_n:
-            percentile = profile.percentile("reliability", result.reliability)
-            if _finite(percentile):
-                attributes["logtoku.reliability_percentile"] = 100.0 * percentile
+        attributes: dict[str, Any] = dict(decision_attributes(decision, result.attempts, result, profile))
         if self._telemetry.capture_content:
             attributes["output.value"] = result.answer
         span.set_attributes(attributes)

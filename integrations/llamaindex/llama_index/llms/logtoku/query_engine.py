@@ -26,7 +26,8 @@ synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
 (with the route: each attempt's action and rule) and the spans opened to act on it are tagged
-``logtoku.action``/``logtoku.rule``/``logtoku.attempt``/``logtoku.route``.
+with the flat decision attributes of :func:`logtoku_guard.payloads.decision_attributes`
+(``logtoku.action``, ``logtoku.rule``, ``logtoku.attempts``, ``logtoku.route``, ...).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.errors import ConfigurationError, GuardRejectedError
 from logtoku_guard.guard import Guard, GuardResult, GuardTimings
+from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
 
 from ._live import alive, live
@@ -311,13 +313,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
-        return {
-            **active_instrument_tags.get(),
-            "logtoku.action": decision.action,
-            "logtoku.rule": decision.rule,
-            "logtoku.attempt": len(run.attempts),
-            "logtoku.route": [a.decision.action for a in run.attempts],
-        }
+        return {**active_instrument_tags.get(), **decision_attributes(decision, run.attempts, profile=self._guard.profile)}
 
     def _requery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
         """Announce the re-query's decision and run it under its tags; the route's next request."""
