@@ -18,16 +18,18 @@ from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
     DatasetUnavailableError,
-    GuardRejectedError,
     InvalidPromptError,
+    LogProbsNotLogitsError,
     LogTokUError,
     MissingDependencyError,
     ModelLoadError,
     NonFiniteLogitsError,
     PolicyError,
     PromptTooLongError,
+    RemoteServerError,
     ReviewError,
     ReviewStateError,
+    ReviewTimeoutError,
     UnknownReviewItemError,
     UnknownTraceError,
     UsageError,
@@ -63,8 +65,9 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
     from logtoku_guard.capture import GenerationCapture, capture_generations
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
-    from logtoku_guard.guard import Guard, GuardResult
+    from logtoku_guard.guard import Guard
     from logtoku_guard.policy import Decision, Policy, default_policy
+    from logtoku_guard.results import GuardRejectedError, GuardResult
     from logtoku_guard.retrieval import KeywordRetriever
     from logtoku_guard.stats import ResponseStats
 
@@ -89,7 +92,8 @@ _LAZY = {
     "fit_threshold": "logtoku_guard.calibration",
     "load_profile_for": "logtoku_guard.calibration",
     "Guard": "logtoku_guard.guard",
-    "GuardResult": "logtoku_guard.guard",
+    "GuardResult": "logtoku_guard.results",
+    "GuardRejectedError": "logtoku_guard.results",
     "GenerationCapture": "logtoku_guard.capture",
     "capture_generations": "logtoku_guard.capture",
     "KeywordRetriever": "logtoku_guard.retrieval",
@@ -123,6 +127,7 @@ __all__ = [
     "GuardResult",
     "InvalidPromptError",
     "KeywordRetriever",
+    "LogProbsNotLogitsError",
     "LogTokUError",
     "MissingDependencyError",
     "ModelLoadError",
@@ -133,11 +138,13 @@ __all__ = [
     "PromptTooLongError",
     "Quadrant",
     "QuadrantThresholds",
+    "RemoteServerError",
     "ResponseScore",
     "ResponseStats",
     "ReviewError",
     "ReviewItem",
     "ReviewStateError",
+    "ReviewTimeoutError",
     "ScriptedAnswer",
     "ScriptedBackend",
     "Timings",

@@ -8,9 +8,10 @@ tests) type their reads with these ``TypedDict`` classes instead of ``.get("..."
 JSON has no NaN or infinity: every float that is not finite is written as ``None``
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
-count in no quadrant (the four shares then sum to less than 1). :mod:`logtoku_guard.stats`
-computes the policy's ``quadrant_*_share`` statistics with the same :func:`quadrant_shares`, so
-every adapter and payload agrees on both.
+count in no quadrant (the four shares then sum to less than 1). Both come from
+:func:`logtoku_guard.uncertainty.quadrant_of` and :func:`~logtoku_guard.uncertainty.quadrant_shares`,
+which :mod:`logtoku_guard.stats` uses for the policy's ``quadrant_*_share`` statistics too, so
+every adapter, payload and policy agrees on both.
 
 Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
 ``reliability*`` higher = more reliable.
@@ -47,12 +48,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import QuadrantThresholds, quadrant_of, quadrant_shares
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.guard import Attempt, GuardResult
     from logtoku_guard.policy import Check, Decision
+    from logtoku_guard.results import Attempt, GuardResult
     from logtoku_guard.stats import ResponseStats
     from logtoku_guard.types import Generation, TokenScore
 
@@ -75,8 +76,6 @@ __all__ = [
     "decision_payload",
     "generation_payload",
     "json_float",
-    "quadrant_of",
-    "quadrant_shares",
     "result_payload",
     "stats_payload",
     "summary_payload",
@@ -93,27 +92,6 @@ def json_float(x: float | None) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-# -- quadrants ---------------------------------------------------------------------------------
-def quadrant_of(token: TokenScore, thresholds: QuadrantThresholds | None) -> Quadrant | None:
-    """The token's quadrant, or ``None`` without thresholds or when its AU or EU is undefined."""
-    if thresholds is None or not (math.isfinite(token.au) and math.isfinite(token.eu)):
-        return None
-    return thresholds.classify(token.au, token.eu)
-
-
-def quadrant_shares(tokens: Sequence[TokenScore], thresholds: QuadrantThresholds | None) -> dict[str, float] | None:
-    """Share of *all* tokens in each quadrant (``None`` without thresholds or without tokens)."""
-    n = len(tokens)
-    if thresholds is None or n == 0:
-        return None
-    counts = dict.fromkeys((q.value for q in Quadrant), 0)
-    for t in tokens:
-        q = quadrant_of(t, thresholds)
-        if q is not None:
-            counts[q.value] += 1
-    return {label: c / n for label, c in counts.items()}
 
 
 # -- payload types -----------------------------------------------------------------------------

@@ -60,7 +60,6 @@ from logtoku_guard.stats import ResponseStats
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.payloads import DecisionPayload
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
 UndefinedMode = Literal["least_reliable", "never_fires"]
@@ -298,12 +297,6 @@ class Decision:
     reason: str
     checks: tuple[Check, ...]
     stats: ResponseStats
-
-    def to_dict(self) -> DecisionPayload:
-        """The JSON form (:func:`logtoku_guard.payloads.decision_payload`)."""
-        from logtoku_guard.payloads import decision_payload
-
-        return decision_payload(self)
 
 
 DEFAULT_GUARD_THRESHOLD = 0.2474

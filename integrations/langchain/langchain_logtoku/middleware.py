@@ -66,10 +66,11 @@ from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.capture import GenerationCapture, capture_generations
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError, UsageError
-from logtoku_guard.guard import Attempt, Conclude, Guard, GuardResult, GuardTimings, RetrieverLike
+from logtoku_guard.errors import ConfigurationError, UsageError
+from logtoku_guard.guard import Conclude, Guard, RetrieverLike
 from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.policy import Decision, Policy, default_policy
+from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
 from logtoku_guard.types import Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode, rescore
 

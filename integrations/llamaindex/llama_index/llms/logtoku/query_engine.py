@@ -46,10 +46,11 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError
-from logtoku_guard.guard import Guard, GuardResult, GuardTimings
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.guard import Guard
 from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
+from logtoku_guard.results import GuardRejectedError, GuardResult, GuardTimings
 
 from ._live import alive, live
 from ._responses import (
