@@ -40,7 +40,7 @@ from logtoku_guard.guard_score import with_guard_score
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import Decision, Policy, RetrieveSettings, default_policy
 from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
-from logtoku_guard.retrieving import Retriever, RetrieverLike, call_retriever
+from logtoku_guard.retriever_calls import Retriever, RetrieverLike, call_retriever
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.telemetry import GuardTelemetry, RunSpan
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages

@@ -20,7 +20,7 @@ from typing import Literal, get_args
 
 from logtoku_guard.claims import ClaimStats
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.prompt_scores import PromptStats
+from logtoku_guard.prompt_stats import PromptStats
 from logtoku_guard.types import Generation, ResponseScore, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds, quadrant_shares, word_scores
 
@@ -90,7 +90,7 @@ class ResponseStats:
     ``first_max_eu``: max EU over those first content tokens; ``word_mean_eu``: mean over the
     answer's words of each word's max EU (:func:`~logtoku_guard.uncertainty.word_scores`).
     ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass
-    (:class:`~logtoku_guard.prompt_scores.PromptStats`; NaN without prompt scores).
+    (:class:`~logtoku_guard.prompt_stats.PromptStats`; NaN without prompt scores).
     ``claim_*``: the words the answer asserts beyond the question (:mod:`logtoku_guard.claims`:
     max/mean word EU, min/mean log-probability; NaN when it asserts no new content word).
     ``reliability_debiased`` and ``guard_score`` need a fitted guard model

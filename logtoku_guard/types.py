@@ -294,7 +294,7 @@ class Generation:
     timings: Timings = field(default_factory=lambda: Timings(0.0, None, None))
     prompt_scores: tuple[TokenScore, ...] = ()
     """The question's own tokens scored teacher-forced from the prefill pass (the logits before
-    each token score it; :mod:`logtoku_guard.backends.prompt_capture`); empty when the backend
+    each token score it; :mod:`logtoku_guard.backends.prompt_scoring`); empty when the backend
     does not see the prompt's logits (OpenAI-compatible servers, scripted backends)."""
 
     @cached_property

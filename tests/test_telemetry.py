@@ -25,7 +25,7 @@ from test_guard import by_question, policy
 
 from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard, GuardRejectedError
-from logtoku_guard.retrieval import KeywordRetriever
+from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]

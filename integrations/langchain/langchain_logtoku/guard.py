@@ -45,8 +45,8 @@ from langchain_logtoku._traced import EarlyStop, TracedBackend
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import capture_generations
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.generation_capture import capture_generations
 from logtoku_guard.guard import Guard, RetrieverLike
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy

@@ -65,8 +65,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import GenerationCapture, capture_generations
 from logtoku_guard.errors import ConfigurationError, UsageError
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard import Conclude, Guard, RetrieverLike
 from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.policy import Decision, Policy, default_policy

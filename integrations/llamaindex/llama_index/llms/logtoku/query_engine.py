@@ -21,7 +21,7 @@ The driving's decisions (judge, re-query or stop, fall back) are written once, w
 :func:`~._route.route`; the sync and async queries here and the ``"live"`` streams of
 :mod:`._live` only do the I/O it asks for.
 
-The scores come through :func:`logtoku_guard.capture.capture_generations`, because the
+The scores come through :func:`logtoku_guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
@@ -45,8 +45,8 @@ from llama_index.core.instrumentation.dispatcher import active_instrument_tags, 
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard import Guard
 from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
@@ -69,8 +69,8 @@ from ._responses import (
 )
 from ._route import Act, Read, Requery, Request, Steps, Synthesis, Synthesize, out_of_turn, route
 from .base import LogTokULLM
-from .capture import WithheldCapture
 from .events import LogTokUDecisionEvent, query_payload
+from .withheld import WithheldCapture
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
