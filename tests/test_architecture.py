@@ -140,3 +140,13 @@ def test_only_the_core_counts_retrieval_attempts() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
+    tests = ROOT / "tests"
+    rounds = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.stem.endswith(("_hardening", "_round", "_fixes"))]
+    assert not rounds, f"name test files after what they test, not after a round of work: {rounds}"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert flat == ["test_architecture.py", "test_fabricated.py", "test_public_api.py"], (
+        f"put unit tests in a folder per unit: {flat}"
+    )
