@@ -3,7 +3,7 @@
 Data flow: prompt -> generation with raw top-K logits (a backend) -> token AU/EU
 (:mod:`logtoku_guard.uncertainty`) -> response reliability -> policy decision -> guard action
 (:mod:`logtoku_guard.guard`) -> JSON payloads (:mod:`logtoku_guard.payloads`) and audit record.
-Framework adapters hand generations to guards through :mod:`logtoku_guard.capture`.
+Framework adapters hand generations to guards through :mod:`logtoku_guard.generation_capture`.
 
 ``import logtoku_guard`` is light: torch and transformers load only when a backend or a
 tensor function is used, and no LLM framework (LangChain, LlamaIndex) is ever imported here.
@@ -18,16 +18,18 @@ from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
     DatasetUnavailableError,
-    GuardRejectedError,
     InvalidPromptError,
+    LogProbsNotLogitsError,
     LogTokUError,
     MissingDependencyError,
     ModelLoadError,
     NonFiniteLogitsError,
     PolicyError,
     PromptTooLongError,
+    RemoteServerError,
     ReviewError,
     ReviewStateError,
+    ReviewTimeoutError,
     UnknownReviewItemError,
     UnknownTraceError,
     UsageError,
@@ -61,11 +63,12 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
-    from logtoku_guard.capture import GenerationCapture, capture_generations
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
-    from logtoku_guard.guard import Guard, GuardResult
+    from logtoku_guard.generation_capture import GenerationCapture, capture_generations
+    from logtoku_guard.guard import Guard
+    from logtoku_guard.keyword_retriever import KeywordRetriever
     from logtoku_guard.policy import Decision, Policy, default_policy
-    from logtoku_guard.retrieval import KeywordRetriever
+    from logtoku_guard.results import GuardRejectedError, GuardResult
     from logtoku_guard.stats import ResponseStats
 
 __version__ = "0.1.0"
@@ -89,10 +92,11 @@ _LAZY = {
     "fit_threshold": "logtoku_guard.calibration",
     "load_profile_for": "logtoku_guard.calibration",
     "Guard": "logtoku_guard.guard",
-    "GuardResult": "logtoku_guard.guard",
-    "GenerationCapture": "logtoku_guard.capture",
-    "capture_generations": "logtoku_guard.capture",
-    "KeywordRetriever": "logtoku_guard.retrieval",
+    "GuardResult": "logtoku_guard.results",
+    "GuardRejectedError": "logtoku_guard.results",
+    "GenerationCapture": "logtoku_guard.generation_capture",
+    "capture_generations": "logtoku_guard.generation_capture",
+    "KeywordRetriever": "logtoku_guard.keyword_retriever",
     "ensure_embedded_model": "logtoku_guard.embedded",
 }
 
@@ -123,6 +127,7 @@ __all__ = [
     "GuardResult",
     "InvalidPromptError",
     "KeywordRetriever",
+    "LogProbsNotLogitsError",
     "LogTokUError",
     "MissingDependencyError",
     "ModelLoadError",
@@ -133,11 +138,13 @@ __all__ = [
     "PromptTooLongError",
     "Quadrant",
     "QuadrantThresholds",
+    "RemoteServerError",
     "ResponseScore",
     "ResponseStats",
     "ReviewError",
     "ReviewItem",
     "ReviewStateError",
+    "ReviewTimeoutError",
     "ScriptedAnswer",
     "ScriptedBackend",
     "Timings",

@@ -1,6 +1,8 @@
 """The conditions of a policy rule: comparisons of a response statistic with a threshold, and
-their ``all`` / ``any`` / ``not`` combinations, with how they are checked against a model
-profile and evaluated on one answer's statistics (recording a :class:`Check` per comparison).
+their ``all`` / ``any`` / ``not`` combinations. Each node evaluates itself on one answer's
+statistics (:meth:`Compare.evaluate`, recording a :class:`Check` per comparison), checks its
+quantile thresholds against a model profile, and says which statistics it reads, whether it
+uses a quantile, and whether it is monotone (can fire on a prefix of the answer).
 
 Thresholds are absolute numbers or ``{quantile: q}`` of the model's profile; a comparison may
 name a ``fallback`` statistic (with its own ``fallback_value``) used when its own is
@@ -34,12 +36,7 @@ __all__ = [
     "Op",
     "Quantile",
     "StrictModel",
-    "check_quantiles",
-    "collect_stats",
     "describe_checks",
-    "evaluate",
-    "has_quantile",
-    "is_monotone",
 ]
 
 Op = Literal[">", ">=", "<", "<="]
@@ -93,17 +90,111 @@ class Compare(StrictModel):
             return self.fallback_value
         return self.value
 
+    def collect_stats(self, found: set[str]) -> None:
+        """Add the statistics this comparison may read (its own and its fallback) to ``found``."""
+        found.add(self.stat)
+        if self.fallback is not None:
+            found.add(self.fallback)
 
-class AllOf(StrictModel):
+    def has_quantile(self) -> bool:
+        """Whether a threshold is a quantile of the profile."""
+        return isinstance(self.value, Quantile) or isinstance(self.fallback_value, Quantile)
+
+    def is_monotone(self) -> bool:
+        """Whether, once true on a prefix of an answer, it stays true (an ``early_stop`` condition)."""
+        return self.stat in MONOTONE_INCREASING and self.op in (">", ">=")
+
+    def check_quantiles(self, profile: ModelProfile | None) -> None:
+        """Raise :class:`ConfigurationError` when a quantile threshold cannot be placed on ``profile``."""
+        usable = (
+            self.fallback is None or not isinstance(self.value, Quantile) or (profile is not None and profile.has_stat(self.stat))
+        )
+        _threshold(self, profile, self.stat if usable else self.fallback)
+        if self.fallback is not None and isinstance(self.fallback_value, Quantile):  # the fallback may be needed per answer
+            _threshold(self, profile, self.fallback)
+
+    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
+        """Compare on ``stats``, appending the :class:`Check` to ``checks``; an undefined value is
+        the least reliable one unless ``undefined`` is ``"never_fires"``."""
+        stat = _stat_used(self, stats, profile)
+        threshold, q = _threshold(self, profile, stat)
+        observed = stats.get(stat)
+        why = stats.undefined_reason(stat) if math.isnan(observed) else None
+        if undefined == "never_fires":
+            ok = math.isfinite(observed) and _OPS[self.op](observed, threshold)
+        else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
+            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
+            ok = _OPS[self.op](value, threshold)
+        checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why))
+        return ok
+
+
+class _Group(StrictModel):
+    """What ``all`` and ``any`` share: statistics, quantiles and profile checks of their parts."""
+
+    @property
+    def parts(self) -> list[Condition]:
+        raise NotImplementedError
+
+    def collect_stats(self, found: set[str]) -> None:
+        for x in self.parts:
+            x.collect_stats(found)
+
+    def has_quantile(self) -> bool:
+        return any(x.has_quantile() for x in self.parts)
+
+    def is_monotone(self) -> bool:
+        return all(x.is_monotone() for x in self.parts)
+
+    def check_quantiles(self, profile: ModelProfile | None) -> None:
+        for x in self.parts:
+            x.check_quantiles(profile)
+
+    def _outcomes(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> list[bool]:
+        """Every part evaluated (no short circuit: every check is recorded)."""
+        return [x.evaluate(stats, profile, checks, undefined) for x in self.parts]
+
+
+class AllOf(_Group):
     all: list[Condition] = Field(min_length=1)
 
+    @property
+    def parts(self) -> list[Condition]:
+        return self.all
 
-class AnyOf(StrictModel):
+    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
+        return all(self._outcomes(stats, profile, checks, undefined))
+
+
+class AnyOf(_Group):
     any: list[Condition] = Field(min_length=1)
+
+    @property
+    def parts(self) -> list[Condition]:
+        return self.any
+
+    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
+        return any(self._outcomes(stats, profile, checks, undefined))
 
 
 class NotOf(StrictModel):
     not_: Condition = Field(alias="not")
+
+    def collect_stats(self, found: set[str]) -> None:
+        self.not_.collect_stats(found)
+
+    def has_quantile(self) -> bool:
+        return self.not_.has_quantile()
+
+    def is_monotone(self) -> bool:
+        """Never: a negation of a growing statistic can stop being true as the answer grows."""
+        return False
+
+    def check_quantiles(self, profile: ModelProfile | None) -> None:
+        self.not_.check_quantiles(profile)
+
+    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
+        return not self.not_.evaluate(stats, profile, checks, undefined)
 
 
 def _condition_kind(v: Any) -> str:
@@ -130,16 +221,6 @@ AnyOf.model_rebuild()
 NotOf.model_rebuild()
 
 
-def is_monotone(c: Any) -> bool:
-    if isinstance(c, Compare):
-        return c.stat in MONOTONE_INCREASING and c.op in (">", ">=")
-    if isinstance(c, AllOf):
-        return all(is_monotone(x) for x in c.all)
-    if isinstance(c, AnyOf):
-        return all(is_monotone(x) for x in c.any)
-    return False
-
-
 @dataclass(frozen=True)
 class Check:
     """One comparison a rule made: ``observed op threshold``.
@@ -162,41 +243,6 @@ class Check:
         if self.undefined is not None or self.observed is None:
             return f"{self.stat} {self.op} {self.threshold:.4g}{where}: undefined: {self.undefined}"
         return f"{self.stat} {self.observed:.4g} {self.op} {self.threshold:.4g}{where}"
-
-
-def collect_stats(c: Any, found: set[str]) -> None:
-    if isinstance(c, Compare):
-        found.add(c.stat)
-        if c.fallback is not None:
-            found.add(c.fallback)
-    elif isinstance(c, (AllOf, AnyOf)):
-        for x in c.all if isinstance(c, AllOf) else c.any:
-            collect_stats(x, found)
-    else:
-        collect_stats(c.not_, found)
-
-
-def check_quantiles(c: Any, profile: ModelProfile | None) -> None:
-    if isinstance(c, Compare):
-        usable = c.fallback is None or not isinstance(c.value, Quantile) or (profile is not None and profile.has_stat(c.stat))
-        _threshold(c, profile, c.stat if usable else c.fallback)
-        if c.fallback is not None and isinstance(c.fallback_value, Quantile):  # the fallback may be needed per answer
-            _threshold(c, profile, c.fallback)
-    elif isinstance(c, (AllOf, AnyOf)):
-        for x in c.all if isinstance(c, AllOf) else c.any:
-            check_quantiles(x, profile)
-    else:
-        check_quantiles(c.not_, profile)
-
-
-def has_quantile(c: Any) -> bool:
-    if isinstance(c, Compare):
-        return isinstance(c.value, Quantile) or isinstance(c.fallback_value, Quantile)
-    if isinstance(c, AllOf):
-        return any(has_quantile(x) for x in c.all)
-    if isinstance(c, AnyOf):
-        return any(has_quantile(x) for x in c.any)
-    return has_quantile(c.not_)
 
 
 def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -> str:
@@ -226,26 +272,6 @@ def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None
             raise ConfigurationError(msg)
         return value, target.quantile
     return float(target), None
-
-
-def evaluate(c: Any, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
-    if isinstance(c, Compare):
-        stat = _stat_used(c, stats, profile)
-        threshold, q = _threshold(c, profile, stat)
-        observed = stats.get(stat)
-        why = stats.undefined_reason(stat) if math.isnan(observed) else None
-        if undefined == "never_fires":
-            ok = math.isfinite(observed) and _OPS[c.op](observed, threshold)
-        else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
-            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
-            ok = _OPS[c.op](value, threshold)
-        checks.append(Check(stat, c.op, threshold, None if why is not None else observed, ok, q, why))
-        return ok
-    if isinstance(c, AllOf):
-        return all([evaluate(x, stats, profile, checks, undefined) for x in c.all])  # evaluate all: every check is recorded
-    if isinstance(c, AnyOf):
-        return any([evaluate(x, stats, profile, checks, undefined) for x in c.any])
-    return not evaluate(c.not_, stats, profile, checks, undefined)
 
 
 def describe_checks(checks: list[Check]) -> str:

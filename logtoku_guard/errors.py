@@ -1,23 +1,27 @@
 """The exceptions of logtoku_guard: one root, every error names the bad value and the fix.
 
-Hierarchy::
+Hierarchy (every class is exported from ``logtoku_guard``)::
 
     LogTokUError                      root of everything this library raises on purpose
     ├── ConfigurationError (ValueError)   a bad argument or setting (K, thresholds, options)
     │   ├── InvalidPromptError            empty prompt, malformed chat messages
     │   │   └── PromptTooLongError        prompt does not fit the model's context window
     │   ├── PolicyError                   a policy (dict, YAML, JSON) that does not validate
-    │   └── DatasetUnavailableError       an evaluation dataset file is not where it should be
+    │   ├── DatasetUnavailableError       an evaluation dataset file is not where it should be
+    │   └── LogProbsNotLogitsError        a remote server sends log-probabilities, not raw logits
     ├── UsageError                        the API used out of order (``.result`` of an unfinished stream, ...)
     ├── GuardRejectedError                the policy's ``raise`` action; carries the GuardResult
+    │                                     (defined beside it, in :mod:`logtoku_guard.results`)
     ├── ModelLoadError                    a model path or id that cannot be loaded locally
     ├── MissingDependencyError (ImportError)  an optional package is not installed
     ├── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
+    ├── RemoteServerError                 a remote server unreachable, refusing, or unreadable
     ├── AuditStoreError                   the audit store cannot be opened or written
     │   └── UnknownTraceError (KeyError)  no audit record has that trace id
     └── ReviewError                       a human-review queue operation that cannot be done
         ├── UnknownReviewItemError (KeyError)  no review item with that id
-        └── ReviewStateError              the item's status forbids it (decided twice, claimed by another)
+        ├── ReviewStateError              the item's status forbids it (decided twice, claimed by another)
+        └── ReviewTimeoutError (TimeoutError)  no verdict arrived in time; carries the item
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
-
-    from logtoku_guard.guard import GuardResult
 
 
 REPR_LIMIT = 80
@@ -120,13 +122,12 @@ class UsageError(LogTokUError):
     """
 
 
-class GuardRejectedError(LogTokUError):
-    """Raised by the policy's ``raise`` action; ``.result`` is the full :class:`~logtoku_guard.guard.GuardResult`."""
+class LogProbsNotLogitsError(ConfigurationError):
+    """The server's ``top_logprobs`` values are log-probabilities, not raw logits."""
 
-    def __init__(self, result: GuardResult) -> None:
-        self.result = result
-        d = result.decision
-        super().__init__(f"the guard rejected the answer (rule {d.rule!r}): {d.reason}")
+
+class RemoteServerError(LogTokUError):
+    """The server could not be reached, refused the request, or sent something unreadable."""
 
 
 class ModelLoadError(LogTokUError):
@@ -175,3 +176,12 @@ class UnknownReviewItemError(ReviewError, KeyError):
 
 class ReviewStateError(ReviewError):
     """The review item's current status forbids the operation (already decided, claimed by someone else)."""
+
+
+class ReviewTimeoutError(ReviewError, TimeoutError):
+    """No verdict arrived within the timeout; ``item`` is the
+    :class:`~logtoku_guard.audit.ReviewItem` as last read (still open)."""
+
+    def __init__(self, message: str, item: Any) -> None:
+        super().__init__(message)
+        self.item = item

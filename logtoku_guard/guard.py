@@ -35,18 +35,18 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError, PromptTooLongError, UsageError
+from logtoku_guard.errors import ConfigurationError, PromptTooLongError, UsageError
 from logtoku_guard.guard_score import with_guard_score
 from logtoku_guard.guard_stream import GuardStream
-from logtoku_guard.policy import ActionName, Decision, Policy, RetrieveSettings, default_policy
-from logtoku_guard.retrieving import Retriever, RetrieverLike, call_retriever
+from logtoku_guard.policy import Decision, Policy, RetrieveSettings, default_policy
+from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.retriever_calls import Retriever, RetrieverLike, call_retriever
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.telemetry import GuardTelemetry, RunSpan
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 if TYPE_CHECKING:
-    from logtoku_guard.audit import AuditStore
+    from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
 
 __all__ = [
@@ -64,16 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One generation the guard made, with its decision and the context it was given."""
-
-    generation: Generation
-    decision: Decision
-    passages: tuple[str, ...] = ()
-    retrieval_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,45 +94,6 @@ Step = Conclude | Retrieve
 """What :meth:`Guard.next_step` says to do after the attempts so far."""
 
 
-@dataclass(frozen=True)
-class GuardTimings:
-    total_s: float
-    generation_s: float
-    decision_s: float
-    retrieval_s: float
-
-
-@dataclass(frozen=True)
-class GuardResult:
-    """The answer to return and everything that led to it."""
-
-    answer: str
-    action: ActionName
-    decision: Decision
-    attempts: tuple[Attempt, ...]
-    trace_id: str
-    timings: GuardTimings
-    review_id: int | None = None
-    stopped_early: bool = False
-    policy_name: str = ""
-    policy_version: str = ""
-
-    @property
-    def generation(self) -> Generation:
-        """The generation the final decision was made on."""
-        return self.attempts[-1].generation
-
-    @property
-    def reliability(self) -> float:
-        return self.generation.score.reliability
-
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> dict[str, Any]:
-        """The JSON form, :func:`logtoku_guard.payloads.result_payload` as a plain dict (callers add keys)."""
-        from logtoku_guard.payloads import result_payload
-
-        return dict(result_payload(self, thresholds))
-
-
 @dataclass
 class _Clock:
     """Seconds spent per stage of one guarded question."""
@@ -164,7 +115,8 @@ class Guard:
         policy: a :class:`Policy` (default: :func:`default_policy`, which needs a profile).
         retriever: for the ``retrieve`` action: ``retrieve(query)`` or a callable returning
             passages (strings, or objects with ``.text``/``.page_content``).
-        store: an :class:`~logtoku_guard.audit.AuditStore`; every decision is recorded there,
+        store: an :class:`~logtoku_guard.audit.AuditStore` (any
+            :class:`~logtoku_guard.audit.records.RecordSink`); every decision is recorded there,
             and ``human_review`` needs it.
         profile: the model's :class:`~logtoku_guard.calibration.ModelProfile`, needed for
             quantile thresholds and quadrant shares.
@@ -180,7 +132,7 @@ class Guard:
         policy: Policy | None = None,
         *,
         retriever: RetrieverLike | None = None,
-        store: AuditStore | None = None,
+        store: RecordSink | None = None,
         profile: ModelProfile | None = None,
         options: DecodingOptions | None = None,
         system: str | None = None,
@@ -489,7 +441,7 @@ class Guard:
             result = self._record(self.store, question, draft, result)
         return result
 
-    def _record(self, store: AuditStore, question: str, draft: str, result: GuardResult) -> GuardResult:
+    def _record(self, store: RecordSink, question: str, draft: str, result: GuardResult) -> GuardResult:
         from logtoku_guard.audit.records import AuditRecord  # no SQLAlchemy import
 
         record = AuditRecord.from_result(result, question=question, thresholds=self.quadrants, draft=draft)

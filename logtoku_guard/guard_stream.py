@@ -12,16 +12,54 @@ reports the exception through ``sys.unraisablehook`` (it cannot propagate from a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from logtoku_guard.errors import UsageError
+from logtoku_guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore
 
 if TYPE_CHECKING:
-    from logtoku_guard.guard import Guard, GuardResult
+    from logtoku_guard.policy import Decision
+    from logtoku_guard.results import Attempt, GuardResult
+    from logtoku_guard.telemetry import GuardTelemetry, RunSpan
+    from logtoku_guard.types import DecodingOptions, Generation
 
-__all__ = ["GuardStream"]
+__all__ = ["GuardStream", "StreamingGuard"]
+
+
+class StreamingGuard(Guarded, Protocol):
+    """What a stream drives (:class:`~logtoku_guard.guard.Guard` has it): generate with the
+    guard's backend and options, watch the early-stop rule, then finish or abandon."""
+
+    @property
+    def telemetry(self) -> GuardTelemetry: ...
+
+    @property
+    def options(self) -> DecodingOptions: ...
+
+    def early_stop(self, tokens: Sequence[TokenScore]) -> Decision | None: ...
+
+    def finish(
+        self,
+        messages: Sequence[ChatMessage],
+        generation: Generation,
+        *,
+        stopped_early: bool = False,
+        started: float | None = None,
+        generation_s: float = 0.0,
+        span: RunSpan | None = None,
+    ) -> GuardResult: ...
+
+    def abandon(
+        self,
+        messages: Sequence[ChatMessage],
+        generation: Generation,
+        *,
+        started: float,
+        generation_s: float,
+        attempts: Sequence[Attempt] = (),
+    ) -> GuardResult: ...
 
 
 class GuardStream:
@@ -33,7 +71,7 @@ class GuardStream:
     A stream never iterated generated nothing and records nothing.
     """
 
-    def __init__(self, guard: Guard, messages: list[ChatMessage]) -> None:
+    def __init__(self, guard: StreamingGuard, messages: list[ChatMessage]) -> None:
         self.guard = guard
         self.messages = messages
         self._state = _State()
@@ -72,7 +110,7 @@ class _State:
     stopped_early: bool = False
 
 
-def _run(guard: Guard, messages: list[ChatMessage], state: _State) -> Iterator[TokenScore]:
+def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> Iterator[TokenScore]:
     start = time.perf_counter()
     seen: list[TokenScore] = []
     abandoned = False

@@ -8,12 +8,37 @@ tests) type their reads with these ``TypedDict`` classes instead of ``.get("..."
 JSON has no NaN or infinity: every float that is not finite is written as ``None``
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
-count in no quadrant (the four shares then sum to less than 1). :mod:`logtoku_guard.stats`
-computes the policy's ``quadrant_*_share`` statistics with the same :func:`quadrant_shares`, so
-every adapter and payload agrees on both.
+count in no quadrant (the four shares then sum to less than 1). Both come from
+:func:`logtoku_guard.uncertainty.quadrant_of` and :func:`~logtoku_guard.uncertainty.quadrant_shares`,
+which :mod:`logtoku_guard.stats` uses for the policy's ``quadrant_*_share`` statistics too, so
+every adapter, payload and policy agrees on both.
 
 Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
 ``reliability*`` higher = more reliable.
+
+Flat decision attributes (:func:`decision_attributes`): one set of ``logtoku.*`` keys, built
+here only, for the OpenTelemetry GUARDRAIL span, the metadata LangChain tracers get on the
+guard's run (``LogTokUGuard`` and ``LogTokUMiddleware``) and their ``logtoku_flagged`` /
+``logtoku_retracted`` events, and LlamaIndex's instrument tags. Values are OpenTelemetry
+attribute values (strings, numbers, booleans, lists of strings); a key whose value is undefined
+is left out, never ``None``:
+
+==================================  ===================================================================
+``logtoku.action``                  the decision's action
+``logtoku.reason``                  why (the rule's reason, or why no rule fired)
+``logtoku.rule``                    the rule that fired (absent when none did)
+``logtoku.reliability``             the last answer's reliability (absent when undefined)
+``logtoku.guard_score``             the decision's guard score (absent without a fitted guard)
+``logtoku.reliability_percentile``  the reliability's percentile (0-100) in the model's profile,
+                                    when a profile of the same ``top_n`` is given
+``logtoku.attempts``                how many answers were generated
+``logtoku.route``                   every action taken, in order: each attempt's own, then the
+                                    decision's when it differs (``["retrieve", "pass"]``)
+``logtoku.rules``                   the rules that fired on the way, in order, each once
+``logtoku.trace_id``                the audit trace id (once concluded)
+``logtoku.stopped_early``           an early-stop rule cut the generation (once concluded)
+``logtoku.review_id``               the review queue id (``human_review``, once recorded)
+==================================  ===================================================================
 """
 
 from __future__ import annotations
@@ -25,16 +50,18 @@ from typing import TYPE_CHECKING, Literal
 
 from typing_extensions import TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
 
-from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import QuadrantThresholds, quadrant_of, quadrant_shares
 
 if TYPE_CHECKING:
-    from logtoku_guard.guard import Attempt, GuardResult
+    from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.policy import Check, Decision
+    from logtoku_guard.results import Attempt, GuardResult
     from logtoku_guard.stats import ResponseStats
     from logtoku_guard.types import Generation, TokenScore
 
 __all__ = [
     "AttemptPayload",
+    "AttributeValue",
     "CheckPayload",
     "DecisionPayload",
     "GenerationPayload",
@@ -47,11 +74,10 @@ __all__ = [
     "TokenPayload",
     "attempt_payload",
     "check_payload",
+    "decision_attributes",
     "decision_payload",
     "generation_payload",
     "json_float",
-    "quadrant_of",
-    "quadrant_shares",
     "result_payload",
     "stats_payload",
     "summary_payload",
@@ -68,27 +94,6 @@ def json_float(x: float | None) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-# -- quadrants ---------------------------------------------------------------------------------
-def quadrant_of(token: TokenScore, thresholds: QuadrantThresholds | None) -> Quadrant | None:
-    """The token's quadrant, or ``None`` without thresholds or when its AU or EU is undefined."""
-    if thresholds is None or not (math.isfinite(token.au) and math.isfinite(token.eu)):
-        return None
-    return thresholds.classify(token.au, token.eu)
-
-
-def quadrant_shares(tokens: Sequence[TokenScore], thresholds: QuadrantThresholds | None) -> dict[str, float] | None:
-    """Share of *all* tokens in each quadrant (``None`` without thresholds or without tokens)."""
-    n = len(tokens)
-    if thresholds is None or n == 0:
-        return None
-    counts = dict.fromkeys((q.value for q in Quadrant), 0)
-    for t in tokens:
-        q = quadrant_of(t, thresholds)
-        if q is not None:
-            counts[q.value] += 1
-    return {label: c / n for label, c in counts.items()}
 
 
 # -- payload types -----------------------------------------------------------------------------
@@ -347,3 +352,51 @@ def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = 
         tokens=[token_payload(t, thresholds) for t in g.tokens],
         timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
     )
+
+
+AttributeValue = str | bool | int | float | list[str]
+"""A value of :func:`decision_attributes` (an OpenTelemetry attribute value)."""
+
+
+def decision_attributes(
+    decision: Decision,
+    attempts: Sequence[Attempt],
+    result: GuardResult | None = None,
+    profile: ModelProfile | None = None,
+) -> dict[str, AttributeValue]:
+    """The flat ``logtoku.*`` attributes of ``decision`` after ``attempts`` (the keys: see the module).
+
+    ``result`` (the concluded answer) adds the trace id, ``stopped_early`` and the review id;
+    ``profile`` adds the reliability's percentile when it was measured with the same ``top_n``.
+    An undefined value (no rule, a NaN reliability) leaves its key out.
+    """
+    actions: list[str] = [a.decision.action for a in attempts]
+    route = actions if actions and actions[-1] == decision.action else [*actions, decision.action]
+    rules = [a.decision.rule for a in attempts] + [decision.rule]
+    out: dict[str, AttributeValue] = {
+        "logtoku.action": decision.action,
+        "logtoku.reason": decision.reason,
+        "logtoku.attempts": len(attempts),
+        "logtoku.route": route,
+        "logtoku.rules": list(dict.fromkeys(r for r in rules if r is not None)),
+    }
+    if decision.rule is not None:
+        out["logtoku.rule"] = decision.rule
+    guard_score = json_float(decision.stats.as_dict().get("guard_score"))
+    if guard_score is not None:
+        out["logtoku.guard_score"] = guard_score
+    if attempts:
+        generation = attempts[-1].generation
+        reliability = json_float(generation.score.reliability)
+        if reliability is not None:
+            out["logtoku.reliability"] = reliability
+            if profile is not None and profile.top_n == generation.top_n:
+                percentile = json_float(profile.percentile("reliability", reliability))
+                if percentile is not None:
+                    out["logtoku.reliability_percentile"] = 100.0 * percentile
+    if result is not None:
+        out["logtoku.trace_id"] = result.trace_id
+        out["logtoku.stopped_early"] = result.stopped_early
+        if result.review_id is not None:
+            out["logtoku.review_id"] = result.review_id
+    return out

@@ -47,12 +47,7 @@ from logtoku_guard.conditions import (
     Check,
     Condition,
     StrictModel,
-    check_quantiles,
-    collect_stats,
     describe_checks,
-    evaluate,
-    has_quantile,
-    is_monotone,
 )
 from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
@@ -60,7 +55,6 @@ from logtoku_guard.stats import ResponseStats
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.payloads import DecisionPayload
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
 UndefinedMode = Literal["least_reliable", "never_fires"]
@@ -106,7 +100,7 @@ class Rule(StrictModel):
 
     @model_validator(mode="after")
     def _early_stop_is_sound(self) -> Rule:
-        if self.early_stop and not is_monotone(self.when):
+        if self.early_stop and not self.when.is_monotone():
             msg = (
                 f"rule {self.name!r}: early_stop needs a condition that cannot un-fire as the answer grows "
                 "('>'/'>=' on max_eu, max_au or n_tokens, joined by all/any)"
@@ -243,7 +237,7 @@ class Policy(StrictModel):
 
     # -- evaluation -------------------------------------------------------------------------
     def uses_quantiles(self) -> bool:
-        return any(has_quantile(r.when) for r in self.rules)
+        return any(r.when.has_quantile() for r in self.rules)
 
     def actions(self) -> set[str]:
         acts: set[str] = {r.action for r in self.rules} | {self.default_action}
@@ -255,14 +249,14 @@ class Policy(StrictModel):
         """The statistics the rules read, each comparison's ``fallback`` included."""
         found: set[str] = set()
         for r in self.rules:
-            collect_stats(r.when, found)
+            r.when.collect_stats(found)
         return found
 
     def check_profile(self, profile: ModelProfile | None) -> None:
         """Raise :class:`ConfigurationError` now when a quantile threshold cannot be resolved
         against ``profile`` (no profile, or a statistic the profile lacks)."""
         for rule in self.rules:
-            check_quantiles(rule.when, profile)
+            rule.when.check_quantiles(profile)
 
     def decide(self, stats: ResponseStats, profile: ModelProfile | None = None, *, only_early_stop: bool = False) -> Decision:
         """The first rule that fires on ``stats`` (thresholds resolved against ``profile``).
@@ -274,7 +268,7 @@ class Policy(StrictModel):
             if only_early_stop and not rule.early_stop:
                 continue
             checks: list[Check] = []
-            if evaluate(rule.when, stats, profile, checks, self.undefined):
+            if rule.when.evaluate(stats, profile, checks, self.undefined):
                 reason = rule.reason or describe_checks(checks)
                 undefined = sorted({c.undefined for c in checks if c.undefined is not None})
                 if undefined and rule.reason:
@@ -298,12 +292,6 @@ class Decision:
     reason: str
     checks: tuple[Check, ...]
     stats: ResponseStats
-
-    def to_dict(self) -> DecisionPayload:
-        """The JSON form (:func:`logtoku_guard.payloads.decision_payload`)."""
-        from logtoku_guard.payloads import decision_payload
-
-        return decision_payload(self)
 
 
 DEFAULT_GUARD_THRESHOLD = 0.2474

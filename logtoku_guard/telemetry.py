@@ -3,6 +3,7 @@
 One guarded question is one span tree::
 
     apply_guardrail logtoku     openinference.span.kind=GUARDRAIL; the decision as logtoku.* attributes
+                                (payloads.decision_attributes)
     ├── chat <model>            one per generation (openinference.span.kind=LLM, gen_ai.usage.*)
     ├── retrieve                one per retrieval (openinference.span.kind=RETRIEVER)
     └── chat <model>            the answer made with the retrieved context
@@ -26,19 +27,37 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import decision_attributes
 
 if TYPE_CHECKING:
-    from logtoku_guard.guard import Guard, GuardResult
+    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.policy import Policy
+    from logtoku_guard.results import GuardResult
     from logtoku_guard.types import ChatMessage, Generation
 
-__all__ = ["EVALUATION_EVENT", "GenerationSpan", "GuardTelemetry", "RetrievalSpan", "RunSpan"]
+__all__ = ["EVALUATION_EVENT", "GenerationSpan", "GuardTelemetry", "Guarded", "RetrievalSpan", "RunSpan"]
 
 INSTRUMENTATION_NAME = "logtoku_guard"
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 _PROVIDERS = {"TransformersBackend": "transformers", "OpenAICompatibleBackend": "openai", "ScriptedBackend": "logtoku_guard"}
+
+
+class Guarded(Protocol):
+    """What the spans read from a guard (:class:`~logtoku_guard.guard.Guard` has it): the model
+    and provider, the policy's name and version, the profile for the reliability percentile."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def profile(self) -> ModelProfile | None: ...
 
 
 def _finite(value: float) -> bool:
@@ -134,7 +153,7 @@ class RunSpan(_Span):
     :meth:`end` (idempotent) yourself; :meth:`concluded` puts the final decision on it.
     """
 
-    def __init__(self, telemetry: GuardTelemetry | None, span: Any = None, guard: Guard | None = None) -> None:
+    def __init__(self, telemetry: GuardTelemetry | None, span: Any = None, guard: Guarded | None = None) -> None:
         super().__init__(telemetry, span)
         self._guard = guard
         self._context: Any = None
@@ -193,27 +212,8 @@ class RunSpan(_Span):
             if attempt.decision.rule is not None:
                 event["logtoku.rule"] = attempt.decision.rule
             span.add_event(EVALUATION_EVENT, event, timestamp=self._generated.get(number))
-        attributes: dict[str, Any] = {
-            "logtoku.action": result.action,
-            "logtoku.reason": decision.reason,
-            "logtoku.attempts": len(result.attempts),
-            "logtoku.trace_id": result.trace_id,
-            "logtoku.stopped_early": result.stopped_early,
-        }
-        if decision.rule is not None:
-            attributes["logtoku.rule"] = decision.rule
-        if result.review_id is not None:
-            attributes["logtoku.review_id"] = result.review_id
-        if _finite(result.reliability):
-            attributes["logtoku.reliability"] = result.reliability
-        guard_score = decision.stats.as_dict().get("guard_score")
-        if guard_score is not None:
-            attributes["logtoku.guard_score"] = guard_score
         profile = self._guard.profile if self._guard is not None else None
-        if profile is not None and profile.top_n == result.generation.top_n:
-            percentile = profile.percentile("reliability", result.reliability)
-            if _finite(percentile):
-                attributes["logtoku.reliability_percentile"] = 100.0 * percentile
+        attributes: dict[str, Any] = dict(decision_attributes(decision, result.attempts, result, profile))
         if self._telemetry.capture_content:
             attributes["output.value"] = result.answer
         span.set_attributes(attributes)
@@ -234,7 +234,7 @@ class RunSpan(_Span):
         super().end()
 
     def fail(self, exc: BaseException) -> None:
-        from logtoku_guard.errors import GuardRejectedError
+        from logtoku_guard.results import GuardRejectedError
 
         if isinstance(exc, GuardRejectedError) and self._live and not self._ended:
             self._span.record_exception(exc)  # the status was set by concluded()
@@ -308,7 +308,7 @@ class GuardTelemetry:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def start_run(self, guard: Guard, question: Sequence[ChatMessage] | str | None = None) -> RunSpan:
+    def start_run(self, guard: Guarded, question: Sequence[ChatMessage] | str | None = None) -> RunSpan:
         """Start the GUARDRAIL span of one question to ``guard`` (child of the current span, if any)."""
         if self._tracer is None:
             return RunSpan(None)

@@ -18,8 +18,6 @@ from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Qu
 if TYPE_CHECKING:
     import torch
 
-    from logtoku_guard.payloads import GenerationPayload, TokenPayload
-
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
 """``stop``: end-of-sequence token or a stop string; ``length``: ``max_new_tokens`` reached;
@@ -232,13 +230,6 @@ class TokenScore:
     def quadrant(self, thresholds: QuadrantThresholds) -> Quadrant:
         return thresholds.classify(self.au, self.eu)
 
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> TokenPayload:
-        """JSON form (:func:`logtoku_guard.payloads.token_payload`): ``top_logits`` largest first,
-        ``quadrant`` when thresholds are given and AU/EU are defined."""
-        from logtoku_guard.payloads import token_payload
-
-        return token_payload(self, thresholds)
-
 
 @dataclass(frozen=True)
 class ResponseScore:
@@ -303,7 +294,7 @@ class Generation:
     timings: Timings = field(default_factory=lambda: Timings(0.0, None, None))
     prompt_scores: tuple[TokenScore, ...] = ()
     """The question's own tokens scored teacher-forced from the prefill pass (the logits before
-    each token score it; :mod:`logtoku_guard.backends.prompt_capture`); empty when the backend
+    each token score it; :mod:`logtoku_guard.backends.prompt_scoring`); empty when the backend
     does not see the prompt's logits (OpenAI-compatible servers, scripted backends)."""
 
     @cached_property
@@ -319,9 +310,3 @@ class Generation:
         from logtoku_guard.uncertainty import word_scores
 
         return word_scores([t.text for t in self.tokens], [t.au for t in self.tokens], [t.eu for t in self.tokens])
-
-    def to_dict(self, thresholds: QuadrantThresholds | None = None) -> GenerationPayload:
-        """The JSON form printed by ``logtoku-guard score --json`` (:func:`logtoku_guard.payloads.generation_payload`)."""
-        from logtoku_guard.payloads import generation_payload
-
-        return generation_payload(self, thresholds)

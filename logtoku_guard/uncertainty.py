@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from logtoku_guard.errors import ConfigurationError
 
@@ -282,6 +282,41 @@ class QuadrantThresholds:
             msg = "cannot derive quadrant thresholds from an empty set of token scores; score at least one token first"
             raise ConfigurationError(msg)
         return cls(au=float(np.quantile(a, q)), eu=float(np.quantile(e, q)), source=source or f"quantile {q:g}")
+
+
+class HasAUEU(Protocol):
+    """A scored token as far as its quadrant goes (:class:`~logtoku_guard.types.TokenScore` is one)."""
+
+    @property
+    def au(self) -> float: ...
+
+    @property
+    def eu(self) -> float: ...
+
+
+def quadrant_of(token: HasAUEU, thresholds: QuadrantThresholds | None) -> Quadrant | None:
+    """The token's quadrant, or ``None`` without thresholds or when its AU or EU is undefined."""
+    if thresholds is None or not (math.isfinite(token.au) and math.isfinite(token.eu)):
+        return None
+    return thresholds.classify(token.au, token.eu)
+
+
+def quadrant_shares(tokens: Sequence[HasAUEU], thresholds: QuadrantThresholds | None) -> dict[str, float] | None:
+    """Share of *all* tokens in each quadrant (``None`` without thresholds or without tokens).
+
+    A token whose AU or EU is undefined (raw evidence mode) is in no quadrant, so the four
+    shares then sum to less than 1. The payloads and the policy's ``quadrant_*_share``
+    statistics both use this.
+    """
+    n = len(tokens)
+    if thresholds is None or n == 0:
+        return None
+    counts = dict.fromkeys((q.value for q in Quadrant), 0)
+    for t in tokens:
+        q = quadrant_of(t, thresholds)
+        if q is not None:
+            counts[q.value] += 1
+    return {label: c / n for label, c in counts.items()}
 
 
 @dataclass(frozen=True)

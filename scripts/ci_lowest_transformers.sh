@@ -33,4 +33,4 @@ pip install -q -e ".[embedded]" "transformers==${lowest}" "pytest>=8" "pytest-as
 "$VENV/bin/python" -c 'import torch, transformers; print(f"testing with transformers {transformers.__version__}, torch {torch.__version__}")'
 
 exec "$VENV/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider \
-    tests/test_transformers_backend.py tests/test_prefix_cache.py tests/test_batching.py tests/test_continuous_batching.py
+    tests/backends/test_transformers_backend.py tests/backends/test_prefix_cache.py tests/backends/test_batching.py tests/backends/test_continuous_batching.py

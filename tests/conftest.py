@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 from support.tiny import make_model, make_tokenizer
 
-__all__ = ["make_model", "make_tokenizer"]  # still importable from conftest by older test modules
-
 # A user's machine has nothing beside the checkout: the tests must pass without the workspace's
 # shared/ folder (datasets, notes). The evaluation datasets are found only through
 # $LOGTOKU_GUARD_DATA or --data-dir, so the variable is dropped for the whole run (subprocesses

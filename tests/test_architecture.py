@@ -1,7 +1,8 @@
 """The layout's promises, checked on the source: no import cycle, small modules, one guard loop.
 
-Imports inside functions count (they still tie two modules together); imports under
-``if TYPE_CHECKING:`` do not (they never run).
+Imports inside functions count (they still tie two modules together). Imports under ``if
+TYPE_CHECKING:`` never run, but they still say one module's types depend on another's: the
+layering holds with them too (:func:`test_no_import_cycle_even_through_type_checking_imports`).
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, name: str) -> set[str]:
-    """Every ``logtoku_guard`` module that ``path`` imports at run time (any depth, any scope)."""
+def _imports(path: Path, name: str, *, type_checking: bool = False) -> set[str]:
+    """Every ``logtoku_guard`` module that ``path`` imports at run time (any depth, any scope),
+    and with ``type_checking`` also those imported under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
     is_package = path.name == "__init__.py"
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -61,12 +63,16 @@ def _imports(path: Path, name: str) -> set[str]:
     return {m for m in found if m == "logtoku_guard" or m.startswith("logtoku_guard.")}
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         # ``from pkg import mod`` names a module; ``from mod import obj`` names the module only
-        graph[name] = {m for m in _imports(path, name) if m in paths and m != name}
+        graph[name] = {m for m in _imports(path, name, type_checking=type_checking) if m in paths and m != name}
+    # a package's __init__ re-exports its submodules lazily or eagerly; an edge into a package
+    # __init__ from its own submodule is the usual parent import, not a design cycle
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
     return graph
 
 
@@ -97,13 +103,23 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_among_core_modules() -> None:
-    graph = _graph()
-    # a package's __init__ re-exports its submodules lazily or eagerly; an edge into a package
-    # __init__ from its own submodule is the usual parent import, not a design cycle
-    for name in graph:
-        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
-    cycle = _cycle(graph)
+    cycle = _cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_cycle_even_through_type_checking_imports() -> None:
+    """A module that names another's types sits above it: no loop back, not even for annotations
+    (a serialiser imports the models, the models do not call the serialiser; a module that needs
+    only part of another's object states it as a Protocol, as telemetry's ``Guarded``)."""
+    cycle = _cycle(_graph(type_checking=True))
+    assert cycle is None, "import cycle (type-checking imports included): " + " -> ".join(cycle or [])
+
+
+def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_guard.guard import Guard\n")
+    assert _imports(source, "logtoku_guard.m") == set()
+    assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
 
 
 @pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS], ids=["logtoku_guard", "integrations"])
@@ -124,3 +140,13 @@ def test_only_the_core_counts_retrieval_attempts() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
+    tests = ROOT / "tests"
+    rounds = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.stem.endswith(("_hardening", "_round", "_fixes"))]
+    assert not rounds, f"name test files after what they test, not after a round of work: {rounds}"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert flat == ["test_architecture.py", "test_fabricated.py", "test_public_api.py"], (
+        f"put unit tests in a folder per unit: {flat}"
+    )

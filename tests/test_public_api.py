@@ -107,3 +107,20 @@ def test_light_import_check_can_fail() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+def test_every_error_class_is_in_the_hierarchy_and_exported() -> None:
+    import logtoku_guard.audit.waiting
+    import logtoku_guard.backends.openai_compat
+    import logtoku_guard.results
+
+    def subclasses(cls: type) -> set[type]:
+        return {c for s in cls.__subclasses__() for c in {s, *subclasses(s)}}
+
+    errors = {c for c in subclasses(logtoku_guard.LogTokUError) if c.__module__.startswith("logtoku_guard")}
+    doc = logtoku_guard.errors.__doc__ or ""
+    assert {"RemoteServerError", "LogProbsNotLogitsError", "ReviewTimeoutError"} <= {c.__name__ for c in errors}
+    for cls in errors:
+        assert cls.__name__ in logtoku_guard.__all__ and getattr(logtoku_guard, cls.__name__) is cls, cls
+        assert cls.__name__ in doc, f"{cls.__name__} is not drawn in the hierarchy of logtoku_guard.errors"
+        assert cls.__module__ in ("logtoku_guard.errors", "logtoku_guard.results"), f"{cls} is defined outside errors.py"

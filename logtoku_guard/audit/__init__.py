@@ -1,7 +1,8 @@
 """The audit trail of guard decisions and the human-review queue.
 
 :mod:`~logtoku_guard.audit.records`: :class:`AuditRecord` (built by
-:meth:`AuditRecord.from_result`) and :class:`ReviewItem`, plain dataclasses, no SQLAlchemy.
+:meth:`AuditRecord.from_result`) and :class:`ReviewItem`, plain dataclasses, no SQLAlchemy, and
+:class:`RecordSink`, what a guard needs from a store.
 :mod:`~logtoku_guard.audit.store`: :class:`AuditStore`, the database of records and the review
 queue, over the tables and SQLite settings of :mod:`~logtoku_guard.audit.schema` (SQLAlchemy).
 The store's names are imported on first use, so ``from logtoku_guard.audit import AuditRecord``
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.audit.records import AuditRecord, ReviewItem, ReviewStatus
+from logtoku_guard.audit.records import AuditRecord, RecordSink, ReviewItem, ReviewStatus
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.store import SCHEMA_VERSION, AuditStore, ExportFormat
 
-__all__ = ["SCHEMA_VERSION", "AuditRecord", "AuditStore", "ExportFormat", "ReviewItem", "ReviewStatus"]
+__all__ = ["SCHEMA_VERSION", "AuditRecord", "AuditStore", "ExportFormat", "RecordSink", "ReviewItem", "ReviewStatus"]
 
 _STORE_NAMES = frozenset({"SCHEMA_VERSION", "AuditStore", "ExportFormat"})
 

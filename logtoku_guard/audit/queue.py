@@ -263,7 +263,7 @@ class ReviewQueue:
         """Block until the item is approved or rejected; see :func:`logtoku_guard.audit.waiting.wait_for_decision`."""
         from logtoku_guard.audit.waiting import wait_for_decision
 
-        return wait_for_decision(self, review_id, timeout=timeout, poll_interval=poll_interval)  # type: ignore[arg-type]
+        return wait_for_decision(self, review_id, timeout=timeout, poll_interval=poll_interval)
 
     def _refusal(self, item: ReviewItem, verb: str, reviewer: str) -> str:
         if item.decided:

@@ -23,16 +23,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import ResultPayload, json_float, result_payload
 
 if TYPE_CHECKING:
-    from logtoku_guard.guard import GuardResult
+    from logtoku_guard.results import GuardResult
     from logtoku_guard.uncertainty import QuadrantThresholds
 
-__all__ = ["AuditRecord", "PurgeSummary", "ReviewItem", "ReviewStatus"]
+__all__ = ["AuditRecord", "PurgeSummary", "RecordSink", "ReviewItem", "ReviewStatus"]
 
 ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
 """``pending``: waiting for a reviewer; ``claimed``: a reviewer took it; ``approved`` /
@@ -305,3 +305,16 @@ class PurgeSummary:
     kept_undecided: int
     cutoff: datetime
     dry_run: bool
+
+
+class RecordSink(Protocol):
+    """Where a guard writes its decisions: what :class:`~logtoku_guard.guard.Guard` needs from
+    a store (:class:`~logtoku_guard.audit.AuditStore` is one; a test or another database can be)."""
+
+    def record(self, rec: AuditRecord) -> str:
+        """Save one record; its trace id."""
+        ...
+
+    def record_for_review(self, rec: AuditRecord) -> ReviewItem:
+        """Save ``rec`` and queue it for a human; the queued item (its ``id`` goes into the answer)."""
+        ...

@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from logtoku_guard.errors import ConfigurationError, ReviewError
+from logtoku_guard.errors import ConfigurationError, ReviewTimeoutError
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import ReviewItem
-    from logtoku_guard.audit.store import AuditStore
 
-__all__ = ["ReviewTimeoutError", "wait_for_decision"]
+__all__ = ["ReviewReader", "wait_for_decision"]
 
 
-class ReviewTimeoutError(ReviewError, TimeoutError):
-    """No verdict arrived within the timeout; ``item`` is the item as last read (still open)."""
+class ReviewReader(Protocol):
+    """What waiting reads from a store (:class:`~logtoku_guard.audit.AuditStore` has it)."""
 
-    def __init__(self, message: str, item: ReviewItem) -> None:
-        super().__init__(message)
-        self.item = item
+    def review_item(self, review_id: int) -> ReviewItem: ...
 
 
 def _seconds(value: object, name: str, *, positive: bool) -> float:
@@ -46,7 +43,7 @@ def _seconds(value: object, name: str, *, positive: bool) -> float:
     return number
 
 
-def wait_for_decision(store: AuditStore, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem:
+def wait_for_decision(store: ReviewReader, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem:
     """Block until review item ``review_id`` is approved or rejected; return it.
 
     ``timeout``: seconds to wait at most (``None``: forever; ``0``: check once). Raises

@@ -9,7 +9,7 @@
    from the mask: each row counts its own tokens, whatever its padding);
 2. **join**: jobs queued meanwhile (:meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`)
    are prefilled together (one forward over their left-padded prompts, the question's tokens
-   scored on the way: :mod:`~logtoku_guard.backends.prompt_capture`; prompts that begin with
+   scored on the way: :mod:`~logtoku_guard.backends.prompt_scoring`; prompts that begin with
    a cached prefix, the chat template and system prompt, prefill only the rest of their
    tokens on top of its keys and values: :mod:`~logtoku_guard.backends.prefix_cache`) and
    their KV cache is merged into the running one (the shorter side left-padded with masked
@@ -44,7 +44,7 @@ from logtoku_guard.backends.batching import Job
 from logtoku_guard.backends.hf_compat import cache_arg, logits_processors, returned_cache
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
-from logtoku_guard.backends.prompt_capture import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
+from logtoku_guard.backends.prompt_scoring import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode

@@ -35,7 +35,7 @@ from pydantic import TypeAdapter
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
+from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
 
@@ -43,14 +43,6 @@ __all__ = ["LogProbsNotLogitsError", "OpenAICompatibleBackend", "RemoteServerErr
 
 _CHECK_TOKENS = 8
 """How many first tokens of an answer the log-probability check looks at."""
-
-
-class RemoteServerError(LogTokUError):
-    """The server could not be reached, refused the request, or sent something unreadable."""
-
-
-class LogProbsNotLogitsError(ConfigurationError):
-    """The server's ``top_logprobs`` values are log-probabilities, not raw logits."""
 
 
 class OpenAICompatibleBackend:

@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.prompt_capture import QuestionSpan
+from logtoku_guard.backends.prompt_scoring import QuestionSpan
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +36,7 @@ Layers = tuple[tuple["torch.Tensor", "torch.Tensor"], ...]
 def prefix_length(span: QuestionSpan | None) -> int:
     """How many leading prompt tokens are cached as the prefix: those before the question's
     first token, less one (the position that predicts the question's first token stays in the
-    prefilled part, where :mod:`~logtoku_guard.backends.prompt_capture` reads its hidden
+    prefilled part, where :mod:`~logtoku_guard.backends.prompt_scoring` reads its hidden
     state). 0 (nothing cached) without a question span or when the question starts the prompt."""
     if span is None or span.start < 2:
         return 0

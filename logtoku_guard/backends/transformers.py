@@ -15,7 +15,7 @@ Modules of this backend: ``transformers`` (this one: the backend class), ``batch
 batcher), ``decode_loop`` (the running batch: rows join and leave between steps),
 ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
 ``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
-embedded default), ``prompt_capture`` (the question's tokens scored at the prefill pass:
+embedded default), ``prompt_scoring`` (the question's tokens scored at the prefill pass:
 ``Generation.prompt_scores``), ``hf_compat`` (the transformers calls whose form changed across
 5.x: the KV cache argument, ``generate``'s logits-processor builder), ``quiet`` (no transformers
 progress bars or warnings around our calls unless ``verbose``).
@@ -38,7 +38,7 @@ from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
-from logtoku_guard.backends.prompt_capture import question_span
+from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError

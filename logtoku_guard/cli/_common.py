@@ -442,7 +442,7 @@ def check_profile_out(path: Path | None, force: bool) -> None:
 
 
 def read_context_file(path: Path) -> Any:
-    """``--context-file`` as a :class:`~logtoku_guard.retrieval.KeywordRetriever` (a bad file: ConfigurationError)."""
-    from logtoku_guard.retrieval import KeywordRetriever
+    """``--context-file`` as a :class:`~logtoku_guard.keyword_retriever.KeywordRetriever` (a bad file: ConfigurationError)."""
+    from logtoku_guard.keyword_retriever import KeywordRetriever
 
     return KeywordRetriever.from_file(path)

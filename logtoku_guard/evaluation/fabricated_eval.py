@@ -34,7 +34,7 @@ from logtoku_guard.evaluation.metrics import bootstrap_ci
 from logtoku_guard.evaluation.report import ResultTable, evaluate_methods
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.prompt_scores import focus_tokens
+from logtoku_guard.prompt_stats import focus_tokens
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, rescore

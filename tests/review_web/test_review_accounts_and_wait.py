@@ -15,9 +15,9 @@ import sqlalchemy as sa
 import typer
 from typer.testing import CliRunner
 
+from logtoku_guard import ReviewTimeoutError
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.audit.reviewers import ReviewerRegistry
-from logtoku_guard.audit.waiting import ReviewTimeoutError
 from logtoku_guard.cli.review_serve import add_reviewer, is_loopback, serve
 from logtoku_guard.errors import ConfigurationError, ReviewError, UnknownReviewItemError
 

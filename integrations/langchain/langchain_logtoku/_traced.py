@@ -21,8 +21,8 @@ from langchain_core.runnables import RunnableConfig
 from langchain_logtoku import _convert
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.capture import GenerationCapture, capture_generations
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard import Guard
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import EvidenceMode
@@ -40,7 +40,7 @@ class TracedBackend:
 
     The core guard needs :class:`~logtoku_guard.types.Generation` objects (raw top-K logits
     included), which LangChain messages do not carry; the chat model hands them over through
-    the core side channel (:mod:`logtoku_guard.capture`) active around each call. Decoding settings are the chat
+    the core side channel (:mod:`logtoku_guard.generation_capture`) active around each call. Decoding settings are the chat
     model's fields and the guard call's keywords; the core guard's own options are not used.
 
     Drafts are never streamed to callbacks: :meth:`generate` calls the chat model with

@@ -7,8 +7,8 @@ own run (``on_custom_event``; ``astream_events(version="v2")`` shows them as ``o
   (warn, retrieve (even when the retrieved answer then passed), abstain, human review, raise):
   ``data`` is the decision, the same :class:`~langchain_logtoku._convert.GuardPayload` as the
   answer's ``response_metadata["logtoku_guard"]`` (``route``: each attempt's action and rule),
-  plus the flat ``logtoku.action``, ``logtoku.reliability``, ``logtoku.rule``,
-  ``logtoku.route`` and ``logtoku.rules`` keys.
+  plus the flat ``logtoku.*`` keys of :func:`logtoku_guard.payloads.decision_attributes`
+  (``logtoku.action``, ``logtoku.rule``, ``logtoku.route``, ``logtoku.rules``, ...).
 - :data:`RETRACTED_EVENT` (``"logtoku_retracted"``), in ``stream_mode="retract"`` only, when
   an answer already streamed is withdrawn: ``data`` is the decision plus ``retracted_text``
   (what was streamed); the replacement is ``data["answer"]``.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
@@ -34,6 +34,29 @@ FLAGGED_EVENT = "logtoku_flagged"
 RETRACTED_EVENT = "logtoku_retracted"
 
 logger = logging.getLogger("langchain_logtoku")
+
+
+def annotate_tracer_runs(
+    handlers: Iterable[BaseCallbackHandler], run_id: UUID | str, tags: Iterable[str], metadata: Mapping[str, Any]
+) -> None:
+    """Add ``tags`` (those not there yet) and ``metadata`` to run ``run_id`` in every attached tracer.
+
+    A tracer's run has fixed tags and metadata once it started, before any decision exists; this
+    updates the run before it ends, so it can be filtered by them once posted (LangSmith). New
+    tag list, ``extra`` and metadata dicts are assigned: the ones the run started with are
+    shared with other handlers (they got them in ``on_chain_start``) and stay untouched.
+    """
+    from langchain_core.tracers.base import BaseTracer
+
+    for handler in handlers:
+        if isinstance(handler, BaseTracer):
+            run = handler.run_map.get(str(run_id))
+            if run is not None:
+                present = list(run.tags or [])
+                run.tags = [*present, *(t for t in dict.fromkeys(tags) if t not in present)]
+                extra = dict(run.extra or {})
+                extra["metadata"] = {**(extra.get("metadata") or {}), **metadata}
+                run.extra = extra
 
 
 @dataclass(frozen=True)

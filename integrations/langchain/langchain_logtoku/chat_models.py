@@ -28,7 +28,7 @@ Consumers that keep only the last chunk's metadata (the ``stream_events(version=
 protocol) see the summary but not the per-token lists.
 
 Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
-cancel hook and a finalizer) to the active :mod:`logtoku_guard.capture` captures: that is how
+cancel hook and a finalizer) to the active :mod:`logtoku_guard.generation_capture` captures: that is how
 :class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages. With a
 capture active, ``invoke`` generates through the token stream internally (same result, nothing
 streamed to callbacks), so a capture can stop it early.
@@ -56,9 +56,9 @@ from langchain_logtoku import _convert
 from langchain_logtoku import tools as _tools
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import active_captures
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.generation_capture import active_captures
 from logtoku_guard.payloads import summary_payload, token_payload
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k

@@ -16,10 +16,10 @@ Tags and metadata of a run are fixed when it starts, before the decision exists.
 decision travels in the output and in the custom event; in addition, tracers attached to the
 run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get a tag ``logtoku:<action>`` for
 every action of the route (``logtoku:retrieve`` and ``logtoku:pass`` when retrieval rescued the
-answer) and the metadata ``logtoku.action``, ``logtoku.reliability``, ``logtoku.rule``,
-``logtoku.route`` (the actions, in order) and ``logtoku.rules`` (the rules that fired) added to
-the guard's run before it ends, so the run can be filtered by them once it is posted. These are
-new tag lists and dicts: the ones other handlers received when the run started are not changed.
+answer) and the flat ``logtoku.*`` metadata of :func:`logtoku_guard.payloads.decision_attributes`
+(``logtoku.action``, ``logtoku.rule``, ``logtoku.route``, ``logtoku.rules``, ...) added to the
+guard's run before it ends, so the run can be filtered by them once it is posted. These are new
+tag lists and dicts: the ones other handlers received when the run started are not changed.
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from langchain_logtoku import _convert
 from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku._traced import EarlyStop, TracedBackend
-from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT
+from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import capture_generations
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError, InvalidPromptError
-from logtoku_guard.guard import Guard, GuardResult, RetrieverLike
-from logtoku_guard.payloads import result_payload, token_payload
+from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.generation_capture import capture_generations
+from logtoku_guard.guard import Guard, RetrieverLike
+from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
@@ -78,49 +79,6 @@ def _passages(context: Any) -> list[str]:
                 raise InvalidPromptError(msg)
             out.append(item)
     return [p for p in out if p.strip()]
-
-
-def _route(decision: GuardPayload) -> list[str]:
-    """Every action of the route, in order: each attempt's own, then the final one when it differs
-    (``["retrieve", "pass"]``; ``["retrieve", "abstain"]`` when retrieval brought nothing)."""
-    actions = [a["action"] for a in decision["route"]]
-    return actions if actions and actions[-1] == decision["action"] else [*actions, decision["action"]]
-
-
-def _flat(decision: GuardPayload) -> dict[str, Any]:
-    """The decision as flat run metadata (OpenTelemetry-friendly: scalars and lists of strings).
-
-    ``logtoku.route``: every action taken (:func:`_route`); ``logtoku.rules``: the rules that
-    fired on the way, in order (each attempt's rule, then the final one).
-    """
-    rules = [a["rule"] for a in decision["route"]] + [decision["rule"]]
-    return {
-        "logtoku.action": decision["action"],
-        "logtoku.reliability": decision["reliability"],
-        "logtoku.rule": decision["rule"],
-        "logtoku.route": _route(decision),
-        "logtoku.rules": list(dict.fromkeys(r for r in rules if r is not None)),
-    }
-
-
-def _annotate_run(run_manager: CallbackManagerForChainRun, decision: GuardPayload) -> None:
-    """Tag this run ``logtoku:<action>`` for every action of the route, and add the flat decision
-    metadata, in every attached tracer (before it ends).
-
-    New tag list, ``extra`` and metadata dicts are assigned: the dicts the run started with are
-    shared with other handlers (they received them in ``on_chain_start``) and stay untouched.
-    """
-    from langchain_core.tracers.base import BaseTracer
-
-    tags = [f"logtoku:{action}" for action in dict.fromkeys(_route(decision))]
-    for handler in run_manager.handlers:
-        if isinstance(handler, BaseTracer):
-            run = handler.run_map.get(str(run_manager.run_id))
-            if run is not None:
-                run.tags = [*(run.tags or []), *(t for t in tags if t not in (run.tags or []))]
-                extra = dict(run.extra or {})
-                extra["metadata"] = {**(extra.get("metadata") or {}), **_flat(decision)}
-                run.extra = extra
 
 
 class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
@@ -263,6 +221,9 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             recorded=self.store is not None,
         )
 
+    def _attributes(self, result: GuardResult) -> dict[str, AttributeValue]:
+        return decision_attributes(result.decision, result.attempts, result, self.resolved_profile())
+
     def _report(
         self,
         result: GuardResult,
@@ -273,9 +234,11 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     ) -> AIMessage:
         """Annotate the run, fire ``logtoku_flagged`` when not a plain pass, and build the answer."""
         decision = self._decision(result, prompt, self.llm.quadrant_thresholds())
-        _annotate_run(run_manager, decision)
-        if _route(decision) != ["pass"]:
-            dispatch_custom_event(FLAGGED_EVENT, {**decision, **_flat(decision)}, config=config)
+        flat = self._attributes(result)
+        route = cast("list[str]", flat["logtoku.route"])
+        annotate_tracer_runs(run_manager.handlers, run_manager.run_id, [f"logtoku:{a}" for a in route], flat)
+        if route != ["pass"]:
+            dispatch_custom_event(FLAGGED_EVENT, {**decision, **flat}, config=config)
         n_in = sum(g.prompt_tokens for g in backend.generations)
         n_out = sum(len(g.tokens) for g in backend.generations)
         metadata = self.llm.response_metadata_for(result.generation, **backend.llm_kwargs)
@@ -366,7 +329,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         except GuardRejectedError as exc:
             message = self._report(exc.result, prompt, backend, run_manager, config)
             if retract and streamed:
-                self._retracted(message, "".join(streamed), config)
+                self._retracted(message, self._attributes(exc.result), "".join(streamed), config)
             raise
         message = self._report(result, prompt, backend, run_manager, config)
         if not retract:
@@ -383,7 +346,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             tail, retracted = answer[len(text) :], False
         else:
             tail, retracted = answer, True
-            self._retracted(message, text, config)
+            self._retracted(message, self._attributes(result), text, config)
         meta = dict(message.response_metadata)
         meta["logtoku"] = {k: v for k, v in meta["logtoku"].items() if k != "tokens"}  # tokens came per chunk
         meta.pop("logprobs", None)
@@ -411,9 +374,9 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             )
 
     @staticmethod
-    def _retracted(message: AIMessage, text: str, config: RunnableConfig) -> None:
+    def _retracted(message: AIMessage, flat: Mapping[str, AttributeValue], text: str, config: RunnableConfig) -> None:
         decision: GuardPayload = message.response_metadata["logtoku_guard"]
-        dispatch_custom_event(RETRACTED_EVENT, {**decision, **_flat(decision), "retracted_text": text}, config=config)
+        dispatch_custom_event(RETRACTED_EVENT, {**decision, **flat, "retracted_text": text}, config=config)
 
 
 def _join(items: list[Any]) -> Any:

@@ -26,8 +26,9 @@ attempts or applies a rule), and routed inside ``wrap_model_call``:
 
 The decision (:class:`~langchain_logtoku._convert.GuardPayload`) goes into the private state
 field ``logtoku_guard``, the AIMessage's ``response_metadata["logtoku_guard"]``, the
-``logtoku_flagged`` custom event (any route but a plain first-time pass) and the tag
-``logtoku:<action>`` / metadata ``logtoku.*`` of the enclosing run in attached tracers.
+``logtoku_flagged`` custom event (any route but a plain first-time pass) and the tags
+``logtoku:<action>`` (one per action of the route) / metadata ``logtoku.*``
+(:func:`logtoku_guard.payloads.decision_attributes`) of the enclosing run in attached tracers.
 
 Streaming: the model calls made inside the hook carry LangGraph's ``nostream`` tag, so in
 ``stream_mode="messages"`` no draft is streamed token by token; the final AIMessage reaches the
@@ -62,13 +63,14 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_logtoku._convert import GuardPayload
-from langchain_logtoku.callbacks import FLAGGED_EVENT
+from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.capture import GenerationCapture, capture_generations
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError, UsageError
-from logtoku_guard.guard import Attempt, Conclude, Guard, GuardResult, GuardTimings, RetrieverLike
-from logtoku_guard.payloads import DecisionPayload, decision_payload, result_payload
+from logtoku_guard.errors import ConfigurationError, UsageError
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations
+from logtoku_guard.guard import Conclude, Guard, RetrieverLike
+from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.policy import Decision, Policy, default_policy
+from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
 from logtoku_guard.types import Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode, rescore
 
@@ -237,24 +239,15 @@ def _no_stream() -> Iterator[None]:
         var_child_runnable_config.reset(token)
 
 
-def _flat(payload: GuardPayload) -> dict[str, Any]:
-    return {"logtoku.action": payload["action"], "logtoku.reliability": payload["reliability"], "logtoku.rule": payload["rule"]}
-
-
-def _annotate_current_run(payload: GuardPayload) -> None:
+def _annotate_current_run(flat: dict[str, AttributeValue]) -> None:
     """Tag the enclosing run (the hook's, else the model node's) in every attached tracer."""
     from langchain_core.callbacks.base import BaseCallbackManager
-    from langchain_core.tracers.base import BaseTracer
 
     manager = ensure_config().get("callbacks")
     if not isinstance(manager, BaseCallbackManager) or manager.parent_run_id is None:
         return
-    for handler in manager.handlers:
-        if isinstance(handler, BaseTracer):
-            run = handler.run_map.get(str(manager.parent_run_id))
-            if run is not None:
-                run.tags = [*(run.tags or []), f"logtoku:{payload['action']}"]
-                run.extra.setdefault("metadata", {}).update(_flat(payload))
+    route = cast("list[str]", flat["logtoku.route"])
+    annotate_tracer_runs(manager.handlers, manager.parent_run_id, [f"logtoku:{a}" for a in route], flat)
 
 
 class _GuardedCall:
@@ -322,7 +315,7 @@ class _GuardedCall:
             passages=len(self.passages),
             recorded=guard.store is not None,
         )
-        self.report(payload)
+        self.report(payload, decision_attributes(decision, self.attempts, result, guard.profile))
         if result.action == "raise":
             raise GuardRejectedError(result)
         response = self.responses[-1]
@@ -345,12 +338,12 @@ class _GuardedCall:
         routed = ModelResponse(result=[message, *others], structured_response=structured)
         return ExtendedModelResponse(model_response=routed, command=Command(update=update))
 
-    def report(self, payload: GuardPayload) -> None:
-        _annotate_current_run(payload)
+    def report(self, payload: GuardPayload, flat: dict[str, AttributeValue]) -> None:
+        _annotate_current_run(flat)
         if payload["action"] == "pass" and payload["attempts"] == 1:
             return
         try:
-            dispatch_custom_event(FLAGGED_EVENT, {**payload, **_flat(payload)})
+            dispatch_custom_event(FLAGGED_EVENT, {**payload, **flat})
         except GraphBubbleUp:
             raise
         except RuntimeError as exc:  # no parent run (hook called outside a graph): nothing to attach to

@@ -26,7 +26,7 @@ from langgraph.types import Command
 from langchain_logtoku import ChatLogTokU, LogTokUMiddleware
 from langchain_logtoku.middleware import ReviewResponse, generation_from_metadata
 from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.capture import capture_generations
+from logtoku_guard.generation_capture import capture_generations
 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
 MIDDLING = ScriptedAnswer(["Paris", "."], [[3.0, 1.0], [4.0, 0.5]])  # -0.12
@@ -186,6 +186,40 @@ def test_pass_warn_and_decision_everywhere() -> None:
     assert agent.get_state(thread()).values["logtoku_guard"]["trace_id"] == decision["trace_id"]  # private state field
     assert "logtoku_guard" not in ask(agent, "roughly?", thread("2"))  # not in the agent's output
     assert [name for name, _ in events] == ["logtoku_flagged"] and events[0][1]["logtoku.action"] == "warn"
+
+
+def test_the_enclosing_run_gets_the_flat_decision_without_touching_what_other_handlers_hold() -> None:
+    import copy
+
+    from langchain_core.tracers.base import BaseTracer
+    from langchain_core.tracers.schemas import Run
+
+    runs: list[Run] = []
+    held: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    class Collect(BaseTracer):
+        def _persist_run(self, run: Run) -> None:
+            runs.append(run)
+
+        def _end_trace(self, run: Run) -> None:
+            runs.append(run)
+            super()._end_trace(run)
+
+    class SeenAtStart(BaseCallbackHandler):
+        def on_chain_start(self, serialized: Any, inputs: Any, *, metadata: Any = None, **kw: Any) -> None:
+            if metadata is not None:
+                held.append((metadata, copy.deepcopy(metadata)))
+
+    mw = LogTokUMiddleware(policy=graded("retrieve"), retriever=lambda q: ["Elena Marwick founded it."])
+    agent = create_agent(scripted_model(), middleware=[mw])
+    ask(agent, "Who founded the Zarnovian Institute?", {"callbacks": [SeenAtStart(), Collect()], "metadata": {"user": "u1"}})
+    annotated = [r for r in runs if "logtoku.action" in (r.extra or {}).get("metadata", {})]
+    assert annotated, [r.name for r in runs]
+    meta = annotated[0].extra["metadata"]
+    assert meta["logtoku.route"] == ["retrieve", "pass"] and meta["logtoku.rules"] == ["unsure"]
+    assert meta["logtoku.attempts"] == 2 and len(meta["logtoku.trace_id"]) == 32 and meta["user"] == "u1"
+    assert {"logtoku:retrieve", "logtoku:pass"} <= set(annotated[0].tags or [])
+    assert held and all(now == then and not any(k.startswith("logtoku.") for k in now) for now, then in held)
 
 
 def test_raise_route() -> None:

@@ -96,11 +96,15 @@ def test_retrieve_requeries_with_more_context_then_passes(index: Any, decisions:
     assert len(response.source_nodes) == 6  # the nodes of the final attempt
     assert len(script.prompts) == 2 and script.prompts[1].count("capital of") > script.prompts[0].count("capital of")
     assert [(e.action, e.final, e.attempt) for e in decisions] == [("retrieve", False, 1), ("pass", True, 2)]
-    assert decisions[0].tags == {
+    tags = decisions[0].tags
+    assert tags == {
         "logtoku.action": "retrieve",
+        "logtoku.reason": "reliability -0.2513 < -0.1",
         "logtoku.rule": "low-reliability",
-        "logtoku.attempt": 1,
+        "logtoku.reliability": tags["logtoku.reliability"],
+        "logtoku.attempts": 1,
         "logtoku.route": ["retrieve"],
+        "logtoku.rules": ["low-reliability"],
     }
     assert decisions[1].tags["logtoku.action"] == "pass" and decisions[1].tags["logtoku.route"] == ["retrieve", "pass"]
     # the spans opened to act on each decision carry its action

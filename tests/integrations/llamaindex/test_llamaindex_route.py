@@ -20,7 +20,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.llms.logtoku._responses import QueryRun
 from llama_index.llms.logtoku._route import Act, Read, Requery, Synthesis, Synthesize, out_of_turn, route
 from logtoku_guard import ConfigurationError, Guard, ScriptedAnswer, ScriptedBackend, UsageError
-from logtoku_guard.capture import GenerationCapture
+from logtoku_guard.generation_capture import GenerationCapture
 
 WIDE: Any = "engine: top-k 6"  # markers standing for re-query engines
 WIDER: Any = "engine: top-k 10"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.schema import QueryBundle
 
-from logtoku_guard.capture import GenerationCapture
+from logtoku_guard.generation_capture import GenerationCapture
 from logtoku_guard.policy import Decision
 from logtoku_guard.types import ChatMessage
 

@@ -22,8 +22,8 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard import Attempt
 from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.results import Attempt
 from logtoku_guard.telemetry import GenerationSpan, RunSpan
 
 from .base import LogTokULLM

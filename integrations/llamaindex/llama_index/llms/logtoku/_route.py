@@ -29,10 +29,11 @@ from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.response.schema import RESPONSE_TYPE
 from llama_index.core.schema import NodeWithScore
 
-from logtoku_guard.capture import GenerationCapture
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard import Attempt, Conclude, Guard
+from logtoku_guard.generation_capture import GenerationCapture
+from logtoku_guard.guard import Conclude, Guard
 from logtoku_guard.policy import Decision
+from logtoku_guard.results import Attempt
 from logtoku_guard.types import Generation
 
 from ._responses import QueryRun

@@ -15,8 +15,8 @@ Streamed chunks carry their own token(s) under ``"tokens"``; the summary (and th
 message) comes on the last chunk only, so each chunk is held back until the next token exists.
 
 Because query engines drop response metadata (``llm.predict()`` returns a string), every
-finished generation is also handed to the active :func:`~logtoku_guard.capture.capture_generations` blocks.
-While a :class:`~llama_index.llms.logtoku.capture.WithheldCapture` is active (a guard holds the
+finished generation is also handed to the active :func:`~logtoku_guard.generation_capture.capture_generations` blocks.
+While a :class:`~llama_index.llms.logtoku.withheld.WithheldCapture` is active (a guard holds the
 answer back until it has decided), ``stream()``/``astream()`` generate the whole answer first
 (``predict()``) and yield it as one piece: no in-progress event carries the draft.
 """
@@ -49,15 +49,15 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.capture import GenerationCapture, active_captures
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.generation_capture import GenerationCapture, active_captures
 from logtoku_guard.payloads import SummaryPayload, TokenPayload
 from logtoku_guard.payloads import summary_payload as _summary_payload
 from logtoku_guard.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
-from .capture import withheld
+from .withheld import withheld
 
 logger = logging.getLogger(__name__)
 

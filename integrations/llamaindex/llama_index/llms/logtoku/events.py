@@ -32,8 +32,8 @@ from llama_index.core.schema import NodeWithScore
 from logtoku_guard.payloads import AttemptPayload, ResultPayload, attempt_payload, json_float, result_payload, stats_payload
 
 if TYPE_CHECKING:
-    from logtoku_guard.guard import Attempt, GuardResult
     from logtoku_guard.policy import Decision, Policy
+    from logtoku_guard.results import Attempt, GuardResult
     from logtoku_guard.uncertainty import QuadrantThresholds
 
 

@@ -21,12 +21,13 @@ The driving's decisions (judge, re-query or stop, fall back) are written once, w
 :func:`~._route.route`; the sync and async queries here and the ``"live"`` streams of
 :mod:`._live` only do the I/O it asks for.
 
-The scores come through :func:`logtoku_guard.capture.capture_generations`, because the
+The scores come through :func:`logtoku_guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
 (with the route: each attempt's action and rule) and the spans opened to act on it are tagged
-``logtoku.action``/``logtoku.rule``/``logtoku.attempt``/``logtoku.route``.
+with the flat decision attributes of :func:`logtoku_guard.payloads.decision_attributes`
+(``logtoku.action``, ``logtoku.rule``, ``logtoku.attempts``, ``logtoku.route``, ...).
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from llama_index.core.instrumentation.dispatcher import active_instrument_tags, 
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from logtoku_guard.capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
-from logtoku_guard.errors import ConfigurationError, GuardRejectedError
-from logtoku_guard.guard import Guard, GuardResult, GuardTimings
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
+from logtoku_guard.guard import Guard
+from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
+from logtoku_guard.results import GuardRejectedError, GuardResult, GuardTimings
 
 from ._live import alive, live
 from ._responses import (
@@ -66,8 +69,8 @@ from ._responses import (
 )
 from ._route import Act, Read, Requery, Request, Steps, Synthesis, Synthesize, out_of_turn, route
 from .base import LogTokULLM
-from .capture import WithheldCapture
 from .events import LogTokUDecisionEvent, query_payload
+from .withheld import WithheldCapture
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
@@ -311,13 +314,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
-        return {
-            **active_instrument_tags.get(),
-            "logtoku.action": decision.action,
-            "logtoku.rule": decision.rule,
-            "logtoku.attempt": len(run.attempts),
-            "logtoku.route": [a.decision.action for a in run.attempts],
-        }
+        return {**active_instrument_tags.get(), **decision_attributes(decision, run.attempts, profile=self._guard.profile)}
 
     def _requery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
         """Announce the re-query's decision and run it under its tags; the route's next request."""

@@ -3,7 +3,7 @@
 No timed assertions: batches are formed deterministically by holding the worker (a blocked
 job, or a running stream held inside a forward pass by :class:`support.gate.Gate`) while the
 requests to batch are queued. Joining and leaving a running batch in depth:
-``tests/test_continuous_batching.py``.
+``tests/backends/test_continuous_batching.py``.
 """
 
 from __future__ import annotations

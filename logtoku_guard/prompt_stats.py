@@ -2,7 +2,7 @@
 
 The backend scores the user's question teacher-forced at the prefill pass
 (:attr:`~logtoku_guard.types.Generation.prompt_scores`, made by
-:mod:`logtoku_guard.backends.prompt_capture`). :class:`PromptStats` summarises those tokens:
+:mod:`logtoku_guard.backends.prompt_scoring`). :class:`PromptStats` summarises those tokens:
 
 * ``prompt_max_eu`` / ``prompt_mean_eu``: LogTokU EU of the distributions that predicted each
   question token (higher = the model knew less about what came next);

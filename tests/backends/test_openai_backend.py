@@ -20,7 +20,7 @@ from logtoku_guard.errors import ConfigurationError  # noqa: E402
 from logtoku_guard.types import DecodingOptions  # noqa: E402
 from logtoku_guard.uncertainty import rescore  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "vllm"
+DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
 URL = "http://vllm.test:8000/v1"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 

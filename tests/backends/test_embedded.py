@@ -263,7 +263,7 @@ def test_two_processes_converting_at_once_share_one_cache(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_example_score_and_stream_runs(embedded_cache: Path, embedded_backend: object) -> None:
-    example = Path(__file__).resolve().parents[1] / "examples" / "score_and_stream.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "score_and_stream.py"
     env = {**os.environ, embedded.CACHE_ENV: str(embedded_cache)}
     res = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
@@ -308,7 +308,7 @@ def test_the_readme_guard_snippet_does_what_it_says(
 ) -> None:
     """The README's Python guard example, run as written (in a scratch folder for its audit.db):
     the invented institute is sent to retrieval instead of passing the model's guess."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## The guard: pass, warn, retrieve") :]
     code = section[section.index("```python\n") + len("```python\n") :]
     code = code[: code.index("```")]

@@ -25,10 +25,10 @@ from test_guard import by_question, policy
 
 from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard, GuardRejectedError
-from logtoku_guard.retrieval import KeywordRetriever
+from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PASSAGES = ["Paris is the capital of France.", "The Zarnovian Institute was founded by Paris."]
 
 
@@ -189,7 +189,7 @@ def test_without_opentelemetry_nothing_is_imported_or_emitted() -> None:
     code = """
 import sys
 sys.modules["opentelemetry"] = None  # as if not installed: any import of it raises ImportError
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/guard")
 from logtoku_guard import ScriptedBackend
 from logtoku_guard.guard import Guard
 from logtoku_guard.telemetry import GuardTelemetry
@@ -235,7 +235,7 @@ def test_the_console_example_prints_what_its_docstring_says() -> None:
     from pathlib import Path
 
     pytest.importorskip("opentelemetry.sdk")
-    script = Path(__file__).resolve().parents[1] / "examples" / "otel_console.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "otel_console.py"
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     decoder, spans, text = json.JSONDecoder(), [], done.stdout

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
+from logtoku_guard.payloads import generation_payload, token_payload
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -328,7 +329,7 @@ def make_generation(tokens: tuple[TokenScore, ...] = TOKENS, **kw: Any) -> Gener
 
 def test_generation_to_dict_keys_and_values() -> None:
     th = QuadrantThresholds(au=0.3, eu=0.3, source="test")
-    d = make_generation().to_dict(th)
+    d = generation_payload(make_generation(), th)
     assert set(d) >= GEN_KEYS
     assert d["model"] == "m"
     assert d["prompt"] == "Capital of France?"
@@ -359,7 +360,7 @@ def test_generation_to_dict_keys_and_values() -> None:
 
 
 def test_generation_to_dict_without_thresholds() -> None:
-    d = make_generation().to_dict()
+    d = generation_payload(make_generation())
     assert d["thresholds"] is None
     assert all(t["quadrant"] is None for t in d["tokens"])
 
@@ -368,20 +369,20 @@ def test_generation_to_dict_temperature_key_only_when_set() -> None:
     import dataclasses
 
     t = dataclasses.replace(TOKENS[0], temperature=0.4)
-    assert t.to_dict()["temperature"] == 0.4
-    assert "temperature" not in TOKENS[0].to_dict()
+    assert token_payload(t)["temperature"] == 0.4
+    assert "temperature" not in token_payload(TOKENS[0])
 
 
 def test_generation_to_dict_nan_becomes_none() -> None:
     bad = tok(3, math.nan, 0.4, -math.inf, math.nan, " ?")
-    d = make_generation((*TOKENS, bad)).to_dict()
+    d = generation_payload(make_generation((*TOKENS, bad)))
     assert d["reliability"] is None and d["reliability_mean"] is None
     last = d["tokens"][-1]
     assert last["au"] is None and last["logprob"] is None and last["entropy"] is None
     assert last["eu"] == 0.4
     text = json.dumps(d, allow_nan=False)  # strict JSON: no NaN / Infinity literals
     assert "NaN" not in text and "Infinity" not in text
-    empty = make_generation(()).to_dict()
+    empty = generation_payload(make_generation(()))
     assert empty["reliability"] is None and empty["tokens"] == []
     json.dumps(empty, allow_nan=False)
 

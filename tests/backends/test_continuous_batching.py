@@ -168,7 +168,7 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
 
 def test_the_interpreter_exits_cleanly_while_a_batch_runs() -> None:
     """At exit the worker leaves the model first (the batcher's atexit hook), even mid-generation with joined rows."""
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     code = (
         f"import sys, threading; sys.path.insert(0, {str(tests)!r})\n"
         "from support.tiny import make_model, make_tokenizer\n"

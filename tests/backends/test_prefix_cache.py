@@ -18,7 +18,7 @@ from support.same import assert_same
 from support.tiny import make_model
 
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
-from logtoku_guard.backends.prompt_capture import QuestionSpan
+from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.transformers import TransformersBackend
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import ChatMessage, DecodingOptions

@@ -23,7 +23,7 @@ from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, genera
 from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.policy import default_policy
-from logtoku_guard.prompt_scores import PromptStats, focus_tokens
+from logtoku_guard.prompt_stats import PromptStats, focus_tokens
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
 from logtoku_guard.uncertainty import logsumexp_entropy, logtoku
@@ -75,15 +75,15 @@ def test_long_questions_scored_by_the_hook_in_chunks_equal_the_kept_logits(
 ) -> None:
     """More question positions than CHUNK: the decoder hook scores them in chunks of CHUNK,
     with the same result as the logits the prefill keeps for short questions."""
-    from logtoku_guard.backends import prompt_capture
+    from logtoku_guard.backends import prompt_scoring
 
     prompts = ["Paris is a city", "What is the capital of Italy? Rome."]
     kept = tiny_backend.batch(prompts, DecodingOptions(max_new_tokens=2))
     assert all(g.prompt_scores for g in kept)
     calls: list[int] = []
-    hook = prompt_capture.PromptCapture.hook
-    monkeypatch.setattr(prompt_capture.PromptCapture, "hook", lambda self, *a: (calls.append(1), hook(self, *a))[1])
-    monkeypatch.setattr(prompt_capture, "CHUNK", chunk)
+    hook = prompt_scoring.PromptCapture.hook
+    monkeypatch.setattr(prompt_scoring.PromptCapture, "hook", lambda self, *a: (calls.append(1), hook(self, *a))[1])
+    monkeypatch.setattr(prompt_scoring, "CHUNK", chunk)
     chunked = tiny_backend.batch(prompts, DecodingOptions(max_new_tokens=2))
     assert calls  # the hook path ran
     for a, b in zip(kept, chunked, strict=True):

@@ -8,10 +8,16 @@ import math
 import pytest
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.payloads import json_float, quadrant_of, quadrant_shares, result_payload, summary_payload, token_payload
+from logtoku_guard.payloads import (
+    decision_attributes,
+    json_float,
+    result_payload,
+    summary_payload,
+    token_payload,
+)
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
 
 TH = QuadrantThresholds(au=0.5, eu=0.5, source="test")
 
@@ -63,5 +69,31 @@ def test_result_payload_route_keeps_each_attempts_rule() -> None:
     assert p["route"][1]["passages"] == 1 and p["route"][1]["reason"] == "after retrieval: no rule fired"
     assert (p["action"], p["rule"], p["attempts"], p["draft"]) == ("pass", None, 2, "Elena.")
     assert p["policy"] == {"name": "p", "version": "1"}
-    assert result.to_dict(TH) == dict(p)
     json.dumps(p, allow_nan=False)
+
+
+def test_decision_attributes_are_one_flat_set_without_undefined_values() -> None:
+    unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "rules": [{"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}],
+        }
+    )
+    result = Guard(ScriptedBackend([unsure]), policy, retriever=lambda q: []).run("Who?")  # retrieval brings nothing
+    a = decision_attributes(result.decision, result.attempts, result)
+    assert a["logtoku.route"] == ["retrieve", "abstain"] and a["logtoku.rules"] == ["unsure"]
+    assert (a["logtoku.action"], a["logtoku.attempts"], a["logtoku.trace_id"]) == ("abstain", 1, result.trace_id)
+    assert a["logtoku.stopped_early"] is False and a["logtoku.reliability"] == result.reliability
+    assert "logtoku.review_id" not in a and "logtoku.guard_score" not in a  # undefined: left out, never None
+    assert all(v is not None for v in a.values())
+    # before the conclusion (an adapter's in-progress tags): the decision so far, no trace id
+    first = result.attempts[0]
+    b = decision_attributes(first.decision, result.attempts)
+    assert (b["logtoku.action"], b["logtoku.rule"], b["logtoku.route"]) == ("retrieve", "unsure", ["retrieve"])
+    assert not {"logtoku.trace_id", "logtoku.stopped_early"} & set(b)
+    nan = ScriptedAnswer(["x"], [[math.nan, math.nan]])  # NaN reliability: no reliability key; no rule fired: no rule key
+    undefined = Guard(ScriptedBackend([nan]), Policy.from_dict({"name": "none", "rules": []})).run("Who?")
+    c = decision_attributes(undefined.decision, undefined.attempts, undefined)
+    assert math.isnan(undefined.reliability) and not {"logtoku.reliability", "logtoku.rule"} & set(c)
+    assert c["logtoku.rules"] == [] and c["logtoku.route"] == ["pass"]

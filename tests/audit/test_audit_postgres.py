@@ -1,4 +1,4 @@
-"""The audit store's suite of tests/test_audit.py, on a real PostgreSQL server (psycopg 3).
+"""The audit store's suite of tests/audit/test_audit.py, on a real PostgreSQL server (psycopg 3).
 
 The server is a throwaway one started for the session (:mod:`support.postgres`: initdb + pg_ctl
 in a temporary folder, a free port of 127.0.0.1); every test gets new, empty databases through

@@ -11,8 +11,8 @@ import pytest
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.guard import Guard, GuardRejectedError
+from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
-from logtoku_guard.retrieval import KeywordRetriever
 from logtoku_guard.types import ChatMessage
 
 SURE = ScriptedAnswer(["Paris", "."], [[30.0, 5.0], [25.0, 2.0]])  # EU ~ 0.06-0.07

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from logtoku_guard import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.payloads import decision_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import ResponseScore
@@ -179,6 +180,6 @@ def test_the_decision_never_raises_and_never_passes_an_undefined_answer(
             assert "undefined:" in d.reason
     for c in d.checks:
         c.describe()
-    d.to_dict()
-    OTHERS[undefined].decide(stats, PROFILE).to_dict()
+    decision_payload(d)
+    decision_payload(OTHERS[undefined].decide(stats, PROFILE))
     stats.as_dict()

@@ -1,7 +1,7 @@
 """The audit store and the human-review queue, on real SQLite files (tmp_path), no model.
 
 Most tests take the store's location from the ``store_url`` fixture (here: SQLite files in
-``tmp_path``); ``tests/test_audit_postgres.py`` imports the same tests and overrides
+``tmp_path``); ``tests/audit/test_audit_postgres.py`` imports the same tests and overrides
 ``store_url`` with databases on a throwaway PostgreSQL server. Tests of SQLite's own files
 (modes, pragmas, foreign files) stay here only.
 """
@@ -75,7 +75,7 @@ StoreUrl = Callable[..., str]
 
 @pytest.fixture
 def store_url(tmp_path: Path) -> StoreUrl:
-    """SQLite files in tmp_path (overridden by tests/test_audit_postgres.py)."""
+    """SQLite files in tmp_path (overridden by tests/audit/test_audit_postgres.py)."""
 
     def url(name: str = "audit") -> str:
         return str(tmp_path / f"{name}.db")

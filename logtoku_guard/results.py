@@ -1,0 +1,68 @@
+"""What a guarded question ends with: each attempt, the timings, the result, and the ``raise`` error.
+
+Below :mod:`logtoku_guard.guard` (which builds them) and everything that reads them (payloads,
+audit records, telemetry, the adapters); :class:`GuardRejectedError` lives here, beside the
+:class:`GuardResult` it carries, so :mod:`logtoku_guard.errors` stays the bottom layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from logtoku_guard.errors import LogTokUError
+from logtoku_guard.policy import ActionName, Decision
+from logtoku_guard.types import Generation
+
+__all__ = ["Attempt", "GuardRejectedError", "GuardResult", "GuardTimings"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One generation the guard made, with its decision and the context it was given."""
+
+    generation: Generation
+    decision: Decision
+    passages: tuple[str, ...] = ()
+    retrieval_error: str | None = None
+
+
+@dataclass(frozen=True)
+class GuardTimings:
+    total_s: float
+    generation_s: float
+    decision_s: float
+    retrieval_s: float
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    """The answer to return and everything that led to it."""
+
+    answer: str
+    action: ActionName
+    decision: Decision
+    attempts: tuple[Attempt, ...]
+    trace_id: str
+    timings: GuardTimings
+    review_id: int | None = None
+    stopped_early: bool = False
+    policy_name: str = ""
+    policy_version: str = ""
+
+    @property
+    def generation(self) -> Generation:
+        """The generation the final decision was made on."""
+        return self.attempts[-1].generation
+
+    @property
+    def reliability(self) -> float:
+        return self.generation.score.reliability
+
+
+class GuardRejectedError(LogTokUError):
+    """Raised by the policy's ``raise`` action; ``.result`` is the full :class:`GuardResult`."""
+
+    def __init__(self, result: GuardResult) -> None:
+        self.result = result
+        d = result.decision
+        super().__init__(f"the guard rejected the answer (rule {d.rule!r}): {d.reason}")
