@@ -130,7 +130,7 @@ class LlamaCppBackend:
         self._n_threads = default_n_threads(n_threads)
         path, default_name = _resolve(model)
         import_llama_cpp(is_verbose(verbose))  # a missing extra fails before anything else
-        self._model = LlamaModel(path, n_ctx=n_ctx, n_seq=max_batch, n_threads=self._n_threads, verbose=is_verbose(verbose))
+        self._model = LlamaModel(path, n_ctx=n_ctx, n_seq=2 * max_batch, n_threads=self._n_threads, verbose=is_verbose(verbose))
         self._tokenizer = LlamaTokenizer(self._model)
         vocab = self._model.n_vocab
         self._k = validate_k(k, vocab)
@@ -344,7 +344,7 @@ class LlamaCppBackend:
                 jobs[0].options,
                 self._batcher.take_joiners,
                 self._generation,
-                self._batcher.max_batch,
+                2 * self._batcher.max_batch,  # as many again for ended rows whose cells are not freed yet
             )
             loop.run(jobs)
 

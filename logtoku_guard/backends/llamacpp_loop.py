@@ -3,20 +3,19 @@
 :class:`LlamaDecodeLoop` is the llama.cpp counterpart of
 :class:`~logtoku_guard.backends.decode_loop.DecodeLoop`, driven by the same
 :class:`~logtoku_guard.backends.batching.Batcher` and scoring with the same
-:class:`~logtoku_guard.backends.recorder.StepRecorder`. Each step builds one ``llama_batch``:
+:class:`~logtoku_guard.backends.recorder.StepRecorder`. Each step:
 
 1. **decode**: one token for each live row (its last token, at its next position, in its own
-   sequence), each asking for logits;
-2. **prefill**: then the prompt tokens of rows being admitted, FCFS, as many as the step's
-   budget allows (:data:`OUTPUT_BUDGET` logits rows, the batch's token capacity); a long
-   prompt is prefilled over several steps (chunked prefill). Logits are asked for at the
-   positions that predict the question's tokens (its prompt-side scores,
-   :func:`~logtoku_guard.backends.prompt_capture.score_kept`) and at its last position (its
-   first answer token);
-3. **choose**: one ``llama_decode``; the raw logits of every row that has a next token are
-   copied out (``llama_get_logits_ith``: valid only until the next decode) into one
-   ``(rows, vocab)`` float32 array, recorded (top-K, AU/EU, entropy: the recorder's maths),
-   and the next token is chosen (arg-max, or temperature / top-p sampling in torch);
+   sequence) in one ``llama_decode`` (:data:`DECODE_ROWS` rows at most per call);
+2. **prefill**: the prompt of each row admitted since the last step, alone in its own
+   ``llama_decode`` calls, asking for logits at the positions that predict the question's
+   tokens (its prompt-side scores, :func:`~logtoku_guard.backends.prompt_capture.score_kept`)
+   and at its last position (its first answer token). Rows never share a call with other
+   sequences' prompt tokens: each answer is the one it gets alone, bit for bit;
+3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
+   the next decode overwrites them) form one ``(rows, vocab)`` float32 array, recorded (top-K,
+   AU/EU, entropy: the recorder's maths), and the next token is chosen (arg-max, or
+   temperature / top-p sampling in torch);
 4. **leave**: rows that ended drop their sequence from the KV cache; their requests complete.
 
 A row is admitted only when its prompt plus its token limit fits in the KV cells the live rows
@@ -43,10 +42,13 @@ if TYPE_CHECKING:
 
     from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
 
-__all__ = ["OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence"]
+__all__ = ["DECODE_ROWS", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence"]
 
 OUTPUT_BUDGET = 256
-"""Most logits rows one step asks llama.cpp for (bounds its ``rows x vocabulary`` output buffer)."""
+"""Most logits rows one ``llama_decode`` asks for (bounds llama.cpp's ``rows x vocabulary`` output buffer)."""
+DECODE_ROWS = 16
+"""Most rows decoded in one ``llama_decode`` (below the 32 tokens at which a ubatch mixing
+sequences changes llama.cpp's CPU attention results: ggml-org/llama.cpp#24962)."""
 
 
 @dataclass(eq=False)
@@ -109,6 +111,7 @@ class LlamaDecodeLoop:
         self.take_joiners = take_joiners
         self.finish = finish
         self.free_seqs = list(range(max_rows))
+        self.ended: list[Sequence] = []  # rows that left, their KV cells not freed yet
         self.live: list[Sequence] = []  # rows with a recorder row, in recorder order
         self.admitted: list[Sequence] = []  # rows being prefilled, FCFS
         self.waiting: list[tuple[Job, int, PreparedRow]] = []
@@ -149,68 +152,93 @@ class LlamaDecodeLoop:
         self.waiting.extend((job, i, p) for job in jobs for i, p in enumerate(job.rows))
 
     def _admit(self) -> None:
-        """Admit waiting rows, first come first served, while a sequence and their KV cells are free."""
+        """Admit waiting rows, first come first served, while a sequence and their KV cells are free.
+
+        The cells of rows that ended stay in use until a waiting row needs them
+        (:meth:`_leave`); then all of them are freed at once.
+        """
         used = sum(s.reserved for s in (*self.live, *self.admitted))
-        while self.waiting and self.free_seqs:
+        while self.waiting:
             job, i, p = self.waiting[0]
             if job.future.done():  # failed or already answered: nothing to generate
                 self.waiting.pop(0)
                 continue
             need = len(p.ids) + p.limit
-            if used + need > self.model.n_ctx and (self.live or self.admitted):
+            ended = sum(s.pos for s in self.ended)
+            if self.ended and (not self.free_seqs or used + ended + need > self.model.n_ctx):
+                for s in self.ended:
+                    self._free(s)
+                self.ended = []
+                continue
+            if not self.free_seqs or (used + need > self.model.n_ctx and (self.live or self.admitted)):
                 return
             self.waiting.pop(0)
             used += need
             self.admitted.append(Sequence(job, i, p, self.free_seqs.pop(0), time.perf_counter(), question_positions(p)))
 
     def _step(self) -> None:
-        """One ``llama_decode``: the live rows' next tokens and a budget of prompt tokens; then choose."""
+        """Decode the live rows' next tokens, prefill the admitted rows, then choose every row's next token."""
         import numpy as np
 
-        entries: list[tuple[int, int, int, bool]] = [(s.last, s.pos, s.seq, True) for s in self.live]
-        outputs = len(entries)
-        # each admitted row fed this step: (row, (batch entry, prompt position) of each logits row asked)
-        fed: list[tuple[Sequence, list[tuple[int, int]]]] = []
-        for s in self.admitted:
-            ids = s.prepared.ids
-            wanted: list[tuple[int, int]] = []
-            start = s.fed
-            while s.fed < len(ids) and len(entries) < self.model.n_batch:
-                p = s.fed
-                logits = p == len(ids) - 1 or p in s.kept
-                if logits and outputs >= OUTPUT_BUDGET and entries:
-                    break
-                if logits:
-                    outputs += 1
-                    wanted.append((len(entries), p))
-                entries.append((ids[p], p, s.seq, logits))
-                s.fed += 1
-            if s.fed > start:
-                fed.append((s, wanted))
-            if s.fed < len(ids):
-                break  # the budget is spent: the rows after it wait for the next step
-        self.model.decode(entries)
-        for s in self.live:
-            s.pos += 1
-        rows = list(range(len(self.live)))  # batch entry of each row's next-token logits, in recorder order
         vocab = self.model.n_vocab
-        for s, wanted in fed:
-            s.pos = s.fed
-            last = len(s.prepared.ids) - 1
-            for entry, p in wanted:
-                if p in s.kept:
-                    buf = np.empty(vocab, dtype=np.float32)
-                    self.model.logits_into(entry, buf)
-                    s.prompt_logits.append(buf)
-                if p == last:
-                    rows.append(entry)
-                    self._join(s)
-        if not rows:
-            return
-        step = np.empty((len(rows), vocab), dtype=np.float32)
-        for r, entry in enumerate(rows):
-            self.model.logits_into(entry, step[r])
-        self._choose(step)
+        live = list(self.live)
+        step = np.empty((len(live) + len(self.admitted), vocab), dtype=np.float32)
+        for lo in range(0, len(live), DECODE_ROWS):
+            rows = live[lo : lo + DECODE_ROWS]
+            self.model.decode([(s.last, s.pos, s.seq, True) for s in rows])
+            for i, s in enumerate(rows):
+                s.pos += 1
+                self.model.logits_into(i, step[lo + i])
+        n = len(live)
+        for s in list(self.admitted):
+            if self._prefill(s, step[n]):
+                n += 1
+        if n:
+            self._choose(step[:n])
+
+    def _prefill(self, s: Sequence, first: np.ndarray) -> bool:
+        """Feed ``s``'s prompt, alone in its ``llama_decode`` calls (at most :data:`OUTPUT_BUDGET`
+        logits rows each); copy the question's logits aside and its first token's into ``first``.
+
+        A row's prompt is never batched with other sequences' tokens: llama.cpp's CPU attention
+        gives different logits (up to ~1.0 on the embedded model) once a ubatch mixing sequences
+        reaches 32 tokens (ggml-org/llama.cpp#24962), and each answer must not depend on its
+        neighbours. Returns False when the row failed (its request gets the error).
+        """
+        import numpy as np
+
+        ids = s.prepared.ids
+        try:
+            while s.fed < len(ids):
+                entries: list[tuple[int, int, int, bool]] = []
+                outputs = 0
+                while s.fed < len(ids) and len(entries) < self.model.n_batch:
+                    p = s.fed
+                    logits = p == len(ids) - 1 or p in s.kept
+                    if logits and outputs >= OUTPUT_BUDGET:
+                        break
+                    outputs += logits
+                    entries.append((ids[p], p, s.seq, logits))
+                    s.fed += 1
+                self.model.decode(entries)
+                for i, (_, p, _, logits) in enumerate(entries):
+                    if not logits:
+                        continue
+                    if p in s.kept:
+                        buf = np.empty(self.model.n_vocab, dtype=np.float32)
+                        self.model.logits_into(i, buf)
+                        s.prompt_logits.append(buf)
+                    else:
+                        self.model.logits_into(i, first)
+            s.pos = len(ids)
+            self._join(s)
+        except Exception as exc:  # handed to this request; the running rows go on
+            self.admitted.remove(s)
+            self._free(s)
+            if not s.job.future.done():
+                s.job.future.set_exception(exc)
+            return False
+        return True
 
     def _join(self, s: Sequence) -> None:
         """``s``'s prompt is in the KV cache: score its question and give it a recorder row."""
@@ -269,7 +297,13 @@ class LlamaDecodeLoop:
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
     def _leave(self) -> None:
-        """Drop the rows that ended (or whose request already failed); free their sequences."""
+        """Drop the rows that ended (or whose request already failed) from the batch.
+
+        Their KV cells are not freed yet (:meth:`_admit` frees them when a waiting row needs the
+        room): llama.cpp would place the live rows' next tokens in those cells, before their
+        earlier ones, and its attention, summing over cells in cache order, would then give them
+        different logits (up to ~0.5 on the embedded model) from those they get alone.
+        """
         keep = [b for b, s in enumerate(self.live) if not (s.state is not None and s.state.done) and not s.job.future.done()]
         gone = [s for s in self.admitted if s.job.future.done()]
         for s in gone:
@@ -280,11 +314,13 @@ class LlamaDecodeLoop:
         for b, s in enumerate(self.live):
             if b not in kept:
                 gone.append(s)
-        for s in gone:
-            self.model.forget(s.seq)
-            self.free_seqs.append(s.seq)
+        self.ended.extend(gone)
         self.live = [self.live[b] for b in keep]
         self.recorder.rows = [self.recorder.rows[b] for b in keep]
+
+    def _free(self, s: Sequence) -> None:
+        self.model.forget(s.seq)
+        self.free_seqs.append(s.seq)
 
     # -- the recorder's callbacks ----------------------------------------------------------------
     def _on_token(self, b: int, token: TokenScore) -> None:

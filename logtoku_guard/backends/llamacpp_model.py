@@ -59,7 +59,8 @@ class LlamaModel:
         path: the ``.gguf`` file.
         n_ctx: KV-cache cells shared by every sequence (a unified cache: rows of a batch use
             what they need).
-        n_seq: most sequences (batch rows) decoded at once.
+        n_seq: most sequences in the KV cache at once (batch rows, and rows that ended whose
+            cells are not freed yet).
         n_threads: CPU threads for decoding and prompt processing.
         verbose: let llama.cpp print its loading log.
     """
@@ -69,7 +70,8 @@ class LlamaModel:
 
         self.lib = lib = import_llama_cpp(verbose)
         if n_seq > int(lib.llama_max_parallel_sequences()):
-            msg = f"max_batch={n_seq} is more than llama.cpp's {lib.llama_max_parallel_sequences()} parallel sequences"
+            most = int(lib.llama_max_parallel_sequences())
+            msg = f"{n_seq} sequences (2 x max_batch) are more than llama.cpp's {most}; use max_batch <= {most // 2}"
             raise ConfigurationError(msg)
         lib.llama_backend_init()
         params = lib.llama_model_default_params()
@@ -230,29 +232,27 @@ class LlamaTokenizer:
     def offsets(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
         """Each token's ``(start, end)`` character offsets in ``text`` (its encoding ``ids``).
 
-        As a fast transformers tokenizer reports them (``trim_offsets``): the whitespace a
-        token starts or ends with is left out of its span (a whitespace-only token keeps it).
-        A token that ends inside a multi-byte character ends at that character's end.
+        A token's span covers its bytes (a leading space included, as a byte-level BPE fast
+        tokenizer reports it), widened to whole characters: the tokens of one multi-byte
+        character each span that character.
         """
         data = text.encode("utf-8")
-        char_at = [0] * (len(data) + 1)  # byte offset -> character offset (next character start)
+        floor = [0] * (len(data) + 1)  # byte offset -> the character it lies in
+        ceil = [0] * (len(data) + 1)  # byte offset -> the first character starting at or after it
         pos = 0
         for ci, ch in enumerate(text):
             n = len(ch.encode("utf-8"))
             for j in range(n):
-                char_at[pos + j] = ci if j == 0 else ci + 1
+                floor[pos + j] = ci
+                ceil[pos + j] = ci if j == 0 else ci + 1
             pos += n
-        char_at[len(data)] = len(text)
+        floor[len(data)] = ceil[len(data)] = len(text)
         out: list[tuple[int, int]] = []
         byte = 0
         for t in ids:
             piece = self.piece(int(t))
-            a, b = char_at[min(byte, len(data))], char_at[min(byte + len(piece), len(data))]
+            a, b = floor[min(byte, len(data))], ceil[min(byte + len(piece), len(data))]
             byte += len(piece)
-            span = text[a:b]
-            if span.strip():
-                a += len(span) - len(span.lstrip())
-                b -= len(span) - len(span.rstrip())
             out.append((a, b))
         return out
 
