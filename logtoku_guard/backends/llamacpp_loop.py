@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
@@ -262,10 +262,7 @@ class LlamaDecodeLoop:
 
         logits = torch.from_numpy(step)
         self.recorder.record(logits)
-        if self.options.sampling:
-            chosen = self._sample(logits)
-        else:
-            chosen = torch.argmax(logits, dim=-1)
+        chosen = self._sample(logits) if self.options.sampling else torch.argmax(logits, dim=-1)
         now = time.perf_counter()
         for s, token in zip(self.live, chosen.tolist(), strict=True):
             s.last = int(token)
@@ -341,4 +338,3 @@ class LlamaDecodeLoop:
         if len(done) == len(job.rows):
             del self.results[job]
             job.future.set_result([done[n] for n in range(len(job.rows))])
-

@@ -72,6 +72,9 @@ def serve(
     sock = None
     try:
         require_serve_extra()
+        from logtoku_guard.cli._common import check_backend
+
+        check_backend(backend_name, device, dtype)
         check_host(host, allow_remote)
         check_port(port)
         check_graceful_timeout(graceful_timeout)
@@ -85,9 +88,6 @@ def serve(
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
-        from logtoku_guard.cli._common import check_backend
-
-        check_backend(backend_name, device, dtype)
         sock = bind_socket(host, port)  # before the model loads: a port in use fails at once
         pol = prof = None
         if policy is not None:
@@ -97,7 +97,7 @@ def serve(
         if profile is not None:
             from logtoku_guard.cli._common import read_profile
 
-            prof = read_profile(profile, model, top_k, "clamped")  # never echoes the file's content
+            prof = read_profile(profile, model or "smollm2-135m-instruct", top_k, "clamped")  # never echoes the file's content
         backend: Any
         if backend_name == "llamacpp":
             from logtoku_guard.backends.llamacpp import LlamaCppBackend

@@ -145,7 +145,8 @@ def test_close_cancels_mid_stream(backend: LlamaCppBackend) -> None:
 
 
 def test_batch_rows_are_llama_cpp_sequences_with_the_answers_of_each_alone(backend: LlamaCppBackend) -> None:
-    prompts = [QUESTION, "Name a colour.", [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]]
+    chat = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]
+    prompts = [QUESTION, "Name a colour.", chat]
     alone = [backend.generate(p, GREEDY) for p in prompts]
     together = backend.batch(prompts, GREEDY)
     for a, b in zip(alone, together):
@@ -185,7 +186,7 @@ def test_seeded_sampling_repeats_and_top_p_one_token_is_greedy(backend: LlamaCpp
 
 
 def test_bad_arguments_name_the_value(backend: LlamaCppBackend, tmp_path: Any) -> None:
-    with pytest.raises(ModelLoadError, match="nope.bin"):
+    with pytest.raises(ModelLoadError, match=r"nope\.bin"):
         LlamaCppBackend(tmp_path / "nope.bin")
     with pytest.raises(ConfigurationError, match="n_ctx"):
         LlamaCppBackend("embedded", n_ctx=0)
@@ -217,7 +218,13 @@ def test_the_server_answers_over_this_backend(backend: LlamaCppBackend) -> None:
             got = remote.generate(QUESTION, GREEDY)
         r = httpx.post(
             f"{srv.base_url}/chat/completions",
-            json={"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2},
+            json={
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 4,
+                "temperature": 0,
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
             timeout=60,
         )
     assert got.text == local.text and [t.id for t in got.tokens] == [t.id for t in local.tokens]
@@ -230,7 +237,9 @@ def test_the_server_answers_over_this_backend(backend: LlamaCppBackend) -> None:
 
 
 @pytest.mark.slow
-def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(backend: LlamaCppBackend, embedded_cache: Any) -> None:
+def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(
+    backend: LlamaCppBackend, embedded_cache: Any
+) -> None:
     from transformers import AutoTokenizer
 
     from logtoku_guard.embedded import ensure_embedded_model
@@ -252,3 +261,30 @@ def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(bac
         assert backend.tokenizer.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         assert backend.tokenizer.offsets(text, enc["input_ids"]) == [tuple(o) for o in enc["offset_mapping"]]
+
+
+def test_importing_the_backend_module_does_not_import_llama_cpp() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, logtoku_guard.backends.llamacpp, logtoku_guard.backends as b; b.LlamaCppBackend; "
+        "print('llama_cpp' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(tmp_path))
+    res = CliRunner().invoke(app, ["score", QUESTION, "--backend", "llamacpp", "--max-new-tokens", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["model"] == "smollm2-135m-instruct@llamacpp" and len(data["tokens"]) == 4
+    assert data["profile"] is not None and "smollm2-135m-instruct_llamacpp" in data["profile"]  # the shipped llama.cpp profile
