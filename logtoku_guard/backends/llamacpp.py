@@ -145,7 +145,9 @@ class LlamaCppBackend:
         }
         self._eos_ids = self._tokenizer.eog_ids or frozenset({self._tokenizer.eos_token_id})
         self._lock = threading.Lock()  # the context is used by one decode loop at a time
-        self._batcher = Batcher(self._generate_jobs, max_batch=max_batch, name="logtoku-llamacpp")
+        # No waiting for companions: a request arriving later joins the running batch at the next step
+        # (each row is prefilled alone anyway), so a window would only delay every request.
+        self._batcher = Batcher(self._generate_jobs, max_batch=max_batch, window_s=0.0, name="logtoku-llamacpp")
         self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
 
     # -- properties -------------------------------------------------------------------
@@ -311,26 +313,11 @@ class LlamaCppBackend:
         return PreparedRow(messages, ids, limit, span, self.score_prompt)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
-        """Run ``jobs`` as one continuous batch (the batcher's worker thread).
-
-        torch scores each step (one vocabulary-sized row per batch row) with one intra-op
-        thread: its OpenMP threads spin between operations and took the cores from
-        llama.cpp's own threads (32-80 tok/s instead of 109 on the embedded model, 2 CPUs).
-        torch's setting is process-wide: it is restored when the batch ends.
-        """
-        import torch
-
+        """Run ``jobs`` as one continuous batch (the batcher's worker thread)."""
         from logtoku_guard.backends.llamacpp_loop import LlamaDecodeLoop
 
         scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids)
-        torch_threads = torch.get_num_threads()
-        if torch_threads != 1:
-            torch.set_num_threads(1)
-        try:
-            self._run_loop(jobs, scoring, LlamaDecodeLoop)
-        finally:
-            if torch_threads != 1:
-                torch.set_num_threads(torch_threads)
+        self._run_loop(jobs, scoring, LlamaDecodeLoop)
 
     def _run_loop(self, jobs: list[Job], scoring: Scoring, loop_class: Any) -> None:
         with self._lock:

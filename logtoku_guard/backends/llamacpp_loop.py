@@ -13,9 +13,10 @@
    and at its last position (its first answer token). Rows never share a call with other
    sequences' prompt tokens: each answer is the one it gets alone, bit for bit;
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
-   the next decode overwrites them) form one ``(rows, vocab)`` float32 array, recorded (top-K,
-   AU/EU, entropy: the recorder's maths), and the next token is chosen (arg-max, or
-   temperature / top-p sampling in torch);
+   the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
+   (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the
+   recorder's :func:`~logtoku_guard.backends.recorder.clamped_logtoku`), and the next token is
+   chosen (arg-max, or temperature / top-p sampling);
 4. **leave**: rows that ended drop their sequence from the KV cache; their requests complete.
 
 A row is admitted only when its prompt plus its token limit fits in the KV cells the live rows
@@ -32,13 +33,12 @@ from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
-from logtoku_guard.backends.prompt_capture import score_kept
+from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
     from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
 
@@ -128,15 +128,14 @@ class LlamaDecodeLoop:
             max_logprobs=scoring.max_logprobs,
             on_row_done=self._on_row_done,
         )
-        self.generator: torch.Generator | None = None
+        self.rng: np.random.Generator | None = None
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, jobs: list[Job]) -> None:
         """Generate ``jobs`` and every job that joins; each job's future completes as its rows end."""
-        import torch
+        import numpy as np
 
-        if self.options.sampling and self.options.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.options.seed)
+        self.rng = np.random.default_rng(self.options.seed)  # seeded jobs run alone: their stream is theirs
         self._queue(jobs)
         try:
             while self.live or self.admitted or self.waiting:
@@ -243,14 +242,12 @@ class LlamaDecodeLoop:
     def _join(self, s: Sequence) -> None:
         """``s``'s prompt is in the KV cache: score its question and give it a recorder row."""
         import numpy as np
-        import torch
 
         self.admitted.remove(s)
         span = s.prepared.span
         if s.kept and span is not None:
-            logits = torch.from_numpy(np.stack(s.prompt_logits))
-            ids = torch.tensor(s.prepared.ids, dtype=torch.long)
-            s.prompt_scores = score_kept(logits, list(s.kept), ids, span, self.scoring.k, self.scoring.evidence)
+            logits = np.stack(s.prompt_logits)
+            s.prompt_scores = prompt_scores(logits, s.prepared.ids, span, self.scoring.k, self.scoring.evidence)
         s.prompt_logits = []
         s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel)
         self.live.append(s)
@@ -258,40 +255,17 @@ class LlamaDecodeLoop:
 
     def _choose(self, step: np.ndarray) -> None:
         """Record the step's raw logits ``(rows, vocab)``, pick each row's next token, let the recorder end rows."""
-        import torch
-
-        logits = torch.from_numpy(step)
-        self.recorder.record(logits)
-        chosen = self._sample(logits) if self.options.sampling else torch.argmax(logits, dim=-1)
+        record(self.recorder, step)
+        if self.options.sampling and self.rng is not None:
+            chosen = sample(self.recorder, step, self.options, self.rng)
+        else:
+            chosen = step.argmax(axis=-1).tolist()
         now = time.perf_counter()
-        for s, token in zip(self.live, chosen.tolist(), strict=True):
+        for s, token in zip(self.live, chosen, strict=True):
             s.last = int(token)
             if s.first_token_s is None:
                 s.first_token_s = now - s.start
-        self.recorder(chosen[:, None])
-
-    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """Sample each row: dynamic or fixed temperature, then top-p (as transformers' warpers do)."""
-        import torch
-
-        options = self.options
-        if options.dynamic is not None:
-            temperatures = options.dynamic.temperatures(self.recorder.current_eu())
-            self.recorder.record_temperatures(temperatures)
-            scores = logits / temperatures[:, None]
-        else:
-            scores = logits / float(options.temperature)
-        if options.top_p < 1.0:
-            ordered, order = torch.sort(scores, descending=False, dim=-1)
-            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1 - options.top_p)
-            remove[:, -1] = False  # keep at least the likeliest token
-            scores = scores.masked_fill(remove.scatter(1, order, remove), -float("inf"))
-        probs = torch.softmax(scores, dim=-1)
-        broken = ~torch.isfinite(probs).all(dim=-1)
-        if bool(broken.any()):  # non-finite logits: the recorder ends these rows with the error
-            probs = probs.masked_fill(broken[:, None], 1.0)
-        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        self.recorder.step_tokens(chosen)
 
     def _leave(self) -> None:
         """Drop the rows that ended (or whose request already failed) from the batch.
