@@ -11,7 +11,9 @@ scores). Measured, never asserted:
 2. the scoring overhead of the llama.cpp backend: the same greedy tokens from a bare loop on
    the same llama.cpp context (decode, copy the logits, arg-max; nothing scored), interleaved;
 3. cold load and peak RSS: a fresh Python process per backend loads it and answers one prompt
-   (``resource.getrusage`` max RSS; the transformers figure uses its converted cache);
+   (``resource.getrusage`` max RSS; the transformers figure uses its converted cache), then
+   reads the answer's response score (``g.reliability``: the library's torch maths, which a
+   guard or the server reads), which imports torch into the llama.cpp process too;
 4. throughput with 8 concurrent requests (threads) vs the same 8 requests one after another,
    on the llama.cpp backend.
 
@@ -55,7 +57,11 @@ load = time.perf_counter() - t0
 g = b.generate("What is the capital of France?", DecodingOptions(max_new_tokens=16))
 first = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"load_s": load, "first_answer_s": first, "peak_rss_mib": rss, "tokens": len(g.tokens)}))
+torch_loaded = "torch" in sys.modules
+g.reliability  # the response score (torch maths): what a guard or the server reads next
+rss_scored = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"load_s": load, "first_answer_s": first, "peak_rss_mib": rss, "torch_before_score": torch_loaded,
+                  "peak_rss_mib_after_score": rss_scored, "tokens": len(g.tokens)}))
 """
 
 

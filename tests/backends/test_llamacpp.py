@@ -263,16 +263,19 @@ def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(
         assert backend.tokenizer.offsets(text, enc["input_ids"]) == [tuple(o) for o in enc["offset_mapping"]]
 
 
-def test_importing_the_backend_module_does_not_import_llama_cpp() -> None:
+def test_importing_the_backend_module_does_not_import_llama_cpp_and_generating_imports_no_torch() -> None:
     import subprocess
     import sys
 
     code = (
         "import sys, logtoku_guard.backends.llamacpp, logtoku_guard.backends as b; b.LlamaCppBackend; "
-        "print('llama_cpp' in sys.modules, 'torch' in sys.modules)"
+        "print('llama_cpp' in sys.modules, 'torch' in sys.modules); "
+        "from logtoku_guard.types import DecodingOptions; "
+        "g = b.LlamaCppBackend('embedded', n_threads=1).generate('Hi', DecodingOptions(max_new_tokens=3)); "
+        "print(len(g.tokens), 'torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
+    assert out == ["False", "False", "3", "False", "False"]
 
 
 def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
