@@ -395,12 +395,8 @@ class StepRecorder:
         return none_done
 
     def step_tokens(self, chosen_ids: list[int]) -> list[bool]:
-        """Pair each row's chosen token id with the step's scores; which rows are done.
-
-        The framework-free form of the stopping criterion: the step's logits (``pending.logits``)
-        may be a torch tensor or a numpy array; the chosen token's logit is read from its row only
-        when it is not among the top ids.
-        """
+        """The stopping criterion on plain ids: pair each row's chosen token with the step's scores;
+        which rows are done. ``pending.logits`` may be a torch tensor or a numpy array."""
         pending = self.pending
         if pending is None:
             msg = "internal error: a decoding step finished without a recorded forward pass"
