@@ -291,3 +291,15 @@ def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.
     data = json.loads(res.stdout)
     assert data["model"] == "smollm2-135m-instruct@llamacpp" and len(data["tokens"]) == 4
     assert data["profile"] is not None and "smollm2-135m-instruct_llamacpp" in data["profile"]  # the shipped llama.cpp profile
+
+
+def test_langchain_and_llamaindex_adapters_take_this_backend(backend: LlamaCppBackend) -> None:
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from langchain_logtoku import ChatLogTokU
+    from llama_index.llms.logtoku import LogTokULLM
+
+    local = backend.generate(QUESTION, DecodingOptions(max_new_tokens=6)).text
+    message = ChatLogTokU(backend=backend, max_tokens=6).invoke(QUESTION)
+    assert message.content == local and message.response_metadata["model_name"] == backend.model_name
+    assert LogTokULLM(backend=backend, max_new_tokens=6).complete(QUESTION).text == local
