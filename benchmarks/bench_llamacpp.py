@@ -190,9 +190,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--parts", default="cold,throughput,concurrency", help="comma-separated parts to run")
     args = parser.parse_args()
+    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency}
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in parts]
+    if unknown:
+        parser.error(f"unknown --parts {unknown}; choose among {', '.join(parts)}")
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    result = {"cold": cold(args), "throughput": throughput(args), "concurrency": concurrency(args)}
+    result: dict[str, Any] = {name: parts[name](args) for name in chosen}
     result["loadavg_end"] = os.getloadavg()
     print(f"load average at end: {result['loadavg_end']}")
     if args.json is not None:
