@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 BACKEND_SUFFIX = "@llamacpp"
 """Appended to the model's name (``smollm2-135m-instruct@llamacpp``): profiles and guards are per backend."""
 DEFAULT_N_CTX = 4096
-"""KV-cache cells shared by the rows of a batch (23 KiB each for the embedded model: 92 MiB)."""
+"""KV-cache cells shared by the rows of a batch (22.5 KiB each for the embedded model: 90 MiB)."""
 
 
 def default_n_threads(n_threads: int | None) -> int:
