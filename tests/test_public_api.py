@@ -17,7 +17,7 @@ import pytest
 import logtoku_guard
 import logtoku_guard.errors
 
-HEAVY = ("torch", "transformers", "langchain_core", "llama_index")
+HEAVY = ("torch", "transformers", "langchain_core", "llama_index", "llama_cpp")
 
 
 def _eager_public() -> set[str]:

@@ -73,6 +73,8 @@ def decode(tokenizer: Any, ids: list[int]) -> str:
 @functools.lru_cache(maxsize=64)
 def _plain_tokenizers_backend(cls: Any) -> bool:
     """Whether ``cls`` is transformers' ``tokenizers``-backed tokenizer with its own ``decode`` path."""
+    if not cls.__module__.startswith("transformers."):  # another library's tokenizer: never import transformers for it
+        return False
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend

@@ -253,7 +253,7 @@ class StepScores:
     ids: list[list[int]]
     au: list[float] | None
     eu: list[float] | None
-    logits: torch.Tensor
+    logits: Any  # torch.Tensor, or a numpy array (the llama.cpp backend)
     lse: list[float]
     entropy: list[float]
 
@@ -367,7 +367,8 @@ class StepRecorder:
         """AU and EU of the step as ``(batch,)`` float32 tensors, with the tensor maths (kept on ``pending``)."""
         import torch
 
-        top = torch.tensor(pending.values, dtype=torch.float32, device=pending.logits.device)[:, : self.k]
+        device = pending.logits.device if isinstance(pending.logits, torch.Tensor) else None  # a numpy step: on the CPU
+        top = torch.tensor(pending.values, dtype=torch.float32, device=device)[:, : self.k]
         au, eu = logtoku(top, self.evidence)
         pending.au, pending.eu = au.tolist(), eu.tolist()
         return au, eu
@@ -385,6 +386,17 @@ class StepRecorder:
         """
         import torch
 
+        done = self.step_tokens(input_ids[:, -1].tolist())
+        if any(done):
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        none_done = self._none_done
+        if none_done is None or none_done.shape[0] != len(done) or none_done.device != input_ids.device:
+            none_done = self._none_done = torch.zeros(len(done), dtype=torch.bool, device=input_ids.device)
+        return none_done
+
+    def step_tokens(self, chosen_ids: list[int]) -> list[bool]:
+        """The stopping criterion on plain ids: pair each row's chosen token with the step's scores;
+        which rows are done. ``pending.logits`` may be a torch tensor or a numpy array."""
         pending = self.pending
         if pending is None:
             msg = "internal error: a decoding step finished without a recorded forward pass"
@@ -392,7 +404,6 @@ class StepRecorder:
         self.pending = None
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.start
-        chosen_ids = input_ids[:, -1].tolist()
         values, top_ids = pending.values, pending.ids
         if pending.eu is None and self.evidence != "clamped":
             self._logtoku(pending)
@@ -403,8 +414,7 @@ class StepRecorder:
         # The chosen token's raw logit: among the top ids (greedy decoding, mostly), else read from the row.
         chosen_logits = [v[i.index(c)] if c in i else math.nan for c, v, i in zip(chosen_ids, values, top_ids)]
         if any(map(math.isnan, chosen_logits)):
-            picked = pending.logits.gather(-1, input_ids[:, -1:].to(pending.logits.device))
-            chosen_logits = [x for (x,) in picked.tolist()]
+            chosen_logits = [float(pending.logits[b, c]) for b, c in enumerate(chosen_ids)]
         lse, ent = pending.lse, pending.entropy
         temps = self.temperatures.tolist() if self.temperatures is not None else None
         done = []
@@ -451,12 +461,7 @@ class StepRecorder:
             if not row.done and (every or (row.cancel is not None and row.cancel.is_set())):
                 self._close(b, row, "cancelled")
                 done[b] = True
-        if any(done):
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-        none_done = self._none_done
-        if none_done is None or none_done.shape[0] != len(done) or none_done.device != input_ids.device:
-            none_done = self._none_done = torch.zeros(len(done), dtype=torch.bool, device=input_ids.device)
-        return none_done
+        return done
 
     def _release(self, b: int, row: Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""

@@ -103,10 +103,49 @@ def print_json(data: Any) -> None:
     typer.echo(_TERMINAL_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
+BACKENDS = ("transformers", "llamacpp")
+"""The ``--backend`` choices: transformers (default) and llama.cpp (GGUF files, the ``llamacpp`` extra)."""
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
+        "pip install 'logtoku-guard[llamacpp]'). Each has its own profile.",
+    ),
+]
+
+
+def check_backend(backend: str, device: str = "auto", dtype: str = "auto") -> None:
+    """``--backend`` is known, and ``--device``/``--dtype`` are not given for one that ignores them."""
+    if backend not in BACKENDS:
+        msg = f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        raise ConfigurationError(msg)
+    if backend == "llamacpp" and (device not in ("auto", "cpu") or dtype != "auto"):
+        msg = (
+            f"--device {device} / --dtype {dtype} apply to the transformers backend; llama.cpp runs the GGUF file's "
+            "own weights on the CPU: leave them out with --backend llamacpp"
+        )
+        raise ConfigurationError(msg)
+
+
 def load_backend(
-    model: str, k: int, device: str, dtype: str, cache_dir: Path | None, evidence: str = "clamped", top_n: int = DEFAULT_TOP_N
+    model: str,
+    k: int,
+    device: str,
+    dtype: str,
+    cache_dir: Path | None,
+    evidence: str = "clamped",
+    top_n: int = DEFAULT_TOP_N,
+    backend: str = "transformers",
 ) -> Any:
-    """Load a TransformersBackend with a spinner on stderr (stdout stays clean for --json)."""
+    """Load the ``backend`` (a TransformersBackend by default) with a spinner on stderr (stdout stays clean for --json)."""
+    check_backend(backend, device, dtype)
+    if backend == "llamacpp":
+        from logtoku_guard.backends.llamacpp import LlamaCppBackend
+
+        with err.status(f"Loading {model} with llama.cpp..."):
+            return LlamaCppBackend(model, k=k, evidence=evidence, top_n=top_n)  # type: ignore[arg-type]
+
     from transformers.utils import logging as hf_logging
 
     from logtoku_guard.backends.transformers import TransformersBackend
@@ -170,6 +209,8 @@ def answer_median(generation: Generation) -> QuadrantThresholds:
 
 def calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = None) -> str:
     extra = "" if evidence == "clamped" else f" --evidence {evidence}"
+    if model.endswith("@llamacpp"):  # the llama.cpp backend's model names (LlamaCppBackend.model_name)
+        model, extra = model.removesuffix("@llamacpp"), extra + " --backend llamacpp"
     dest = f" --out {out_path}" if out_path is not None else ""
     return f"`logtoku-guard calibrate --model {model} --top-k {k}{extra}{dest}`"
 

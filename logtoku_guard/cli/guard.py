@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
+from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import LogTokUError
 from logtoku_guard.payloads import result_payload
@@ -58,6 +58,7 @@ def calibrate(
         Path | None,
         typer.Option(help="JSONL of {question, correct: bool}: fit the guard score on your own labelled answers."),
     ] = None,
+    backend_name: BackendOpt = "transformers",
 ) -> None:
     """Profile a model over a calibration set so policies can use quantile thresholds.
 
@@ -72,11 +73,12 @@ def calibrate(
         validate_k(top_k)
         _common.check_at_least_one(("--n", n), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
         _common.check_load_options(device, cache_dir)
+        _common.check_backend(backend_name, device, dtype)
         _common.check_profile_out(out_path, force)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         labelled = read_labels(labels) if labels is not None else None
         guard: GuardModel | None
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, backend=backend_name)
         opts = DecodingOptions(max_new_tokens=max_new_tokens)
         if labels is not None and labelled is not None:
             guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")
@@ -171,6 +173,7 @@ def ask(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
+    backend_name: BackendOpt = "transformers",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
@@ -182,11 +185,12 @@ def ask(
         to_messages(prompt, system)
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
+        _common.check_backend(backend_name, device, dtype)
         rules = Policy.from_file(policy) if policy else default_policy()
         retriever = _common.read_context_file(context_file) if context_file else None
         audit = _common.open_store(store, cache_dir)
         explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, backend=backend_name)
         prof, _ = _common.profile_for(backend, explicit, profile, cache_dir)
         if prof is None and (rules.uses_quantiles() or rules.rules):
             path = profile_path(backend.model_name, backend.k, backend.evidence, cache_dir)

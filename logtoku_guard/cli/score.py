@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, TopKOpt
+from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import LogTokUError
 from logtoku_guard.payloads import generation_payload
@@ -50,6 +50,7 @@ def score(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
+    backend_name: BackendOpt = "transformers",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the coloured view.")] = False,
 ) -> None:
     """Answer PROMPT and show every token's AU/EU, its quadrant and the response reliability.
@@ -62,6 +63,7 @@ def score(
         to_messages(prompt, system)  # fail on a bad prompt before spending seconds on loading
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
+        _common.check_backend(backend_name, device, dtype)
         _common.check_seed(seed)
         explicit = _common.read_profile(profile, model, top_k, evidence) if profile else None
         options = DecodingOptions(
@@ -72,7 +74,7 @@ def score(
             stop=tuple(stop or ()),
             dynamic=DynamicTemperature(t_max=t_max, t_min=t_min) if dynamic else None,
         )
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, top_n)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, top_n, backend_name)
         if given is None or explicit:
             prof, prof_path = _common.profile_for(backend, explicit, profile, cache_dir)
         else:

@@ -8,7 +8,7 @@ logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ..
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -54,6 +54,14 @@ def serve(
     dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder of the embedded model.")] = None,
     graceful_timeout: Annotated[float, typer.Option(help="Seconds to let requests in flight finish on shutdown.")] = 30.0,
+    backend_name: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
+            "pip install 'logtoku-guard[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply).",
+        ),
+    ] = "transformers",
 ) -> None:
     """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
     from logtoku_guard.errors import ConfigurationError
@@ -65,6 +73,9 @@ def serve(
     sock = None
     try:
         require_serve_extra()
+        from logtoku_guard.cli._common import check_backend
+
+        check_backend(backend_name, device, dtype)
         check_host(host, allow_remote)
         check_port(port)
         check_graceful_timeout(graceful_timeout)
@@ -89,19 +100,25 @@ def serve(
             from logtoku_guard.embedded import EMBEDDED_MODEL
 
             prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
-        from logtoku_guard.backends.transformers import TransformersBackend
+        backend: Any
+        if backend_name == "llamacpp":
+            from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
-        backend = TransformersBackend(
-            model,
-            k=top_k,
-            top_n=top_n,
-            device=device,
-            dtype=dtype,
-            cache_dir=cache_dir,
-            max_batch=max_batch,
-            threads=threads,
-            prefix_cache_mb=prefix_cache_mb,
-        )
+            backend = LlamaCppBackend(model, k=top_k, top_n=top_n, max_batch=max_batch, n_threads=threads or None)
+        else:
+            from logtoku_guard.backends.transformers import TransformersBackend
+
+            backend = TransformersBackend(
+                model,
+                k=top_k,
+                top_n=top_n,
+                device=device,
+                dtype=dtype,
+                cache_dir=cache_dir,
+                max_batch=max_batch,
+                threads=threads,
+                prefix_cache_mb=prefix_cache_mb,
+            )
         if pol is not None and prof is None and pol.uses_quantiles():
             from logtoku_guard.calibration import load_profile_for
 

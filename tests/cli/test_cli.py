@@ -127,7 +127,16 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
     """Replace model loading by a scripted backend named after --model; records each load."""
     calls: list[tuple[str, int, str]] = []
 
-    def fake_load(model: str, k: int, device: str, dtype: str, cache_dir: Any, evidence: str = "clamped", top_n: int = 25) -> Any:
+    def fake_load(
+        model: str,
+        k: int,
+        device: str,
+        dtype: str,
+        cache_dir: Any,
+        evidence: str = "clamped",
+        top_n: int = 25,
+        backend: str = "transformers",
+    ) -> Any:
         calls.append((model, k, evidence))
         return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
 
@@ -334,7 +343,16 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
     policy's threshold in the new profile and the share of correct and incorrect answers it flags."""
     shaky = ScriptedAnswer(["Some", " body"], [[1.2, 1.1, 1.0], [1.0, 0.9, 0.8]])
 
-    def fake_load(model: str, k: int, device: str, dtype: str, cache_dir: Any, evidence: str = "clamped", top_n: int = 25) -> Any:
+    def fake_load(
+        model: str,
+        k: int,
+        device: str,
+        dtype: str,
+        cache_dir: Any,
+        evidence: str = "clamped",
+        top_n: int = 25,
+        backend: str = "transformers",
+    ) -> Any:
         def answer(messages: Any) -> ScriptedAnswer:
             return ANSWER if "good" in messages[-1].content else shaky
 

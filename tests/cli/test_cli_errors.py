@@ -243,3 +243,18 @@ def test_score_seed_beyond_64_bits() -> None:
         "1",
         expect=("--seed 18446744073709551616", "from 0 to 18446744073709551615"),
     )
+
+
+@pytest.mark.parametrize("command", [("score", "hi?"), ("ask", "hi?"), ("calibrate",)])
+def test_unknown_backend_is_refused_before_loading(command: tuple[str, ...], tmp_path: Path) -> None:
+    extra = ("--store", str(tmp_path / "a.db")) if command[0] == "ask" else ()
+    fails(*command, *extra, "--backend", "vllm", expect=("--backend", "transformers, llamacpp", "'vllm'"))
+
+
+def test_device_with_the_llamacpp_backend_is_refused_before_loading() -> None:
+    fails("score", "hi?", "--backend", "llamacpp", "--device", "cuda", expect=("--device cuda", "llama.cpp"))
+
+
+def test_serve_refuses_an_unknown_backend() -> None:
+    pytest.importorskip("fastapi")
+    fails("serve", "--port", "0", "--backend", "vllm", expect=("--backend", "'vllm'"))

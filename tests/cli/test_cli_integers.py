@@ -48,7 +48,16 @@ class CliBackend(ScriptedBackend):
 
 @pytest.fixture(autouse=True)
 def scripted_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    def load(model: str, k: int, device: str, dtype: str, cache_dir: Any, evidence: str = "clamped", top_n: int = 25) -> Any:
+    def load(
+        model: str,
+        k: int,
+        device: str,
+        dtype: str,
+        cache_dir: Any,
+        evidence: str = "clamped",
+        top_n: int = 25,
+        backend: str = "transformers",
+    ) -> Any:
         return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_common, "load_backend", load)

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""TransformersBackend vs LlamaCppBackend on the embedded model: tokens/s, RSS, cold load, concurrency.
+
+Same prompts, greedy, ``--tokens`` new tokens each, scoring included (each backend's public
+``generate``: every token's top-K, AU/EU, log-probability and entropy, and the question's prompt
+scores). Measured, never asserted:
+
+1. tokens/s at 1 and 2 threads (``threads=`` / ``n_threads=``), runs interleaved (transformers,
+   llama.cpp, transformers...) over ``--repeats`` rounds of the prompts: total generated
+   tokens / total wall time of the calls, and the ratio llama.cpp / transformers;
+2. the scoring overhead of the llama.cpp backend: the same greedy tokens from a bare loop on
+   the same llama.cpp context (decode, copy the logits, arg-max; nothing scored), interleaved;
+3. cold load and peak RSS: a fresh Python process per backend loads it and answers one prompt
+   (``resource.getrusage`` max RSS; the transformers figure uses its converted cache), then
+   reads the answer's response score (``g.reliability``: the library's torch maths, which a
+   guard or the server reads), which imports torch into the llama.cpp process too;
+4. throughput with 8 concurrent requests (threads) vs the same 8 requests one after another,
+   on the llama.cpp backend.
+
+    python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
+
+Needs the ``llamacpp`` extra. The load average is printed: other processes move the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = [
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short story about a lighthouse keeper.",
+    "What are the main causes of the French Revolution?",
+    "Describe the water cycle in detail.",
+    "Give me advice for learning to play the guitar.",
+]
+
+CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+kind, cache = sys.argv[1], sys.argv[2]
+from logtoku_guard.types import DecodingOptions
+if kind == "llamacpp":
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    b = LlamaCppBackend("embedded", n_threads=2)
+else:
+    from logtoku_guard.backends.transformers import TransformersBackend
+    b = TransformersBackend(None, cache_dir=cache, threads=2)
+load = time.perf_counter() - t0
+g = b.generate("What is the capital of France?", DecodingOptions(max_new_tokens=16))
+first = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+torch_loaded = "torch" in sys.modules
+g.reliability  # the response score (torch maths): what a guard or the server reads next
+rss_scored = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"load_s": load, "first_answer_s": first, "peak_rss_mib": rss, "torch_before_score": torch_loaded,
+                  "peak_rss_mib_after_score": rss_scored, "tokens": len(g.tokens)}))
+"""
+
+
+def timed(fn: Any) -> tuple[float, int]:
+    t = time.perf_counter()
+    n = fn()
+    return time.perf_counter() - t, n
+
+
+def bare_loop(b: Any, prompt: str, tokens: int) -> int:
+    """Greedy tokens from the backend's llama.cpp context with nothing scored: decode, copy, arg-max."""
+    import numpy as np
+
+    from logtoku_guard.types import to_messages
+
+    ids = b.tokenizer.encode(b.render(to_messages(prompt)))
+    m = b._model
+    out = np.empty(m.n_vocab, dtype=np.float32)
+    n = 0
+    with b._lock:
+        try:
+            m.decode([(t, p, 0, p == len(ids) - 1) for p, t in enumerate(ids)])
+            m.logits_into(len(ids) - 1, out)
+            pos = len(ids)
+            for _ in range(tokens):
+                token = int(out.argmax())
+                if token in b._eos_ids:
+                    break
+                n += 1
+                m.decode([(token, pos, 0, True)])
+                m.logits_into(0, out)
+                pos += 1
+        finally:
+            m.clear()
+    return n
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    from logtoku_guard.backends.transformers import TransformersBackend
+    from logtoku_guard.types import DecodingOptions
+
+    opts = DecodingOptions(max_new_tokens=args.tokens)
+    out: dict[str, Any] = {}
+    for threads in (1, 2):
+        tb = TransformersBackend(None, cache_dir=args.cache_dir, threads=threads)
+        lb = LlamaCppBackend("embedded", n_threads=threads)
+        for b in (tb, lb):
+            b.generate(PROMPTS[0], DecodingOptions(max_new_tokens=4))  # warm up
+        totals = {"transformers": [0.0, 0], "llamacpp": [0.0, 0], "llamacpp_bare": [0.0, 0]}
+        for _ in range(args.repeats):
+            for p in PROMPTS:
+                for name, fn in (
+                    ("transformers", lambda p=p, b=tb: len(b.generate(p, opts).tokens)),
+                    ("llamacpp", lambda p=p, b=lb: len(b.generate(p, opts).tokens)),
+                    ("llamacpp_bare", lambda p=p, b=lb: bare_loop(b, p, args.tokens)),
+                ):
+                    s, n = timed(fn)
+                    totals[name][0] += s
+                    totals[name][1] += n
+        rates = {name: n / s for name, (s, n) in totals.items()}
+        out[f"threads={threads}"] = {
+            "tokens_per_s": rates,
+            "tokens": {name: n for name, (_, n) in totals.items()},
+            "llamacpp_vs_transformers": rates["llamacpp"] / rates["transformers"],
+            "scoring_overhead": rates["llamacpp_bare"] / rates["llamacpp"] - 1.0,
+        }
+        print(json.dumps({f"threads={threads}": out[f"threads={threads}"]}, indent=1), flush=True)
+        lb.close()
+    return out
+
+
+def concurrency(args: argparse.Namespace) -> dict[str, Any]:
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    from logtoku_guard.types import DecodingOptions
+
+    opts = DecodingOptions(max_new_tokens=args.tokens)
+    b = LlamaCppBackend("embedded", n_threads=2, max_batch=8)
+    prompts = (PROMPTS * 2)[:8]
+    b.generate(prompts[0], DecodingOptions(max_new_tokens=4))
+    serial_s, serial_n = timed(lambda: sum(len(b.generate(p, opts).tokens) for p in prompts))
+    counts: list[int] = []
+
+    def ask(p: str) -> None:
+        counts.append(len(b.generate(p, opts).tokens))
+
+    def together() -> int:
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(counts)
+
+    conc_s, conc_n = timed(together)
+    b.close()
+    res = {
+        "serial_tokens_per_s": serial_n / serial_s,
+        "concurrent_tokens_per_s": conc_n / conc_s,
+        "ratio": (conc_n / conc_s) / (serial_n / serial_s),
+    }
+    print(json.dumps({"concurrency_8": res}, indent=1), flush=True)
+    return res
+
+
+def cold(args: argparse.Namespace) -> dict[str, Any]:
+    res = {}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    for kind in ("transformers", "llamacpp"):
+        proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(args.cache_dir)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr)
+        res[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["rss_ratio"] = res["transformers"]["peak_rss_mib"] / res["llamacpp"]["peak_rss_mib"]
+    res["load_ratio"] = res["transformers"]["load_s"] / res["llamacpp"]["load_s"]
+    print(json.dumps({"cold": res}, indent=1), flush=True)
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="cache of the converted embedded model (transformers)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument("--parts", default="cold,throughput,concurrency", help="comma-separated parts to run")
+    args = parser.parse_args()
+    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency}
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in parts]
+    if unknown:
+        parser.error(f"unknown --parts {unknown}; choose among {', '.join(parts)}")
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    result: dict[str, Any] = {name: parts[name](args) for name in chosen}
+    result["loadavg_end"] = os.getloadavg()
+    print(f"load average at end: {result['loadavg_end']}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

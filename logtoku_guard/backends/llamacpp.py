@@ -1,0 +1,381 @@
+"""llama.cpp backend: LogTokU on GGUF models at llama.cpp speed (the ``llamacpp`` extra).
+
+:class:`LlamaCppBackend` runs a GGUF file with llama.cpp (llama-cpp-python's bindings of its C
+API, :mod:`~logtoku_guard.backends.llamacpp_model`) and scores every token from the raw logits
+llama.cpp computes (``llama_get_logits_ith`` after each decode: no softmax, no sampler in
+between). Requests go through the same :class:`~logtoku_guard.backends.batching.Batcher` as the
+transformers backend; its worker runs a
+:class:`~logtoku_guard.backends.llamacpp_loop.LlamaDecodeLoop`, where every batch row is one
+llama.cpp sequence of a shared KV cache (continuous batching: rows join and leave between
+steps). Token scores come from the same
+:class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU, log-probability,
+entropy, stop strings, streaming), and the question's own tokens are scored from the prefill's
+logits (:mod:`~logtoku_guard.backends.prompt_capture`).
+
+Prompts are rendered with the GGUF's own chat template the way transformers renders it, so the
+model sees the same text under both backends. The numbers differ a little from the
+transformers backend's (llama.cpp computes with the quantised weights, transformers with their
+float32 de-quantisation): each backend has its own model name, hence its own calibration profile.
+
+Importing this module does not import llama_cpp: constructing the backend does, and raises
+:class:`~logtoku_guard.errors.MissingDependencyError` naming the extra when it is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
+from logtoku_guard.backends.prompt_capture import question_span
+from logtoku_guard.backends.quiet import is_verbose
+from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
+from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, to_messages
+from logtoku_guard.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    validate_evidence,
+    validate_k,
+    validate_top_n,
+)
+
+__all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend"]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_SUFFIX = "@llamacpp"
+"""Appended to the model's name (``smollm2-135m-instruct@llamacpp``): profiles and guards are per backend."""
+DEFAULT_N_CTX = 4096
+"""KV-cache cells shared by the rows of a batch (22.5 KiB each for the embedded model: 90 MiB)."""
+
+
+def default_n_threads(n_threads: int | None) -> int:
+    """``n_threads``, else ``$LOGTOKU_GUARD_THREADS``, else every CPU up to 8 (llama.cpp scales with cores)."""
+    if n_threads is None:
+        env = os.environ.get("LOGTOKU_GUARD_THREADS", "").strip()
+        if env:
+            try:
+                n_threads = int(env)
+            except ValueError:
+                msg = f"$LOGTOKU_GUARD_THREADS must be a whole number of threads, got {env!r}"
+                raise ConfigurationError(msg) from None
+            if n_threads == 0:
+                n_threads = None
+    if n_threads is None:
+        return max(1, min(8, os.cpu_count() or 1))
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        msg = f"n_threads must be a whole number >= 1, got {n_threads!r}"
+        raise ConfigurationError(msg)
+    return n_threads
+
+
+class LlamaCppBackend:
+    """A GGUF model run by llama.cpp, scored with LogTokU on every generated token.
+
+    Args:
+        model: ``"embedded"`` (or ``None``, ``"smollm2-135m-instruct"``) for the embedded
+            SmolLM2-135M-Instruct GGUF, or the path of a ``.gguf`` file.
+        n_threads: CPU threads (default: ``$LOGTOKU_GUARD_THREADS``, else every CPU up to 8).
+        n_ctx: KV-cache cells shared by the concurrent rows; one request (prompt plus its
+            ``max_new_tokens``) must fit, and rows join a running batch while the cells they
+            may need are free.
+        k: top-K logits per token (``2 <= k <= vocab``); the paper uses 2.
+        evidence: ``"clamped"`` (default) or ``"raw"`` (reference reproduction, may give NaN).
+        top_n: number of least reliable tokens averaged into the response reliability.
+        max_logprobs: raw top logits kept per token for OpenAI-style ``top_logprobs`` (at least K).
+        max_batch: most rows decoded together (llama.cpp sequences); 1 runs requests one at a time.
+        model_name: the name recorded on generations and used to find profiles (default: the
+            model's name followed by ``@llamacpp``).
+        verbose: let llama.cpp print its log (None: ``$LOGTOKU_GUARD_VERBOSE``, default off).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        n_threads: int | None = None,
+        n_ctx: int = DEFAULT_N_CTX,
+        k: int = DEFAULT_K,
+        evidence: EvidenceMode = "clamped",
+        top_n: int = DEFAULT_TOP_N,
+        max_logprobs: int = 20,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        model_name: str | None = None,
+        verbose: bool | None = None,
+    ) -> None:
+        from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer, import_llama_cpp
+
+        validate_k(k)
+        self._evidence = validate_evidence(evidence)
+        self._top_n = validate_top_n(top_n)
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
+            msg = f"n_ctx must be a whole number of KV-cache cells >= 16, got {n_ctx!r}"
+            raise ConfigurationError(msg)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            msg = f"max_batch must be a whole number >= 1, got {max_batch!r}"
+            raise ConfigurationError(msg)
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:
+            msg = f"max_logprobs must be a non-negative integer (raw top logits kept per token), got {max_logprobs!r}"
+            raise ConfigurationError(msg)
+        self._n_threads = default_n_threads(n_threads)
+        path, default_name = _resolve(model)
+        import_llama_cpp(is_verbose(verbose))  # a missing extra fails before anything else
+        self._model = LlamaModel(path, n_ctx=n_ctx, n_seq=2 * max_batch, n_threads=self._n_threads, verbose=is_verbose(verbose))
+        self._tokenizer = LlamaTokenizer(self._model)
+        vocab = self._model.n_vocab
+        self._k = validate_k(k, vocab)
+        self._max_logprobs = max(min(max_logprobs, vocab), self._k)
+        self._name = model_name or default_name + BACKEND_SUFFIX
+        self._path = path
+        self._template = self._model.metadata("tokenizer.chat_template")
+        self._special = {
+            name: text
+            for name, token in (("bos_token", self._tokenizer.bos_token_id), ("eos_token", self._tokenizer.eos_token_id))
+            if (text := self._tokenizer.token_text(token)) is not None
+        }
+        self._eos_ids = self._tokenizer.eog_ids or frozenset({self._tokenizer.eos_token_id})
+        self._lock = threading.Lock()  # the context is used by one decode loop at a time
+        # No waiting for companions: a request arriving later joins the running batch at the next step
+        # (each row is prefilled alone anyway), so a window would only delay every request.
+        self._batcher = Batcher(self._generate_jobs, max_batch=max_batch, window_s=0.0, name="logtoku-llamacpp")
+        self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def evidence(self) -> EvidenceMode:
+        return self._evidence
+
+    @property
+    def top_n(self) -> int:
+        return self._top_n
+
+    @property
+    def max_logprobs(self) -> int:
+        """Raw top logits kept per token for ``top_logprobs`` (at least K)."""
+        return self._max_logprobs
+
+    @property
+    def context_window(self) -> int:
+        """Tokens one request may use (prompt plus answer): the KV cache's size."""
+        return self._model.n_ctx
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.n_vocab
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's vocabulary (:class:`~logtoku_guard.backends.llamacpp_model.LlamaTokenizer`)."""
+        return self._tokenizer
+
+    @property
+    def max_batch(self) -> int:
+        return self._batcher.max_batch
+
+    @property
+    def n_threads(self) -> int:
+        return self._n_threads
+
+    @property
+    def model_path(self) -> Path:
+        return self._path
+
+    # -- public API -------------------------------------------------------------------
+    def render(self, prompt: Prompt, system: str | None = None) -> str:
+        """The exact text fed to the model (the GGUF's chat template applied)."""
+        return self._render(to_messages(prompt, system))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text))
+
+    def generate(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> Generation:
+        """Generate one answer with every token scored."""
+        return self._run([prompt], options or DecodingOptions(), system)[0]
+
+    def batch(
+        self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
+    ) -> list[Generation]:
+        """Generate several answers as rows of one batch (other concurrent calls may join it)."""
+        if isinstance(prompts, str) or not prompts:
+            msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
+            raise ConfigurationError(msg)
+        return self._run(list(prompts), options or DecodingOptions(), system)
+
+    def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
+        """Yield each token with its AU/EU as soon as it is generated.
+
+        Generation runs in the batcher's worker thread; errors are re-raised in the consumer.
+        ``close()`` (or dropping the stream) ends its row after the current step.
+        """
+        opts = options or DecodingOptions()
+        messages = to_messages(prompt, system)
+        q: queue.Queue[tuple[str, Any]] = queue.Queue()
+        cancel = threading.Event()
+        results: list[Generation] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                results.extend(self._run([messages], opts, None, on_token=lambda _row, t: q.put(("token", t)), cancel=cancel))
+            except BaseException as exc:  # re-raised in the consumer thread
+                errors.append(exc)
+            finally:
+                q.put(("end", None))
+
+        thread = threading.Thread(target=work, name="logtoku-llamacpp-generate", daemon=True)
+        thread.start()
+
+        def tokens() -> Iterator[TokenScore]:
+            while True:
+                kind, item = q.get()
+                if kind == "end":
+                    break
+                yield item
+            thread.join()
+            if errors:
+                raise errors[0]
+
+        def result() -> Generation:
+            thread.join()
+            if errors:
+                raise errors[0]
+            return results[0]
+
+        return TokenStream(tokens(), result, cancel.set)
+
+    def close(self) -> None:
+        """Finish queued requests, then free the llama.cpp context and model."""
+        self._batcher.close()
+        with self._lock:
+            self._model.close()
+
+    # -- internals --------------------------------------------------------------------
+    def _render(self, messages: list[ChatMessage]) -> str:
+        from logtoku_guard.backends.llamacpp_model import render_chat
+
+        if self._template:
+            return render_chat(self._template, [{"role": m.role, "content": m.content} for m in messages], self._special)
+        if len(messages) == 1:
+            return messages[0].content
+        return "\n".join(f"{m.role}: {m.content}" for m in messages) + "\nassistant:"
+
+    def _run(
+        self,
+        prompts: list[Any],
+        options: DecodingOptions,
+        system: str | None,
+        on_token: Callable[[int, TokenScore], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[Generation]:
+        rows = [self._prepare(to_messages(p, system), options) for p in prompts]
+        return self._batcher(Job(rows, options, on_token, cancel))
+
+    def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
+        """Render and tokenize one prompt in the caller's thread; check it fits the context."""
+        text = self._render(messages)
+        ids = self._tokenizer.encode(text)
+        if not ids:
+            msg = "the rendered prompt has no tokens; pass a non-empty question"
+            raise ConfigurationError(msg)
+        offsets = self._tokenizer.offsets(text, ids)
+        span = question_span(text, _question(messages), offsets, [1] * len(ids))
+        ctx = self._model.n_ctx
+        if len(ids) >= ctx:
+            raise PromptTooLongError(len(ids), ctx)
+        limit = options.max_new_tokens
+        if len(ids) + limit > ctx:
+            logger.warning(
+                "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
+                limit,
+                len(ids),
+                ctx,
+                ctx - len(ids),
+            )
+            limit = ctx - len(ids)
+        return PreparedRow(messages, ids, limit, span, self.score_prompt)
+
+    def _generate_jobs(self, jobs: list[Job]) -> None:
+        """Run ``jobs`` as one continuous batch (the batcher's worker thread)."""
+        from logtoku_guard.backends.llamacpp_loop import LlamaDecodeLoop
+
+        scoring = Scoring(self._k, self._evidence, self._max_logprobs, self._eos_ids)
+        self._run_loop(jobs, scoring, LlamaDecodeLoop)
+
+    def _run_loop(self, jobs: list[Job], scoring: Scoring, loop_class: Any) -> None:
+        with self._lock:
+            if self._model.ctx is None:
+                msg = "this LlamaCppBackend was closed; create a new one"
+                raise ConfigurationError(msg)
+            loop = loop_class(
+                self._model,
+                self._tokenizer,
+                scoring,
+                jobs[0].options,
+                self._batcher.take_joiners,
+                self._generation,
+                2 * self._batcher.max_batch,  # as many again for ended rows whose cells are not freed yet
+            )
+            loop.run(jobs)
+
+    def _generation(self, row: Any) -> Generation:
+        """The finished row as a :class:`Generation` (its timings from when it was admitted)."""
+        state, job = row.state, row.job
+        total = time.perf_counter() - row.start
+        n = len(state.tokens)
+        decode_s = total - (row.first_token_s or 0.0)
+        cancelled = job.cancel is not None and job.cancel.is_set()
+        return Generation(
+            model=self._name,
+            prompt=_question(row.prepared.messages),
+            text="".join(t.text for t in state.tokens),
+            tokens=tuple(state.tokens),
+            finish_reason=state.finish_reason or ("cancelled" if cancelled else "length"),
+            k=self._k,
+            evidence=self._evidence,
+            top_n=self._top_n,
+            prompt_tokens=len(row.prepared.ids),
+            stop_sequence=state.stop_sequence,
+            timings=Timings(
+                total_s=total,
+                first_token_s=row.first_token_s,
+                tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            ),
+            prompt_scores=row.prompt_scores,
+        )
+
+
+def _resolve(model: str | Path | None) -> tuple[Path, str]:
+    """The GGUF file to load and the model's default name."""
+    if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
+        return embedded_gguf_path(), EMBEDDED_MODEL
+    path = Path(model).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        msg = (
+            f"the llama.cpp backend runs a .gguf file or the embedded model, got {str(model)!r}"
+            f"{' (no such file)' if not path.exists() else ''}; pass 'embedded' or the path of a .gguf file"
+        )
+        raise ModelLoadError(msg)
+    return path, path.stem
+
+
+def _question(messages: list[ChatMessage]) -> str:
+    users = [m.content for m in messages if m.role == "user"]
+    return users[-1] if users else messages[-1].content

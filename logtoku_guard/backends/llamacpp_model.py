@@ -1,0 +1,293 @@
+"""A GGUF model opened with llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+:class:`LlamaModel` owns the model and one context (its KV cache shared by up to ``n_seq``
+sequences: one per row of a running batch), and reads the raw logits of a decoded batch
+(:meth:`LlamaModel.decode`, :meth:`LlamaModel.logits_into`). :class:`LlamaTokenizer` wraps the
+model's vocabulary with the two calls the rest of the library uses of a tokenizer (``decode``
+for streamed text pieces and the server's ``top_logprobs``, and ``encode``), plus character
+offsets of each token (to find the question's tokens in a rendered prompt).
+:func:`render_chat` renders chat turns with the GGUF's own template the way transformers'
+``apply_chat_template`` does, so both backends feed the same text to the model.
+
+Only llama.cpp's public C functions are used (``llama_cpp.llama_*``), never llama-cpp-python's
+``Llama`` class: that class creates a single-sequence context and keeps logits only in a
+log-softmaxed or all-positions form. Importing this module imports ``llama_cpp``; the backend
+imports it only when it is constructed (:func:`import_llama_cpp`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["LlamaModel", "LlamaTokenizer", "import_llama_cpp", "render_chat"]
+
+INSTALL_HINT = "pip install 'logtoku-guard[llamacpp]'"
+
+
+def import_llama_cpp(verbose: bool = False) -> Any:
+    """The ``llama_cpp`` module, its log output set to errors only unless ``verbose``.
+
+    Raises :class:`~logtoku_guard.errors.MissingDependencyError` naming the extra when
+    llama-cpp-python is not installed.
+    """
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        msg = f"the llama.cpp backend needs llama-cpp-python ({exc}): {INSTALL_HINT}"
+        raise MissingDependencyError(msg) from exc
+    # llama-cpp-python routes llama.cpp's log through this logger, printing what its level lets through.
+    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+    return llama_cpp
+
+
+class LlamaModel:
+    """A GGUF model and one llama.cpp context.
+
+    Args:
+        path: the ``.gguf`` file.
+        n_ctx: KV-cache cells shared by every sequence (a unified cache: rows of a batch use
+            what they need).
+        n_seq: most sequences in the KV cache at once (batch rows, and rows that ended whose
+            cells are not freed yet).
+        n_threads: CPU threads for decoding and prompt processing.
+        verbose: let llama.cpp print its loading log.
+    """
+
+    def __init__(self, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, verbose: bool = False) -> None:
+        import numpy as np
+
+        self.lib = lib = import_llama_cpp(verbose)
+        if n_seq > int(lib.llama_max_parallel_sequences()):
+            most = int(lib.llama_max_parallel_sequences())
+            msg = f"{n_seq} sequences (2 x max_batch) are more than llama.cpp's {most}; use max_batch <= {most // 2}"
+            raise ConfigurationError(msg)
+        lib.llama_backend_init()
+        params = lib.llama_model_default_params()
+        model = lib.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not model:
+            msg = f"llama.cpp could not load {str(path)!r} (not a GGUF model it supports?); pass a .gguf file llama.cpp can run"
+            raise ModelLoadError(msg)
+        self.model = model
+        self.vocab = lib.llama_model_get_vocab(model)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_ctx
+        cparams.n_ubatch = min(n_ctx, 512)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = True
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        ctx = lib.llama_init_from_model(model, cparams)
+        if not ctx:
+            lib.llama_model_free(model)
+            self.model = None
+            msg = f"llama.cpp could not create a context of n_ctx={n_ctx} for {str(path)!r}; try a smaller n_ctx"
+            raise ModelLoadError(msg)
+        self.ctx = ctx
+        self.memory = lib.llama_get_memory(ctx)
+        self.n_ctx = int(lib.llama_n_ctx(ctx))
+        self.n_batch = n_ctx
+        self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._np = np
+
+    def metadata(self, key: str) -> str | None:
+        """The GGUF metadata value of ``key`` as a string (None when absent)."""
+        size = self.lib.llama_model_meta_val_str(self.model, key.encode(), None, 0)
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(size + 1)
+        self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, size + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def decode(self, tokens: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Decode one batch of ``(token, position, sequence id, wants logits)`` entries.
+
+        The logits of the entries that want them are readable (:meth:`logits_into`) until the
+        next call. Raises RuntimeError when llama.cpp cannot (no free KV cell, a bad position).
+        """
+        if len(tokens) > self.n_batch:
+            msg = f"internal error: {len(tokens)} tokens in one llama.cpp batch of at most {self.n_batch}"
+            raise RuntimeError(msg)
+        b = self.batch
+        for i, (token, pos, seq, logits) in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = logits
+        b.n_tokens = len(tokens)
+        code = int(self.lib.llama_decode(self.ctx, b))
+        if code != 0:
+            reason = "no free KV-cache cell (raise n_ctx)" if code == 1 else "see llama.cpp's log (verbose=True)"
+            msg = f"llama_decode failed with code {code}: {reason}"
+            raise RuntimeError(msg)
+
+    def logits_into(self, index: int, out: np.ndarray) -> None:
+        """Copy the raw float32 logits of batch entry ``index`` of the last decode into ``out`` ``(vocab,)``."""
+        ptr = self.lib.llama_get_logits_ith(self.ctx, index)
+        if not ptr:
+            msg = f"internal error: llama.cpp kept no logits for batch entry {index}"
+            raise RuntimeError(msg)
+        ctypes.memmove(out.ctypes.data, ptr, self.n_vocab * 4)
+
+    def forget(self, seq: int) -> None:
+        """Drop sequence ``seq`` from the KV cache (its cells become free)."""
+        self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def set_threads(self, n_threads: int) -> None:
+        self.lib.llama_set_n_threads(self.ctx, n_threads, n_threads)
+
+    def close(self) -> None:
+        """Free the context and the model (idempotent)."""
+        lib = self.lib
+        if getattr(self, "batch", None) is not None:
+            lib.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ctx", None):
+            lib.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            lib.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            return
+
+
+class LlamaTokenizer:
+    """The model's vocabulary as a tokenizer: ``encode``, ``decode``, each token's text offsets.
+
+    ``decode(ids, skip_special_tokens=True)`` has transformers' signature (the incremental
+    detokenizer and the server call it); invalid UTF-8 (a character whose bytes are split
+    across tokens) comes out as U+FFFD, as a transformers tokenizer decodes it.
+    """
+
+    def __init__(self, model: LlamaModel) -> None:
+        self._lib = model.lib
+        self._vocab = model.vocab
+        self.vocab_size = model.n_vocab
+        lib = self._lib
+        self.eos_token_id = int(lib.llama_vocab_eos(self._vocab))
+        self.bos_token_id = int(lib.llama_vocab_bos(self._vocab))
+        self.eog_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))
+        self._piece = lru_cache(maxsize=None)(self._piece_uncached)
+
+    def _piece_uncached(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = int(self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special))
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = int(self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special))
+        return buf.raw[:n]
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """The bytes of ``token`` (a control token's own text with ``special``, else nothing)."""
+        if not 0 <= token < self.vocab_size:
+            msg = f"token id {token} is outside the vocabulary (0..{self.vocab_size - 1})"
+            raise ConfigurationError(msg)
+        return self._piece(token, special)
+
+    def token_text(self, token: int | None) -> str | None:
+        """The text of a special token such as BOS or EOS (None when the model has none)."""
+        if token is None or token < 0:
+            return None
+        return self.piece(token).decode("utf-8", errors="replace")
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, special tokens' text (``<|im_start|>``) parsed as those tokens, no BOS added."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (ctypes.c_int32 * cap)()
+        n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True))
+        if n < 0:
+            cap = -n
+            buf = (ctypes.c_int32 * cap)()
+            n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True))
+        return list(buf[:n])
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:
+        return b"".join(self.piece(int(t), not skip_special_tokens) for t in ids).decode("utf-8", errors="replace")
+
+    def offsets(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Each token's ``(start, end)`` character offsets in ``text`` (its encoding ``ids``).
+
+        A token's span covers its bytes (a leading space included, as a byte-level BPE fast
+        tokenizer reports it), widened to whole characters: the tokens of one multi-byte
+        character each span that character.
+        """
+        data = text.encode("utf-8")
+        floor = [0] * (len(data) + 1)  # byte offset -> the character it lies in
+        ceil = [0] * (len(data) + 1)  # byte offset -> the first character starting at or after it
+        pos = 0
+        for ci, ch in enumerate(text):
+            n = len(ch.encode("utf-8"))
+            for j in range(n):
+                floor[pos + j] = ci
+                ceil[pos + j] = ci if j == 0 else ci + 1
+            pos += n
+        floor[len(data)] = ceil[len(data)] = len(text)
+        out: list[tuple[int, int]] = []
+        byte = 0
+        for t in ids:
+            piece = self.piece(int(t))
+            a, b = floor[min(byte, len(data))], ceil[min(byte + len(piece), len(data))]
+            byte += len(piece)
+            out.append((a, b))
+        return out
+
+
+def render_chat(template: str, turns: list[dict[str, str]], special: dict[str, str]) -> str:
+    """``turns`` rendered with a chat ``template`` and the generation prompt, as transformers renders them.
+
+    The same Jinja environment as transformers' ``apply_chat_template`` (sandboxed,
+    ``trim_blocks``, ``lstrip_blocks``, loop controls, its ``tojson``, ``raise_exception`` and
+    ``strftime_now``), with the special tokens (``bos_token``, ``eos_token``...) as variables.
+    """
+    return _compiled(template).render(messages=turns, add_generation_prompt=True, tools=None, documents=None, **special)
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str) -> Any:
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        msg = f"the model's chat template does not parse ({exc}); fix tokenizer.chat_template in the GGUF file"
+        raise ConfigurationError(msg) from exc

@@ -1,0 +1,305 @@
+"""LlamaCppBackend on the real embedded GGUF (SmolLM2-135M-Instruct, Q4_1): loads in under a second.
+
+Each step's scores are checked against the raw logits that a reference loop reads from the same
+llama.cpp context (the same decode calls, one sequence), and the greedy tokens against llama.cpp's
+own greedy sampler on those logits. Skipped only where llama-cpp-python is not installed
+(``pip install 'logtoku-guard[llamacpp]'``; ``scripts/install.sh --dev`` installs it, so CI runs these).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from logtoku_guard.backends.base import Backend  # noqa: E402
+from logtoku_guard.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from logtoku_guard.backends.llamacpp_loop import question_positions  # noqa: E402
+from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError  # noqa: E402
+from logtoku_guard.types import DecodingOptions, to_messages  # noqa: E402
+from logtoku_guard.uncertainty import logsumexp_entropy, rescore  # noqa: E402
+
+QUESTION = "What is the capital of France?"
+GREEDY = DecodingOptions(max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    b = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5)
+    yield b
+    b.close()
+
+
+def reference(b: LlamaCppBackend, prompt: str, steps: int) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    """Greedy decoding with llama.cpp's own greedy sampler on the backend's context, one sequence.
+
+    Returns each step's raw logits, the sampler's tokens, and the prefill's logits at the positions
+    that predict the question's tokens (as the backend asks for them).
+    """
+    prepared = b._prepare(to_messages(prompt), DecodingOptions(max_new_tokens=steps))
+    ids, kept = prepared.ids, question_positions(prepared)
+    m = b._model
+    sampler = llama_cpp.llama_sampler_init_greedy()
+    logits: list[np.ndarray] = []
+    tokens: list[int] = []
+    prompt_logits: list[np.ndarray] = []
+    with b._lock:
+        try:
+            entries = [(t, p, 0, p in kept or p == len(ids) - 1) for p, t in enumerate(ids)]
+            m.decode(entries)
+            for p in kept:
+                prompt_logits.append(_read(m, p))
+            last, pos = len(ids) - 1, len(ids)
+            for _ in range(steps):
+                logits.append(_read(m, last))
+                token = int(llama_cpp.llama_sampler_sample(sampler, m.ctx, last))
+                if token in b._eos_ids:
+                    break
+                tokens.append(token)
+                m.decode([(token, pos, 0, True)])
+                last, pos = 0, pos + 1
+        finally:
+            m.clear()
+            llama_cpp.llama_sampler_free(sampler)
+    return logits, tokens, prompt_logits
+
+
+def _read(m: Any, index: int) -> np.ndarray:
+    out = np.empty(m.n_vocab, dtype=np.float32)
+    m.logits_into(index, out)
+    return out
+
+
+def test_is_a_backend_with_a_name_of_its_own(backend: LlamaCppBackend) -> None:
+    assert isinstance(backend, Backend)
+    assert backend.model_name == "smollm2-135m-instruct@llamacpp" and backend.k == 2 and backend.evidence == "clamped"
+    assert backend.vocab_size == 49152 and backend.max_logprobs == 5 and backend.context_window == 1024
+
+
+def test_scores_equal_the_library_maths_on_the_raw_logits_and_greedy_equals_llama_cpp_sampler(backend: LlamaCppBackend) -> None:
+    g = backend.generate(QUESTION, GREEDY)
+    logits, tokens, _ = reference(backend, QUESTION, GREEDY.max_new_tokens)
+    assert [t.id for t in g.tokens] == tokens  # llama.cpp's own greedy sampler, token for token
+    assert len(g.tokens) == 12 and g.finish_reason == "length"
+    assert g.text == backend.tokenizer.decode(tokens)
+    for t, z in zip(g.tokens, logits):
+        order = np.argsort(-z, kind="stable")
+        assert t.top_ids == tuple(int(i) for i in order[:2]) and t.top_logits == tuple(float(v) for v in z[order[:2]])
+        assert t.alt_ids == tuple(int(i) for i in order[:5]) and t.alt_logits == tuple(float(v) for v in z[order[:5]])
+        expected = rescore([t.top_logits])  # logtoku_guard.uncertainty on the same logits (float64; the digamma series ~1e-11)
+        assert t.au == pytest.approx(float(expected.au[0]), abs=1e-9) and t.eu == pytest.approx(float(expected.eu[0]), abs=1e-12)
+        lse, entropy = logsumexp_entropy(torch.from_numpy(z).double())
+        assert t.logprob == pytest.approx(float(z[t.id]) - float(lse), abs=1e-4)
+        assert t.entropy == pytest.approx(float(entropy), abs=1e-4)
+
+
+def test_prompt_scores_are_the_question_tokens_scored_from_the_prefill(backend: LlamaCppBackend) -> None:
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=1))
+    _, _, prompt_logits = reference(backend, QUESTION, 1)
+    assert "".join(t.text for t in g.prompt_scores) == QUESTION
+    assert len(g.prompt_scores) == len(prompt_logits) > 3
+    ids = backend.tokenizer.encode(backend.render(QUESTION))
+    for t, z in zip(g.prompt_scores, prompt_logits):
+        order = np.argsort(-z, kind="stable")[:2]
+        assert t.top_logits == pytest.approx([float(v) for v in z[order]], abs=1e-6)
+        assert t.id in ids and t.logprob <= 0.0 and 0.0 < t.eu <= 1.0
+    backend.score_prompt = False
+    try:
+        assert backend.generate(QUESTION, DecodingOptions(max_new_tokens=1)).prompt_scores == ()
+    finally:
+        backend.score_prompt = True
+
+
+def test_stop_string_cuts_the_answer(backend: LlamaCppBackend) -> None:
+    full = backend.generate(QUESTION, GREEDY)
+    stop = full.text[4:7]
+    assert stop and stop in full.text
+    g = backend.generate(QUESTION, GREEDY.replace(stop=(stop,)))
+    assert g.text == full.text[: full.text.find(stop)] and g.finish_reason == "stop" and g.stop_sequence == stop
+
+
+def test_stream_yields_each_token_with_scores_then_the_generation(backend: LlamaCppBackend) -> None:
+    full = backend.generate(QUESTION, GREEDY)
+    with backend.stream(QUESTION, GREEDY) as stream:
+        tokens = list(stream)
+    assert [t.id for t in tokens] == [t.id for t in full.tokens]
+    assert all(0.0 < t.eu <= 1.0 and t.au >= 0.0 for t in tokens)
+    assert stream.generation.text == full.text and stream.generation.tokens == full.tokens
+
+
+def test_close_cancels_mid_stream(backend: LlamaCppBackend) -> None:
+    stream = backend.stream(QUESTION, DecodingOptions(max_new_tokens=200))
+    it = iter(stream)
+    first = [next(it), next(it)]
+    stream.close()
+    g = stream.generation
+    assert g.finish_reason == "cancelled" and 2 <= len(g.tokens) < 200 and g.tokens[:2] == tuple(first)
+    assert backend.generate(QUESTION, DecodingOptions(max_new_tokens=3)).finish_reason == "length"  # the model is free
+
+
+def test_batch_rows_are_llama_cpp_sequences_with_the_answers_of_each_alone(backend: LlamaCppBackend) -> None:
+    chat = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]
+    prompts = [QUESTION, "Name a colour.", chat]
+    alone = [backend.generate(p, GREEDY) for p in prompts]
+    together = backend.batch(prompts, GREEDY)
+    for a, b in zip(alone, together):
+        assert [t.id for t in b.tokens] == [t.id for t in a.tokens]
+        assert [t.eu for t in b.tokens] == pytest.approx([t.eu for t in a.tokens], abs=1e-3)
+        assert b.prompt == a.prompt and len(b.prompt_scores) == len(a.prompt_scores)
+    with pytest.raises(ConfigurationError, match="non-empty list"):
+        backend.batch([])
+
+
+def test_two_threads_share_the_model(backend: LlamaCppBackend) -> None:
+    prompts = [QUESTION, "Name a colour."]
+    expected = [backend.generate(p, GREEDY).text for p in prompts]
+    got: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def ask(i: int) -> None:
+        try:
+            got[i] = backend.generate(prompts[i], GREEDY).text
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and [got[0], got[1]] == expected
+
+
+def test_seeded_sampling_repeats_and_top_p_one_token_is_greedy(backend: LlamaCppBackend) -> None:
+    opts = DecodingOptions(max_new_tokens=8, temperature=1.2, seed=7)
+    a, b = backend.generate(QUESTION, opts), backend.generate(QUESTION, opts)
+    assert [t.id for t in a.tokens] == [t.id for t in b.tokens]
+    tiny_p = backend.generate(QUESTION, DecodingOptions(max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=1))
+    assert tiny_p.text == backend.generate(QUESTION, DecodingOptions(max_new_tokens=8)).text
+
+
+def test_bad_arguments_name_the_value(backend: LlamaCppBackend, tmp_path: Any) -> None:
+    with pytest.raises(ModelLoadError, match=r"nope\.bin"):
+        LlamaCppBackend(tmp_path / "nope.bin")
+    with pytest.raises(ConfigurationError, match="n_ctx"):
+        LlamaCppBackend("embedded", n_ctx=0)
+    with pytest.raises(ConfigurationError, match="n_threads"):
+        LlamaCppBackend("embedded", n_threads=-1)
+    with pytest.raises(PromptTooLongError):
+        backend.generate("word " * 1100, GREEDY)
+
+
+def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from logtoku_guard.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"logtoku-guard\[llamacpp\]"):
+        LlamaCppBackend("embedded")
+
+
+def test_the_server_answers_over_this_backend(backend: LlamaCppBackend) -> None:
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend
+    from logtoku_guard.server import BackgroundServer, build_app
+
+    local = backend.generate(QUESTION, GREEDY)
+    with BackgroundServer(build_app(backend)) as srv:
+        with OpenAICompatibleBackend(srv.base_url, backend.model_name) as remote:
+            got = remote.generate(QUESTION, GREEDY)
+        r = httpx.post(
+            f"{srv.base_url}/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 4,
+                "temperature": 0,
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+            timeout=60,
+        )
+    assert got.text == local.text and [t.id for t in got.tokens] == [t.id for t in local.tokens]
+    assert [t.au for t in got.tokens] == pytest.approx([t.au for t in local.tokens], abs=1e-4)
+    body = r.json()
+    assert r.status_code == 200 and body["model"] == backend.model_name
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4 and len(content[0]["top_logprobs"]) == 2 and math.isfinite(content[0]["logprob"])
+    assert content[0]["token"] == local.tokens[0].text
+
+
+@pytest.mark.slow
+def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(
+    backend: LlamaCppBackend, embedded_cache: Any
+) -> None:
+    from transformers import AutoTokenizer
+
+    from logtoku_guard.embedded import ensure_embedded_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model(embedded_cache))
+    prompts: list[Any] = [
+        QUESTION,
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Où est la tour Eiffel ? 🗼"}],
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "  spaces\tand\nlines  "},
+        ],
+    ]
+    for p in prompts:
+        turns = [{"role": m.role, "content": m.content} for m in to_messages(p)]
+        text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        assert backend.render(p) == text
+        assert backend.tokenizer.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert backend.tokenizer.offsets(text, enc["input_ids"]) == [tuple(o) for o in enc["offset_mapping"]]
+
+
+def test_importing_the_backend_module_does_not_import_llama_cpp_and_generating_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, logtoku_guard.backends.llamacpp, logtoku_guard.backends as b; b.LlamaCppBackend; "
+        "print('llama_cpp' in sys.modules, 'torch' in sys.modules); "
+        "from logtoku_guard.types import DecodingOptions; "
+        "g = b.LlamaCppBackend('embedded', n_threads=1).generate('Hi', DecodingOptions(max_new_tokens=3)); "
+        "print(len(g.tokens), 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "3", "False", "False"]
+
+
+def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(tmp_path))
+    res = CliRunner().invoke(app, ["score", QUESTION, "--backend", "llamacpp", "--max-new-tokens", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["model"] == "smollm2-135m-instruct@llamacpp" and len(data["tokens"]) == 4
+    assert data["profile"] is not None and "smollm2-135m-instruct_llamacpp" in data["profile"]  # the shipped llama.cpp profile
+
+
+def test_langchain_and_llamaindex_adapters_take_this_backend(backend: LlamaCppBackend) -> None:
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from langchain_logtoku import ChatLogTokU
+    from llama_index.llms.logtoku import LogTokULLM
+
+    local = backend.generate(QUESTION, DecodingOptions(max_new_tokens=6)).text
+    message = ChatLogTokU(backend=backend, max_tokens=6).invoke(QUESTION)
+    assert message.content == local and message.response_metadata["model_name"] == backend.model_name
+    assert LogTokULLM(backend=backend, max_new_tokens=6).complete(QUESTION).text == local
