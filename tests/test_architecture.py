@@ -150,3 +150,31 @@ def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
     assert flat == ["test_architecture.py", "test_fabricated.py", "test_public_api.py"], (
         f"put unit tests in a folder per unit: {flat}"
     )
+
+
+def test_every_first_party_import_names_a_module_that_exists() -> None:
+    """mypy skips missing imports (ignore_missing_imports, for optional extras), so a renamed
+    module would only fail at run time; this reads every import of the project's own modules,
+    lazy ones inside functions included, and checks that each imported module exists."""
+    import importlib.util
+
+    roots = ("logtoku_guard", "langchain_logtoku", "llama_index.llms.logtoku", "llama_index.embeddings.logtoku_minilm")
+    sources = [
+        *PACKAGE.rglob("*.py"),
+        *INTEGRATIONS.rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "examples").glob("*.py"),
+    ]
+    missing = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            missing += [
+                f"{path.relative_to(ROOT)}: {m}" for m in modules if m.startswith(roots) and importlib.util.find_spec(m) is None
+            ]
+    assert not missing, missing

@@ -10,7 +10,7 @@ llama.cpp sequence of a shared KV cache (continuous batching: rows join and leav
 steps). Token scores come from the same
 :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU, log-probability,
 entropy, stop strings, streaming), and the question's own tokens are scored from the prefill's
-logits (:mod:`~logtoku_guard.backends.prompt_capture`).
+logits (:mod:`~logtoku_guard.backends.prompt_scoring`).
 
 Prompts are rendered with the GGUF's own chat template the way transformers renders it, so the
 model sees the same text under both backends. The numbers differ a little from the
@@ -35,7 +35,7 @@ from typing import Any
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
-from logtoku_guard.backends.prompt_capture import question_span
+from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
 from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError

@@ -9,7 +9,7 @@
    sequence) in one ``llama_decode`` (:data:`DECODE_ROWS` rows at most per call);
 2. **prefill**: the prompt of each row admitted since the last step, alone in its own
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
-   tokens (its prompt-side scores, :func:`~logtoku_guard.backends.prompt_capture.score_kept`)
+   tokens (its prompt-side scores, :func:`~logtoku_guard.backends.prompt_scoring.score_kept`)
    and at its last position (its first answer token). Rows never share a call with other
    sequences' prompt tokens: each answer is the one it gets alone, bit for bit;
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before

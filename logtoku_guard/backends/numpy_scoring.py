@@ -7,7 +7,7 @@ raw float32 logits that llama.cpp hands over as memory (``(rows, vocab)`` numpy 
 :func:`record` (a :class:`~logtoku_guard.backends.recorder.StepRecorder` step, whose AU/EU the
 recorder then computes with :func:`~logtoku_guard.backends.recorder.clamped_logtoku`, the
 library's maths in float64 Python), :func:`prompt_scores` (the question's tokens scored from
-the prefill's logits, as :func:`~logtoku_guard.backends.prompt_capture.score_kept` does) and
+the prefill's logits, as :func:`~logtoku_guard.backends.prompt_scoring.score_kept` does) and
 :func:`sample` (temperature, dynamic temperature and top-p, as transformers' warpers do).
 
 Keeping torch out of the decoding loop spares its import (about 1 s and 215 MiB of RSS) and its
@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from logtoku_guard.backends.prompt_capture import QuestionSpan
+from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.recorder import TOP_K_CHUNK, StepRecorder, StepScores, clamped_logtoku
 from logtoku_guard.types import DecodingOptions, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from logtoku_guard.backends import numpy_scoring
-from logtoku_guard.backends.prompt_capture import QuestionSpan, score_kept
+from logtoku_guard.backends.prompt_scoring import QuestionSpan, score_kept
 from logtoku_guard.backends.recorder import Row, StepRecorder, top_k
 from logtoku_guard.types import DecodingOptions, DynamicTemperature
 from logtoku_guard.uncertainty import logsumexp_entropy
