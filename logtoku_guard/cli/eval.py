@@ -114,15 +114,17 @@ def check_counts(
         raise _common.fail(ConfigurationError(msg))
 
 
-def model_name(model: str) -> str:
+def model_name(model: str, backend: str = "transformers") -> str:
+    """The name the backend records on its generations (what names the generation caches)."""
     from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 
-    return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
+    name = EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
+    return name + "@llamacpp" if backend == "llamacpp" else name
 
 
-def backend_loader(model: str, k: int, device: str, cache_dir: Path | None) -> Callable[[], Any]:
+def backend_loader(model: str, k: int, device: str, cache_dir: Path | None, backend: str = "transformers") -> Callable[[], Any]:
     def load() -> Any:
-        return _common.load_backend(model, k, device, "auto", cache_dir)
+        return _common.load_backend(model, k, device, "auto", cache_dir, backend=backend)
 
     return load
 

@@ -14,7 +14,7 @@ import typer
 
 from logtoku_guard.cli import _common
 from logtoku_guard.cli import eval as ev
-from logtoku_guard.cli._common import DeviceOpt
+from logtoku_guard.cli._common import BackendOpt, DeviceOpt
 from logtoku_guard.cli.eval import (
     BatchOpt,
     BootOpt,
@@ -184,6 +184,7 @@ def traffic(
     plots: PlotsOpt = True,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
+    backend: BackendOpt = "transformers",
 ) -> None:
     """Realistic traffic: correct and wrong answers to real questions, plausible and syllable-name fabrications.
 
@@ -203,7 +204,8 @@ def traffic(
         raise _common.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
     cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
     try:
-        name = ev.model_name(model)
+        _common.check_backend(backend, device)
+        name = ev.model_name(model, backend)
         questions = traffic_questions()
         calibration = [QAItem(q.id, q.question, q.answers) for q in shipped_calibration_questions()]
         caches = {
@@ -218,11 +220,11 @@ def traffic(
         }
         todo = {k: [it for it in items if it.id not in caches[k]] for k, items in work.items()}
         if any(todo.values()):
-            backend = ev.backend_loader(model, K_STORED, device, model_cache)()
+            loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
             with ev.progress_bar() as progress:
                 for key, items in work.items():
                     on = ev.progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
-                    run_greedy(backend, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
+                    run_greedy(loaded, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
         pairs = [(q, caches["syllable" if q.group == "syllable" else "traffic"].get(q.id)) for q in questions]
         answers = judge_answers(pairs)  # type: ignore[arg-type]
         cal = caches["calibration"].records([it.id for it in calibration])
