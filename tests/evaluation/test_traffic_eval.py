@@ -98,8 +98,12 @@ def test_the_shipped_questions_hold_every_group_in_both_halves() -> None:
     assert len({q.id for q in questions}) == len(questions)
 
 
-def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every answer already cached: the CLI loads no model, fits, and writes traffic.md/json and the guard."""
+@pytest.mark.parametrize(("backend", "name"), [("transformers", EMBEDDED_MODEL), ("llamacpp", f"{EMBEDDED_MODEL}@llamacpp")])
+def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, name: str
+) -> None:
+    """Every answer already cached under the backend's model name: the CLI loads no model, fits,
+    and writes traffic.md/json and the guard."""
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
     from logtoku_guard.evaluation.generate import SERVING, SERVING_TEMPLATE, greedy_cache
     from logtoku_guard.evaluation.traffic import dataset_name
@@ -107,9 +111,9 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(tmp_path: Path,
     questions = traffic_questions()
     rng = random.Random(0)
     caches = {
-        "traffic": greedy_cache(tmp_path / "gen", EMBEDDED_MODEL, dataset_name(), SERVING, template=SERVING_TEMPLATE),
-        "syllable": greedy_cache(tmp_path / "gen", EMBEDDED_MODEL, "traffic-syllable", SERVING, template=SERVING_TEMPLATE),
-        "calibration": greedy_cache(tmp_path / "gen", EMBEDDED_MODEL, "calibration-default", SERVING, template=SERVING_TEMPLATE),
+        "traffic": greedy_cache(tmp_path / "gen", name, dataset_name(), SERVING, template=SERVING_TEMPLATE),
+        "syllable": greedy_cache(tmp_path / "gen", name, "traffic-syllable", SERVING, template=SERVING_TEMPLATE),
+        "calibration": greedy_cache(tmp_path / "gen", name, "calibration-default", SERVING, template=SERVING_TEMPLATE),
     }
     for q in questions:
         right = q.group == "real" and rng.random() < 0.6
@@ -118,7 +122,18 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(tmp_path: Path,
     caches["calibration"].append(record(c.id, c.question, "It is Some Thing", 3.0) for c in shipped_calibration_questions())
     monkeypatch.setattr("logtoku_guard.cli.eval.backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
-    args = ["eval", "traffic", "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(out), "--n-boot", "20"]
+    args = [
+        "eval",
+        "traffic",
+        "--backend",
+        backend,
+        "--gen-cache-dir",
+        str(tmp_path / "gen"),
+        "--out-dir",
+        str(out),
+        "--n-boot",
+        "20",
+    ]
     res = CliRunner().invoke(app, [*args, *([] if HAS_MPL else ["--no-plots"])])
     assert res.exit_code == 0, res.output
     assert (out / "traffic-trade-off.png").is_file() == HAS_MPL
