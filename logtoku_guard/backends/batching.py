@@ -264,3 +264,36 @@ class Batcher:
     @staticmethod
     def _rows(jobs: list[Job]) -> int:
         return sum(len(j.rows) for j in jobs)
+
+
+class JobRows:
+    """What a decode loop shares with any other: the step recorder's two callbacks, which hand
+    each token to its job's ``on_token`` and each ended row's Generation to its job, whose
+    future completes once all of its rows have ended.
+
+    The loop keeps ``live`` (its rows, each with ``job`` and ``index``), ``results`` (the
+    finished rows of each job so far) and ``finish`` (a row to its Generation).
+    """
+
+    live: list[Any]
+    results: dict[Job, dict[int, Generation]]
+    finish: Callable[[Any], Generation]
+
+    def _on_token(self, b: int, token: TokenScore) -> None:
+        row = self.live[b]
+        if row.job.on_token is not None and not row.job.future.done():
+            row.job.on_token(row.index, token)
+
+    def _on_row_done(self, b: int, state: Any) -> None:
+        row = self.live[b]
+        job = row.job
+        if job.future.done():
+            return
+        if state.error is not None:
+            job.future.set_exception(state.error)
+            return
+        done = self.results.setdefault(job, {})
+        done[row.index] = self.finish(row)
+        if len(done) == len(job.rows):
+            del self.results[job]
+            job.future.set_result([done[n] for n in range(len(job.rows))])

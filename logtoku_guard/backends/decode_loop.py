@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.batching import Job, JobRows
 from logtoku_guard.backends.hf_compat import cache_arg, logits_processors, returned_cache
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
@@ -174,7 +174,7 @@ def _mergeable(cache: Any) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
 
 
-class DecodeLoop:
+class DecodeLoop(JobRows):
     """Runs one continuous batch: the initial jobs, and those that join it, until every row has ended.
 
     Args:
@@ -422,26 +422,6 @@ class DecodeLoop:
         self.batch.keep(keep)
         self.live = [self.live[b] for b in keep]
         self.recorder.rows = [self.recorder.rows[b] for b in keep]
-
-    # -- the recorder's callbacks ----------------------------------------------------------------
-    def _on_token(self, b: int, token: TokenScore) -> None:
-        row = self.live[b]
-        if row.job.on_token is not None and not row.job.future.done():
-            row.job.on_token(row.index, token)
-
-    def _on_row_done(self, b: int, state: Row) -> None:
-        row = self.live[b]
-        job = row.job
-        if job.future.done():
-            return
-        if state.error is not None:
-            job.future.set_exception(state.error)
-            return
-        done = self.results.setdefault(job, {})
-        done[row.index] = self.finish(row)
-        if len(done) == len(job.rows):
-            del self.results[job]
-            job.future.set_result([done[n] for n in range(len(job.rows))])
 
     # -- logits processors ---------------------------------------------------------------------
     def _build_processors(self) -> None:

@@ -25,21 +25,18 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.batched import BatchedBackend, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
 from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError
-from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, to_messages
+from logtoku_guard.types import ChatMessage, DecodingOptions
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
@@ -79,7 +76,7 @@ def default_n_threads(n_threads: int | None) -> int:
     return n_threads
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(BatchedBackend):
     """A GGUF model run by llama.cpp, scored with LogTokU on every generated token.
 
     Args:
@@ -150,28 +147,9 @@ class LlamaCppBackend:
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch, window_s=0.0, name="logtoku-llamacpp")
         self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
 
+    _stream_thread = "logtoku-llamacpp-generate"
+
     # -- properties -------------------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return self._evidence
-
-    @property
-    def top_n(self) -> int:
-        return self._top_n
-
-    @property
-    def max_logprobs(self) -> int:
-        """Raw top logits kept per token for ``top_logprobs`` (at least K)."""
-        return self._max_logprobs
-
     @property
     def context_window(self) -> int:
         """Tokens one request may use (prompt plus answer): the KV cache's size."""
@@ -182,15 +160,6 @@ class LlamaCppBackend:
         return self._model.n_vocab
 
     @property
-    def tokenizer(self) -> Any:
-        """The model's vocabulary (:class:`~logtoku_guard.backends.llamacpp_model.LlamaTokenizer`)."""
-        return self._tokenizer
-
-    @property
-    def max_batch(self) -> int:
-        return self._batcher.max_batch
-
-    @property
     def n_threads(self) -> int:
         return self._n_threads
 
@@ -199,67 +168,8 @@ class LlamaCppBackend:
         return self._path
 
     # -- public API -------------------------------------------------------------------
-    def render(self, prompt: Prompt, system: str | None = None) -> str:
-        """The exact text fed to the model (the GGUF's chat template applied)."""
-        return self._render(to_messages(prompt, system))
-
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text))
-
-    def generate(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> Generation:
-        """Generate one answer with every token scored."""
-        return self._run([prompt], options or DecodingOptions(), system)[0]
-
-    def batch(
-        self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
-    ) -> list[Generation]:
-        """Generate several answers as rows of one batch (other concurrent calls may join it)."""
-        if isinstance(prompts, str) or not prompts:
-            msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
-            raise ConfigurationError(msg)
-        return self._run(list(prompts), options or DecodingOptions(), system)
-
-    def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
-        """Yield each token with its AU/EU as soon as it is generated.
-
-        Generation runs in the batcher's worker thread; errors are re-raised in the consumer.
-        ``close()`` (or dropping the stream) ends its row after the current step.
-        """
-        opts = options or DecodingOptions()
-        messages = to_messages(prompt, system)
-        q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        cancel = threading.Event()
-        results: list[Generation] = []
-        errors: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                results.extend(self._run([messages], opts, None, on_token=lambda _row, t: q.put(("token", t)), cancel=cancel))
-            except BaseException as exc:  # re-raised in the consumer thread
-                errors.append(exc)
-            finally:
-                q.put(("end", None))
-
-        thread = threading.Thread(target=work, name="logtoku-llamacpp-generate", daemon=True)
-        thread.start()
-
-        def tokens() -> Iterator[TokenScore]:
-            while True:
-                kind, item = q.get()
-                if kind == "end":
-                    break
-                yield item
-            thread.join()
-            if errors:
-                raise errors[0]
-
-        def result() -> Generation:
-            thread.join()
-            if errors:
-                raise errors[0]
-            return results[0]
-
-        return TokenStream(tokens(), result, cancel.set)
 
     def close(self) -> None:
         """Finish queued requests, then free the llama.cpp context and model."""
@@ -277,17 +187,6 @@ class LlamaCppBackend:
             return messages[0].content
         return "\n".join(f"{m.role}: {m.content}" for m in messages) + "\nassistant:"
 
-    def _run(
-        self,
-        prompts: list[Any],
-        options: DecodingOptions,
-        system: str | None,
-        on_token: Callable[[int, TokenScore], None] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> list[Generation]:
-        rows = [self._prepare(to_messages(p, system), options) for p in prompts]
-        return self._batcher(Job(rows, options, on_token, cancel))
-
     def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
         text = self._render(messages)
@@ -296,7 +195,7 @@ class LlamaCppBackend:
             msg = "the rendered prompt has no tokens; pass a non-empty question"
             raise ConfigurationError(msg)
         offsets = self._tokenizer.offsets(text, ids)
-        span = question_span(text, _question(messages), offsets, [1] * len(ids))
+        span = question_span(text, question_of(messages), offsets, [1] * len(ids))
         ctx = self._model.n_ctx
         if len(ids) >= ctx:
             raise PromptTooLongError(len(ids), ctx)
@@ -335,32 +234,6 @@ class LlamaCppBackend:
             )
             loop.run(jobs)
 
-    def _generation(self, row: Any) -> Generation:
-        """The finished row as a :class:`Generation` (its timings from when it was admitted)."""
-        state, job = row.state, row.job
-        total = time.perf_counter() - row.start
-        n = len(state.tokens)
-        decode_s = total - (row.first_token_s or 0.0)
-        cancelled = job.cancel is not None and job.cancel.is_set()
-        return Generation(
-            model=self._name,
-            prompt=_question(row.prepared.messages),
-            text="".join(t.text for t in state.tokens),
-            tokens=tuple(state.tokens),
-            finish_reason=state.finish_reason or ("cancelled" if cancelled else "length"),
-            k=self._k,
-            evidence=self._evidence,
-            top_n=self._top_n,
-            prompt_tokens=len(row.prepared.ids),
-            stop_sequence=state.stop_sequence,
-            timings=Timings(
-                total_s=total,
-                first_token_s=row.first_token_s,
-                tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            ),
-            prompt_scores=row.prompt_scores,
-        )
-
 
 def _resolve(model: str | Path | None) -> tuple[Path, str]:
     """The GGUF file to load and the model's default name."""
@@ -374,8 +247,3 @@ def _resolve(model: str | Path | None) -> tuple[Path, str]:
         )
         raise ModelLoadError(msg)
     return path, path.stem
-
-
-def _question(messages: list[ChatMessage]) -> str:
-    users = [m.content for m in messages if m.role == "user"]
-    return users[-1] if users else messages[-1].content

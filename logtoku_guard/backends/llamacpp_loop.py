@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.batching import Job, JobRows
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row, StepRecorder
@@ -83,7 +83,7 @@ def question_positions(prepared: PreparedRow) -> range:
     return range(max(span.start, 1) - 1, span.end - 1)
 
 
-class LlamaDecodeLoop:
+class LlamaDecodeLoop(JobRows):
     """Runs one continuous batch on a :class:`~logtoku_guard.backends.llamacpp_model.LlamaModel`.
 
     Args:
@@ -292,23 +292,3 @@ class LlamaDecodeLoop:
     def _free(self, s: Sequence) -> None:
         self.model.forget(s.seq)
         self.free_seqs.append(s.seq)
-
-    # -- the recorder's callbacks ----------------------------------------------------------------
-    def _on_token(self, b: int, token: TokenScore) -> None:
-        s = self.live[b]
-        if s.job.on_token is not None and not s.job.future.done():
-            s.job.on_token(s.index, token)
-
-    def _on_row_done(self, b: int, state: Row) -> None:
-        s = self.live[b]
-        job = s.job
-        if job.future.done():
-            return
-        if state.error is not None:
-            job.future.set_exception(state.error)
-            return
-        done = self.results.setdefault(job, {})
-        done[s.index] = self.finish(s)
-        if len(done) == len(job.rows):
-            del self.results[job]
-            job.future.set_result([done[n] for n in range(len(job.rows))])

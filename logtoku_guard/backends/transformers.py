@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.batched import BatchedBackend, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
-from logtoku_guard.backends.decode_loop import DecodeLoop, LiveRow, PreparedRow, Scoring
+from logtoku_guard.backends.decode_loop import DecodeLoop, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.prompt_scoring import question_span
@@ -45,11 +41,6 @@ from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
-    Generation,
-    Prompt,
-    Timings,
-    TokenScore,
-    to_messages,
 )
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
@@ -100,7 +91,7 @@ class NoChatTemplateWarning(UserWarning):
     """The tokenizer has no chat template: turns are sent as a plain prompt."""
 
 
-class TransformersBackend:
+class TransformersBackend(BatchedBackend):
     """A local causal LM scored with LogTokU on every generated token.
 
     Args:
@@ -196,27 +187,6 @@ class TransformersBackend:
 
     # -- properties -------------------------------------------------------------------
     @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return self._evidence
-
-    @property
-    def top_n(self) -> int:
-        return self._top_n
-
-    @property
-    def max_logprobs(self) -> int:
-        """Raw top logits kept per token for ``top_logprobs`` (at least K)."""
-        return self._max_logprobs
-
-    @property
     def context_window(self) -> int | None:
         cfg = self._model.config
         for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
@@ -235,16 +205,8 @@ class TransformersBackend:
         return self._model
 
     @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
     def device(self) -> torch.device:
         return self._model.device
-
-    @property
-    def max_batch(self) -> int:
-        return self._batcher.max_batch
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -257,70 +219,8 @@ class TransformersBackend:
         return self._threads
 
     # -- public API -------------------------------------------------------------------
-    def render(self, prompt: Prompt, system: str | None = None) -> str:
-        """The exact text fed to the model (chat template applied)."""
-        return self._render(to_messages(prompt, system))
-
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def generate(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> Generation:
-        """Generate one answer with every token scored."""
-        return self._run([prompt], options or DecodingOptions(), system)[0]
-
-    def batch(
-        self, prompts: Sequence[Prompt], options: DecodingOptions | None = None, *, system: str | None = None
-    ) -> list[Generation]:
-        """Generate several answers in one left-padded batch (other concurrent calls may join it)."""
-        if isinstance(prompts, str) or not prompts:
-            msg = f"batch() takes a non-empty list of prompts, got {prompts!r}; use generate() for one prompt"
-            raise ConfigurationError(msg)
-        return self._run(list(prompts), options or DecodingOptions(), system)
-
-    def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
-        """Yield each token with its AU/EU as soon as it is generated.
-
-        Generation runs in the batcher's worker thread (possibly in a batch with other
-        requests); errors are re-raised in the consumer. With stop strings, a token is held
-        back while it could still be the start of a stop string. A stream that is dropped
-        unfinished (garbage-collected, or its iterator abandoned half-read) stops generating
-        its row and frees the model for the next call.
-        """
-        opts = options or DecodingOptions()
-        messages = to_messages(prompt, system)  # validate in the caller's thread
-        q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        cancel = threading.Event()
-        results: list[Generation] = []
-        errors: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                results.extend(self._run([messages], opts, None, on_token=lambda _row, t: q.put(("token", t)), cancel=cancel))
-            except BaseException as exc:  # re-raised in the consumer thread
-                errors.append(exc)
-            finally:
-                q.put(("end", None))
-
-        thread = threading.Thread(target=work, name="logtoku-generate", daemon=True)
-        thread.start()
-
-        def tokens() -> Iterator[TokenScore]:
-            while True:
-                kind, item = q.get()
-                if kind == "end":
-                    break
-                yield item
-            thread.join()
-            if errors:
-                raise errors[0]
-
-        def result() -> Generation:
-            thread.join()
-            if errors:
-                raise errors[0]
-            return results[0]
-
-        return TokenStream(tokens(), result, cancel.set)
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:
@@ -339,18 +239,6 @@ class TransformersBackend:
             return messages[0].content
         return "\n".join(f"{m.role}: {m.content}" for m in messages) + "\nassistant:"
 
-    def _run(
-        self,
-        prompts: list[Any],
-        options: DecodingOptions,
-        system: str | None,
-        on_token: Callable[[int, TokenScore], None] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> list[Generation]:
-        """Generate ``prompts`` as one job of the batcher (which may add other requests' rows)."""
-        rows = [self._prepare(to_messages(p, system), options) for p in prompts]
-        return self._batcher(Job(rows, options, on_token, cancel))
-
     def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
@@ -358,7 +246,7 @@ class TransformersBackend:
         fast = bool(getattr(self._tokenizer, "is_fast", False))
         enc = self._tokenizer(text, add_special_tokens=not has_template, return_offsets_mapping=fast)
         ids = list(enc["input_ids"])
-        span = question_span(text, _question(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
+        span = question_span(text, question_of(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
         ctx = self.context_window
         limit = options.max_new_tokens
         if ctx is not None:
@@ -393,37 +281,6 @@ class TransformersBackend:
                 self._prefix_cache,
             )
             loop.run(jobs)
-
-    def _generation(self, row: LiveRow) -> Generation:
-        """The finished ``row`` as a :class:`Generation` (its timings from when it joined the batch)."""
-        state, job = row.state, row.job
-        total = time.perf_counter() - row.start
-        n = len(state.tokens)
-        decode_s = total - (row.first_token_s or 0.0)
-        cancelled = job.cancel is not None and job.cancel.is_set()
-        return Generation(
-            model=self._name,
-            prompt=_question(row.prepared.messages),
-            text="".join(t.text for t in state.tokens),
-            tokens=tuple(state.tokens),
-            finish_reason=state.finish_reason or ("cancelled" if cancelled else "length"),
-            k=self._k,
-            evidence=self._evidence,
-            top_n=self._top_n,
-            prompt_tokens=len(row.prepared.ids),
-            stop_sequence=state.stop_sequence,
-            timings=Timings(
-                total_s=total,
-                first_token_s=row.first_token_s,
-                tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            ),
-            prompt_scores=row.prompt_scores,
-        )
-
-
-def _question(messages: list[ChatMessage]) -> str:
-    users = [m.content for m in messages if m.role == "user"]
-    return users[-1] if users else messages[-1].content
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
