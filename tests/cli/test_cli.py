@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import CliBackend, scripted_loader
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,7 +16,6 @@ from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBac
 from logtoku_guard.calibration import ModelProfile, calibrate, profile_path
 from logtoku_guard.cli import _common, app
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.types import DecodingOptions, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
 
 runner = CliRunner()
@@ -111,36 +111,11 @@ SCORE_KEYS = {"model", "prompt", "answer", "reliability", "reliability_mean", "f
 SCORE_KEYS |= {"thresholds", "tokens", "timings", "prompt_tokens"}
 
 
-class CliBackend(ScriptedBackend):
-    """A scripted backend with what the CLI reads from a TransformersBackend (evidence, system=)."""
-
-    @property
-    def evidence(self) -> str:
-        return self._evidence
-
-    def generate(self, prompt: Any, options: DecodingOptions | None = None, system: str | None = None) -> Any:
-        return super().generate(to_messages(prompt, system), options)
-
-
 @pytest.fixture
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
     """Replace model loading by a scripted backend named after --model; records each load."""
     calls: list[tuple[str, int, str]] = []
-
-    def fake_load(
-        model: str,
-        k: int,
-        device: str,
-        dtype: str,
-        cache_dir: Any,
-        evidence: str = "clamped",
-        top_n: int = 25,
-        backend: str = "transformers",
-    ) -> Any:
-        calls.append((model, k, evidence))
-        return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_common, "load_backend", fake_load)
+    monkeypatch.setattr(_common, "load_backend", scripted_loader(ANSWER, calls))
     # Wide consoles: rich would otherwise fold long temporary paths across lines.
     monkeypatch.setattr(_common, "out", Console(width=1000))
     monkeypatch.setattr(_common, "err", Console(width=1000, stderr=True))
@@ -343,22 +318,10 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
     policy's threshold in the new profile and the share of correct and incorrect answers it flags."""
     shaky = ScriptedAnswer(["Some", " body"], [[1.2, 1.1, 1.0], [1.0, 0.9, 0.8]])
 
-    def fake_load(
-        model: str,
-        k: int,
-        device: str,
-        dtype: str,
-        cache_dir: Any,
-        evidence: str = "clamped",
-        top_n: int = 25,
-        backend: str = "transformers",
-    ) -> Any:
-        def answer(messages: Any) -> ScriptedAnswer:
-            return ANSWER if "good" in messages[-1].content else shaky
+    def answer(messages: Any) -> ScriptedAnswer:
+        return ANSWER if "good" in messages[-1].content else shaky
 
-        return CliBackend(answer, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_common, "load_backend", fake_load)
+    monkeypatch.setattr(_common, "load_backend", scripted_loader(answer))
     labels = tmp_path / "labels.jsonl"
     rows = [{"question": f"{'good' if i % 2 else 'odd'} question {i}?", "correct": bool(i % 2)} for i in range(20)]
     labels.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import wide_consoles  # noqa: F401 (an autouse fixture)
+from cli_support import scripted_loader, wide_consoles  # noqa: F401 (wide_consoles: an autouse fixture)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -21,7 +21,6 @@ from logtoku_guard import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.calibration import calibrate
 from logtoku_guard.cli import _common, app
-from logtoku_guard.types import DecodingOptions, to_messages
 
 runner = CliRunner()
 ANSWER = ScriptedAnswer(["Paris", "."], [[9.0, 1.0, 0.5], [3.0, 2.5, 0.1]])
@@ -35,32 +34,9 @@ INTEGERS = st.one_of(
 )
 
 
-class CliBackend(ScriptedBackend):
-    """A scripted backend with what the CLI reads from a TransformersBackend (evidence, system=)."""
-
-    @property
-    def evidence(self) -> str:
-        return self._evidence
-
-    def generate(self, prompt: Any, options: DecodingOptions | None = None, system: str | None = None) -> Any:
-        return super().generate(to_messages(prompt, system), options)
-
-
 @pytest.fixture(autouse=True)
 def scripted_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    def load(
-        model: str,
-        k: int,
-        device: str,
-        dtype: str,
-        cache_dir: Any,
-        evidence: str = "clamped",
-        top_n: int = 25,
-        backend: str = "transformers",
-    ) -> Any:
-        return CliBackend(lambda m: ANSWER, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_common, "load_backend", load)
+    monkeypatch.setattr(_common, "load_backend", scripted_loader(ANSWER))
 
 
 @pytest.fixture(scope="module")
