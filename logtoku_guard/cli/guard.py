@@ -97,12 +97,12 @@ def calibrate(
         table.add_row(stat, *(_common.fmt(profile.quantile(stat, q)) for q in (0.1, 0.5, 0.9)))
     _common.out.print(table)
     if profile.guard is not None:
-        _common.out.print(f"guard score: {profile.guard.describe()}", highlight=False)
+        _common.out.print(f"guard score: {profile.guard.describe()}", highlight=False, markup=False)
         for line in expected_flag_lines(profile):
-            _common.out.print(line, highlight=False)
+            _common.out.print(line, highlight=False, markup=False)
     else:
         _common.out.print("guard score: unavailable (no labels and no shipped fit); policies fall back to reliability")
-    _common.out.print(f"profile written to {path}")
+    _common.out.print(f"profile written to {path}", highlight=False, markup=False)
 
 
 def expected_flag_lines(profile: ModelProfile) -> list[str]:

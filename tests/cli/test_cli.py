@@ -322,7 +322,7 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
         return ANSWER if "good" in messages[-1].content else shaky
 
     monkeypatch.setattr(_common, "load_backend", scripted_loader(answer))
-    labels = tmp_path / "labels.jsonl"
+    labels = tmp_path / "my[bold]labels.jsonl"  # a file name is shown as written, never as console markup
     rows = [{"question": f"{'good' if i % 2 else 'odd'} question {i}?", "correct": bool(i % 2)} for i in range(20)]
     labels.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     prompts = tmp_path / "prompts.txt"
@@ -334,3 +334,4 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
     assert "guard_score < 0.2474" in line and "correct 0%" in line and "incorrect 100%" in line, line
     guard = ModelProfile.load(out).guard
     assert guard is not None and set(guard.reference_scores) == {"correct", "incorrect"}
+    assert "guard score: logistic regression on labels my[bold]labels.jsonl" in res.output
