@@ -146,11 +146,10 @@ def load_backend(
         with err.status(f"Loading {model} with llama.cpp..."):
             return LlamaCppBackend(model, k=k, evidence=evidence, top_n=top_n)  # type: ignore[arg-type]
 
-    from transformers.utils import logging as hf_logging
-
     from logtoku_guard.backends.transformers import TransformersBackend
 
-    hf_logging.disable_progress_bar()
+    # No global switch here: the backend keeps transformers quiet around its own calls and
+    # restores the settings after (LOGTOKU_GUARD_VERBOSE=1 shows the bars again).
     with err.status(f"Loading {model}...") as status:
         return TransformersBackend(
             model,
