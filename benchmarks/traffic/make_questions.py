@@ -624,13 +624,6 @@ def counts_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write(records: Sequence[dict[str, Any]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     from logtoku_guard.evaluation.datasets import load_nq_open
 
@@ -641,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT_FILE, help="where to write the benchmark JSONL")
     args = parser.parse_args(argv)
     records = build(args.seed, load_nq_open(data_dir=args.data_dir), read_calibration(args.calibration))
-    write(records, args.out)
+    _fabricated_module().write(records, args.out)  # the same JSONL writer as the known-vs-fabricated benchmark
     print(f"{args.out}: {len(records)} questions", file=sys.stderr)
     print(counts_table(records))
 
