@@ -19,7 +19,6 @@ Steps (every one reads the generation cache; the model is loaded only for missin
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
 from logtoku_guard.evaluation.methods import Method, single_pass_methods, single_pass_scores
-from logtoku_guard.evaluation.metrics import bootstrap_ci
+from logtoku_guard.evaluation.metrics import share_ci
 from logtoku_guard.evaluation.report import ResultTable, evaluate_methods
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.policy import Policy, default_policy
@@ -154,11 +153,7 @@ class FabricatedReport:
 
 
 def _rate(x: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
-    if x.size == 0:
-        return (math.nan, math.nan, math.nan)
-    iv = bootstrap_ci(
-        lambda v, _y: float(np.mean(v)), x.astype(np.float64), np.zeros(x.size, dtype=bool), n_boot=n_boot, seed=seed
-    )
+    iv = share_ci(x, n_boot=n_boot, seed=seed)
     return (iv.value, iv.low, iv.high)
 
 

@@ -209,6 +209,15 @@ def bootstrap_ci(
     return percentile_interval(point, values, n_boot, level)
 
 
+def share_ci(flags: ArrayLike, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Interval:
+    """The share of true values in ``flags`` (e.g. answers flagged) with its bootstrap interval;
+    NaN for an empty array."""
+    x = np.asarray(flags, dtype=np.float64)
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, n_boot, 0)
+    return bootstrap_ci(lambda v, _y: float(np.mean(v)), x, np.zeros(x.size, dtype=bool), n_boot=n_boot, seed=seed, level=level)
+
+
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """``(n_boot, n)`` multiplicities of each answer in each resample (same draws as :func:`bootstrap_indices`)."""
     idx = bootstrap_indices(n, n_boot, seed)

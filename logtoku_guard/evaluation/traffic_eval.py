@@ -46,7 +46,7 @@ from logtoku_guard.evaluation.fabricated import load_fabricated
 from logtoku_guard.evaluation.fabricated_eval import generation_from_cached
 from logtoku_guard.evaluation.generate import SERVING
 from logtoku_guard.evaluation.judges import MatchJudge
-from logtoku_guard.evaluation.metrics import bootstrap_ci
+from logtoku_guard.evaluation.metrics import bootstrap_ci, share_ci
 from logtoku_guard.evaluation.traffic import load_traffic
 from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
@@ -184,11 +184,7 @@ class Rate:
 
 
 def _rate(x: np.ndarray, n_boot: int, seed: int) -> Rate:
-    if x.size == 0:
-        return Rate(math.nan, math.nan, math.nan, 0)
-    iv = bootstrap_ci(
-        lambda v, _y: float(np.mean(v)), x.astype(np.float64), np.zeros(x.size, dtype=bool), n_boot=n_boot, seed=seed
-    )
+    iv = share_ci(x, n_boot=n_boot, seed=seed)
     return Rate(iv.value, iv.low, iv.high, int(x.size))
 
 
