@@ -1,8 +1,10 @@
-"""Shared fixtures: the tiny random model of :mod:`support.tiny` and the real embedded model.
+"""Shared fixtures of every test folder (the core's ``tests/`` and each integration package's
+``integrations/*/tests/``): the tiny random model of :mod:`support.tiny` and the real embedded model.
 
-Nothing is downloaded for the fast tests: ``tiny_tokenizer``/``tiny_backend`` are built by
-``tests/support/tiny.py`` (import its helpers from there: ``from support.tiny import
-make_model``). ``embedded_cache``/``embedded_backend`` serve the ``slow`` tests.
+``tests/`` (with ``support/``) and ``integrations/llamaindex/tests`` (``li_support``) are on
+``sys.path`` through ``pythonpath`` in pyproject.toml. Nothing is downloaded for the fast tests:
+``tiny_tokenizer``/``tiny_backend`` are built by ``tests/support/tiny.py`` (import its helpers
+from there: ``from support.tiny import make_model``). ``embedded_cache``/``embedded_backend`` serve the ``slow`` tests.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from support.tiny import make_model, make_tokenizer
 # included), and any attempt to open a file under ../shared fails loudly instead of passing here
 # and failing on a user's clone. `.ci/run` also hides the folder itself while the suite runs.
 os.environ.pop("LOGTOKU_GUARD_DATA", None)
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared") + os.sep
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared") + os.sep
 
 
 def _refuse_shared(event: str, args: tuple[Any, ...]) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("langchain_core")
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 pytestmark = pytest.mark.slow
 
 

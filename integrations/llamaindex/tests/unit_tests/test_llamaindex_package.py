@@ -1,4 +1,5 @@
-"""Packaging of the LlamaIndex adapter: namespace merge with llama-index-core and the public API."""
+"""Packaging of the LlamaIndex adapters (llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm):
+namespace merge with llama-index-core and the public API."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ pytest.importorskip("llama_index.core")
 import llama_index.embeddings.logtoku_minilm as embeddings_pkg
 import llama_index.llms.logtoku as llms_pkg
 
-ROOT = Path(__file__).resolve().parents[3]
-TREE = ROOT / "integrations" / "llamaindex" / "llama_index"
+ROOT = Path(__file__).resolve().parents[4]
+LLMS = ROOT / "integrations" / "llamaindex" / "llama_index"
+EMBEDDINGS = ROOT / "integrations" / "llamaindex-embeddings" / "llama_index"
 
 
 def test_namespace_folders_have_no_init() -> None:
-    for folder in (TREE, TREE / "llms", TREE / "embeddings"):
+    for folder in (LLMS, LLMS / "llms", EMBEDDINGS, EMBEDDINGS / "embeddings"):
         assert folder.is_dir() and not (folder / "__init__.py").exists(), folder
-    assert (TREE / "llms" / "logtoku" / "__init__.py").is_file()
+    assert (LLMS / "llms" / "logtoku" / "__init__.py").is_file()
+    assert (EMBEDDINGS / "embeddings" / "logtoku_minilm" / "__init__.py").is_file()
 
 
 def test_imports_merge_with_llama_index_core_from_any_directory(tmp_path: Path) -> None:
