@@ -18,7 +18,7 @@ then ``{quantile: q}`` thresholds). A 135M model knows little and its uncertaint
 weak; the questions were chosen to show each route, not as a benchmark.
 
 Run: ``python examples/langchain_rag_guard.py`` (``--json`` prints one JSON object per
-question). Needs ``pip install "logtoku-guard[langchain]"``.
+question). Needs langchain-logtoku (``pip install ./integrations/langchain``; scripts/install.sh installs it).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ tokens appear as generated, and if the guard then withdraws the answer (custom e
 ``logtoku_retracted``) the replacement follows a ``[withdrawn]`` mark.
 
 Run: ``python examples/langchain_stream_colored.py "Who wrote Hamlet?"`` (``--no-color`` for
-plain text with the quadrant after each token). Needs ``pip install "logtoku-guard[langchain]"``.
+plain text with the quadrant after each token). Needs langchain-logtoku
+(``pip install ./integrations/langchain``; scripts/install.sh installs it).
 """
 
 from __future__ import annotations

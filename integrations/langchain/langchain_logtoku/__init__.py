@@ -12,7 +12,8 @@
 - :func:`human_review_node`: a LangGraph node that ``interrupt()``s for a human verdict
   (needs ``langgraph``).
 
-Install with ``pip install "logtoku-guard[langchain]"``.
+The distribution ``langchain-logtoku`` (``integrations/langchain`` in the logtoku-guard checkout:
+``pip install ./integrations/langchain``).
 """
 
 from __future__ import annotations

@@ -52,4 +52,3 @@ def test_a_batch_equals_single_texts_despite_padding(embed: MiniLMEmbedding) -> 
     for text, vector in zip(texts, batch):
         assert embed.get_text_embedding(text) == pytest.approx(vector, abs=1e-5)
     assert asyncio.run(embed.aget_query_embedding("short")) == pytest.approx(batch[0], abs=1e-5)
-

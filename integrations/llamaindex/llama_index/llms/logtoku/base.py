@@ -27,8 +27,10 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from contextlib import closing
 from typing import Any, TypedDict
 
+from llama_index.core.base.llms.generic_utils import chat_response_to_completion_response
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -294,15 +296,18 @@ class LogTokULLM(LLM):
         return await super().astream(prompt, **prompt_args)
 
     # -- chat -----------------------------------------------------------------------------
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        generation = self._generate(to_core_messages(messages), self.decoding_options(**kwargs), active_captures())
+    def _chat_response(self, generation: Generation, kwargs: dict[str, Any]) -> ChatResponse:
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             raw=generation,
             logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
             additional_kwargs=self._payload(generation),
         )
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        generation = self._generate(to_core_messages(messages), self.decoding_options(**kwargs), active_captures())
+        return self._chat_response(generation, kwargs)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -325,17 +330,12 @@ class LogTokULLM(LLM):
                 additional_kwargs=self._chunk_payload(token, generation),
             )
 
-    # -- completion -----------------------------------------------------------------------
+    # -- completion: the chat path on the completion's turns, converted ------------------
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         messages = self._completion_messages(prompt, formatted)
         generation = self._generate(messages, self.decoding_options(**kwargs), active_captures())
-        return CompletionResponse(
-            text=generation.text,
-            raw=generation,
-            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
-            additional_kwargs=self._payload(generation),
-        )
+        return _as_completion(self._chat_response(generation, kwargs))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
@@ -349,29 +349,16 @@ class LogTokULLM(LLM):
     def _completion_chunks(
         self, messages: list[CoreMessage], options: DecodingOptions, sinks: tuple[GenerationCapture, ...]
     ) -> Generator[CompletionResponse, None, None]:
-        text = ""
-        for token, generation in self._stream_tokens(messages, options, sinks):
-            delta = token.text if token is not None else ""
-            text = generation.text if generation is not None else text + delta
-            yield CompletionResponse(
-                text=text,
-                delta=delta,
-                raw=generation,
-                logprobs=_logprobs([token]) if token is not None else [],
-                additional_kwargs=self._chunk_payload(token, generation),
-            )
+        with closing(self._chat_chunks(messages, options, sinks)) as chunks:  # closing this closes the model's stream
+            for chunk in chunks:
+                yield _as_completion(chunk)
 
     # -- async: generation is CPU/GPU bound, so it runs in a worker thread ----------------
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         core, options, sinks = to_core_messages(messages), self.decoding_options(**kwargs), active_captures()
         generation = await asyncio.to_thread(self._generate, core, options, sinks)
-        return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
-            raw=generation,
-            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
-            additional_kwargs=self._payload(generation),
-        )
+        return self._chat_response(generation, kwargs)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -381,12 +368,7 @@ class LogTokULLM(LLM):
             active_captures(),
         )
         generation = await asyncio.to_thread(self._generate, messages, options, sinks)
-        return CompletionResponse(
-            text=generation.text,
-            raw=generation,
-            logprobs=_logprobs(generation.tokens, *self._alternatives(kwargs)),
-            additional_kwargs=self._payload(generation),
-        )
+        return _as_completion(self._chat_response(generation, kwargs))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
@@ -401,6 +383,14 @@ class LogTokULLM(LLM):
             active_captures(),
         )
         return _in_thread(self._completion_chunks(messages, options, sinks))
+
+
+def _as_completion(chat: ChatResponse) -> CompletionResponse:
+    """LlamaIndex's own chat -> completion conversion (text, merged ``additional_kwargs``, ``raw``),
+    keeping the ``logprobs`` and ``delta`` it leaves out."""
+    completion = chat_response_to_completion_response(chat)
+    completion.logprobs, completion.delta = chat.logprobs, chat.delta
+    return completion
 
 
 def _once(text: str) -> Generator[str, None, None]:
