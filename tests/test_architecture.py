@@ -8,6 +8,9 @@ layering holds with them too (:func:`test_no_import_cycle_even_through_type_chec
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "logtoku_guard"
 INTEGRATIONS = ROOT / "integrations"
 MAX_LINES = 500
+# The integrations are distributions of their own: folder -> (distribution, its package folder).
+DISTRIBUTIONS = {
+    "langchain": ("langchain-logtoku", "langchain_logtoku"),
+    "llamaindex": ("llama-index-llms-logtoku", "llama_index/llms/logtoku"),
+    "llamaindex-embeddings": ("llama-index-embeddings-logtoku-minilm", "llama_index/embeddings/logtoku_minilm"),
+}
+
+
+def _integration_sources() -> list[Path]:
+    """The integrations' package modules (their tests aside)."""
+    return [p for p in INTEGRATIONS.rglob("*.py") if "tests" not in p.relative_to(INTEGRATIONS).parts[1:]]
 
 
 def _module_name(path: Path) -> str:
@@ -124,16 +138,13 @@ def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS], ids=["logtoku_guard", "integrations"])
 def test_no_source_file_over_500_lines(root: Path) -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in root.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
+    sources = list(PACKAGE.rglob("*.py")) if root == PACKAGE else _integration_sources()
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"split these modules along their concepts (limit {MAX_LINES} lines): {long}"
 
 
 def test_only_the_core_counts_retrieval_attempts() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in INTEGRATIONS.rglob("*.py") if "max_attempts" in p.read_text(encoding="utf-8")]
+    offenders = [str(p.relative_to(ROOT)) for p in _integration_sources() if "max_attempts" in p.read_text(encoding="utf-8")]
     assert not offenders, f"the guard loop belongs to logtoku_guard.guard; these adapters count attempts: {offenders}"
 
 
@@ -174,3 +185,54 @@ def test_every_first_party_import_names_a_module_that_exists() -> None:
                 f"{path.relative_to(ROOT)}: {m}" for m in modules if m.startswith(roots) and importlib.util.find_spec(m) is None
             ]
     assert not missing, missing
+
+
+def _toml(path: Path) -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def test_each_integration_is_a_distribution_of_its_own() -> None:
+    """langchain-ai and LlamaIndex ship each integration as its own distribution with its own
+    pyproject, README and tests/unit_tests + tests/integration_tests, on a range of the core."""
+    from packaging.requirements import Requirement
+
+    core = _toml(ROOT / "pyproject.toml")
+    wheel = core["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["logtoku_guard"], "the core wheel ships only the core"
+    assert not {"langchain", "llamaindex"} & set(core["project"]["optional-dependencies"])
+    testpaths = core["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert sorted(p.name for p in INTEGRATIONS.iterdir() if p.is_dir()) == sorted(DISTRIBUTIONS)
+    for folder, (name, package) in DISTRIBUTIONS.items():
+        root = INTEGRATIONS / folder
+        project = _toml(root / "pyproject.toml")
+        assert project["project"]["name"] == name
+        assert project["build-system"]["build-backend"] == "hatchling.build"
+        wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+        assert wheel.get("packages", wheel.get("include")) in ([package], [package + "/"]), wheel
+        assert (root / package / "__init__.py").is_file() and (root / "README.md").is_file()
+        needs = [Requirement(r) for r in project["project"]["dependencies"] if Requirement(r).name == "logtoku-guard"]
+        assert len(needs) == 1 and needs[0].specifier.contains(core["project"]["version"]), f"{name}: {needs}"
+        assert str(needs[0].specifier) != "", f"{name} must bound the core's version"
+        for kind in ("unit_tests", "integration_tests"):
+            assert any((root / "tests" / kind).glob("test_*.py")), f"{name} has no tests/{kind}"
+        assert f"integrations/{folder}/tests" in testpaths, f"pytest's testpaths must run {name}'s tests"
+
+
+def test_the_distributions_build_and_import_in_a_fresh_venv() -> None:
+    """scripts/check_wheels.sh: the four wheels build offline, install with --no-index --no-deps into a
+    fresh venv and import from there; the core wheel carries no integration."""
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("hatchling (the dev extra) is needed to build the wheels offline")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHON": sys.executable}
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "check_wheels.sh")], capture_output=True, text=True, env=env, check=False, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name, _ in DISTRIBUTIONS.values():
+        assert f"{name} 0.1.0:" in out.stdout, out.stdout
+    assert "no integration modules" in out.stdout
