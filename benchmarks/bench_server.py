@@ -42,13 +42,11 @@ QUESTIONS = [
 
 
 def tiny_backend(**kwargs: Any) -> Any:
-    """The tests' tiny random Llama (tests/conftest.py or its support module)."""
+    """The tests' tiny random Llama (tests/support/tiny.py)."""
     tests = Path(__file__).resolve().parents[1] / "tests"
     sys.path.insert(0, str(tests))
-    try:
-        from support import make_model, make_tokenizer  # type: ignore[import-not-found]
-    except ImportError:
-        from conftest import make_model, make_tokenizer  # type: ignore[import-not-found,no-redef]
+    from support.tiny import make_model, make_tokenizer  # type: ignore[import-not-found]
+
     from logtoku_guard.backends.transformers import TransformersBackend
 
     tok = make_tokenizer()

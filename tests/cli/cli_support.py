@@ -1,6 +1,6 @@
 """Shared helpers of the CLI tests: wide, colourless consoles (so literal text is not wrapped) and
 stored records carrying console-injection strings. Imported by name (a conftest.py here would
-clash with tests/conftest.py as the module ``conftest``)."""
+clash with the root conftest.py as the module ``conftest``)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ a 2-layer Llama with random weights.
   to write NaN into the logits at one forward pass (``nan_at_step``) or to shift every logit
   (``logit_offset``).
 
-The fixtures built on them (``tiny_tokenizer``, ``tiny_backend``) are in ``tests/conftest.py``.
+The fixtures built on them (``tiny_tokenizer``, ``tiny_backend``) are in the root ``conftest.py``.
 """
 
 from __future__ import annotations

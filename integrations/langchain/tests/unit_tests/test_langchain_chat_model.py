@@ -1,6 +1,6 @@
 """ChatLogTokU: metadata, streaming merge, logprobs, usage, stop, call arguments, messages.
 
-Fast tests run on the scripted backend or the tiny random model of ``tests/conftest.py``;
+Fast tests run on the scripted backend or the tiny random model of the root ``conftest.py``;
 ``slow`` ones on the embedded model.
 """
 
