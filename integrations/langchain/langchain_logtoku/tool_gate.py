@@ -189,10 +189,20 @@ class ToolGate:
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolResult]) -> ToolResult:
         resolved = self._resolve(request)
-        return resolved if isinstance(resolved, ToolMessage) else handler(resolved)
+        return resolved if isinstance(resolved, ToolMessage) else _noted(handler(resolved), request, resolved)
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolResult]]
     ) -> ToolResult:
         resolved = self._resolve(request)
-        return resolved if isinstance(resolved, ToolMessage) else await handler(resolved)
+        return resolved if isinstance(resolved, ToolMessage) else _noted(await handler(resolved), request, resolved)
+
+
+def _noted(result: ToolResult, asked: ToolCallRequest, ran: ToolCallRequest) -> ToolResult:
+    """The tool's result, with a note first when a reviewer changed the arguments (so the model
+    knows the call that ran is not the one it made)."""
+    if ran is asked or not isinstance(result, ToolMessage) or not isinstance(result.content, str):
+        return result
+    args = json.dumps(ran.tool_call["args"], ensure_ascii=False, sort_keys=True, default=str)
+    note = f"Note: a reviewer changed the arguments before the tool ran; it ran with {args}."
+    return result.model_copy(update={"content": f"{note}\n{result.content}" if result.content else note})
