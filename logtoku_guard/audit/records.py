@@ -122,16 +122,17 @@ class AuditRecord:
     undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
     included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.payloads.TokenPayload`.
     ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
-    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the tool calls the record is
-about (a gated call waiting for review or refused), each ``{"id", "name", "args", "arguments"}``:
-the call's id, tool and argument values, and per argument its scores ``{"tokens", "mean_au",
-"mean_eu", "max_au", "max_eu", "logprob"}`` (AU/EU higher = more uncertain), optionally with its
-``quadrant`` and ``flagged`` (a rule fired on it). ``review_id``: the review item of this
-    record, set by the store (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
+    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the tool calls the
+    record is about (a gated call waiting for review, or refused), each ``{"id", "name", "args",
+    "arguments"}``: the call's id, tool and argument values, and per argument its scores
+    ``{"tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob"}`` (AU/EU higher = more
+    uncertain), with its ``quadrant`` and ``flagged`` (a rule fired on it) when the gate wrote it.
+    ``review_id``: the review item of this record, set by the store
+    (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
 
-    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats`` and
-    ``timings`` become ``None`` here, so a record read back from the store equals the one built.
-    The lists and dicts are copied, never the caller's objects.
+    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats``,
+    ``timings`` and ``tool_calls`` become ``None`` here, so a record read back from the store
+    equals the one built. The lists and dicts are copied, never the caller's objects.
     """
 
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -106,9 +106,7 @@ class ArgumentCompare(StrictModel):
                 ok = False
             else:  # the least reliable value: -inf for logprob, +inf for the rest
                 ok = _OPS[self.op](-math.inf if self.stat == "logprob" else math.inf, self.value)
-            checks.append(
-                ArgumentCheck(call.name, name, self.stat, self.op, self.value, None if why else observed, ok, why)
-            )
+            checks.append(ArgumentCheck(call.name, name, self.stat, self.op, self.value, None if why else observed, ok, why))
             fired = fired or ok
         return fired
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -147,3 +148,13 @@ class ToolCallPolicy(StrictModel):
                 reason = rule.reason or "; ".join(c.describe() for c in checks if c.passed)
                 return ToolDecision(rule.action, rule.name, reason, tuple(checks))
         return ToolDecision(self.default_action, None, "no tool rule fired", ())
+
+    def decide_turn(self, calls: Sequence[ScoredToolCall], reasks: int, undefined: str = "least_reliable") -> list[ToolDecision]:
+        """The decisions for the calls of one answer, after ``reasks`` re-asks in a row: a ``reask``
+        stays one while fewer than ``reask.max_attempts`` were made, else it becomes ``reask.fallback``."""
+        decisions = [self.decide(call, undefined) for call in calls]
+        if reasks < self.reask.max_attempts:
+            return decisions
+        fallback = self.reask.fallback
+        note = f"still unsure after {reasks} re-ask(s)"
+        return [ToolDecision(fallback, d.rule, f"{d.reason}; {note}", d.checks) if d.action == "reask" else d for d in decisions]

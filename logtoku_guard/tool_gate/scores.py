@@ -146,7 +146,8 @@ def parse_tool_call_scores(metadata: Any, tool_calls: Sequence[Mapping[str, Any]
     ids = {c.get("id") for c in tool_calls}
     unknown = sorted(set(by_id) - ids)
     if unknown:
-        msg = f"{where} scores tool call id(s) {short_repr(unknown)} that the answer does not make (its calls: {short_repr(sorted(map(str, ids)))})"
+        made = short_repr(sorted(map(str, ids)))
+        msg = f"{where} scores tool call id(s) {short_repr(unknown)} that the answer does not make (its calls: {made})"
         raise ConfigurationError(msg)
     out = []
     for call in tool_calls:
@@ -157,7 +158,10 @@ def parse_tool_call_scores(metadata: Any, tool_calls: Sequence[Mapping[str, Any]
             continue
         here = f"{where}[id={call_id!r}]"
         if entry["name"] != name:
-            msg = f"{here}.name is {short_repr(entry['name'])} but the call with that id is to {name!r}; the scorer must name the same tool"
+            msg = (
+                f"{here}.name is {short_repr(entry['name'])} but the call with that id is to {name!r}; "
+                "the scorer must name the same tool"
+            )
             raise ConfigurationError(msg)
         arguments = entry["arguments"]
         if not isinstance(arguments, Mapping):

@@ -18,7 +18,10 @@ def scores(max_eu: float, *, tokens: int = 2, mean_au: float = 0.1, logprob: flo
     return {"tokens": tokens, "mean_au": mean_au, "mean_eu": max_eu / 2, "max_au": 0.2, "max_eu": max_eu, "logprob": logprob}
 
 
-CALLS = [{"id": "c1", "name": "transfer", "args": {"to": "alice", "amount": 500}}, {"id": "c2", "name": "lookup", "args": {"q": "x"}}]
+CALLS = [
+    {"id": "c1", "name": "transfer", "args": {"to": "alice", "amount": 500}},
+    {"id": "c2", "name": "lookup", "args": {"q": "x"}},
+]
 
 
 def metadata(*entries: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +59,14 @@ def test_scores_are_parsed_per_call_in_the_calls_order() -> None:
         ([{**transfer_scores(0.1), "arguments": [1]}], "arguments must map argument names to scores"),
         ([{**transfer_scores(0.1), "arguments": {"amount": {"tokens": 1}}}], r"arguments\['amount'\]: missing mean_au"),
         ([{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "eu": 1}}}], "unknown eu"),
-        ([{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "tokens": -1}}}], "tokens must be a non-negative integer, got -1"),
-        ([{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "max_eu": "high"}}}], r"max_eu must be a number, got 'high'"),
+        (
+            [{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "tokens": -1}}}],
+            "tokens must be a non-negative integer, got -1",
+        ),
+        (
+            [{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "max_eu": "high"}}}],
+            r"max_eu must be a number, got 'high'",
+        ),
         ([{**transfer_scores(0.1), "arguments": {"amount": {**scores(0.1), "max_au": math.inf}}}], "max_au is inf"),
     ],
 )
@@ -79,18 +88,27 @@ def test_a_rule_names_a_tool_and_an_argument() -> None:
     assert unsure.flagged_arguments == ["amount"]
     sure = decide(policy, metadata(transfer_scores(0.1, to_eu=0.9)))  # only `to` is unsure: the rule reads `amount`
     assert (sure.action, sure.rule, sure.reason) == ("run", None, "no tool rule fired")
-    other_tool = decide(policy, metadata(transfer_scores(0.9), {"id": "c2", "name": "lookup", "arguments": {"q": scores(0.9)}}), 1)
+    other_tool = decide(
+        policy, metadata(transfer_scores(0.9), {"id": "c2", "name": "lookup", "arguments": {"q": scores(0.9)}}), 1
+    )
     assert other_tool.action == "run"
 
 
 def test_any_tool_and_any_argument_and_combinations() -> None:
-    star = tool_policy({"name": "any", "when": {"tool": "*", "argument": "*", "stat": "max_eu", "op": ">", "value": 0.3}, "action": "refuse"})
+    star = tool_policy(
+        {"name": "any", "when": {"tool": "*", "argument": "*", "stat": "max_eu", "op": ">", "value": 0.3}, "action": "refuse"}
+    )
     fired = decide(star, metadata(transfer_scores(0.1, to_eu=0.8)))
     assert fired.action == "refuse" and fired.flagged_arguments == ["to"] and len(fired.checks) == 2
     both = {"all": [{**AMOUNT["when"]}, {"not": {"argument": "to", "stat": "logprob", "op": "<", "value": -5}}]}
     policy = tool_policy({"name": "both", "when": both, "action": "reask"})
     assert decide(policy, metadata(transfer_scores(0.9))).action == "reask"
-    assert decide(policy, metadata({**transfer_scores(0.9), "arguments": {"amount": scores(0.9), "to": scores(0.1, logprob=-9)}})).action == "run"
+    assert (
+        decide(
+            policy, metadata({**transfer_scores(0.9), "arguments": {"amount": scores(0.9), "to": scores(0.1, logprob=-9)}})
+        ).action
+        == "run"
+    )
 
 
 def test_undefined_scores_count_as_least_reliable_unless_never_fires() -> None:
@@ -99,7 +117,9 @@ def test_undefined_scores_count_as_least_reliable_unless_never_fires() -> None:
     assert unscored.action == "human_review" and "undefined: the answer carries no scores for this call" in unscored.reason
     empty = decide(policy, metadata({**transfer_scores(0.1), "arguments": {"amount": scores(math.nan, tokens=0)}}))
     assert empty.action == "human_review" and "undefined: empty value" in empty.reason
-    lenient = Policy.from_dict({"name": "t", "undefined": "never_fires", "tool_calls": {"rules": [{**AMOUNT, "action": "refuse"}]}})
+    lenient = Policy.from_dict(
+        {"name": "t", "undefined": "never_fires", "tool_calls": {"rules": [{**AMOUNT, "action": "refuse"}]}}
+    )
     assert decide(lenient, {}).action == "run"
     absent = parse_tool_call_scores({}, [{"id": "c1", "name": "transfer", "args": {"to": "bob"}}])[0]  # no `amount` passed
     assert policy.tool_calls.decide(absent).action == "run"
@@ -108,12 +128,21 @@ def test_undefined_scores_count_as_least_reliable_unless_never_fires() -> None:
 @pytest.mark.parametrize(
     ("section", "match"),
     [
-        ({"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "stat": "max_eux"}, "action": "refuse"}]}, "'max_eux' is not allowed; did you mean 'max_eu'"),
+        (
+            {"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "stat": "max_eux"}, "action": "refuse"}]},
+            "'max_eux' is not allowed; did you mean 'max_eu'",
+        ),
         ({"rules": [{**AMOUNT, "action": "reaks"}]}, "'reaks' is not allowed; did you mean 'reask'"),
-        ({"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "value": {"quantile": 0.9}}, "action": "refuse"}]}, "take absolute thresholds"),
+        (
+            {"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "value": {"quantile": 0.9}}, "action": "refuse"}]},
+            "take absolute thresholds",
+        ),
         ({"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "value": math.nan}, "action": "refuse"}]}, "threshold must be finite"),
         ({"rules": [{**AMOUNT, "when": {**AMOUNT["when"], "argument": ""}, "action": "refuse"}]}, "argument"),
-        ({"rules": [{**AMOUNT, "action": "refuse"}, {**AMOUNT, "action": "run"}]}, r"rule names must be unique, repeated: \['unsure-amount'\]"),
+        (
+            {"rules": [{**AMOUNT, "action": "refuse"}, {**AMOUNT, "action": "run"}]},
+            r"rule names must be unique, repeated: \['unsure-amount'\]",
+        ),
         ({"default_action": "reask"}, "default_action cannot be 'reask'"),
         ({"reask": {"max_attempts": 9}}, "max_attempts"),
         ({"reask": {"fallback": "run"}}, "'run' is not allowed"),
@@ -145,7 +174,13 @@ def test_a_gated_call_is_recorded_with_its_scores_and_read_back(tmp_path: Any) -
     call = parse_tool_call_scores(metadata(transfer_scores(0.9)), CALLS)[0]
     decision = policy.tool_calls.decide(call)
     rec = tool_call_record(
-        call, decision, question="pay alice", model="m", policy_name="tools", policy_version="1", quadrants=QuadrantThresholds(0.05, 0.2)
+        call,
+        decision,
+        question="pay alice",
+        model="m",
+        policy_name="tools",
+        policy_version="1",
+        quadrants=QuadrantThresholds(0.05, 0.2),
     )
     store = AuditStore(tmp_path / "a.db")
     item = store.record_for_review(rec)
@@ -156,16 +191,32 @@ def test_a_gated_call_is_recorded_with_its_scores_and_read_back(tmp_path: Any) -
     assert entry["arguments"]["to"]["quadrant"] == "IV" and entry["arguments"]["to"]["flagged"] is False
     assert back.answer == '{\n  "amount": 500,\n  "to": "alice"\n}' and back.action == "human_review"
     store.approve(item.id, "ann", edited_answer='{"amount": 50, "to": "alice"}')
-    assert ToolReviewResponse.from_item(store.review_item(item.id)) == ToolReviewResponse(type="edit", args={"amount": 50, "to": "alice"}, reviewer="ann")
+    assert ToolReviewResponse.from_item(store.review_item(item.id)) == ToolReviewResponse(
+        type="edit", args={"amount": 50, "to": "alice"}, reviewer="ann"
+    )
     hashed = redact_record(back, None, redactor("hash"))
-    assert hashed.tool_calls[0]["args"]["amount"].startswith("sha256:") and hashed.tool_calls[0]["arguments"] == entry["arguments"]
+    assert (
+        hashed.tool_calls[0]["args"]["amount"].startswith("sha256:") and hashed.tool_calls[0]["arguments"] == entry["arguments"]
+    )
 
 
 def test_records_without_tool_calls_and_bad_tool_calls() -> None:
-    plain = AuditRecord(model="m", policy_name="p", policy_version="1", prompt="q", answer="a", action="pass", reason="", reliability=0.1)
+    plain = AuditRecord(
+        model="m", policy_name="p", policy_version="1", prompt="q", answer="a", action="pass", reason="", reliability=0.1
+    )
     assert plain.tool_calls == []
     with pytest.raises(ConfigurationError, match="tool_calls must be a list of dicts"):
-        AuditRecord(model="m", policy_name="p", policy_version="1", prompt="q", answer="a", action="pass", reason="", reliability=0.1, tool_calls="x")  # type: ignore[arg-type]
+        AuditRecord(
+            model="m",
+            policy_name="p",
+            policy_version="1",
+            prompt="q",
+            answer="a",
+            action="pass",
+            reason="",
+            reliability=0.1,
+            tool_calls="x",
+        )  # type: ignore[arg-type]
 
 
 def test_verdicts_are_validated() -> None:

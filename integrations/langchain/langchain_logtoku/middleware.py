@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, TypedDict, cast
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, ExtendedModelResponse, ModelRequest, ModelResponse
+from langchain.agents.middleware import AgentMiddleware, ExtendedModelResponse, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import PrivateStateAttr, ToolCallRequest, hook_config
 from langchain_core.callbacks import dispatch_custom_event
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCall
@@ -419,7 +419,9 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
             raise ConfigurationError(msg)
         self._profiles: dict[tuple[str, int, str], ModelProfile | None] = {}
         q = self.policy.quadrants
-        self.tool_gate = ToolGate(self.policy, store, profile.quadrant_thresholds(q.au_quantile, q.eu_quantile) if profile else None)
+        self.tool_gate = ToolGate(
+            self.policy, store, profile.quadrant_thresholds(q.au_quantile, q.eu_quantile) if profile else None
+        )
 
     def core_guard(self, generation: Generation) -> Guard:
         """The core guard for the model that made ``generation`` (its name, K, evidence and top-N)."""

@@ -7,7 +7,7 @@ resume, so anything written before an ``interrupt()`` must live in an earlier no
 - ``after_model`` (its own node) reads the per-argument scores of the last answer's calls
   (``response_metadata["logtoku"]["tool_calls"]``, :mod:`logtoku_guard.tool_gate.scores`) and
   decides each call. ``reask``: every call of the answer gets a tool message saying why it did
-  not run and the agent jumps back to the model (at most ``reask.max_attempts`` times in a
+  not run and the agent jumps back to the model (as often as the policy allows in a
   row, then ``reask.fallback``). ``human_review`` and ``refuse``: the call is recorded in the
   audit store (a review item for ``human_review``) and its decision kept in the private state
   field ``logtoku_tool_gate``.
@@ -97,17 +97,9 @@ class ToolGate:
         if not isinstance(last, AIMessage) or not last.tool_calls or not self.rules.gates:
             return {"logtoku_tool_gate": None, "logtoku_tool_reasks": 0} if reasks or state.get("logtoku_tool_gate") else None
         calls = parse_tool_call_scores(last.response_metadata, last.tool_calls)
-        decisions = [(call, self.rules.decide(call, self.policy.undefined)) for call in calls]
+        decisions = list(zip(calls, self.rules.decide_turn(calls, reasks, self.policy.undefined), strict=True))
         if any(d.action == "reask" for _, d in decisions):
-            if reasks < self.rules.reask.max_attempts:
-                return self._reask(decisions, reasks + 1)
-            fallback = self.rules.reask.fallback
-            decisions = [
-                (c, ToolDecision(fallback, d.rule, f"{d.reason}; still unsure after {reasks} re-ask(s)", d.checks))
-                if d.action == "reask"
-                else (c, d)
-                for c, d in decisions
-            ]
+            return self._reask(decisions, reasks + 1)
         if any(d.action == "human_review" for _, d in decisions):
             _require_checkpointer()
         gated: dict[str, GatedCall] = {}
@@ -123,13 +115,20 @@ class ToolGate:
             if decision.action == "reask":
                 content = template.format(tool=call.name, reason=decision.reason)
             else:
-                content = f"The call to {call.name} was not run: another call of this answer was re-asked; call it again if it is still needed."
+                content = (
+                    f"The call to {call.name} was not run: another call of this answer was re-asked; "
+                    "call it again if it is still needed."
+                )
             messages.append(ToolMessage(content=content, name=call.name, tool_call_id=call.id, status="error"))
         return {"messages": messages, "jump_to": "model", "logtoku_tool_reasks": reasks, "logtoku_tool_gate": None}
 
-    def _record(self, call: ScoredToolCall, decision: ToolDecision, messages: Sequence[BaseMessage], answer: AIMessage) -> GatedCall:
+    def _record(
+        self, call: ScoredToolCall, decision: ToolDecision, messages: Sequence[BaseMessage], answer: AIMessage
+    ) -> GatedCall:
         meta = answer.response_metadata.get("logtoku")
-        model = str((meta.get("model") if isinstance(meta, dict) else None) or answer.response_metadata.get("model_name") or "unknown")
+        model = str(
+            (meta.get("model") if isinstance(meta, dict) else None) or answer.response_metadata.get("model_name") or "unknown"
+        )
         record = tool_call_record(
             call,
             decision,
