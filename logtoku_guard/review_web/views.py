@@ -171,11 +171,13 @@ def tool_call_views(calls: list[dict[str, Any]]) -> list[ToolCallView]:
     """The record's ``tool_calls`` for the page: every argument passed or scored, by name."""
     out = []
     for call in calls:
-        args = call.get("args") if isinstance(call.get("args"), dict) else {}
-        scored = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
+        raw_args, raw_scores = call.get("args"), call.get("arguments")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+        scored: dict[str, Any] = raw_scores if isinstance(raw_scores, dict) else {}
         views = []
         for name in sorted({*args, *scored}):
-            scores = scored.get(name) if isinstance(scored.get(name), dict) else {}
+            entry = scored.get(name)
+            scores: dict[str, Any] = entry if isinstance(entry, dict) else {}
             q = scores.get("quadrant")
             value = json.dumps(args[name], ensure_ascii=False) if name in args else "(not passed)"
             css = f"q-{q}" if q in ("I", "II", "III", "IV") else "q-none"

@@ -232,3 +232,27 @@ def test_async_review_and_refuse(store: AuditStore) -> None:
         assert SENT == [("alice", 7), ("alice", 2)]
 
     asyncio.run(run())
+
+
+def test_the_tool_gate_example_runs_offline() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "integrations" / "langchain")])}
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "tool_gate.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "1. paused before transfer({'to': 'alice', 'amount': 5000})"
+    assert "ledger before review: []" in lines[2]
+    assert lines[3] == "2. resumed with edit {'to': 'alice', 'amount': 500}: ledger ['500 EUR to alice']; agent: Done."
+    assert lines[4] == "3. sure call ran unasked: True; ledger ['500 EUR to alice', '20 EUR to bob']"
