@@ -26,6 +26,7 @@ from typing import Any
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -98,9 +99,11 @@ def main() -> None:
             middleware=[LogTokUMiddleware(policy=POLICY, store=store)],
             checkpointer=InMemorySaver(),
         )
-        thread = {"configurable": {"thread_id": "payments"}}
+        thread: RunnableConfig = {"configurable": {"thread_id": "payments"}}
+        pay_alice: Any = {"messages": [HumanMessage("Pay alice for the flat.")]}
+        pay_bob: Any = {"messages": [HumanMessage("Pay bob 20 euros.")]}
 
-        out = agent.invoke({"messages": [HumanMessage("Pay alice for the flat.")]}, thread)
+        out = agent.invoke(pay_alice, thread)
         (pause,) = out["__interrupt__"]
         request = pause.value
         amount = request["arguments"]["amount"]
@@ -113,7 +116,7 @@ def main() -> None:
         out = agent.invoke(Command(resume=verdict.model_dump()), thread)
         print(f"2. resumed with {verdict.type} {verdict.args}: ledger {LEDGER}; agent: {out['messages'][-1].content}")
 
-        out = agent.invoke({"messages": [HumanMessage("Pay bob 20 euros.")]}, thread)
+        out = agent.invoke(pay_bob, thread)
         print(f"3. sure call ran unasked: {'__interrupt__' not in out}; ledger {LEDGER}")
         store.close()
 
