@@ -29,6 +29,9 @@ asks "less reliable than the threshold" fires on them (``<``/``<=`` on ``reliabi
 ``undefined: empty answer``. ``undefined: never_fires`` restores the old rule (no comparison
 on a NaN or infinite value fires). Files are read within bounds (size, values, nesting, no
 YAML aliases: :mod:`logtoku_guard.policy_loading`).
+
+A ``tool_calls:`` section holds the rules for an agent's tool calls (per-argument statistics;
+actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.tool_gate.policy`.
 """
 
 from __future__ import annotations
@@ -52,12 +55,14 @@ from logtoku_guard.conditions import (
 from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
 from logtoku_guard.stats import ResponseStats
+from logtoku_guard.tool_gate.policy import ToolCallPolicy
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
 UndefinedMode = Literal["least_reliable", "never_fires"]
+_CONDITION_TAGS = ("Compare", "AllOf", "AnyOf", "NotOf", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolNotOf")
 
 
 def _policy_error(exc: ValidationError) -> PolicyError:
@@ -70,7 +75,7 @@ def _policy_error(exc: ValidationError) -> PolicyError:
         return PolicyError.from_validation(exc)
     lines = []
     for err in errors[:20]:
-        loc = ".".join(str(p) for p in err["loc"] if p not in ("Compare", "AllOf", "AnyOf", "NotOf"))[:120] or "<policy>"
+        loc = ".".join(str(p) for p in err["loc"] if p not in _CONDITION_TAGS)[:120] or "<policy>"
         given = err.get("input")
         if err["type"] == "literal_error":
             allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
@@ -199,6 +204,9 @@ class Policy(StrictModel):
     abstain: AbstainSettings = AbstainSettings()
     human_review: ReviewSettings = ReviewSettings()
     undefined: UndefinedMode = "least_reliable"
+    tool_calls: ToolCallPolicy = ToolCallPolicy()
+    """Rules for the tool calls of an agent's answers, applied before each tool runs
+    (:mod:`logtoku_guard.tool_gate.policy`; used by ``LogTokUMiddleware``)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:

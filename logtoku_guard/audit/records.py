@@ -122,12 +122,17 @@ class AuditRecord:
     undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
     included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.payloads.TokenPayload`.
     ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
-    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``review_id``: the review item of this
-    record, set by the store (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
+    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the tool calls the
+    record is about (a gated call waiting for review, or refused), each ``{"id", "name", "args",
+    "arguments"}``: the call's id, tool and argument values, and per argument its scores
+    ``{"tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob"}`` (AU/EU higher = more
+    uncertain), with its ``quadrant`` and ``flagged`` (a rule fired on it) when the gate wrote it.
+    ``review_id``: the review item of this record, set by the store
+    (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
 
-    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats`` and
-    ``timings`` become ``None`` here, so a record read back from the store equals the one built.
-    The lists and dicts are copied, never the caller's objects.
+    JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats``,
+    ``timings`` and ``tool_calls`` become ``None`` here, so a record read back from the store
+    equals the one built. The lists and dicts are copied, never the caller's objects.
     """
 
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -145,6 +150,7 @@ class AuditRecord:
     tokens: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, float | None] = field(default_factory=dict)
     timings: dict[str, float | None] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     review_id: int | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +176,9 @@ class AuditRecord:
         if not isinstance(self.tokens, (list, tuple)) or not all(isinstance(t, Mapping) for t in self.tokens):
             msg = f"tokens must be a list of dicts (payloads.token_payload(token)), got {self.tokens!r:.200}"
             raise ConfigurationError(msg)
+        if not isinstance(self.tool_calls, (list, tuple)) or not all(isinstance(t, Mapping) for t in self.tool_calls):
+            msg = f"tool_calls must be a list of dicts ({{id, name, args, arguments}}), got {self.tool_calls!r:.200}"
+            raise ConfigurationError(msg)
         for name in ("stats", "timings"):
             if not isinstance(getattr(self, name), Mapping):
                 msg = f"{name} must be a dict of name -> number, got {getattr(self, name)!r:.200}"
@@ -183,6 +192,7 @@ class AuditRecord:
         set_("tokens", _json_safe(self.tokens, "tokens"))
         set_("stats", _json_safe(self.stats, "stats"))
         set_("timings", _json_safe(self.timings, "timings"))
+        set_("tool_calls", _json_safe(self.tool_calls, "tool_calls"))
 
     @classmethod
     def from_result(

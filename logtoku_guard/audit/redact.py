@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from logtoku_guard.audit.records import AuditRecord
 from logtoku_guard.errors import ConfigurationError
@@ -56,13 +57,23 @@ def _apply(fn: Redactor, text: str, what: str) -> str:
     return out
 
 
+def _redact_args(fn: Redactor, call: dict[str, Any]) -> dict[str, Any]:
+    args = call.get("args")
+    if not isinstance(args, dict):
+        return dict(call)
+    redacted = {k: _apply(fn, json.dumps(v, ensure_ascii=False, sort_keys=True), "tool call arguments") for k, v in args.items()}
+    return {**call, "args": redacted}
+
+
 def redact_record(rec: AuditRecord, prompt: Redactor | None, answer: Redactor | None) -> AuditRecord:
     """``rec`` with its prompt (and answer) redacted; a redacted answer also loses its token texts
-    (the numbers stay), since the tokens spell the answer."""
+    (the numbers stay), since the tokens spell the answer, and its tool calls' argument values
+    (each value's JSON text redacted; names and scores stay)."""
     changes: dict[str, object] = {}
     if prompt is not None:
         changes["prompt"] = _apply(prompt, rec.prompt, "prompt")
     if answer is not None:
         changes["answer"] = _apply(answer, rec.answer, "answer")
         changes["tokens"] = [{**t, "token": ""} if "token" in t else dict(t) for t in rec.tokens]
+        changes["tool_calls"] = [_redact_args(answer, call) for call in rec.tool_calls]
     return dataclasses.replace(rec, **changes) if changes else rec  # type: ignore[arg-type]

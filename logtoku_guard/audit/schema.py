@@ -26,10 +26,10 @@ from logtoku_guard.audit.records import AuditRecord, ReviewItem
 
 SCHEMA_VERSION = 1
 """Version of the tables below; a store written by another version is refused, not altered.
-Nullable columns added later (``claimed_os_user``, ``reviewer_os_user``) keep the version: a
+Nullable columns added later (``claimed_os_user``, ``reviewer_os_user``, ``tool_calls``) keep the version: a
 store of this version that lacks them gets them when opened."""
 
-_ADDED_COLUMNS = {"review_items": ("claimed_os_user", "reviewer_os_user")}
+_ADDED_COLUMNS = {"review_items": ("claimed_os_user", "reviewer_os_user"), "audit_records": ("tool_calls",)}
 
 _WRITE_OPTION = "logtoku_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
 
@@ -72,6 +72,7 @@ _records = sa.Table(
     sa.Column("stats", _JSON, nullable=False),
     sa.Column("timings", _JSON, nullable=False),
     sa.Column("review_id", sa.Integer),
+    sa.Column("tool_calls", _JSON),  # added after version 1: nullable (read back as [])
 )
 
 _reviews = sa.Table(
@@ -119,6 +120,8 @@ def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
     rec = object.__new__(AuditRecord)
     for name in _RECORD_FIELDS:
         object.__setattr__(rec, name, m[prefix + name])
+    if rec.tool_calls is None:  # a row written before the column existed
+        object.__setattr__(rec, "tool_calls", [])
     return rec
 
 
@@ -133,7 +136,8 @@ def _add_missing_columns(conn: Connection) -> None:
         present = {c["name"] for c in inspector.get_columns(table)}
         for name in names:
             if name not in present:
-                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {name} TEXT"))
+                kind = _metadata.tables[table].c[name].type.compile(dialect=conn.dialect)  # JSONB on PostgreSQL
+                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:

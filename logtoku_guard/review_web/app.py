@@ -270,6 +270,7 @@ class ReviewApp:
             item=item,
             rec=rec,
             answer=views.answer_view(item),
+            tool_calls=views.tool_call_views(rec.tool_calls),
             history=views.history(item),
             checks=getattr(rec, "checks", None) or [],
             passages=getattr(rec, "passages", None) or [],

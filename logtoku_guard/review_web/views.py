@@ -8,6 +8,7 @@ page never shows words that would not be released.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,12 +25,15 @@ __all__ = [
     "AnswerView",
     "FormValue",
     "TokenSpan",
+    "ToolArgumentView",
+    "ToolCallView",
     "answer_view",
     "fmt_num",
     "fmt_time",
     "has_hidden",
     "history",
     "token_spans",
+    "tool_call_views",
     "visible",
 ]
 
@@ -127,6 +131,59 @@ def answer_view(item: ReviewItem) -> AnswerView:
     text = item.edited_answer if edited and item.edited_answer is not None else rec.answer
     original = token_spans(rec.tokens, rec.answer)
     return AnswerView(text=text, spans=None if edited else original, edited=edited, original_spans=original if edited else None)
+
+
+@dataclass(frozen=True)
+class ToolArgumentView:
+    """One argument of a gated tool call: its value as JSON text, coloured like answer tokens
+    (``css``: ``q-I`` ... ``q-IV``, ``q-none``), ``flagged`` when a rule fired on it."""
+
+    name: str
+    value: str
+    css: str
+    title: str
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class ToolCallView:
+    """A tool call the record is about: the tool and its arguments."""
+
+    id: str
+    name: str
+    arguments: list[ToolArgumentView]
+
+
+def _argument_tooltip(scores: dict[str, Any]) -> str:
+    parts = [
+        f"quadrant {scores.get('quadrant') or '—'}",
+        f"max AU {fmt_num(scores.get('max_au'))}",
+        f"max EU {fmt_num(scores.get('max_eu'))}",
+        f"mean AU {fmt_num(scores.get('mean_au'))}",
+        f"mean EU {fmt_num(scores.get('mean_eu'))}",
+        f"log p {fmt_num(scores.get('logprob'))}",
+        f"{fmt_num(scores.get('tokens'))} tokens",
+    ]
+    return " · ".join(parts) if scores else "not scored"
+
+
+def tool_call_views(calls: list[dict[str, Any]]) -> list[ToolCallView]:
+    """The record's ``tool_calls`` for the page: every argument passed or scored, by name."""
+    out = []
+    for call in calls:
+        raw_args, raw_scores = call.get("args"), call.get("arguments")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+        scored: dict[str, Any] = raw_scores if isinstance(raw_scores, dict) else {}
+        views = []
+        for name in sorted({*args, *scored}):
+            entry = scored.get(name)
+            scores: dict[str, Any] = entry if isinstance(entry, dict) else {}
+            q = scores.get("quadrant")
+            value = json.dumps(args[name], ensure_ascii=False) if name in args else "(not passed)"
+            css = f"q-{q}" if q in ("I", "II", "III", "IV") else "q-none"
+            views.append(ToolArgumentView(str(name), value, css, _argument_tooltip(scores), bool(scores.get("flagged"))))
+        out.append(ToolCallView(str(call.get("id", "")), str(call.get("name", "")), views))
+    return out
 
 
 def history(item: ReviewItem) -> list[tuple[str, str, str]]:

@@ -23,6 +23,44 @@ TOKENS = [
 ANSWER = "The capital is Lyon."
 
 
+HOSTILE_TO = "<img src=x onerror=alert(1)>"
+TOOL_CALL = {
+    "id": "call_1",
+    "name": "transfer",
+    "args": {"to": HOSTILE_TO, "amount": 500},
+    "arguments": {
+        "amount": {
+            "tokens": 1,
+            "mean_au": 1.4,
+            "mean_eu": 1.2,
+            "max_au": 1.4,
+            "max_eu": 1.2,
+            "logprob": -3.1,
+            "quadrant": "I",
+            "flagged": True,
+        },
+        "to": {
+            "tokens": 9,
+            "mean_au": 0.1,
+            "mean_eu": 0.05,
+            "max_au": 0.3,
+            "max_eu": 0.1,
+            "logprob": -0.4,
+            "quadrant": "III",
+            "flagged": False,
+        },
+    },
+}
+
+
+def tool_call_record() -> AuditRecord:
+    """A transfer call sent to review: ``amount`` unsure (quadrant I, flagged), ``to`` hostile text."""
+    args = '{\n  "amount": 500,\n  "to": "<img src=x onerror=alert(1)>"\n}'
+    return make_record(
+        answer=args, tokens=[], rule="unsure-amount", reason="transfer.amount max_eu 1.2 > 0.3", tool_calls=[TOOL_CALL]
+    )
+
+
 def make_record(**changes: Any) -> AuditRecord:
     fields: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct",

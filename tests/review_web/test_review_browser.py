@@ -16,8 +16,9 @@ import pytest
 
 from logtoku_guard.audit import AuditStore, ReviewItem
 from logtoku_guard.review_web.auth import SESSION_COOKIE
+from logtoku_guard.tool_gate.review import ToolReviewResponse
 
-from .support import ADMIN_TOKEN, live_server, queue
+from .support import ADMIN_TOKEN, HOSTILE_TO, live_server, queue, tool_call_record
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if os.environ.get("CI", "").lower() == "true" and CHROMIUM is None:  # CI installs it (scripts/install.sh --dev)
@@ -71,6 +72,30 @@ def test_log_in_see_the_heat_map_edit_and_approve_and_the_application_gets_it(st
     assert dialogs == []  # no script ran
     assert received and received[0].final_answer == "The capital is Paris."
     assert received[0].reviewer == "admin" and received[0].claimed_by == "admin"
+
+
+def test_a_pending_tool_call_shows_its_coloured_arguments_and_an_edit_changes_them(store: AuditStore, browser_page: Any) -> None:
+    item = store.record_for_review(tool_call_record())
+    page = browser_page
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    with live_server(store) as url:
+        page.goto(f"{url}/items/{item.id}?token={ADMIN_TOKEN}")
+        sync_api.expect(page.locator("#tool-call-1 .tool-name")).to_have_text("transfer")
+        amount = page.locator('#tool-call-1 span.arg[data-argument="amount"]')
+        assert amount.inner_text() == "500" and "q-I" in (amount.get_attribute("class") or "")
+        assert "flagged" in (amount.get_attribute("class") or "") and "max EU 1.2" in (amount.get_attribute("title") or "")
+        colour = amount.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent")
+        to = page.locator('#tool-call-1 span.arg[data-argument="to"]')
+        assert to.inner_text() == f'"{HOSTILE_TO}"' and "q-III" in (to.get_attribute("class") or "")  # shown as text
+        assert page.locator("#tool-calls img").count() == 0
+        page.fill("#edited_answer", '{"amount": 50, "to": "alice"}')
+        page.click("#edit-approve")
+        sync_api.expect(page.locator("#status")).to_have_text("approved")
+    assert dialogs == []  # no script ran
+    verdict = ToolReviewResponse.from_item(store.review_item(item.id))
+    assert verdict.type == "edit" and verdict.args == {"amount": 50, "to": "alice"}
 
 
 def test_a_wrong_token_and_a_forged_post_are_refused_in_the_browser(store: AuditStore, browser_page: Any) -> None:

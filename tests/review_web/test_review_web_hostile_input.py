@@ -221,3 +221,15 @@ def test_every_page_says_503_store_unreachable_while_postgresql_is_down() -> Non
         assert admin.get("/static/review.css").status_code == 200
     finally:
         store.close()
+
+
+def test_hostile_tool_call_arguments_are_escaped(store: AuditStore, admin: TestClient) -> None:
+    from .support import TOOL_CALL, make_record
+
+    call = {**TOOL_CALL, "name": "<script>x()</script>", "args": {**TOOL_CALL["args"], "<b>k</b>": "\u202eevil"}}
+    item = store.record_for_review(make_record(tokens=[], tool_calls=[call]))
+    html = admin.get(f"/items/{item.id}").text
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "<script>x()" not in html and "&lt;script&gt;x()&lt;/script&gt;" in html
+    assert "<b>k</b>" not in html and "&lt;b&gt;k&lt;/b&gt;" in html
+    assert "\u202e" not in html.split('id="tool-calls"')[1].split("</section>")[0] and "\\u202e" in html

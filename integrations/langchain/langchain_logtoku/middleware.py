@@ -30,6 +30,11 @@ field ``logtoku_guard``, the AIMessage's ``response_metadata["logtoku_guard"]``,
 ``logtoku:<action>`` (one per action of the route) / metadata ``logtoku.*``
 (:func:`logtoku_guard.payloads.decision_attributes`) of the enclosing run in attached tracers.
 
+Tool calls (the policy's ``tool_calls`` rules, :mod:`langchain_logtoku.tool_gate`): ``after_model``
+decides each call of the answer from its per-argument scores (re-asking the model at once);
+``wrap_tool_call`` refuses a call or interrupts before it runs for review (resume with a
+:class:`~logtoku_guard.tool_gate.review.ToolReviewResponse`); other calls run.
+
 Streaming: the model calls made inside the hook carry LangGraph's ``nostream`` tag, so in
 ``stream_mode="messages"`` no draft is streamed token by token; the final AIMessage reaches the
 consumer whole when the model node ends (a withdrawn draft never does).
@@ -50,8 +55,8 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, TypedDict, cast
 
-from langchain.agents.middleware import AgentMiddleware, AgentState, ExtendedModelResponse, ModelRequest, ModelResponse
-from langchain.agents.middleware.types import PrivateStateAttr
+from langchain.agents.middleware import AgentMiddleware, ExtendedModelResponse, ModelRequest, ModelResponse
+from langchain.agents.middleware.types import PrivateStateAttr, ToolCallRequest, hook_config
 from langchain_core.callbacks import dispatch_custom_event
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolCall
 from langchain_core.messages.ai import UsageMetadata, add_usage
@@ -64,6 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
+from langchain_logtoku.tool_gate import ToolGate, ToolGateState, ToolResult
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
@@ -122,7 +128,7 @@ class _PendingReview(TypedDict):
     tool_calls: list[ToolCall]
 
 
-class LogTokUState(AgentState[Any]):
+class LogTokUState(ToolGateState):
     """The agent state with the middleware's private fields (not in the agent's input or output)."""
 
     logtoku_guard: NotRequired[Annotated[GuardPayload | None, PrivateStateAttr]]
@@ -412,6 +418,10 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
             msg = f"policy {self.policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
             raise ConfigurationError(msg)
         self._profiles: dict[tuple[str, int, str], ModelProfile | None] = {}
+        q = self.policy.quadrants
+        self.tool_gate = ToolGate(
+            self.policy, store, profile.quadrant_thresholds(q.au_quantile, q.eu_quantile) if profile else None
+        )
 
     def core_guard(self, generation: Generation) -> Guard:
         """The core guard for the model that made ``generation`` (its name, K, evidence and top-N)."""
@@ -445,16 +455,28 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
             next_request = await asyncio.to_thread(call.answered, result, capture)  # a retriever may block
         return call.finish()
 
-    # -- after_model: the human-review interrupt ---------------------------------------------------
+    # -- after_model: the human-review interrupt, else the tool-call gate ----------------------------
+    @hook_config(can_jump_to=["model"])
     def after_model(self, state: LogTokUState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         pending = state.get("logtoku_review")
         if not pending:
-            return None
+            return self.tool_gate.after_model(cast("dict[str, Any]", state))
+        # the reviewer saw the answer's tool calls (ReviewRequest.tool_calls): they are not gated again
         verdict = ReviewResponse.model_validate(interrupt(pending["request"]))
         return self._reviewed(state, pending, verdict)
 
+    @hook_config(can_jump_to=["model"])
     async def aafter_model(self, state: LogTokUState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return self.after_model(state, runtime)
+
+    # -- wrap_tool_call: the policy's tool_calls rules, before each tool runs ------------------------
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolResult]) -> ToolResult:
+        return self.tool_gate.wrap_tool_call(request, handler)
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolResult]]
+    ) -> ToolResult:
+        return await self.tool_gate.awrap_tool_call(request, handler)
 
     def _reviewed(self, state: LogTokUState, pending: _PendingReview, verdict: ReviewResponse) -> dict[str, Any]:
         request = pending["request"]
