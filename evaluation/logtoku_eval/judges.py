@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
-from logtoku_guard.evaluation.datasets import QAItem
+from logtoku_eval.datasets import QAItem
 
 if TYPE_CHECKING:
     import numpy as np

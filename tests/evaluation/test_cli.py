@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from logtoku_guard.backends.fake import ScriptedBackend
-from logtoku_guard.evaluation.cache import CachedLabelLogits
-from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions, load_nq_open, load_truthfulqa
-from logtoku_guard.evaluation.dynamic import label_cache
-from logtoku_guard.evaluation.generate import greedy_cache, run_greedy
-from logtoku_guard.evaluation.methods import HEADLINE
-from logtoku_guard.evaluation.rag import GuardEvalConfig, run_guard_eval
+from logtoku_eval.cache import CachedLabelLogits
+from logtoku_eval.datasets import load_emotion_names, load_goemotions, load_nq_open, load_truthfulqa
+from logtoku_eval.dynamic import label_cache
+from logtoku_eval.generate import greedy_cache, run_greedy
+from logtoku_eval.methods import HEADLINE
+from logtoku_eval.rag import GuardEvalConfig, run_guard_eval
 
 from .support import make_data_dir, nq_items, nq_script, qa_backend
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from logtoku_guard.cli import app
 from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.traffic_eval import (
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.traffic_eval import (
     OUTCOMES,
     TrafficQuestion,
     choose_threshold,
@@ -105,8 +105,8 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
     """Every answer already cached under the backend's model name: the CLI loads no model, fits,
     and writes traffic.md/json and the guard."""
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
-    from logtoku_guard.evaluation.generate import SERVING, SERVING_TEMPLATE, greedy_cache
-    from logtoku_guard.evaluation.traffic import dataset_name
+    from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
+    from logtoku_eval.traffic import dataset_name
 
     questions = traffic_questions()
     rng = random.Random(0)
@@ -120,7 +120,7 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
         text = f"The answer is {q.answers[0]}" if right else "The answer is Nobody Knows"
         caches["syllable" if q.group == "syllable" else "traffic"].append([record(q.id, q.question, text, 7.0 if right else 1.5)])
     caches["calibration"].append(record(c.id, c.question, "It is Some Thing", 3.0) for c in shipped_calibration_questions())
-    monkeypatch.setattr("logtoku_guard.cli.eval.backend_loader", lambda *a: pytest.fail("no model may load"))
+    monkeypatch.setattr("logtoku_eval.cli.paper.backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
     args = [
         "eval",

@@ -17,10 +17,10 @@ from logtoku_guard.calibration.profiles import build_profile
 from logtoku_guard.cli import app
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
-from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
-from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.fabricated import dataset_name, load_fabricated
+from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
+from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.policy import default_policy
 from logtoku_guard.prompt_stats import PromptStats, focus_tokens
