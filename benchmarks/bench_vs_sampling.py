@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_eval.datasets import load_truthfulqa
     from logtoku_eval.generate import SamplingSpec, greedy_cache, run_greedy, run_sampling, samples_cache
     from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
     from logtoku_eval.methods import sampling_scores, single_pass_scores
+    from logtoku_guard.backends.transformers import TransformersBackend
 
     items = load_truthfulqa(data_dir=args.data_dir, limit=args.questions)
     n = len(items)

@@ -356,10 +356,10 @@ def known_words(candidates: Sequence[Candidate]) -> frozenset[str]:
 # -- the model filter ---------------------------------------------------------------------------------
 def check_model(candidates: Sequence[Candidate], path: Path = FILTER_FILE) -> None:
     """Ask the embedded model every candidate once, judge with ``nq-match``, write every outcome to ``path``."""
-    from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_eval.datasets import QAItem
     from logtoku_eval.generate import PROMPT_TEMPLATE, GreedySpec, qa_prompt
     from logtoku_eval.judges import MatchJudge
+    from logtoku_guard.backends.transformers import TransformersBackend
 
     backend = TransformersBackend()
     spec = GreedySpec(max_new_tokens=MAX_NEW_TOKENS)

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.fabricated_eval import STAT_METHODS
 from logtoku_eval.methods import Method
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.stats import ResponseStats
 

@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import CachedLabelLogits, CacheMeta, JsonlCache
 from logtoku_eval.datasets import EmotionItem
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.uncertainty import rescore
 
 EMOTION_PROMPT = "Which emotion does this Reddit comment express? Options: {labels}.\nComment: {text}"

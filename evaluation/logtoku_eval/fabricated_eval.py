@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_eval.cache import CachedGeneration, CachedToken
 from logtoku_eval.methods import Method, single_pass_methods, single_pass_scores
 from logtoku_eval.metrics import share_ci
 from logtoku_eval.report import ResultTable, evaluate_methods
+from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.prompt_stats import focus_tokens

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import (
     CachedGeneration,
     CachedSample,
@@ -24,6 +23,7 @@ from logtoku_eval.cache import (
     JsonlCache,
 )
 from logtoku_eval.datasets import QAItem
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 
 PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import CachedGeneration
 from logtoku_eval.datasets import QAItem
 from logtoku_eval.generate import GreedySpec, ProgressFn
 from logtoku_eval.judges import MatchJudge
 from logtoku_eval.knowledge_base import RagSetup
 from logtoku_eval.replay import CROSS_FITTED, SIGNALS, Replay, json_fields, threshold_for
+from logtoku_guard.errors import ConfigurationError
 
 __all__ = ["LiveCheck", "live_check"]
 

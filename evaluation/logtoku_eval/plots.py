@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import MissingDependencyError
 from logtoku_eval.metrics import aurc, auroc, risk_coverage, roc_curve
+from logtoku_guard.errors import MissingDependencyError
 
 
 def _pyplot() -> Any:

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import CachedGeneration, CachedSamples
 from logtoku_eval.crossfit import (
     GUARD_SCORE,
@@ -58,6 +57,7 @@ from logtoku_eval.methods import (
     single_pass_scores,
 )
 from logtoku_eval.report import EvalReport, evaluate_methods
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 DEFAULT_SAMPLES_LIMIT = 50

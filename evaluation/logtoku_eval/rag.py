@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import CachedGeneration
 from logtoku_eval.crossfit import cross_fit_guard
 from logtoku_eval.datasets import QAItem
@@ -51,6 +50,7 @@ from logtoku_eval.replay import (
     retrieve_mask,
     threshold_for,
 )
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.policy import RetrieveSettings
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 

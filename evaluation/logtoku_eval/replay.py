@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.methods import HEADLINE
 from logtoku_eval.metrics import PairedDifference, paired_difference, percentile_interval
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import json_float
 
 __all__ = [

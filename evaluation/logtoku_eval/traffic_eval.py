@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_eval.cache import CachedGeneration
 from logtoku_eval.fabricated import load_fabricated
 from logtoku_eval.fabricated_eval import generation_from_cached
@@ -48,6 +47,7 @@ from logtoku_eval.generate import SERVING
 from logtoku_eval.judges import MatchJudge
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
+from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
 

@@ -62,7 +62,10 @@ def missing_command(app: typer.Typer, name: str, reason: str, help_text: str | N
 def add_plugins(app: typer.Typer, found: Iterable[EntryPoint] | None = None) -> None:
     """Add each group registered under :data:`GROUP` (``found``: the installed ones by default),
     then a :func:`missing_command` stand-in for every :data:`KNOWN` group that is not there."""
-    taken = {info.name for info in app.registered_groups} | {info.name for info in app.registered_commands}
+    taken = {info.name for info in app.registered_groups} | {
+        info.name or (info.callback.__name__.lower().replace("_", "-") if info.callback else None)  # typer's default name
+        for info in app.registered_commands
+    }
     added: set[str] = set()
     for ep in entry_points(group=GROUP) if found is None else found:
         if ep.name in taken or ep.name in added:

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_eval.cache import CachedGeneration, CachedToken
 from logtoku_eval.datasets import QAItem
+from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 

@@ -7,9 +7,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from logtoku_guard.calibration.guard_fit import shipped_guard
-from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.crossfit import (
     cross_fit_guard,
     guard_scores,
@@ -18,6 +15,9 @@ from logtoku_eval.crossfit import (
     shipped_scores,
 )
 from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_guard.calibration.guard_fit import shipped_guard
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import auroc, fit_guard, with_guard_score
 
 from .support import cached_answer

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_eval.datasets import (
     DatasetUnavailableError,
     load_emotion_names,
@@ -14,6 +13,7 @@ from logtoku_eval.datasets import (
     load_nq_open,
     load_truthfulqa,
 )
+from logtoku_guard.errors import ConfigurationError, LogTokUError
 
 from .support import make_data_dir
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from support.tiny import make_model
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.datasets import load_emotion_names, load_goemotions
 from logtoku_eval.dynamic import (
     collect_label_logits,
@@ -22,6 +21,7 @@ from logtoku_eval.dynamic import (
     paper_score,
     tune_threshold,
 )
+from logtoku_guard.errors import ConfigurationError
 
 from .support import make_data_dir
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.scripts import imported_script
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.fabricated import FabricatedItem, dataset_name, default_path, load_fabricated
+from logtoku_guard.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"

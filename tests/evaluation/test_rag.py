@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from support.tiny import make_model
 
-from logtoku_guard.backends.fake import ScriptedBackend
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.generate import GreedySpec
 from logtoku_eval.rag import GuardEvalConfig, build_knowledge_base, run_guard_eval
+from logtoku_guard.backends.fake import ScriptedBackend
+from logtoku_guard.errors import ConfigurationError
 
 from .support import HAS_MPL, nq_items, nq_script
 

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from logtoku_guard.cli import app
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.cli import eval_app
 from logtoku_eval.traffic_eval import (
     OUTCOMES,
     TrafficQuestion,
@@ -22,6 +21,7 @@ from logtoku_eval.traffic_eval import (
     judge_answers,
     traffic_questions,
 )
+from logtoku_guard.embedded import EMBEDDED_MODEL
 
 from .support import HAS_MPL
 
@@ -104,9 +104,9 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
 ) -> None:
     """Every answer already cached under the backend's model name: the CLI loads no model, fits,
     and writes traffic.md/json and the guard."""
-    from logtoku_guard.calibration.prompts import shipped_calibration_questions
     from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
     from logtoku_eval.traffic import dataset_name
+    from logtoku_guard.calibration.prompts import shipped_calibration_questions
 
     questions = traffic_questions()
     rng = random.Random(0)
@@ -123,7 +123,6 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
     monkeypatch.setattr("logtoku_eval.cli.paper.backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
     args = [
-        "eval",
         "traffic",
         "--backend",
         backend,
@@ -134,12 +133,12 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
         "--n-boot",
         "20",
     ]
-    res = CliRunner().invoke(app, [*args, *([] if HAS_MPL else ["--no-plots"])])
+    res = CliRunner().invoke(eval_app, [*args, *([] if HAS_MPL else ["--no-plots"])])
     assert res.exit_code == 0, res.output
     assert (out / "traffic-trade-off.png").is_file() == HAS_MPL
     assert "real-wrong" in res.output and (out / "traffic.md").is_file()
     payload = json.loads((out / "traffic.json").read_text())
     assert set(payload["test_rates"]) == set(OUTCOMES)
     assert json.loads((out / "traffic-guard.json").read_text())["datasets"] == ["traffic-tune"]
-    bad = CliRunner().invoke(app, ["eval", "traffic", "--pass-target", "1.5", "--gen-cache-dir", str(tmp_path / "gen")])
+    bad = CliRunner().invoke(eval_app, ["traffic", "--pass-target", "1.5", "--gen-cache-dir", str(tmp_path / "gen")])
     assert bad.exit_code == 2 and "--pass-target 1.5" in bad.output

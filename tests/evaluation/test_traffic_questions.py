@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from support.scripts import imported_script
 
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.datasets import load_nq_open
 from logtoku_eval.fabricated import load_fabricated
 from logtoku_eval.traffic import TrafficItem, dataset_name, default_path, load_traffic
+from logtoku_guard.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "traffic" / "make_questions.py"

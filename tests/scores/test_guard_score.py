@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from logtoku_guard.calibration import ModelProfile
-from logtoku_guard.calibration.profiles import build_profile
-from logtoku_guard.cli import app
-from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.errors import ConfigurationError
 from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.cli import eval_app
 from logtoku_eval.fabricated import dataset_name, load_fabricated
 from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
 from logtoku_eval.generate import GreedySpec, greedy_cache
+from logtoku_guard.calibration import ModelProfile
+from logtoku_guard.calibration.profiles import build_profile
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.policy import default_policy
 from logtoku_guard.prompt_stats import PromptStats, focus_tokens
@@ -196,9 +196,8 @@ def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
     items = load_fabricated("tune")[:10] + load_fabricated("test")[:10]
     cache.append(_record(it.id, it.question, known=it.is_known, prefix="Q: ") for it in items)
     result = CliRunner().invoke(
-        app,
+        eval_app,
         [
-            "eval",
             "fabricated",
             "--limit",
             "10",

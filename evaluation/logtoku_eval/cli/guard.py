@@ -12,9 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from logtoku_guard.cli import _common
 from logtoku_eval.cli import paper as ev
-from logtoku_guard.cli._common import BackendOpt, DeviceOpt
 from logtoku_eval.cli.paper import (
     BatchOpt,
     BootOpt,
@@ -28,6 +26,8 @@ from logtoku_eval.cli.paper import (
     PlotsOpt,
     eval_app,
 )
+from logtoku_guard.cli import _common
+from logtoku_guard.cli._common import BackendOpt, DeviceOpt
 
 
 def _budgets(text: str) -> tuple[float, ...]:
@@ -75,10 +75,10 @@ def guard_end_to_end(
     low, at matched retrieval budgets (replayed from cached closed-book and retrieval
     answers), plus a live run of the real Guard (LogTokU rule) on the first questions.
     """
-    from logtoku_guard.errors import LogTokUError
     from logtoku_eval.datasets import load_nq_open
     from logtoku_eval.generate import K_STORED
     from logtoku_eval.rag import GuardEvalConfig, run_guard_eval
+    from logtoku_guard.errors import LogTokUError
     from logtoku_guard.policy import RetrieveSettings
 
     chosen = _budgets(budgets)
@@ -142,10 +142,10 @@ def fabricated(
     backend: BackendOpt = "transformers",
 ) -> None:
     """Known vs fabricated questions: the guard score fit on the tune half, AUROC and policy rates on the test half."""
-    from logtoku_guard.errors import LogTokUError
     from logtoku_eval.fabricated import dataset_name, load_fabricated
     from logtoku_eval.fabricated_eval import evaluate_fabricated, write_fabricated
     from logtoku_eval.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
+    from logtoku_guard.errors import LogTokUError
 
     ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
     ev.check_backend_option(backend, device)
@@ -196,12 +196,12 @@ def traffic(
     threshold chosen there; flag rates per group with 95% CIs on the test half. Writes traffic.md,
     traffic.json and the fitted guard traffic-guard.json.
     """
-    from logtoku_guard.calibration.prompts import shipped_calibration_questions
-    from logtoku_guard.errors import ConfigurationError, LogTokUError
     from logtoku_eval.datasets import QAItem
     from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
     from logtoku_eval.traffic import dataset_name
     from logtoku_eval.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
+    from logtoku_guard.calibration.prompts import shipped_calibration_questions
+    from logtoku_guard.errors import ConfigurationError, LogTokUError
 
     ev.check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
     ev.check_backend_option(backend, device)

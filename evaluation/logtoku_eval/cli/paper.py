@@ -287,8 +287,8 @@ def truthfulqa(
     )
     check_backend_option(backend, device)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
-    from logtoku_guard.errors import LogTokUError
     from logtoku_eval.datasets import load_truthfulqa
+    from logtoku_guard.errors import LogTokUError
 
     try:
         items = load_truthfulqa(path, data_dir=data_dir, limit=limit)
@@ -349,8 +349,8 @@ def nq_open(
     )
     check_backend_option(backend, device)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
-    from logtoku_guard.errors import LogTokUError
     from logtoku_eval.datasets import load_nq_open
+    from logtoku_guard.errors import LogTokUError
 
     try:
         items = load_nq_open(path, data_dir=data_dir, limit=limit)
@@ -400,9 +400,9 @@ def dynamic_decoding(
 
     import numpy as np
 
-    from logtoku_guard.errors import LogTokUError
     from logtoku_eval.datasets import load_emotion_names, load_goemotions
     from logtoku_eval.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
+    from logtoku_guard.errors import LogTokUError
 
     if taxonomy not in ("goemotions", "ekman"):
         msg = f"--taxonomy must be 'goemotions' or 'ekman', got {taxonomy!r}"
