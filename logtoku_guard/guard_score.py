@@ -130,7 +130,9 @@ def feature_matrix(rows: Sequence[ResponseStats], features: Sequence[str] = FEAT
     return np.array([[_value(r, f) for f in features] for r in rows], dtype=np.float64).reshape(len(rows), len(features))
 
 
-def ranking_arrays(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ranking_arrays(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """``scores`` as float64 with NaN as ``-inf`` (the least reliable, never dropped) and
     ``labels`` as booleans (True = positive), checked: the same length, labels booleans or 0/1."""
     import numpy as np
@@ -148,7 +150,7 @@ def ranking_arrays(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] 
     return np.where(np.isnan(s), -np.inf, s), y
 
 
-def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | Sequence[float] | np.ndarray) -> float:
     """Area under the ROC curve of ``scores`` for ``labels`` (True = positive): the Mann-Whitney U
     statistic from average ranks, O(n log n), ties counting one half; NaN scores rank lowest.
     NaN when only one class is present (:func:`ranking_arrays` checks the inputs)."""
