@@ -287,3 +287,16 @@ def test_an_unknown_backend_is_refused_before_any_data_or_model_loads(tmp_path: 
             res.output.split()
         )
         assert "Traceback" not in res.output
+
+
+def test_backend_help_names_the_llamacpp_extra_with_its_brackets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The help is Rich markup: ``[llamacpp]`` must be escaped or it vanishes as a tag."""
+    from typer.testing import CliRunner
+
+    from logtoku_eval.cli import eval_app
+    from logtoku_guard.cli import app
+
+    monkeypatch.setenv("COLUMNS", "300")
+    for cli, args in ((app, ["ask", "--help"]), (eval_app, ["fabricated", "--help"])):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0 and "pip install 'logtoku-guard[llamacpp]'" in res.output, res.output

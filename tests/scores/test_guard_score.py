@@ -259,3 +259,24 @@ def test_a_longer_answer_is_scored_on_the_length_the_guard_was_fit_on() -> None:
     assert scored_long.max_eu > scored_short.max_eu  # the other statistics still describe the whole answer
     unbounded = fit_guard(rows, labels, ["s"])
     assert with_guard_score(ResponseStats.from_generation(long), unbounded, long).guard_score != scored_short.guard_score
+
+
+def test_auroc_is_the_rank_statistic_with_ties_at_one_half_and_nan_lowest() -> None:
+    """The one AUROC (the guard's CV figure and every eval report): equal to counting the pairs."""
+    import numpy as np
+
+    from logtoku_guard.guard_score import auroc
+
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 6, 300).astype(float)  # many ties
+    s[:7] = np.nan
+    y = rng.random(300) < 0.4
+    low = np.nan_to_num(s, nan=-np.inf)
+    pos, neg = low[y], low[~y]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert auroc(s, y) == pytest.approx(pairs / (pos.size * neg.size))
+    assert auroc([math.nan, 0.5], [True, False]) == 0.0 and math.isnan(auroc([1.0, 2.0], [1, 1]))
+    with pytest.raises(ConfigurationError, match="same length"):
+        auroc([1.0, 2.0], [True])
+    with pytest.raises(ConfigurationError, match="0/1"):
+        auroc([1.0, 2.0], [0, 2])
