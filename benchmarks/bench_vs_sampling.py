@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Cost of single-pass LogTokU against the 10-sample baselines, at equal question count.
 
-Both sides run the evaluation harness's own code paths (``logtoku_guard.evaluation``) on the
+Both sides run the evaluation harness's own code paths (``logtoku_eval``) on the
 first N TruthfulQA questions with the embedded model, into a fresh temporary cache:
 
 * single pass: the greedy answer with its raw top-5 logits (``run_greedy``, batch 1 and
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
+    from logtoku_eval.datasets import load_truthfulqa
+    from logtoku_eval.generate import SamplingSpec, greedy_cache, run_greedy, run_sampling, samples_cache
+    from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
+    from logtoku_eval.methods import sampling_scores, single_pass_scores
     from logtoku_guard.backends.transformers import TransformersBackend
-    from logtoku_guard.evaluation.datasets import load_truthfulqa
-    from logtoku_guard.evaluation.generate import SamplingSpec, greedy_cache, run_greedy, run_sampling, samples_cache
-    from logtoku_guard.evaluation.judges import MINILM_PACKAGE, TransformerEmbedder
-    from logtoku_guard.evaluation.methods import sampling_scores, single_pass_scores
 
     items = load_truthfulqa(data_dir=args.data_dir, limit=args.questions)
     n = len(items)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from logtoku_guard.stats import ResponseStats
     from logtoku_guard.types import Generation
 
-__all__ = ["FEATURES", "GuardModel", "auroc", "feature_matrix", "fit_guard", "with_guard_score"]
+__all__ = ["FEATURES", "GuardModel", "auroc", "feature_matrix", "fit_guard", "ranking_arrays", "with_guard_score"]
 
 FEATURES: tuple[str, ...] = (
     "reliability",
@@ -130,18 +130,40 @@ def feature_matrix(rows: Sequence[ResponseStats], features: Sequence[str] = FEAT
     return np.array([[_value(r, f) for f in features] for r in rows], dtype=np.float64).reshape(len(rows), len(features))
 
 
-def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
-    """Rank AUROC (ties count half) of ``scores`` for ``labels`` (True = positive); NaN scores rank lowest."""
+def ranking_arrays(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``scores`` as float64 with NaN as ``-inf`` (the least reliable, never dropped) and
+    ``labels`` as booleans (True = positive), checked: the same length, labels booleans or 0/1."""
     import numpy as np
 
-    s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
-    y = np.asarray(labels, dtype=bool)
-    pos, neg = s[y], s[~y]
-    if pos.size == 0 or neg.size == 0:
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels).ravel()
+    if s.shape != y.shape:
+        msg = f"scores and labels must have the same length, got {s.size} and {y.size}"
+        raise ConfigurationError(msg)
+    if y.dtype != np.bool_:
+        if not np.isin(y, (0, 1)).all():
+            msg = "labels must be booleans (True = correct) or 0/1"
+            raise ConfigurationError(msg)
+        y = y.astype(bool)
+    return np.where(np.isnan(s), -np.inf, s), y
+
+
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | Sequence[float] | np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for ``labels`` (True = positive): the Mann-Whitney U
+    statistic from average ranks, O(n log n), ties counting one half; NaN scores rank lowest.
+    NaN when only one class is present (:func:`ranking_arrays` checks the inputs)."""
+    import numpy as np
+
+    s, y = ranking_arrays(scores, labels)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
         return math.nan
-    greater = (pos[:, None] > neg[None, :]).sum()
-    ties = (pos[:, None] == neg[None, :]).sum()
-    return float((greater + 0.5 * ties) / (pos.size * neg.size))
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse.ravel()]  # 1-based, ties at their average rank
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

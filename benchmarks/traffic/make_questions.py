@@ -21,8 +21,8 @@ Two groups, written before any model answer was seen (the model plays no part he
 The syllable-soup fabrications are not copied: the eval reads ``fabricated.jsonl`` for them.
 Both groups are split into ``tune`` and ``test`` (half each, stratified by group and category,
 seeded); a known fact that ``fabricated.jsonl`` also asks keeps that file's split.
-Output: ``logtoku_guard/evaluation/data/traffic.jsonl`` (read by
-``logtoku_guard.evaluation.traffic.load_traffic``). The same seed, data and calibration set
+Output: ``evaluation/logtoku_eval/data/traffic.jsonl`` (read by
+``logtoku_eval.traffic.load_traffic``). The same seed, data and calibration set
 give the same bytes.
 """
 
@@ -43,10 +43,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-OUT_FILE = ROOT / "logtoku_guard" / "evaluation" / "data" / "traffic.jsonl"
+OUT_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "traffic.jsonl"
 CALIBRATION_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "calibration_questions.jsonl"
 FABRICATED_SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
-FABRICATED_FILE = ROOT / "logtoku_guard" / "evaluation" / "data" / "fabricated.jsonl"
+FABRICATED_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "fabricated.jsonl"
 STOP_LIST_FILE = HERE / "stop_list.txt"
 PER_CATEGORY = 40
 N_NQ = 200
@@ -531,7 +531,7 @@ def read_calibration(path: Path) -> Calibration:
 def nq_records(items: Sequence[Any], calibration: Calibration, n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` NQ-open questions drawn by ``Random(seed)`` from those not in the calibration set (file order).
 
-    ``items``: :class:`~logtoku_guard.evaluation.datasets.QAItem` from ``load_nq_open``. A question
+    ``items``: :class:`~logtoku_eval.datasets.QAItem` from ``load_nq_open``. A question
     whose text repeats an earlier one (or a calibration question) is not eligible.
     """
     seen = set(calibration.questions)
@@ -625,7 +625,7 @@ def counts_table(records: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from logtoku_guard.evaluation.datasets import load_nq_open
+    from logtoku_eval.datasets import load_nq_open
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of the invented names, the NQ sample and the split")

@@ -5,7 +5,9 @@
   where profiles are kept (:func:`profile_path`, :func:`load_profile_for`);
 * :mod:`~logtoku_guard.calibration.thresholds`: :func:`fit_threshold` on labelled answers;
 * :mod:`~logtoku_guard.calibration.prompts`: the default calibration questions
-  (:func:`default_calibration_prompts`) or a prompts file (:func:`read_prompts_file`).
+  (:func:`default_calibration_prompts`) or a prompts file (:func:`read_prompts_file`);
+* :mod:`~logtoku_guard.calibration.datasets`: TruthfulQA and NQ-open read in place (calibration
+  prompts picked from the full files, and the evaluation harness's QA datasets).
 
 The default prompts ship in ``calibration/data/`` with their datasets' licences.
 """

@@ -73,14 +73,14 @@ def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] |
 
     Without ``data_dir``: from the shipped set (at most its 200 questions; ``n = 200`` is the
     whole set, a smaller ``n`` spreads over each half). With ``data_dir`` (a folder laid out
-    like the evaluation datasets, see :mod:`logtoku_guard.evaluation.datasets`): picked the
+    like the evaluation datasets, see :mod:`logtoku_guard.calibration.datasets`): picked the
     same way from the full files, for any ``n``.
     """
     if n < 1:
         msg = f"the number of calibration questions must be at least 1, got {n}"
         raise ConfigurationError(msg)
     if data_dir is not None:
-        from logtoku_guard.evaluation.datasets import load_nq_open, load_truthfulqa
+        from logtoku_guard.calibration.datasets import load_nq_open, load_truthfulqa
 
         try:
             tqa = [item.question for item in load_truthfulqa(data_dir=data_dir)]

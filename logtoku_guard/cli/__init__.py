@@ -1,10 +1,11 @@
 """The ``logtoku-guard`` command line (typer + rich): one module per command group.
 
 ``_common`` (consoles, shared options, errors, model and profile loading, rendering),
-``score``, ``guard`` (``calibrate``, ``ask``), ``review``, ``audit`` and ``eval`` (benchmarks);
-``serve`` comes from :mod:`logtoku_guard.server.command`.
+``score``, ``guard`` (``calibrate``, ``ask``), ``review`` and ``audit``; ``serve`` comes from
+:mod:`logtoku_guard.server.command`; ``eval`` (benchmarks) from the evaluation harness, a
+separate distribution found through an entry point (:mod:`~logtoku_guard.cli.plugins`).
 This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
-Heavy dependencies (torch, transformers, SQLAlchemy, matplotlib) are imported inside the commands,
+Heavy dependencies (torch, transformers, SQLAlchemy) are imported inside the commands,
 so ``logtoku-guard --help`` starts fast.
 """
 
@@ -15,16 +16,10 @@ from typing import Annotated
 
 import typer
 
-from logtoku_guard.cli import (
-    audit,
-    eval_guard,  # noqa: F401 - registers eval guard | fabricated | traffic
-    guard,
-    review,
-    score,
-)
-from logtoku_guard.cli import eval as eval_commands
+from logtoku_guard.cli import audit, guard, review, score
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
 from logtoku_guard.cli.guard import run_calibration
+from logtoku_guard.cli.plugins import add_plugins
 from logtoku_guard.cli.review_serve import add_reviewer
 from logtoku_guard.cli.review_serve import serve as review_serve
 from logtoku_guard.server.command import serve as serve_command
@@ -65,7 +60,7 @@ review.review_app.command("serve")(review_serve)
 review.review_app.command("add-reviewer")(add_reviewer)
 app.add_typer(review.review_app, name="review")
 app.add_typer(audit.audit_app, name="audit")
-app.add_typer(eval_commands.eval_app, name="eval")
+add_plugins(app)
 
 
 def main() -> None:

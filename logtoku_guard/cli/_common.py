@@ -109,8 +109,9 @@ BackendOpt = Annotated[
     str,
     typer.Option(
         "--backend",
+        # "\\[": typer renders help as Rich markup, where an unescaped [llamacpp] is a tag and vanishes
         help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
-        "pip install 'logtoku-guard[llamacpp]'). Each has its own profile.",
+        "pip install 'logtoku-guard\\[llamacpp]'). Each has its own profile.",
     ),
 ]
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from support.scripted_cli import CliBackend, scripted_loader
 
-from logtoku_guard import ScriptedBackend
 from logtoku_guard.audit import AuditRecord
 from logtoku_guard.cli import _common
-from logtoku_guard.types import DecodingOptions, to_messages
+
+__all__ = ["INJECTIONS", "CliBackend", "make_record", "scripted_loader", "wide_consoles"]
 
 INJECTIONS = {
     "close_tag": "What is [/x] this?",
@@ -22,39 +23,6 @@ INJECTIONS = {
     "cr": "visible\rHIDDEN",
     "bidi": "abc\u202edcb",
 }
-
-
-class CliBackend(ScriptedBackend):
-    """A scripted backend with what the CLI reads from a TransformersBackend (evidence, system=)."""
-
-    @property
-    def evidence(self) -> str:
-        return self._evidence
-
-    def generate(self, prompt: Any, options: DecodingOptions | None = None, system: str | None = None) -> Any:
-        return super().generate(to_messages(prompt, system), options)
-
-
-def scripted_loader(answer: Any, calls: list[tuple[str, int, str]] | None = None) -> Any:
-    """A stand-in for ``_common.load_backend``: a :class:`CliBackend` named after ``--model`` that
-    answers with ``answer`` (a ScriptedAnswer, or a function of the messages); records each load."""
-
-    def load(
-        model: str,
-        k: int,
-        device: str,
-        dtype: str,
-        cache_dir: Any,
-        evidence: str = "clamped",
-        top_n: int = 25,
-        backend: str = "transformers",
-    ) -> Any:
-        if calls is not None:
-            calls.append((model, k, evidence))
-        script = answer if callable(answer) else (lambda _messages: answer)
-        return CliBackend(script, k=k, evidence=evidence, top_n=top_n, model_name=model)  # type: ignore[arg-type]
-
-    return load
 
 
 @pytest.fixture(autouse=True)

@@ -66,12 +66,6 @@ def test_calibrate_prompts_with_a_bad_jsonl_line(tmp_path: Path) -> None:
     fails("calibrate", "--prompts", str(bad), expect=("prompts.jsonl:2", "JSON"))
 
 
-def test_eval_nq_open_with_a_bad_jsonl_line(tmp_path: Path) -> None:
-    bad = tmp_path / "nq.jsonl"
-    bad.write_text('{"question": "who?", "answer": ["me"]}\n{"question": "broken\n')
-    fails("eval", "nq-open", "--path", str(bad), "--gen-cache-dir", str(tmp_path / "c"), expect=("nq.jsonl", "JSON"))
-
-
 def test_calibrate_batch_size_zero(tmp_path: Path) -> None:
     good = tmp_path / "prompts.txt"
     good.write_text("What is the capital of France?\n")

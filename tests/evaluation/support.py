@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.datasets import QAItem
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.datasets import QAItem
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -64,7 +64,7 @@ class BagOfWords:
         self.vocab: dict[str, int] = {}
 
     def embed(self, texts: Any) -> np.ndarray:
-        from logtoku_guard.evaluation.judges import rouge_tokens
+        from logtoku_eval.judges import rouge_tokens
 
         for t in texts:
             for w in rouge_tokens(t):

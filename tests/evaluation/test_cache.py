@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from logtoku_eval.cache import CachedGeneration, CachedLabelLogits, CachedToken, CacheMeta, JsonlCache
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedLabelLogits, CachedToken, CacheMeta, JsonlCache
 
 
 def _record(i: int, n_tokens: int = 2) -> CachedGeneration:

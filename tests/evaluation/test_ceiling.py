@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from support.scripts import imported_script
 
+from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
 
 from .support import cached_answer
 

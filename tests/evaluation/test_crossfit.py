@@ -7,17 +7,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from logtoku_guard.calibration.guard_fit import shipped_guard
-from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.crossfit import (
+from logtoku_eval.crossfit import (
     cross_fit_guard,
     guard_scores,
     plain_stat_methods,
     plain_stat_scores,
     shipped_scores,
 )
-from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
+from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_guard.calibration.guard_fit import shipped_guard
+from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import auroc, fit_guard, with_guard_score
 
 from .support import cached_answer

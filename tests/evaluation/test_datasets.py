@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.evaluation.datasets import (
+from logtoku_eval.datasets import (
     DatasetUnavailableError,
     load_emotion_names,
     load_goemotions,
     load_nq_open,
     load_truthfulqa,
 )
+from logtoku_guard.errors import ConfigurationError, LogTokUError
 
 from .support import make_data_dir
 
@@ -42,7 +42,7 @@ def test_errors_share_the_library_root() -> None:
 
 
 def test_data_dir_is_the_argument_then_the_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from logtoku_guard.evaluation.datasets import DATA_ENV, data_root, default_data_dir, existing_data_dir
+    from logtoku_eval.datasets import DATA_ENV, data_root, default_data_dir, existing_data_dir
 
     root = make_data_dir(tmp_path / "data")
     monkeypatch.setenv(DATA_ENV, str(root))

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from support.tiny import make_model
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions
-from logtoku_guard.evaluation.dynamic import (
+from logtoku_eval.datasets import load_emotion_names, load_goemotions
+from logtoku_eval.dynamic import (
     collect_label_logits,
     decide,
     evaluate_rules,
@@ -22,6 +21,7 @@ from logtoku_guard.evaluation.dynamic import (
     paper_score,
     tune_threshold,
 )
+from logtoku_guard.errors import ConfigurationError
 
 from .support import make_data_dir
 
@@ -80,8 +80,8 @@ def test_label_logits_on_the_tiny_model(tiny_tokenizer: Any, tmp_path: Path) -> 
 
 
 def test_ekman_grouping_maps_gold_labels() -> None:
-    from logtoku_guard.evaluation.datasets import EmotionItem
-    from logtoku_guard.evaluation.dynamic import EKMAN, to_ekman
+    from logtoku_eval.datasets import EmotionItem
+    from logtoku_eval.dynamic import EKMAN, to_ekman
 
     fine = [f for fs in EKMAN.values() for f in fs]
     items = [EmotionItem("a", "t", (fine.index("gratitude"), fine.index("love"))), EmotionItem("b", "t", (fine.index("grief"),))]

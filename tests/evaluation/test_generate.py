@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.generate import greedy_cache, run_greedy
 from logtoku_guard.backends.fake import ScriptedBackend
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.generate import greedy_cache, run_greedy
 
 from .support import ITEM, qa_backend
 

@@ -7,8 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.judges import (
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.judges import (
     EmbeddingJudge,
     MatchJudge,
     RougeJudge,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.methods import HEADLINE, cluster_by_similarity, cluster_entropy, sampling_scores, single_pass_scores
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.methods import HEADLINE, cluster_by_similarity, cluster_entropy, sampling_scores, single_pass_scores
 
 from .support import BagOfWords
 
@@ -41,7 +41,7 @@ def test_semantic_clustering_and_entropy() -> None:
 
 
 def test_sampling_scores() -> None:
-    from logtoku_guard.evaluation.cache import CachedSample, CachedSamples
+    from logtoku_eval.cache import CachedSample, CachedSamples
 
     same = CachedSamples("a", "q", tuple(CachedSample("Paris", 1, 0.2) for _ in range(3)))
     mixed = CachedSamples("b", "q", (CachedSample("Paris", 1, 0.5), CachedSample("Lyon", 1, 1.5), CachedSample("", 0, math.nan)))

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from logtoku_eval import metrics as M
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation import metrics as M
 
 S4 = [0.9, 0.8, 0.7, 0.6]
 

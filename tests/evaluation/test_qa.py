@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from support.tiny import make_model
 
+from logtoku_eval.crossfit import cross_fit_guard
+from logtoku_eval.datasets import QAItem, load_truthfulqa
+from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_eval.generate import GreedySpec, SamplingSpec, qa_prompt
+from logtoku_eval.judges import EmbeddingJudge, MatchJudge, RougeJudge
+from logtoku_eval.methods import HEADLINE
+from logtoku_eval.qa import QAConfig, evaluate, run_qa
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.crossfit import cross_fit_guard
-from logtoku_guard.evaluation.datasets import QAItem, load_truthfulqa
-from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
-from logtoku_guard.evaluation.generate import GreedySpec, SamplingSpec, qa_prompt
-from logtoku_guard.evaluation.judges import EmbeddingJudge, MatchJudge, RougeJudge
-from logtoku_guard.evaluation.methods import HEADLINE
-from logtoku_guard.evaluation.qa import QAConfig, evaluate, run_qa
 from logtoku_guard.guard_score import auroc
 
 from .support import HAS_MPL, BagOfWords, judged_answers, make_data_dir, qa_backend

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from support.tiny import make_model
 
+from logtoku_eval.generate import GreedySpec
+from logtoku_eval.rag import GuardEvalConfig, build_knowledge_base, run_guard_eval
 from logtoku_guard.backends.fake import ScriptedBackend
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.generate import GreedySpec
-from logtoku_guard.evaluation.rag import GuardEvalConfig, build_knowledge_base, run_guard_eval
 
 from .support import HAS_MPL, nq_items, nq_script
 
@@ -111,7 +111,7 @@ def test_rag_keeps_every_name_of_the_split_modules() -> None:
     """``evaluation.rag`` was one module; its names still import from there, as the same objects."""
     import importlib
 
-    from logtoku_guard.evaluation import rag
+    from logtoku_eval import rag
 
     moved = {
         "knowledge_base": ["KnowledgeBase", "RagSetup", "build_knowledge_base", "faq_entry", "rag_cache", "run_rag"],
@@ -120,7 +120,7 @@ def test_rag_keeps_every_name_of_the_split_modules() -> None:
         "guard_report": ["GuardEvalReport", "write_report"],
     }
     for module, names in moved.items():
-        home = importlib.import_module(f"logtoku_guard.evaluation.{module}")
+        home = importlib.import_module(f"logtoku_eval.{module}")
         for name in names:
             assert getattr(rag, name) is getattr(home, name), name
     assert {"GuardEvalConfig", "GuardEvalRun", "evaluate_guard", "run_guard_eval", "threshold_for"} <= set(rag.__all__)

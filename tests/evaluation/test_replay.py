@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from logtoku_eval.replay import Replay, oracle_mask, retrieve_mask, threshold_for
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.replay import Replay, oracle_mask, retrieve_mask, threshold_for
 
 
 def test_retrieve_mask_takes_the_lowest_finite_scores_ties_by_position() -> None:

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from logtoku_guard.cli import app
-from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.traffic_eval import (
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.cli import eval_app
+from logtoku_eval.traffic_eval import (
     OUTCOMES,
     TrafficQuestion,
     choose_threshold,
@@ -22,6 +21,7 @@ from logtoku_guard.evaluation.traffic_eval import (
     judge_answers,
     traffic_questions,
 )
+from logtoku_guard.embedded import EMBEDDED_MODEL
 
 from .support import HAS_MPL
 
@@ -104,9 +104,9 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
 ) -> None:
     """Every answer already cached under the backend's model name: the CLI loads no model, fits,
     and writes traffic.md/json and the guard."""
+    from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
+    from logtoku_eval.traffic import dataset_name
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
-    from logtoku_guard.evaluation.generate import SERVING, SERVING_TEMPLATE, greedy_cache
-    from logtoku_guard.evaluation.traffic import dataset_name
 
     questions = traffic_questions()
     rng = random.Random(0)
@@ -120,10 +120,9 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
         text = f"The answer is {q.answers[0]}" if right else "The answer is Nobody Knows"
         caches["syllable" if q.group == "syllable" else "traffic"].append([record(q.id, q.question, text, 7.0 if right else 1.5)])
     caches["calibration"].append(record(c.id, c.question, "It is Some Thing", 3.0) for c in shipped_calibration_questions())
-    monkeypatch.setattr("logtoku_guard.cli.eval.backend_loader", lambda *a: pytest.fail("no model may load"))
+    monkeypatch.setattr("logtoku_eval.cli.paper.backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
     args = [
-        "eval",
         "traffic",
         "--backend",
         backend,
@@ -134,12 +133,12 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
         "--n-boot",
         "20",
     ]
-    res = CliRunner().invoke(app, [*args, *([] if HAS_MPL else ["--no-plots"])])
+    res = CliRunner().invoke(eval_app, [*args, *([] if HAS_MPL else ["--no-plots"])])
     assert res.exit_code == 0, res.output
     assert (out / "traffic-trade-off.png").is_file() == HAS_MPL
     assert "real-wrong" in res.output and (out / "traffic.md").is_file()
     payload = json.loads((out / "traffic.json").read_text())
     assert set(payload["test_rates"]) == set(OUTCOMES)
     assert json.loads((out / "traffic-guard.json").read_text())["datasets"] == ["traffic-tune"]
-    bad = CliRunner().invoke(app, ["eval", "traffic", "--pass-target", "1.5", "--gen-cache-dir", str(tmp_path / "gen")])
+    bad = CliRunner().invoke(eval_app, ["traffic", "--pass-target", "1.5", "--gen-cache-dir", str(tmp_path / "gen")])
     assert bad.exit_code == 2 and "--pass-target 1.5" in bad.output

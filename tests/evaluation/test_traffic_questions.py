@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from support.scripts import imported_script
 
+from logtoku_eval.datasets import load_nq_open
+from logtoku_eval.fabricated import load_fabricated
+from logtoku_eval.traffic import TrafficItem, dataset_name, default_path, load_traffic
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.datasets import load_nq_open
-from logtoku_guard.evaluation.fabricated import load_fabricated
-from logtoku_guard.evaluation.traffic import TrafficItem, dataset_name, default_path, load_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "traffic" / "make_questions.py"
@@ -56,7 +56,7 @@ def _calibration_file(path: Path, nq_lines: list[int], extra_question: str) -> P
 
 # -- the shipped file -------------------------------------------------------------------------------------------
 def test_schema_and_sizes(items, raw, gen):
-    assert default_path().parent == ROOT / "logtoku_guard" / "evaluation" / "data"
+    assert default_path().parent == ROOT / "evaluation" / "logtoku_eval" / "data"
     assert all(list(r) == list(gen.FIELDS) for r in raw)
     groups = Counter((it.group, it.category) for it in items)
     assert {c for g, c in groups if g == "plausible"} == set(gen.PLAUSIBLE_CATEGORIES)

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.cli import eval_app
+from logtoku_eval.fabricated import dataset_name, load_fabricated
+from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
+from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.profiles import build_profile
-from logtoku_guard.cli import app
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
-from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
-from logtoku_guard.evaluation.generate import GreedySpec, greedy_cache
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.policy import default_policy
 from logtoku_guard.prompt_stats import PromptStats, focus_tokens
@@ -196,9 +196,8 @@ def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
     items = load_fabricated("tune")[:10] + load_fabricated("test")[:10]
     cache.append(_record(it.id, it.question, known=it.is_known, prefix="Q: ") for it in items)
     result = CliRunner().invoke(
-        app,
+        eval_app,
         [
-            "eval",
             "fabricated",
             "--limit",
             "10",
@@ -260,3 +259,24 @@ def test_a_longer_answer_is_scored_on_the_length_the_guard_was_fit_on() -> None:
     assert scored_long.max_eu > scored_short.max_eu  # the other statistics still describe the whole answer
     unbounded = fit_guard(rows, labels, ["s"])
     assert with_guard_score(ResponseStats.from_generation(long), unbounded, long).guard_score != scored_short.guard_score
+
+
+def test_auroc_is_the_rank_statistic_with_ties_at_one_half_and_nan_lowest() -> None:
+    """The one AUROC (the guard's CV figure and every eval report): equal to counting the pairs."""
+    import numpy as np
+
+    from logtoku_guard.guard_score import auroc
+
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 6, 300).astype(float)  # many ties
+    s[:7] = np.nan
+    y = rng.random(300) < 0.4
+    low = np.nan_to_num(s, nan=-np.inf)
+    pos, neg = low[y], low[~y]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert auroc(s, y) == pytest.approx(pairs / (pos.size * neg.size))
+    assert auroc([math.nan, 0.5], [True, False]) == 0.0 and math.isnan(auroc([1.0, 2.0], [1, 1]))
+    with pytest.raises(ConfigurationError, match="same length"):
+        auroc([1.0, 2.0], [True])
+    with pytest.raises(ConfigurationError, match="0/1"):
+        auroc([1.0, 2.0], [0, 2])

@@ -1,7 +1,7 @@
 """The live check: the real :class:`~logtoku_guard.guard.Guard` against the replay.
 
 :func:`live_check` runs the guard with one rule "retrieve when <stat> < t" (one attempt,
-then pass) on the first questions of a :class:`~logtoku_guard.evaluation.replay.Replay`, with
+then pass) on the first questions of a :class:`~logtoku_eval.replay.Replay`, with
 ``t`` the replay's threshold at the budget, and counts where its decisions and answers agree
 with the replay.
 """
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from logtoku_eval.cache import CachedGeneration
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.generate import GreedySpec, ProgressFn
+from logtoku_eval.judges import MatchJudge
+from logtoku_eval.knowledge_base import RagSetup
+from logtoku_eval.replay import CROSS_FITTED, SIGNALS, Replay, json_fields, threshold_for
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.generate import GreedySpec, ProgressFn
-from logtoku_guard.evaluation.judges import MatchJudge
-from logtoku_guard.evaluation.knowledge_base import RagSetup
-from logtoku_guard.evaluation.replay import CROSS_FITTED, SIGNALS, Replay, json_fields, threshold_for
 
 __all__ = ["LiveCheck", "live_check"]
 

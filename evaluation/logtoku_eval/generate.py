@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import (
+from logtoku_eval.cache import (
     CachedGeneration,
     CachedSample,
     CachedSamples,
@@ -23,7 +22,8 @@ from logtoku_guard.evaluation.cache import (
     CacheMeta,
     JsonlCache,
 )
-from logtoku_guard.evaluation.datasets import QAItem
+from logtoku_eval.datasets import QAItem
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 
 PROMPT_TEMPLATE = "Answer the question concisely. Q: {question} A:"

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.fabricated_eval import STAT_METHODS
+from logtoku_eval.methods import Method
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.fabricated_eval import STAT_METHODS
-from logtoku_guard.evaluation.methods import Method
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.stats import ResponseStats
 
@@ -124,7 +124,7 @@ def cross_fit_guard(
     """Score each row with the guard fit on the other folds (see the module docstring).
 
     ``rows``: one :class:`ResponseStats` per answer (e.g. from
-    :func:`~logtoku_guard.evaluation.fabricated_eval.stats_from_cached`); ``labels``: True =
+    :func:`~logtoku_eval.fabricated_eval.stats_from_cached`); ``labels``: True =
     correct. Deterministic for a seed. ``folds`` >= 2; with fewer answers than folds some
     folds are empty (nothing to score there).
     """
@@ -173,7 +173,7 @@ def shipped_scores(rows: Sequence[ResponseStats], model: str, k: int = 2, eviden
 
 
 def plain_stat_methods() -> list[Method]:
-    """The :data:`~logtoku_guard.evaluation.fabricated_eval.STAT_METHODS` that need no fitted guard."""
+    """The :data:`~logtoku_eval.fabricated_eval.STAT_METHODS` that need no fitted guard."""
     return [m for m, _, _ in STAT_METHODS if m.name not in _NEEDS_GUARD]
 
 

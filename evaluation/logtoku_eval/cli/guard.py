@@ -1,5 +1,5 @@
 """``logtoku-guard eval guard | fabricated | traffic``: the guard's own benchmarks (the paper's
-protocols are in :mod:`logtoku_guard.cli.eval`, whose sub-app, options and helpers these share).
+protocols are in :mod:`logtoku_eval.cli.paper`, whose sub-app, options and helpers these share).
 
 As there, only typer, rich and the CLI's shared modules are imported here; the evaluation
 harness is imported inside the commands.
@@ -12,10 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from logtoku_guard.cli import _common
-from logtoku_guard.cli import eval as ev
-from logtoku_guard.cli._common import BackendOpt, DeviceOpt
-from logtoku_guard.cli.eval import (
+from logtoku_eval.cli import paper as ev
+from logtoku_eval.cli.paper import (
     BatchOpt,
     BootOpt,
     DataDirOpt,
@@ -28,6 +26,8 @@ from logtoku_guard.cli.eval import (
     PlotsOpt,
     eval_app,
 )
+from logtoku_guard.cli import _common
+from logtoku_guard.cli._common import BackendOpt, DeviceOpt
 
 
 def _budgets(text: str) -> tuple[float, ...]:
@@ -66,6 +66,7 @@ def guard_end_to_end(
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
+    backend: BackendOpt = "transformers",
 ) -> None:
     """The guard end to end on NQ-open with a FAQ knowledge base: accuracy vs retrievals spent.
 
@@ -74,14 +75,15 @@ def guard_end_to_end(
     low, at matched retrieval budgets (replayed from cached closed-book and retrieval
     answers), plus a live run of the real Guard (LogTokU rule) on the first questions.
     """
+    from logtoku_eval.datasets import load_nq_open
+    from logtoku_eval.generate import K_STORED
+    from logtoku_eval.rag import GuardEvalConfig, run_guard_eval
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.datasets import load_nq_open
-    from logtoku_guard.evaluation.generate import K_STORED
-    from logtoku_guard.evaluation.rag import GuardEvalConfig, run_guard_eval
     from logtoku_guard.policy import RetrieveSettings
 
     chosen = _budgets(budgets)
     ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed, guard_folds=guard_folds)
+    ev.check_backend_option(backend, device)
     if live < 0:
         msg = f"--live must be 0 (no live check) or a positive number of questions, got {live!r}"
         raise typer.BadParameter(msg)
@@ -111,10 +113,10 @@ def guard_end_to_end(
             result = run_guard_eval(
                 items,
                 pool,
-                ev.model_name(model),
-                ev.backend_loader(model, K_STORED, device, model_cache),
+                ev.model_name(model, backend),
+                ev.backend_loader(model, K_STORED, device, model_cache, backend),
                 config,
-                live_backend=ev.backend_loader(model, 2, device, model_cache),
+                live_backend=ev.backend_loader(model, 2, device, model_cache, backend),
                 on_progress=ev.progress_factory(progress),
             )
     except LogTokUError as exc:
@@ -137,17 +139,19 @@ def fabricated(
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
+    backend: BackendOpt = "transformers",
 ) -> None:
     """Known vs fabricated questions: the guard score fit on the tune half, AUROC and policy rates on the test half."""
+    from logtoku_eval.fabricated import dataset_name, load_fabricated
+    from logtoku_eval.fabricated_eval import evaluate_fabricated, write_fabricated
+    from logtoku_eval.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.fabricated import dataset_name, load_fabricated
-    from logtoku_guard.evaluation.fabricated_eval import evaluate_fabricated, write_fabricated
-    from logtoku_guard.evaluation.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
 
     ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
+    ev.check_backend_option(backend, device)
     cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
     try:
-        name = ev.model_name(model)
+        name = ev.model_name(model, backend)
         halves = {s: _first_of_each_kind(load_fabricated(s), limit) for s in ("tune", "test")}
         cache = greedy_cache(cache_dir, name, dataset_name(), GreedySpec())
         todo = [it.to_qa_item() for s in halves for it in halves[s] if it.id not in cache]
@@ -155,8 +159,8 @@ def fabricated(
             with ev.progress_bar() as progress:
                 total = sum(len(h) for h in halves.values())
                 on = ev.progress_factory(progress)("fabricated", total, total - len(todo))
-                backend = ev.backend_loader(model, K_STORED, device, model_cache)()
-                run_greedy(backend, todo, cache, spec=GreedySpec(), batch_size=batch_size, on_progress=on)
+                loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
+                run_greedy(loaded, todo, cache, spec=GreedySpec(), batch_size=batch_size, on_progress=on)
         pairs = {s: [(cache.get(it.id), it.is_known) for it in halves[s]] for s in halves}
         report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
         files = write_fabricated(report, out_dir)
@@ -192,19 +196,19 @@ def traffic(
     threshold chosen there; flag rates per group with 95% CIs on the test half. Writes traffic.md,
     traffic.json and the fitted guard traffic-guard.json.
     """
+    from logtoku_eval.datasets import QAItem
+    from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
+    from logtoku_eval.traffic import dataset_name
+    from logtoku_eval.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
     from logtoku_guard.errors import ConfigurationError, LogTokUError
-    from logtoku_guard.evaluation.datasets import QAItem
-    from logtoku_guard.evaluation.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
-    from logtoku_guard.evaluation.traffic import dataset_name
-    from logtoku_guard.evaluation.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
 
     ev.check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
+    ev.check_backend_option(backend, device)
     if not 0.0 < pass_target < 1.0:
         raise _common.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
     cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
     try:
-        _common.check_backend(backend, device)
         name = ev.model_name(model, backend)
         questions = traffic_questions()
         calibration = [QAItem(q.id, q.question, q.answers) for q in shipped_calibration_questions()]

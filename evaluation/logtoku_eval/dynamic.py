@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from logtoku_eval.cache import CachedLabelLogits, CacheMeta, JsonlCache
+from logtoku_eval.datasets import EmotionItem
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedLabelLogits, CacheMeta, JsonlCache
-from logtoku_guard.evaluation.datasets import EmotionItem
 from logtoku_guard.uncertainty import rescore
 
 EMOTION_PROMPT = "Which emotion does this Reddit comment express? Options: {labels}.\nComment: {text}"
@@ -301,7 +301,7 @@ def evaluate_rules(
     dev_logits: np.ndarray, dev_gold: Sequence[Sequence[int]], test_logits: np.ndarray, test_gold: Sequence[Sequence[int]]
 ) -> list[RuleResult]:
     """Tune every rule on dev, report it on test; greedy and top-2 need no tuning."""
-    from logtoku_guard.evaluation.metrics import auroc
+    from logtoku_eval.metrics import auroc
 
     dev, test = label_stats(dev_logits), label_stats(test_logits)
     second_gold = np.array([int(s) in set(g) for s, g in zip(test.second, test_gold)], dtype=bool)

@@ -4,10 +4,10 @@ Data flow: items -> greedy answers with raw top-5 logits (cached) [+ sampled ans
 subset (cached)] -> judges label each answer -> every method's reliability, re-scored from
 the cache -> metrics with bootstrap intervals -> markdown, JSON, plots.
 
-Methods: the single-pass ones (:func:`~logtoku_guard.evaluation.methods.single_pass_methods`),
+Methods: the single-pass ones (:func:`~logtoku_eval.methods.single_pass_methods`),
 the statistics of ``eval fabricated`` that need no fitted guard (EU maxima, the question's
-own log-probability: :func:`~logtoku_guard.evaluation.crossfit.plain_stat_methods`), per
-judge the cross-fitted ``guard-score`` (:func:`~logtoku_guard.evaluation.crossfit.cross_fit_guard`,
+own log-probability: :func:`~logtoku_eval.crossfit.plain_stat_methods`), per
+judge the cross-fitted ``guard-score`` (:func:`~logtoku_eval.crossfit.cross_fit_guard`,
 labels depend on the judge; ``guard_folds = 0``: off) and ``guard-score-shipped`` when the
 model has a shipped guard; the sampling baselines on a subset. Paired bootstraps: the LogTokU
 headline and ``guard-score``, each minus the best baseline.
@@ -27,18 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedSamples
-from logtoku_guard.evaluation.crossfit import (
+from logtoku_eval.cache import CachedGeneration, CachedSamples
+from logtoku_eval.crossfit import (
     GUARD_SCORE,
     GUARD_SCORE_SHIPPED,
     guard_scores,
     plain_stat_methods,
     plain_stat_scores,
 )
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
-from logtoku_guard.evaluation.generate import (
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_eval.generate import (
     PROMPT_TEMPLATE,
     GreedySpec,
     ProgressFn,
@@ -48,8 +47,8 @@ from logtoku_guard.evaluation.generate import (
     run_sampling,
     samples_cache,
 )
-from logtoku_guard.evaluation.judges import BLEURT_NOTE, Embedder, Judge
-from logtoku_guard.evaluation.methods import (
+from logtoku_eval.judges import BLEURT_NOTE, Embedder, Judge
+from logtoku_eval.methods import (
     HEADLINE,
     SAMPLING_METHODS,
     response_au_eu,
@@ -57,7 +56,8 @@ from logtoku_guard.evaluation.methods import (
     single_pass_methods,
     single_pass_scores,
 )
-from logtoku_guard.evaluation.report import EvalReport, evaluate_methods
+from logtoku_eval.report import EvalReport, evaluate_methods
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 DEFAULT_SAMPLES_LIMIT = 50
@@ -309,7 +309,7 @@ def _write(
     files: list[Path] = []
     plots: list[str] = []
     if config.plots:
-        from logtoku_guard.evaluation.plots import plot_au_eu, plot_risk_coverage, plot_roc
+        from logtoku_eval.plots import plot_au_eu, plot_risk_coverage, plot_roc
 
         primary = reports[0].judge
         y = labels[primary]

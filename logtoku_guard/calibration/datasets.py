@@ -1,11 +1,13 @@
-"""Evaluation dataset loaders, read in place from a datasets folder the user points to.
+"""The question datasets calibration can read in place: TruthfulQA and NQ-open.
 
 * TruthfulQA (Lin et al. 2022): ``truthfulqa/TruthfulQA.csv`` (starts with a BOM: ``utf-8-sig``).
 * NQ-open (Kwiatkowski et al. 2019; Lee et al. 2019): ``nq_open/NQ-open.dev.jsonl``.
-* GoEmotions (Demszky et al. 2020): ``goemotions/{dev,test}.tsv`` and ``emotions.txt``.
 
-Only ``logtoku-guard eval`` needs them (calibration ships its own questions). Where the data
-folder is, first match wins (:func:`data_root`):
+Calibration ships its own 200 questions (:mod:`~logtoku_guard.calibration.prompts`); these
+loaders serve :func:`~logtoku_guard.calibration.default_calibration_prompts` with a
+``data_dir`` (any number of questions, picked from the full files) and the evaluation harness
+(``logtoku_eval``), which adds GoEmotions. Where the data folder is, first match wins
+(:func:`data_root`):
 
 1. an explicit argument: ``data_dir=`` (the CLI's ``--data-dir``), or a file ``path``;
 2. the environment variable ``$LOGTOKU_GUARD_DATA`` (:data:`DATA_ENV`), used as given.
@@ -17,9 +19,7 @@ layout and where to get each file are in the README ("Evaluation datasets").
 A missing folder or file raises :class:`DatasetUnavailableError` naming the path and the
 fix, so callers (and tests) can skip clearly; a malformed file (not UTF-8, a line that is not
 JSON, a missing field or column) raises :class:`ConfigurationError` naming the file, the line
-and the expected format. The calibration prompts
-(:func:`logtoku_guard.calibration.default_calibration_prompts`) read TruthfulQA and NQ-open
-through these loaders.
+and the expected format.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from logtoku_guard.errors import ConfigurationError, DatasetUnavailableError
 
 TRUTHFULQA_FILE = Path("truthfulqa") / "TruthfulQA.csv"
 NQ_OPEN_FILE = Path("nq_open") / "NQ-open.dev.jsonl"
-GOEMOTIONS_DIR = Path("goemotions")
 DATA_ENV = "LOGTOKU_GUARD_DATA"
 """The environment variable naming the datasets folder."""
 
@@ -52,15 +51,6 @@ class QAItem:
     correct: tuple[str, ...]
     incorrect: tuple[str, ...] = ()
     category: str = ""
-
-
-@dataclass(frozen=True)
-class EmotionItem:
-    """One GoEmotions comment and its gold label ids (0..27; 27 = neutral)."""
-
-    id: str
-    text: str
-    labels: tuple[int, ...]
 
 
 def default_data_dir() -> Path | None:
@@ -89,7 +79,7 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     return root
 
 
-def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] | None, default: Path) -> Path:
+def dataset_file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] | None, default: Path) -> Path:
     p = Path(path) if path is not None else data_root(data_dir) / default
     if not p.is_file():
         msg = (
@@ -100,12 +90,12 @@ def _file(path: str | os.PathLike[str] | None, data_dir: str | os.PathLike[str] 
     return p
 
 
-def _bad_file(p: Path, where: str, what: str, exc: BaseException | None, expected: str) -> ConfigurationError:
+def bad_file_error(p: Path, where: str, what: str, exc: BaseException | None, expected: str) -> ConfigurationError:
     detail = f" ({exc.__class__.__name__}: {exc})" if exc is not None else ""
     return ConfigurationError(f"{p}{where}: {what}{detail}; {expected}")
 
 
-def _not_utf8(p: Path, exc: UnicodeDecodeError) -> ConfigurationError:
+def not_utf8_error(p: Path, exc: UnicodeDecodeError) -> ConfigurationError:
     return ConfigurationError(
         f"dataset file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); "
         "save it as UTF-8 or point to the original file"
@@ -116,7 +106,7 @@ def _split_answers(field: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in field.split(";") if a.strip())
 
 
-def _check_limit(limit: int | None) -> None:
+def check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         msg = f"limit must be a positive integer or None (all), got {limit!r}"
         raise ConfigurationError(msg)
@@ -130,8 +120,8 @@ def load_truthfulqa(
     Ids are ``tqa-<row>`` (0-based). ``correct`` = best answer + correct answers (deduplicated,
     order kept), as in the paper's BLEURT protocol.
     """
-    _check_limit(limit)
-    p = _file(path, data_dir, TRUTHFULQA_FILE)
+    check_limit(limit)
+    p = dataset_file(path, data_dir, TRUTHFULQA_FILE)
     items = []
     expected = "TruthfulQA.csv needs the columns 'Question', 'Best Answer', 'Correct Answers', 'Incorrect Answers'"
     try:
@@ -141,7 +131,7 @@ def load_truthfulqa(
                     correct = tuple(dict.fromkeys([row["Best Answer"].strip(), *_split_answers(row["Correct Answers"])]))
                     question, incorrect = row["Question"].strip(), _split_answers(row["Incorrect Answers"])
                 except (KeyError, AttributeError) as exc:  # a missing column, or a short row (None)
-                    raise _bad_file(p, f", row {i + 1}", "missing or empty column", exc, expected) from exc
+                    raise bad_file_error(p, f", row {i + 1}", "missing or empty column", exc, expected) from exc
                 items.append(
                     QAItem(
                         id=f"tqa-{i}",
@@ -154,7 +144,7 @@ def load_truthfulqa(
                 if limit is not None and len(items) >= limit:
                     break
     except UnicodeDecodeError as exc:
-        raise _not_utf8(p, exc) from exc
+        raise not_utf8_error(p, exc) from exc
     return items
 
 
@@ -162,8 +152,8 @@ def load_nq_open(
     path: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None
 ) -> list[QAItem]:
     """NQ-open dev questions (3610) in file order; ids ``nq-<line>``; a ``?`` is appended."""
-    _check_limit(limit)
-    p = _file(path, data_dir, NQ_OPEN_FILE)
+    check_limit(limit)
+    p = dataset_file(path, data_dir, NQ_OPEN_FILE)
     items = []
     expected = "each line must be a UTF-8 JSON object with a 'question' (text) and an 'answer' (a list of texts)"
     with open(p, "rb") as fh:
@@ -171,57 +161,18 @@ def load_nq_open(
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise _bad_file(p, f":{i + 1}", f"not UTF-8 text (byte {raw[exc.start]:#04x})", None, expected) from exc
+                raise bad_file_error(p, f":{i + 1}", f"not UTF-8 text (byte {raw[exc.start]:#04x})", None, expected) from exc
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise _bad_file(p, f":{i + 1}", "not JSON", exc, expected) from exc
+                raise bad_file_error(p, f":{i + 1}", "not JSON", exc, expected) from exc
             if not isinstance(obj, dict) or "question" not in obj or not isinstance(obj.get("answer"), list):
-                raise _bad_file(p, f":{i + 1}", f"got {line.strip()[:80]!r}", None, expected)
+                raise bad_file_error(p, f":{i + 1}", f"got {line.strip()[:80]!r}", None, expected)
             q = str(obj["question"]).strip()
             answers = tuple(str(a) for a in obj["answer"])
             items.append(QAItem(id=f"nq-{i}", question=q if q.endswith("?") else q + "?", correct=answers))
             if limit is not None and len(items) >= limit:
                 break
-    return items
-
-
-def load_emotion_names(data_dir: str | os.PathLike[str] | None = None) -> list[str]:
-    """The 28 GoEmotions label names in id order (27 = neutral)."""
-    p = _file(None, data_dir, GOEMOTIONS_DIR / "emotions.txt")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(p, exc) from exc
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def load_goemotions(split: str, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[EmotionItem]:
-    """GoEmotions ``dev`` or ``test`` (``text<TAB>ids<TAB>comment id``), in file order."""
-    if split not in ("dev", "test", "train"):
-        msg = f"GoEmotions split must be 'dev' or 'test', got {split!r}"
-        raise ConfigurationError(msg)
-    _check_limit(limit)
-    p = _file(None, data_dir, GOEMOTIONS_DIR / f"{split}.tsv")
-    items = []
-    try:
-        with open(p, encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                parts = line.rstrip("\n").split("\t")
-                if len(parts) < 2:
-                    continue
-                try:
-                    labels = tuple(int(x) for x in parts[1].split(",") if x.strip())
-                except ValueError as exc:
-                    expected = "each line must be <text> TAB <comma-separated label ids> [TAB <comment id>]"
-                    raise _bad_file(p, f":{i + 1}", "label ids are not integers", exc, expected) from exc
-                items.append(
-                    EmotionItem(id=parts[2] if len(parts) > 2 and parts[2] else f"{split}-{i}", text=parts[0], labels=labels)
-                )
-                if limit is not None and len(items) >= limit:
-                    break
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(p, exc) from exc
     return items

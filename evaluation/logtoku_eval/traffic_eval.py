@@ -3,14 +3,14 @@
 Four groups, each cut into ``tune`` and ``test`` halves before any answer was seen:
 
 * ``real-correct`` / ``real-wrong``: real questions (every known fact of the pool and a sample
-  of NQ-open, :mod:`~logtoku_guard.evaluation.traffic`) whose answer the ``nq-match`` judge
+  of NQ-open, :mod:`~logtoku_eval.traffic`) whose answer the ``nq-match`` judge
   finds right / wrong: the model's confident wrong answers are a class of their own;
 * ``plausible``: invented things named with ordinary words ("the Northfield Institute for
   Coastal Research");
 * ``syllable``: invented names made of random syllables (the fabricated half of the
   known-vs-fabricated benchmark).
 
-Answers are made as ``logtoku-guard ask`` makes them (:data:`~logtoku_guard.evaluation.generate.SERVING`:
+Answers are made as ``logtoku-guard ask`` makes them (:data:`~logtoku_eval.generate.SERVING`:
 the question alone, greedy, 64 tokens), and the default calibration set is answered the same
 way, so the thresholds are placed in the very profile ``calibrate`` builds.
 
@@ -40,14 +40,14 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.cache import CachedGeneration
+from logtoku_eval.fabricated import load_fabricated
+from logtoku_eval.fabricated_eval import generation_from_cached
+from logtoku_eval.generate import SERVING
+from logtoku_eval.judges import MatchJudge
+from logtoku_eval.metrics import bootstrap_ci, share_ci
+from logtoku_eval.traffic import load_traffic
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
-from logtoku_guard.evaluation.cache import CachedGeneration
-from logtoku_guard.evaluation.fabricated import load_fabricated
-from logtoku_guard.evaluation.fabricated_eval import generation_from_cached
-from logtoku_guard.evaluation.generate import SERVING
-from logtoku_guard.evaluation.judges import MatchJudge
-from logtoku_guard.evaluation.metrics import bootstrap_ci, share_ci
-from logtoku_guard.evaluation.traffic import load_traffic
 from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
 
@@ -138,7 +138,7 @@ class TrafficAnswer:
 
 def judge_answers(pairs: Sequence[tuple[TrafficQuestion, CachedGeneration]]) -> list[TrafficAnswer]:
     """The outcome of each answer: real questions judged by ``nq-match``; any answer about an invented thing is not correct."""
-    from logtoku_guard.evaluation.datasets import QAItem
+    from logtoku_eval.datasets import QAItem
 
     judge = MatchJudge()
     out = []
@@ -387,7 +387,7 @@ def write_traffic(report: TrafficReport, out_dir: str | Path, *, plots: bool = T
     guard.write_text(report.guard.model_dump_json(indent=1), encoding="utf-8")
     files = [md, js, guard]
     if plots and report.curve:
-        from logtoku_guard.evaluation.plots import plot_trade_off
+        from logtoku_eval.plots import plot_trade_off
 
         point = (1.0 - report.test_rates["real-correct"].value, report.test_rates["real-wrong"].value)
         files.append(plot_trade_off(out / "traffic-trade-off.png", report.curve, point, "Real questions, test half"))

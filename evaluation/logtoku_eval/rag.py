@@ -2,19 +2,19 @@
 
 This module runs the whole evaluation; each step has its own module:
 
-* :mod:`~logtoku_guard.evaluation.knowledge_base`: the FAQ knowledge base built from NQ-open,
+* :mod:`~logtoku_eval.knowledge_base`: the FAQ knowledge base built from NQ-open,
   the retrieval prompt (:class:`RagSetup`) and the retrieval answers' cache;
-* :mod:`~logtoku_guard.evaluation.replay`: every guard at every budget replayed exactly from
+* :mod:`~logtoku_eval.replay`: every guard at every budget replayed exactly from
   the cached closed-book and retrieval answers (:class:`Replay`);
-* :mod:`~logtoku_guard.evaluation.live`: the real :class:`~logtoku_guard.guard.Guard` on the
+* :mod:`~logtoku_eval.live`: the real :class:`~logtoku_guard.guard.Guard` on the
   first questions against the replay (:func:`live_check`);
-* :mod:`~logtoku_guard.evaluation.guard_report`: :class:`GuardEvalReport` and
+* :mod:`~logtoku_eval.guard_report`: :class:`GuardEvalReport` and
   :func:`write_report` (markdown, JSON, plot).
 
 :func:`evaluate_guard` labels both answer sets and replays every guard with bootstrap
 intervals; :func:`run_guard_eval` does everything from the questions (generating what the
 caches miss) to the written report. Every name of the steps above is re-exported here, so
-``from logtoku_guard.evaluation.rag import ...`` keeps working.
+``from logtoku_eval.rag import ...`` keeps working.
 """
 
 from __future__ import annotations
@@ -27,19 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration
-from logtoku_guard.evaluation.crossfit import cross_fit_guard
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.fabricated_eval import stats_from_cached
-from logtoku_guard.evaluation.generate import GreedySpec, ProgressFn
-from logtoku_guard.evaluation.guard_report import GuardEvalReport, write_report
-from logtoku_guard.evaluation.judges import MatchJudge
-from logtoku_guard.evaluation.knowledge_base import KnowledgeBase, RagSetup, build_knowledge_base, faq_entry, rag_cache, run_rag
-from logtoku_guard.evaluation.live import LiveCheck, live_check
-from logtoku_guard.evaluation.methods import single_pass_scores
-from logtoku_guard.evaluation.metrics import PairedDifference, bootstrap_indices
-from logtoku_guard.evaluation.replay import (
+from logtoku_eval.cache import CachedGeneration
+from logtoku_eval.crossfit import cross_fit_guard
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_eval.generate import GreedySpec, ProgressFn
+from logtoku_eval.guard_report import GuardEvalReport, write_report
+from logtoku_eval.judges import MatchJudge
+from logtoku_eval.knowledge_base import KnowledgeBase, RagSetup, build_knowledge_base, faq_entry, rag_cache, run_rag
+from logtoku_eval.live import LiveCheck, live_check
+from logtoku_eval.methods import single_pass_scores
+from logtoku_eval.metrics import PairedDifference, bootstrap_indices
+from logtoku_eval.replay import (
     CROSS_FITTED,
     CURVE_BUDGETS,
     DEFAULT_BUDGETS,
@@ -51,6 +50,7 @@ from logtoku_guard.evaluation.replay import (
     retrieve_mask,
     threshold_for,
 )
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.policy import RetrieveSettings
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
@@ -247,7 +247,7 @@ def run_guard_eval(
     with K = 5 stored logits; ``live_backend`` (same kind) runs the live check and must score
     like the live signal (K = 2 for ``logtoku``). Either is loaded only when needed.
     """
-    from logtoku_guard.evaluation.qa import QAConfig, _resolve, collect
+    from logtoku_eval.qa import QAConfig, _resolve, collect
 
     kb = build_knowledge_base(items, pool, config.coverage, config.kb_seed)
     setup = RagSetup(kb, config.settings)

@@ -1,4 +1,4 @@
-"""PNG plots (matplotlib, Agg backend; ``pip install 'logtoku-guard[eval]'``).
+"""PNG plots (matplotlib, Agg backend: a dependency of logtoku-guard-eval).
 
 * ROC curves of chosen methods;
 * risk-coverage curves (error rate of the kept answers vs share kept);
@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.metrics import aurc, auroc, risk_coverage, roc_curve
 from logtoku_guard.errors import MissingDependencyError
-from logtoku_guard.evaluation.metrics import aurc, auroc, risk_coverage, roc_curve
 
 
 def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
-        msg = "plots need matplotlib: pip install 'logtoku-guard[eval]' (or pass --no-plots)"
+        msg = "plots need matplotlib (a dependency of logtoku-guard-eval): pip install 'matplotlib>=3.8' (or pass --no-plots)"
         raise MissingDependencyError(msg) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.cache import CachedGeneration, JsonlCache
+from logtoku_eval.datasets import QAItem
+from logtoku_eval.generate import PROMPT_TEMPLATE, GreedySpec, ProgressFn, greedy_cache, qa_prompt, run_greedy
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.cache import CachedGeneration, JsonlCache
-from logtoku_guard.evaluation.datasets import QAItem
-from logtoku_guard.evaluation.generate import PROMPT_TEMPLATE, GreedySpec, ProgressFn, greedy_cache, qa_prompt, run_greedy
 from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.policy import RetrieveSettings
 

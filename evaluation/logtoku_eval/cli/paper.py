@@ -1,7 +1,8 @@
-"""``logtoku-guard eval ...``: the benchmark commands (typer), over :mod:`logtoku_guard.evaluation`.
+"""``logtoku-guard eval truthfulqa | nq-open | dynamic-decoding``: the paper's protocols, and the
+``eval`` sub-app with the options and helpers every benchmark command shares.
 
-Only typer, rich and the CLI's shared module are imported here; numpy, torch, transformers and matplotlib are
-imported inside the commands, so registering this sub-app costs nothing at CLI start.
+Only typer, rich and the core CLI's shared module are imported here; numpy, torch, transformers and
+matplotlib are imported inside the commands, so registering this sub-app costs nothing at CLI start.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import DeviceOpt
+from logtoku_guard.cli._common import BackendOpt, DeviceOpt
 
 eval_app = typer.Typer(
     help=(
@@ -114,6 +115,16 @@ def check_counts(
         raise _common.fail(ConfigurationError(msg))
 
 
+def check_backend_option(backend: str, device: str) -> None:
+    """``--backend`` (and ``--device`` with it), checked before any data or model loads."""
+    from logtoku_guard.errors import ConfigurationError
+
+    try:
+        _common.check_backend(backend, device)
+    except ConfigurationError as exc:
+        raise _common.fail(exc) from exc
+
+
 def model_name(model: str, backend: str = "transformers") -> str:
     """The name the backend records on its generations (what names the generation caches)."""
     from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
@@ -151,7 +162,7 @@ def progress_bar() -> Any:
 
 
 def _judges(names: list[str], judge_model: str | None, device: str, model_cache: Path | None) -> tuple[list[Any], Any]:
-    from logtoku_guard.evaluation.judges import EmbeddingJudge, LLMJudge, MatchJudge, RougeJudge, TransformerEmbedder
+    from logtoku_eval.judges import EmbeddingJudge, LLMJudge, MatchJudge, RougeJudge, TransformerEmbedder
 
     judges: list[Any] = []
     embedder = None
@@ -197,10 +208,11 @@ def _run_qa(
     device: str,
     model_cache: Path | None,
     guard_folds: int,
+    backend: str,
 ) -> None:
-    from logtoku_guard.evaluation.generate import K_STORED, SamplingSpec
-    from logtoku_guard.evaluation.judges import MINILM_PACKAGE, TransformerEmbedder
-    from logtoku_guard.evaluation.qa import QAConfig, run_qa
+    from logtoku_eval.generate import K_STORED, SamplingSpec
+    from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
+    from logtoku_eval.qa import QAConfig, run_qa
 
     names = judge or default_judges
     judges, embedder = _judges(names, judge_model, device, model_cache)
@@ -224,8 +236,8 @@ def _run_qa(
     with progress_bar() as progress:
         result = run_qa(
             items,
-            model_name(model),
-            backend_loader(model, K_STORED, device, model_cache),
+            model_name(model, backend),
+            backend_loader(model, K_STORED, device, model_cache, backend),
             judges,
             config,
             embedder=embedder,
@@ -258,6 +270,7 @@ def truthfulqa(
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
+    backend: BackendOpt = "transformers",
 ) -> None:
     """TruthfulQA response reliability: AUROC/AUPRC/PRR/AURC of every method.
 
@@ -272,9 +285,10 @@ def truthfulqa(
         n_samples=n_samples,
         guard_folds=guard_folds,
     )
+    check_backend_option(backend, device)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
+    from logtoku_eval.datasets import load_truthfulqa
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.datasets import load_truthfulqa
 
     try:
         items = load_truthfulqa(path, data_dir=data_dir, limit=limit)
@@ -297,6 +311,7 @@ def truthfulqa(
             device=device,
             model_cache=model_cache,
             guard_folds=guard_folds,
+            backend=backend,
         )
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
@@ -320,6 +335,7 @@ def nq_open(
     device: DeviceOpt = "auto",
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
+    backend: BackendOpt = "transformers",
 ) -> None:
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
     check_counts(
@@ -331,9 +347,10 @@ def nq_open(
         n_samples=n_samples,
         guard_folds=guard_folds,
     )
+    check_backend_option(backend, device)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
+    from logtoku_eval.datasets import load_nq_open
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.datasets import load_nq_open
 
     try:
         items = load_nq_open(path, data_dir=data_dir, limit=limit)
@@ -356,6 +373,7 @@ def nq_open(
             device=device,
             model_cache=model_cache,
             guard_folds=guard_folds,
+            backend=backend,
         )
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
@@ -382,9 +400,9 @@ def dynamic_decoding(
 
     import numpy as np
 
+    from logtoku_eval.datasets import load_emotion_names, load_goemotions
+    from logtoku_eval.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.evaluation.datasets import load_emotion_names, load_goemotions
-    from logtoku_guard.evaluation.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
 
     if taxonomy not in ("goemotions", "ekman"):
         msg = f"--taxonomy must be 'goemotions' or 'ekman', got {taxonomy!r}"

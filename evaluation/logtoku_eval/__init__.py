@@ -1,15 +1,17 @@
-"""Evaluation harness: datasets, generation cache, judges, methods, metrics, reports, plots.
+"""The evaluation harness of logtoku-guard (distribution ``logtoku-guard-eval``): datasets,
+generation cache, judges, methods, metrics, reports, plots, and the ``logtoku-guard eval`` commands
+(:mod:`logtoku_eval.cli`). It builds on the core package and is never imported by it.
 
 Data flow: dataset items -> cached greedy answers with raw top-5 logits (+ sampled answers
 on a subset) -> judges label them -> each method's reliability, re-scored from the cache ->
 AUROC / AUPRC / PRR / risk-coverage with bootstrap intervals -> markdown, JSON, PNG. The
-guard end to end (:mod:`~logtoku_guard.evaluation.rag`) replays retrieval guards at matched
+guard end to end (:mod:`~logtoku_eval.rag`) replays retrieval guards at matched
 budgets from cached closed-book and retrieval-augmented answers: knowledge base
 (``knowledge_base``), replay (``replay``), live check (``live``), report (``guard_report``).
 
 Framework-free: numpy for the maths; torch/transformers only where a model runs (generation,
-the MiniLM embedding judge); matplotlib (extra ``eval``) only for plots. Names are resolved
-lazily, so ``import logtoku_guard.evaluation`` (and the CLI) import none of them.
+the MiniLM embedding judge); matplotlib only for plots. Names are resolved
+lazily, so ``import logtoku_eval`` (and the CLI) import none of them.
 """
 
 from __future__ import annotations
@@ -93,9 +95,9 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        msg = f"module 'logtoku_guard.evaluation' has no attribute {name!r}"
+        msg = f"module 'logtoku_eval' has no attribute {name!r}"
         raise AttributeError(msg)
-    value = getattr(importlib.import_module(f"logtoku_guard.evaluation.{module}"), name)
+    value = getattr(importlib.import_module(f"logtoku_eval.{module}"), name)
     globals()[name] = value
     return value
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.evaluation.methods import HEADLINE, Method
-from logtoku_guard.evaluation.metrics import Interval, PairedDifference, bootstrap_all, paired_all
+from logtoku_eval.methods import HEADLINE, Method
+from logtoku_eval.metrics import Interval, PairedDifference, bootstrap_all, paired_all
 
 
 @dataclass(frozen=True)

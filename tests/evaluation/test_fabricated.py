@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from support.scripts import imported_script
 
+from logtoku_eval.fabricated import FabricatedItem, dataset_name, default_path, load_fabricated
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.fabricated import FabricatedItem, dataset_name, default_path, load_fabricated
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
 
 
@@ -32,7 +32,7 @@ def items() -> list[FabricatedItem]:
 def test_shipped_file_is_inside_the_package():
     path = default_path()
     assert path.is_file()
-    assert path.parent.parent == ROOT / "logtoku_guard" / "evaluation"
+    assert path.parent.parent == ROOT / "evaluation" / "logtoku_eval"
 
 
 def test_size_and_balanced_halves(items):

@@ -6,7 +6,8 @@ evidence mode outside its domain) is never dropped: it ranks as the least reliab
 (the same as ``-inf``), and reports count it.
 
 * AUROC: the probability that a random correct answer scores above a random incorrect one
-  (ties count one half): the Mann-Whitney U statistic.
+  (ties count one half): the Mann-Whitney U statistic. One implementation, the core's
+  (:func:`logtoku_guard.guard_score.auroc`, which the guard's fit reports too), used here.
 * AUPRC: average precision of retrieving the correct answers by score, ties grouped
   (``sum_k (R_k - R_{k-1}) P_k`` over the distinct score thresholds, as scikit-learn).
 * Risk-coverage: keep the ``k`` most reliable answers, ``k = 1..n``; risk = their error
@@ -32,43 +33,13 @@ from typing import Any
 import numpy as np
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.guard_score import auroc, ranking_arrays
 
 ArrayLike = Sequence[float] | Sequence[bool] | np.ndarray
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
-
-def _prepare(scores: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels).ravel()
-    if s.shape != y.shape:
-        msg = f"scores and labels must have the same length, got {s.size} and {y.size}"
-        raise ConfigurationError(msg)
-    if y.dtype != np.bool_:
-        if not np.isin(y, (0, 1)).all():
-            msg = "labels must be booleans (True = correct) or 0/1"
-            raise ConfigurationError(msg)
-        y = y.astype(bool)
-    s = np.where(np.isnan(s), -np.inf, s)  # NaN = least reliable, never dropped
-    return s, y
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``x`` (ascending), ties given their average rank."""
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    avg = ends - (counts - 1) / 2.0
-    return avg[inverse.ravel()]
-
-
-def auroc(scores: ArrayLike, labels: ArrayLike) -> float:
-    """Area under the ROC curve, correct = positive; NaN when only one class is present."""
-    s, y = _prepare(scores, labels)
-    n_pos = int(y.sum())
-    n_neg = y.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return math.nan
-    ranks = average_ranks(s)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+_prepare = ranking_arrays
+"""Scores (NaN as ``-inf``) and boolean labels, checked (the core's, as :func:`auroc` reads them)."""
 
 
 def roc_curve(scores: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

@@ -3,8 +3,8 @@
 Steps (every one reads the generation cache; the model is loaded only for missing answers):
 
 1. greedy answers of both halves with their prompt-side scores
-   (:func:`~logtoku_guard.evaluation.generate.run_greedy`, cache named by
-   :func:`~logtoku_guard.evaluation.fabricated.dataset_name`);
+   (:func:`~logtoku_eval.generate.run_greedy`, cache named by
+   :func:`~logtoku_eval.fabricated.dataset_name`);
 2. :func:`stats_from_cached`: each cached answer re-scored at K = 2 (clamped evidence, the
    library's default) into :class:`~logtoku_guard.stats.ResponseStats`, the prompt-side
    statistics over the question's own tokens (the instruction around it is left out);
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.methods import Method, single_pass_methods, single_pass_scores
+from logtoku_eval.metrics import share_ci
+from logtoku_eval.report import ResultTable, evaluate_methods
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedToken
-from logtoku_guard.evaluation.methods import Method, single_pass_methods, single_pass_scores
-from logtoku_guard.evaluation.metrics import share_ci
-from logtoku_guard.evaluation.report import ResultTable, evaluate_methods
 from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.prompt_stats import focus_tokens

@@ -31,8 +31,8 @@ from typing import Literal
 
 import numpy as np
 
-from logtoku_guard.evaluation.cache import CachedGeneration, CachedSamples
-from logtoku_guard.evaluation.judges import Embedder, rouge_l
+from logtoku_eval.cache import CachedGeneration, CachedSamples
+from logtoku_eval.judges import Embedder, rouge_l
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, EvidenceMode, rescore
 
 Family = Literal["logtoku", "single-pass baseline", "sampling baseline"]

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from logtoku_guard.evaluation.live import LiveCheck
-from logtoku_guard.evaluation.replay import CURVE_BUDGETS, BudgetPoint, Replay
+from logtoku_eval.live import LiveCheck
+from logtoku_eval.replay import CURVE_BUDGETS, BudgetPoint, Replay
 from logtoku_guard.payloads import json_float
 
 __all__ = ["HEADLINE_BUDGET", "GuardEvalReport", "write_report"]
@@ -116,7 +116,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     if plots:
-        from logtoku_guard.evaluation.plots import plot_budget_curves
+        from logtoku_eval.plots import plot_budget_curves
 
         curves = {g: (CURVE_BUDGETS, replay.curve(g)) for g in [*replay.scores, "random", "oracle"]}
         png = plot_budget_curves(

@@ -1,7 +1,7 @@
 """The guard replay: every retrieval guard at every budget, from two cached answer sets.
 
 Every question is answered twice, greedily, and both are cached: closed book (the cache of
-``eval nq-open``) and with retrieval (:mod:`~logtoku_guard.evaluation.knowledge_base`). A
+``eval nq-open``) and with retrieval (:mod:`~logtoku_eval.knowledge_base`). A
 guard with one rule "retrieve when <signal> < t" (one attempt, then pass) answers each
 question with one of the two, so its accuracy at any threshold is replayed exactly from the
 caches, for every signal and budget, without generating again. Budgets are matched: at
@@ -10,7 +10,7 @@ budget ``b`` each signal retrieves for its ``round(b n)`` least reliable closed-
 accuracy of retrieving ``round(b n)`` questions at random; ``oracle`` retrieves where it
 helps first and where it hurts last (an upper bound). ``guard-score`` is the learned guard
 score cross-fitted on the closed-book answers' labels
-(:func:`~logtoku_guard.evaluation.crossfit.cross_fit_guard`): k models, one per fold, so the
+(:func:`~logtoku_eval.crossfit.cross_fit_guard`): k models, one per fold, so the
 live check cannot run it as one rule (:data:`CROSS_FITTED`).
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.methods import HEADLINE
+from logtoku_eval.metrics import PairedDifference, paired_difference, percentile_interval
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.methods import HEADLINE
-from logtoku_guard.evaluation.metrics import PairedDifference, paired_difference, percentile_interval
 from logtoku_guard.payloads import json_float
 
 __all__ = [

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from logtoku_eval.datasets import QAItem
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.evaluation.datasets import QAItem
 from logtoku_guard.jsonl import json_lines
 
 __all__ = ["GROUPS", "SPLITS", "TrafficItem", "dataset_name", "default_path", "load_traffic"]

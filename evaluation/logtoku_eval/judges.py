@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from logtoku_eval.datasets import QAItem
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
-from logtoku_guard.evaluation.datasets import QAItem
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,0 +1,105 @@
+"""Command groups from other distributions (``logtoku_guard.cli.plugins``): found through the
+entry-point group ``logtoku_guard.cli``; ``eval`` answers with how to install the harness when absent."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+import typer
+from cli_support import wide_consoles  # noqa: F401 (an autouse fixture)
+from typer.testing import CliRunner
+
+from logtoku_guard.cli.plugins import GROUP, add_plugins
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+    @app.command()
+    def ask() -> None:
+        """A core command."""
+
+    return app
+
+
+def _plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "hello_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            import typer
+            app = typer.Typer()
+
+            @app.command()
+            def greet(name: str) -> None:
+                print(f"hello {name}")
+
+            @app.command()
+            def wave() -> None:
+                print("waves")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("args", [["eval"], ["eval", "--help"], ["eval", "truthfulqa", "--limit", "3"]])
+def test_eval_without_the_harness_exits_2_and_says_how_to_install_it(args: list[str]) -> None:
+    app = _app()
+    add_plugins(app, [])
+    res = CliRunner().invoke(app, args)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "Traceback" not in text, text
+    assert "logtoku-guard-eval" in text and "pip install ./evaluation" in text and "install.sh --eval" in text
+    listed = " ".join(CliRunner().invoke(app, ["--help"]).output.split())
+    assert "eval" in listed and "Benchmarks" in listed
+
+
+def test_a_registered_group_becomes_a_subcommand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _plugin(tmp_path, monkeypatch)
+    app = _app()
+    add_plugins(app, [EntryPoint("hello", "hello_plugin:app", GROUP)])
+    res = CliRunner().invoke(app, ["hello", "greet", "world"])
+    assert res.exit_code == 0 and "hello world" in res.output, res.output
+    eval_missing = CliRunner().invoke(app, ["eval"])
+    assert eval_missing.exit_code == 2  # the known group still answers where nothing provides it
+
+
+def test_a_group_that_fails_to_import_answers_with_the_error_and_the_rest_keeps_working() -> None:
+    app = _app()
+    add_plugins(app, [EntryPoint("eval", "logtoku_eval_missing_module.cli:eval_app", GROUP)])
+    res = CliRunner().invoke(app, ["eval", "--help"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "failed to import" in text and "logtoku_eval_missing_module" in text, text
+    assert "pip install ./evaluation" in text
+    assert CliRunner().invoke(app, ["ask"]).exit_code == 0
+
+
+def test_a_group_named_like_a_core_command_is_ignored_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _plugin(tmp_path, monkeypatch)
+    app = _app()
+    with caplog.at_level(logging.WARNING, logger="logtoku_guard.cli.plugins"):
+        add_plugins(app, [EntryPoint("ask", "hello_plugin:app", GROUP)])
+    assert "'ask'" in caplog.text and "already exists" in caplog.text
+    res = CliRunner().invoke(app, ["ask"])
+    assert res.exit_code == 0 and "waves" not in res.output
+
+
+def test_the_core_cli_reads_the_installed_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``add_plugins`` without a list asks importlib.metadata for the group."""
+    import logtoku_guard.cli.plugins as plugins
+
+    asked: list[str] = []
+
+    def fake_entry_points(*, group: str) -> list[EntryPoint]:
+        asked.append(group)
+        return []
+
+    monkeypatch.setattr(plugins, "entry_points", fake_entry_points)
+    add_plugins(_app())
+    assert asked == ["logtoku_guard.cli"]
