@@ -60,9 +60,12 @@ review.review_app.command("serve")(review_serve)
 review.review_app.command("add-reviewer")(add_reviewer)
 app.add_typer(review.review_app, name="review")
 app.add_typer(audit.audit_app, name="audit")
-add_plugins(app)
 
 
 def main() -> None:
-    """The ``logtoku-guard`` console script."""
+    """The ``logtoku-guard`` console script: the core commands plus the command groups other
+    distributions register (:mod:`logtoku_guard.cli.plugins`). The groups are added here, not
+    when this package is imported: a plugin imports this package for its shared options, and
+    importing the plugin first must not load it again half-initialised."""
+    add_plugins(app)
     app()

@@ -103,3 +103,26 @@ def test_the_core_cli_reads_the_installed_entry_points(monkeypatch: pytest.Monke
     monkeypatch.setattr(plugins, "entry_points", fake_entry_points)
     add_plugins(_app())
     assert asked == ["logtoku_guard.cli"]
+
+
+def test_a_plugin_that_imports_the_core_cli_can_be_imported_first(tmp_path: Path) -> None:
+    """A plugin module importing ``logtoku_guard.cli`` (for its shared options) before the core
+    CLI was imported must not be loaded again half-initialised through its own entry point."""
+    import subprocess
+    import sys
+
+    (tmp_path / "hello_cycle.py").write_text(
+        "import typer\nfrom logtoku_guard.cli import _common  # noqa: F401\napp = typer.Typer()\n"
+        "@app.command()\ndef wave() -> None:\n    typer.echo('waves')\n",
+        encoding="utf-8",
+    )
+    dist = tmp_path / "hello_cycle-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-cycle\nVersion: 0.1\n", encoding="utf-8")
+    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nhello = hello_cycle:app\n", encoding="utf-8")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import hello_cycle; "
+        "sys.argv = ['logtoku-guard', 'hello', 'wave']; from logtoku_guard.cli import main; main()"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0 and res.stdout.strip() == "waves", res.stderr
