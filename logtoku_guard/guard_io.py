@@ -22,12 +22,22 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend
     from logtoku_guard.policy import Policy, RetrieveSettings
 
-__all__ = ["BackendIO", "question_of"]
+__all__ = ["BackendIO", "question_of", "retrieve_passages"]
 
 
 def question_of(messages: Sequence[ChatMessage]) -> str:
     """The question of a guarded prompt: its last user turn."""
     return [m.content for m in messages if m.role == "user"][-1]
+
+
+def retrieve_passages(retriever: RetrieverLike | None, request: Retrieve, settings: RetrieveSettings) -> Retrieved:
+    """The answer to ``request`` from ``retriever`` (at most ``settings.passages`` passages, waiting at
+    most ``settings.timeout_s``), or none and why: no retriever, an empty result, a timeout, or the
+    retriever's exception (logged and recorded, never swallowed silently)."""
+    if retriever is None:
+        return Retrieved(why="no retriever configured")
+    passages, why = call_retriever(retriever, request.question, settings.timeout_s, settings.passages)
+    return Retrieved(tuple(passages), why)
 
 
 class _Generating(Protocol):
@@ -96,9 +106,5 @@ class BackendIO:
         return Answer(None, note=f"context too long for the model's window: {error}")
 
     def retrieve(self, request: Retrieve) -> Retrieved:
-        """Passages for the question, or none and why: no retriever, an empty result, a timeout,
-        or the retriever's exception (logged and recorded, never swallowed silently)."""
-        if self.retriever is None:
-            return Retrieved(why="no retriever configured")
-        passages, why = call_retriever(self.retriever, request.question, self.settings.timeout_s, self.settings.passages)
-        return Retrieved(tuple(passages), why)
+        """Passages for the question from the retriever (:func:`retrieve_passages`)."""
+        return retrieve_passages(self.retriever, request, self.settings)
