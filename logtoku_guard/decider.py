@@ -56,7 +56,9 @@ class Decider:
     knows the model (:meth:`ModelProfile.check_matches`).
     """
 
-    def __init__(self, policy: Policy | None = None, profile: ModelProfile | None = None, *, store: RecordSink | None = None) -> None:
+    def __init__(
+        self, policy: Policy | None = None, profile: ModelProfile | None = None, *, store: RecordSink | None = None
+    ) -> None:
         self.policy = policy = policy or default_policy()
         self.profile = profile
         self.store = store
@@ -78,7 +80,9 @@ class Decider:
             msg = f"policy {policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
             raise ConfigurationError(msg)
         self.quadrants = (
-            profile.quadrant_thresholds(policy.quadrants.au_quantile, policy.quadrants.eu_quantile) if profile is not None else None
+            profile.quadrant_thresholds(policy.quadrants.au_quantile, policy.quadrants.eu_quantile)
+            if profile is not None
+            else None
         )
         """The AU/EU quadrant thresholds the statistics use (None without a profile)."""
         self.watches_early_stop = any(r.early_stop for r in policy.rules)

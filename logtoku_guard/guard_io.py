@@ -101,7 +101,9 @@ class BackendIO:
                 continue
             note = None
             if error is not None:
-                note = f"context too long for the model's window: kept {len(kept)} of {len(request.passages)} passage(s) ({error})"
+                note = (
+                    f"context too long for the model's window: kept {len(kept)} of {len(request.passages)} passage(s) ({error})"
+                )
             return Answer(generation, tuple(kept), note)
         return Answer(None, note=f"context too long for the model's window: {error}")
 

@@ -213,7 +213,10 @@ def test_a_retrieval_that_brings_nothing_falls_back_with_its_reason_on_the_attem
 
     unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
     policy = Policy.from_dict(
-        {"name": "p", "rules": [{"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}]}
+        {
+            "name": "p",
+            "rules": [{"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}],
+        }
     )
     guard = Guard(ScriptedBackend([unsure]), policy)
     progress = Progress("q")

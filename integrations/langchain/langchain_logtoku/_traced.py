@@ -21,9 +21,9 @@ from langchain_core.runnables import RunnableConfig
 from langchain_logtoku import _convert
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.decider import Decider
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.decider import Decider
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, EvidenceMode
 
