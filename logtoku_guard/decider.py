@@ -88,6 +88,11 @@ class Decider:
         self.watches_early_stop = any(r.early_stop for r in policy.rules)
         """True when the policy has ``early_stop`` rules (streams are worth watching)."""
 
+    @property
+    def retrievals_allowed(self) -> int:
+        """How many retrievals the policy allows per question (adapters may prepare that many)."""
+        return self.policy.retrieve.max_attempts
+
     # -- one answer -------------------------------------------------------------------------------
     def _stats(self, generation: Generation) -> ResponseStats:
         stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)

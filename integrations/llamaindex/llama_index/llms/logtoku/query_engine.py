@@ -7,7 +7,7 @@ It wraps a retriever query engine (``index.as_query_engine(...)``) and runs the 
 
 Actions (from the policy): ``pass``; ``warn`` (adds the disclaimer); ``retrieve`` (re-query with
 more context: a copy of the retriever with a larger ``similarity_top_k``, or the
-``retry_query_engines`` you give, as many times as the policy's ``retrieve.max_attempts`` allows,
+``retry_query_engines`` you give, as many times as the policy allows,
 then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
 (:class:`~logtoku_guard.guard.GuardRejectedError`).
@@ -167,7 +167,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         self._retries = (
             list(retry_query_engines)
             if retry_query_engines is not None
-            else wider_engines(query_engine, retry_top_k_step or self.policy.retrieve.passages, self.policy.retrieve.max_attempts)
+            else wider_engines(query_engine, retry_top_k_step or self.policy.retrieve.passages, self._guard.decider.retrievals_allowed)
         )
         self._stream_mode: StreamMode = stream_mode
         super().__init__(callback_manager=callback_manager or getattr(query_engine, "callback_manager", None))
