@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.telemetry import RunSpan
 
 if TYPE_CHECKING:
     from logtoku_guard.decider import Decider
     from logtoku_guard.policy import Decision, RetrieveSettings
-    from logtoku_guard.telemetry import RunSpan
     from logtoku_guard.types import ChatMessage, Generation
 
 __all__ = [
@@ -248,6 +248,9 @@ class AsyncStepIO(Protocol):
     def retrieve(self, request: Retrieve) -> Awaitable[Retrieved]: ...
 
 
+_NO_SPAN = RunSpan(None)
+
+
 def _spans(span: RunSpan, request: Generate | Retrieve, span_input: Sequence[ChatMessage] | str | None) -> Any:
     if isinstance(request, Generate):
         return span.generation(request.attempt, span_input)
@@ -264,16 +267,18 @@ def _record(opened: Any, reply: Answer | Retrieved) -> None:
 def drive(
     steps: Steps,
     io: StepIO,
-    span: RunSpan,
+    span: RunSpan | None = None,
     span_input: Sequence[ChatMessage] | str | None = None,
     request: Request | None = None,
 ) -> GuardResult:
     """Answer every request of ``steps`` with ``io`` until it concludes; the result (not raised).
 
     Each generation and retrieval runs in its child span of ``span`` (``span_input``: what the
-    generation spans show as input); the result is put on ``span`` (not ended here).
+    generation spans show as input); the result is put on ``span`` (not ended here). Without
+    ``span`` (an adapter whose framework traces the calls), no span is made.
     ``request``: the request already taken from ``steps`` (default: the first).
     """
+    span = span if span is not None else _NO_SPAN
     request = next(steps) if request is None else request
     while not isinstance(request, Conclude):
         with _spans(span, request, span_input) as opened:
@@ -287,11 +292,12 @@ def drive(
 async def adrive(
     steps: Steps,
     io: AsyncStepIO,
-    span: RunSpan,
+    span: RunSpan | None = None,
     span_input: Sequence[ChatMessage] | str | None = None,
     request: Request | None = None,
 ) -> GuardResult:
     """:func:`drive` with an :class:`AsyncStepIO` (the decisions themselves run in the caller's loop: they are quick)."""
+    span = span if span is not None else _NO_SPAN
     request = next(steps) if request is None else request
     while not isinstance(request, Conclude):
         with _spans(span, request, span_input) as opened:

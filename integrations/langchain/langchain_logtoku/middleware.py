@@ -76,7 +76,6 @@ from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_att
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
-from logtoku_guard.telemetry import RunSpan
 from logtoku_guard.types import Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode, rescore
 
@@ -358,9 +357,6 @@ class _AsyncModelCalls:
         return await asyncio.to_thread(self.call.retrieve, step)
 
 
-_NO_SPAN = RunSpan(None)  # the agent's own tracing covers its model calls
-
-
 @dataclasses.dataclass(frozen=True)
 class _CheckpointedStore:
     """The store, refusing to queue a review the agent cannot pause for (no checkpointer): checked
@@ -457,7 +453,7 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
         call = _GuardedCall(self, request)
         calls = _ModelCalls(call, handler)
         steps, following = call.start(calls.generate(Generate(1, call.question)))
-        return call.finish(drive(steps, calls, _NO_SPAN, request=following))
+        return call.finish(drive(steps, calls, request=following))  # no span: the agent traces its model calls
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -465,7 +461,7 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
         call = _GuardedCall(self, request)
         calls = _AsyncModelCalls(call, handler)
         steps, following = call.start(await calls.generate(Generate(1, call.question)))
-        return call.finish(await adrive(steps, calls, _NO_SPAN, request=following))
+        return call.finish(await adrive(steps, calls, request=following))
 
     # -- after_model: the human-review interrupt ---------------------------------------------------
     def after_model(self, state: LogTokUState, runtime: Runtime[Any]) -> dict[str, Any] | None:

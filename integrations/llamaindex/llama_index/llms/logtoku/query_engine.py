@@ -164,11 +164,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
             profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
         self._guard = Guard(backend, policy, store=store, profile=profile, tracer_provider=tracer_provider)
         self._engine = query_engine
-        self._retries = (
-            list(retry_query_engines)
-            if retry_query_engines is not None
-            else wider_engines(query_engine, retry_top_k_step or self.policy.retrieve.passages, self._guard.decider.retrievals_allowed)
-        )
+        step, count = retry_top_k_step or self.policy.retrieve.passages, self._guard.decider.retrievals_allowed
+        self._retries = list(retry_query_engines) if retry_query_engines is not None else wider_engines(query_engine, step, count)
         self._stream_mode: StreamMode = stream_mode
         super().__init__(callback_manager=callback_manager or getattr(query_engine, "callback_manager", None))
 
