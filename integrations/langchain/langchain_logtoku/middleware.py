@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -65,6 +64,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_logtoku._convert import GuardPayload
+from langchain_logtoku._metadata_scores import generation_from_metadata
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.decider import Decider
@@ -76,8 +76,7 @@ from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_att
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
-from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, rescore
+from logtoku_guard.types import Generation
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -85,7 +84,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore, ReviewItem
     from logtoku_guard.audit.records import AuditRecord
 
-__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse"]
+__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse", "generation_from_metadata"]
 
 
 class ReviewRequest(TypedDict):
@@ -132,58 +131,6 @@ class LogTokUState(AgentState[Any]):
 
     logtoku_guard: NotRequired[Annotated[GuardPayload | None, PrivateStateAttr]]
     logtoku_review: NotRequired[Annotated[_PendingReview | None, PrivateStateAttr]]
-
-
-def generation_from_metadata(message: AIMessage) -> Generation:
-    """Rebuild the core generation of an answer from its ``response_metadata["logtoku"]``.
-
-    AU/EU are recomputed from each token's stored ``top_logits`` with
-    :func:`~logtoku_guard.uncertainty.rescore` (K and evidence mode from the summary).
-    Raises :class:`~logtoku_guard.errors.ConfigurationError` when the metadata is missing.
-    """
-    found = message.response_metadata.get("logtoku")
-    meta: dict[str, Any] = found if isinstance(found, dict) else {}
-    tokens = meta.get("tokens")
-    if not isinstance(tokens, list) or any(not isinstance(t, dict) or "top_logits" not in t for t in tokens):
-        msg = (
-            "LogTokUMiddleware needs token scores, but the model's answer has no response_metadata['logtoku']['tokens'] "
-            "with raw 'top_logits': use ChatLogTokU, or a chat model that writes LogTokU metadata "
-            f"(got response_metadata keys {sorted(message.response_metadata)})"
-        )
-        raise ConfigurationError(msg)
-    k, evidence = int(meta.get("k", 2)), cast(EvidenceMode, meta.get("evidence", "clamped"))
-    rows = [[math.nan if z is None else float(z) for z in t["top_logits"]] for t in tokens]
-    scored = rescore(rows, k=k, evidence=evidence) if rows else None
-    out = []
-    for i, t in enumerate(tokens):
-        au = float(scored.au[i]) if scored is not None else math.nan
-        eu = float(scored.eu[i]) if scored is not None else math.nan
-        lp, ent = t.get("logprob"), t.get("entropy")
-        out.append(
-            TokenScore(
-                index=int(t.get("index", i)),
-                id=int(t.get("id", -1)),
-                text=str(t.get("token", "")),
-                top_logits=tuple(rows[i]),
-                top_ids=(),
-                au=au,
-                eu=eu,
-                logprob=math.nan if lp is None else float(lp),
-                entropy=math.nan if ent is None else float(ent),
-            )
-        )
-    finish = meta.get("finish_reason")
-    return Generation(
-        model=str(meta.get("model") or message.response_metadata.get("model_name") or "unknown"),
-        prompt="",
-        text=message.text,
-        tokens=tuple(out),
-        finish_reason=finish if finish in ("stop", "length", "cancelled") else "stop",
-        k=k,
-        evidence=evidence,
-        top_n=int(meta.get("top_n", 10)),
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-    )
 
 
 def _ai_message(response: ModelResponse) -> AIMessage:
