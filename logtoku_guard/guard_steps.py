@@ -15,7 +15,7 @@ yields a request and is sent the answer::
     request.result                            # the GuardResult, recorded (raise it yourself for "raise")
 
 Every way of guarding drives it: :class:`~logtoku_guard.guard.Guard` (``run``: :func:`drive`
-with :class:`~logtoku_guard.guard.BackendIO`; ``stream``: the first answer streamed token by
+with :class:`~logtoku_guard.guard_io.BackendIO`; ``stream``: the first answer streamed token by
 token), LangChain's ``LogTokUGuard`` and ``LogTokUMiddleware`` (the agent's own model calls),
 LlamaIndex's ``LogTokUQueryEngine`` (re-queries with a wider retriever). :func:`drive` and
 :func:`adrive` are the thin sync and async loops; they also open each request's telemetry span
@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from logtoku_guard.errors import UsageError
 from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
 from logtoku_guard.telemetry import RunSpan
 
@@ -79,8 +80,8 @@ class Generate:
         """The augmented user turn (the policy's ``retrieve.context_template``) with ``passages``
         (default: all of :attr:`passages`; fewer when the context must be trimmed)."""
         if self.settings is None:
-            msg = "the first answer is made from the question as asked: it has no augmented prompt"
-            raise ValueError(msg)
+            msg = f"attempt {self.attempt} is the first answer, made from the question as asked: it has no augmented prompt"
+            raise UsageError(msg)
         return self.settings.prompt(self.question, self.passages if passages is None else passages)
 
 
@@ -201,8 +202,8 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
     while True:
         generation = answer.generation
         if generation is None:
-            msg = "the first answer must be a generation (Answer(generation=None) is for answers made with context)"
-            raise ValueError(msg)
+            msg = "the first answer must be a generation: Answer(generation=None) is only for an answer the context did not fit"
+            raise UsageError(msg)
         progress.stopped_early = progress.stopped_early or answer.stopped_early
         t = time.perf_counter()
         if answer.no_context is not None:
@@ -233,7 +234,7 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
 
 # -- drivers -----------------------------------------------------------------------------------------
 class StepIO(Protocol):
-    """What answers the requests of :func:`guard_steps` (:class:`~logtoku_guard.guard.BackendIO`)."""
+    """What answers the requests of :func:`guard_steps` (:class:`~logtoku_guard.guard_io.BackendIO`)."""
 
     def generate(self, request: Generate) -> Answer: ...
 

@@ -204,6 +204,12 @@ def test_the_guard_loop_driven_by_hand_counts_retrievals_once() -> None:
     assert decider.early_stop(g.tokens) is None  # no early_stop rule
     with pytest.raises(UsageError):
         decider.settle([])
+    with pytest.raises(UsageError, match="no augmented prompt"):
+        Generate(1, "q").prompt()
+    wrong = guard_steps(decider, Progress("q"))
+    next(wrong)
+    with pytest.raises(UsageError, match="first answer must be a generation"):
+        wrong.send(Answer(None))
     with pytest.raises(UsageError, match="not finished"):
         _ = guard.stream("q").result
 
