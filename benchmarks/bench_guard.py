@@ -1,6 +1,6 @@
 """Guard decision overhead per response, excluding generation.
 
-Times `Guard.decide` (statistics + policy rules) and the whole post-generation path
+Times `Decider.decide` (statistics + policy rules) and the whole post-generation path
 (`decide` + `conclude`, i.e. answer building without a store) over pre-generated answers of a
 scripted backend, with the calibrated default policy and a richer 5-rule policy.
 
@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend, default_policy
+from logtoku_guard import Decider, Policy, ScriptedAnswer, ScriptedBackend, default_policy
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.results import Attempt, GuardTimings
 
@@ -70,13 +70,13 @@ def main() -> None:
     print(f"command: python benchmarks/bench_guard.py --responses {args.responses} --tokens {args.tokens}")
     timings = GuardTimings(0.0, 0.0, 0.0, 0.0)
     for name, policy in (("default (2 rules)", default_policy()), ("rich (5 rules)", Policy.from_dict(RICH))):
-        guard = Guard(ScriptedBackend(answers, model_name="bench"), policy, profile=profile)
+        decider = Decider(policy, profile)
         decide, total = [], []
         for g in generations:
             t0 = time.perf_counter()
-            d = guard.decide(g)
+            d = decider.decide(g)
             t1 = time.perf_counter()
-            guard.conclude("q", d, [Attempt(g, d)], timings)
+            decider.conclude("q", d, [Attempt(g, d)], timings)
             t2 = time.perf_counter()
             decide.append((t1 - t0) * 1e3)
             total.append((t2 - t0) * 1e3)

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
+    from logtoku_guard.decider import Decider
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
     from logtoku_guard.generation_capture import GenerationCapture, capture_generations
     from logtoku_guard.guard import Guard
@@ -91,6 +92,7 @@ _LAZY = {
     "calibrate": "logtoku_guard.calibration",
     "fit_threshold": "logtoku_guard.calibration",
     "load_profile_for": "logtoku_guard.calibration",
+    "Decider": "logtoku_guard.decider",
     "Guard": "logtoku_guard.guard",
     "GuardResult": "logtoku_guard.results",
     "GuardRejectedError": "logtoku_guard.results",
@@ -117,6 +119,7 @@ __all__ = [
     "ChatMessage",
     "ConfigurationError",
     "DatasetUnavailableError",
+    "Decider",
     "Decision",
     "DecodingOptions",
     "DynamicTemperature",

@@ -1,36 +1,40 @@
 """``GuardStream``: a guarded answer token by token, recorded even when the caller stops early.
 
-Returned by :meth:`~logtoku_guard.guard.Guard.stream`. Iterating streams the first attempt's
-tokens while watching the policy's ``early_stop`` rules; when the stream ends the guard
-decides, retrieves and records (:meth:`~logtoku_guard.guard.Guard.finish`). Closed or dropped
-before its end (``close()``, a ``with`` block, ``break`` then garbage collection), the backend
-stream is cancelled and what was generated is recorded (:meth:`~logtoku_guard.guard.Guard.abandon`).
-Recording happens when the token generator is finalized; should the store fail then, Python
-reports the exception through ``sys.unraisablehook`` (it cannot propagate from a finalizer).
+Returned by :meth:`~logtoku_guard.guard.Guard.stream`. It drives the one guard loop
+(:func:`~logtoku_guard.guard_steps.guard_steps`): iterating streams the first answer's tokens
+while watching the policy's ``early_stop`` rules; when the stream ends that answer goes to the
+loop, which decides, retrieves (:class:`~logtoku_guard.guard_io.BackendIO`) and records. Closed
+or dropped before its end (``close()``, a ``with`` block, ``break`` then garbage collection),
+the backend stream is cancelled and what was generated is recorded
+(:meth:`~logtoku_guard.guard_steps.Progress.abandon`). Recording happens when the token
+generator is finalized; should the store fail then, Python reports the exception through
+``sys.unraisablehook`` (it cannot propagate from a finalizer).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from logtoku_guard.errors import UsageError
+from logtoku_guard.guard_io import BackendIO, question_of
+from logtoku_guard.guard_steps import Answer, Progress, guard_steps, run_traced
 from logtoku_guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore
 
 if TYPE_CHECKING:
-    from logtoku_guard.policy import Decision
-    from logtoku_guard.results import Attempt, GuardResult
-    from logtoku_guard.telemetry import GuardTelemetry, RunSpan
-    from logtoku_guard.types import DecodingOptions, Generation
+    from logtoku_guard.decider import Decider
+    from logtoku_guard.results import GuardResult
+    from logtoku_guard.retriever_calls import RetrieverLike
+    from logtoku_guard.telemetry import GuardTelemetry
+    from logtoku_guard.types import DecodingOptions
 
 __all__ = ["GuardStream", "StreamingGuard"]
 
 
 class StreamingGuard(Guarded, Protocol):
-    """What a stream drives (:class:`~logtoku_guard.guard.Guard` has it): generate with the
-    guard's backend and options, watch the early-stop rule, then finish or abandon."""
+    """What a stream drives (:class:`~logtoku_guard.guard.Guard` has it): the backend, options
+    and retriever, the decider and the telemetry."""
 
     @property
     def telemetry(self) -> GuardTelemetry: ...
@@ -38,28 +42,11 @@ class StreamingGuard(Guarded, Protocol):
     @property
     def options(self) -> DecodingOptions: ...
 
-    def early_stop(self, tokens: Sequence[TokenScore]) -> Decision | None: ...
+    @property
+    def retriever(self) -> RetrieverLike | None: ...
 
-    def finish(
-        self,
-        messages: Sequence[ChatMessage],
-        generation: Generation,
-        *,
-        stopped_early: bool = False,
-        started: float | None = None,
-        generation_s: float = 0.0,
-        span: RunSpan | None = None,
-    ) -> GuardResult: ...
-
-    def abandon(
-        self,
-        messages: Sequence[ChatMessage],
-        generation: Generation,
-        *,
-        started: float,
-        generation_s: float,
-        attempts: Sequence[Attempt] = (),
-    ) -> GuardResult: ...
+    @property
+    def decider(self) -> Decider: ...
 
 
 class GuardStream:
@@ -111,10 +98,13 @@ class _State:
 
 
 def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> Iterator[TokenScore]:
-    start = time.perf_counter()
+    decider, top_n = guard.decider, guard.backend.top_n
+    progress = Progress(question_of(messages))
+    steps = guard_steps(decider, progress)
+    next(steps)  # Generate(1): answered below with the streamed generation
     seen: list[TokenScore] = []
     abandoned = False
-    span = guard.telemetry.start_run(guard, messages)  # ended by guard.finish, or below when abandoned
+    span = guard.telemetry.start_run(guard, messages)  # ended by run_traced, or below when abandoned
     generating = span.generation(1, messages)
     with guard.backend.stream(messages, guard.options) as stream:
         for token in stream:
@@ -124,16 +114,14 @@ def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> I
             except GeneratorExit:
                 abandoned = True
                 break
-            if guard.early_stop(seen) is not None:
+            if decider.early_stop(seen, top_n) is not None:
                 state.stopped_early = True
                 break
     generation = stream.generation
     generating.end_with(generation)
-    elapsed = time.perf_counter() - start
     if abandoned:
-        state.result = guard.abandon(messages, generation, started=start, generation_s=elapsed)
+        state.result = progress.abandon(decider, generation)
         span.end(state.result)
         return
-    state.result = guard.finish(
-        messages, generation, stopped_early=state.stopped_early, started=start, generation_s=elapsed, span=span
-    )
+    answer = Answer(generation, stopped_early=state.stopped_early)
+    state.result = run_traced(span, steps, BackendIO.of(guard, messages), messages, reply=answer)

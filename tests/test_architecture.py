@@ -147,7 +147,20 @@ def test_no_source_file_over_500_lines(root: Path) -> None:
 
 def test_only_the_core_counts_retrieval_attempts() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in _integration_sources() if "max_attempts" in p.read_text(encoding="utf-8")]
-    assert not offenders, f"the guard loop belongs to logtoku_guard.guard; these adapters count attempts: {offenders}"
+    assert not offenders, f"the guard loop belongs to logtoku_guard.guard_steps; these adapters count attempts: {offenders}"
+
+
+def test_the_guard_loop_is_written_once() -> None:
+    """Only :func:`logtoku_guard.guard_steps.guard_steps` decides what an attempt comes to, falls back
+    or concludes: every other module (core or adapter) drives it."""
+    steps = ("settle(", "give_up(", "unanswerable(", ".conclude(")
+    owners = {PACKAGE / "guard_steps.py", PACKAGE / "decider.py"}
+    offenders = {
+        str(p.relative_to(ROOT)): [s for s in steps if s in text]
+        for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
+        if p not in owners and any(s in (text := p.read_text(encoding="utf-8")) for s in steps)
+    }
+    assert not offenders, f"these modules write their own guard loop; drive logtoku_guard.guard_steps instead: {offenders}"
 
 
 def test_no_core_module_imports_the_evaluation_harness() -> None:

@@ -171,9 +171,9 @@ def test_every_decision_is_recorded_and_review_items_are_queued(tmp_path: Path) 
     store.close()
 
 
-def test_the_loop_steps_are_public_and_count_retrievals_once() -> None:
+def test_the_guard_loop_driven_by_hand_counts_retrievals_once() -> None:
     from logtoku_guard.errors import UsageError
-    from logtoku_guard.guard import Attempt, Conclude, Retrieve
+    from logtoku_guard.guard_steps import Answer, Conclude, Generate, Progress, Retrieve, Retrieved, guard_steps
 
     unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
     policy = Policy.from_dict(
@@ -184,19 +184,54 @@ def test_the_loop_steps_are_public_and_count_retrievals_once() -> None:
         }
     )
     guard = Guard(ScriptedBackend([unsure, unsure]), policy)
+    decider = guard.decider
     g = guard.backend.generate("q")
-    first = Attempt(g, guard.decide(g))
-    step = guard.next_step([first])
-    assert isinstance(step, Retrieve) and step.number == 1 and "Question: q" in step.prompt("q", ["ctx"])
-    second = Attempt(g, guard.decide(g, [first]), ("ctx",))
+    progress = Progress("q")
+    steps = guard_steps(decider, progress)
+    assert next(steps) == Generate(1, "q")
+    retrieve = steps.send(Answer(g))
+    assert isinstance(retrieve, Retrieve) and retrieve.number == 1 and retrieve.decision.action == "retrieve"
+    again = steps.send(Retrieved(("ctx",)))
+    assert isinstance(again, Generate) and again.attempt == 2 and again.passages == ("ctx",)
+    assert "Question: q" in again.prompt() and "ctx" in again.prompt()
+    done = steps.send(Answer(g, ("ctx",)))
+    assert isinstance(done, Conclude) and done.result.action == "warn"
+    assert done.result.decision.reason.startswith("still uncertain after 1 retrieval attempt(s): ")
+    assert [a.passages for a in progress.attempts] == [(), ("ctx",)]
+    second = progress.attempts[1]
     assert second.decision.action == "retrieve" and not second.decision.reason.startswith("after retrieval")
-    done = guard.next_step([first, second])
-    assert isinstance(done, Conclude) and done.decision.action == "warn"
-    assert done.decision.reason.startswith("still uncertain after 1 retrieval attempt(s): ")
-    assert guard.give_up(first.decision, "nothing").reason.endswith("; nothing")
-    assert guard.retrieve("q") == ([], "no retriever configured")
-    assert guard.early_stop(g.tokens) is None  # no early_stop rule
+    assert decider.give_up(second.decision, "nothing").reason.endswith("; nothing")
+    assert decider.early_stop(g.tokens) is None  # no early_stop rule
     with pytest.raises(UsageError):
-        guard.next_step([])
+        decider.settle([])
+    with pytest.raises(UsageError, match="no augmented prompt"):
+        Generate(1, "q").prompt()
+    wrong = guard_steps(decider, Progress("q"))
+    next(wrong)
+    with pytest.raises(UsageError, match="first answer must be a generation"):
+        wrong.send(Answer(None))
     with pytest.raises(UsageError, match="not finished"):
         _ = guard.stream("q").result
+
+
+def test_a_retrieval_that_brings_nothing_falls_back_with_its_reason_on_the_attempt() -> None:
+    from logtoku_guard.guard_steps import Answer, Conclude, Progress, Retrieve, Retrieved, guard_steps
+
+    unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
+    policy = Policy.from_dict(
+        {
+            "name": "p",
+            "rules": [{"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}],
+        }
+    )
+    guard = Guard(ScriptedBackend([unsure]), policy)
+    progress = Progress("q")
+    steps = guard_steps(guard.decider, progress)
+    next(steps)
+    assert isinstance(steps.send(Answer(guard.backend.generate("q"))), Retrieve)
+    done = steps.send(Retrieved(why="the retriever returned nothing"))
+    assert isinstance(done, Conclude) and done.result.action == "abstain"
+    assert done.result.decision.reason.endswith("; the retriever returned nothing")
+    assert progress.attempts[-1].retrieval_error == "the retriever returned nothing"
+    timings = done.result.timings
+    assert timings.total_s >= timings.generation_s + timings.retrieval_s + timings.decision_s >= 0

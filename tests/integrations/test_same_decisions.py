@@ -1,5 +1,6 @@
-"""One guard loop: the core Guard, LangChain's LogTokUGuard and LlamaIndex's LogTokUQueryEngine
-decide the same way on the same scripted logits (action, rule, reason, route, attempts)."""
+"""One guard loop: the core Guard, LangChain's LogTokUGuard and LogTokUMiddleware (an agent's model
+calls) and LlamaIndex's LogTokUQueryEngine decide the same way on the same scripted logits
+(action, rule, reason, route, attempts)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from typing import Any
 import pytest
 
 pytest.importorskip("langchain_core")
+pytest.importorskip("langchain.agents")
 pytest.importorskip("llama_index.core")
 
+from langchain.agents import create_agent
+from langchain_core.messages import HumanMessage
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 
-from langchain_logtoku import ChatLogTokU, LogTokUGuard
+from langchain_logtoku import ChatLogTokU, LogTokUGuard, LogTokUMiddleware
 from llama_index.llms.logtoku import LogTokULLM, LogTokUQueryEngine
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.payloads import result_payload
@@ -51,6 +55,13 @@ def langchain(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
     return dict(guard.invoke("Who founded the Zarnovian Institute?").response_metadata["logtoku_guard"])
 
 
+def middleware(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    llm = ChatLogTokU(backend=ScriptedBackend(answers), logtoku_profile=None)
+    agent = create_agent(llm, middleware=[LogTokUMiddleware(policy=policy, retriever=lambda q: DOCS[:2])])
+    out = agent.invoke({"messages": [HumanMessage("Who founded the Zarnovian Institute?")]})
+    return dict(out["messages"][-1].response_metadata["logtoku_guard"])
+
+
 def llamaindex(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
     index = VectorStoreIndex.from_documents([Document(text=t) for t in DOCS], embed_model=MockEmbedding(embed_dim=8))
     llm = LogTokULLM(backend=ScriptedBackend(answers))
@@ -61,6 +72,7 @@ def llamaindex(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
 ADAPTERS: dict[str, Callable[[list[ScriptedAnswer], Policy], dict[str, Any]]] = {
     "core": core,
     "langchain": langchain,
+    "middleware": middleware,
     "llamaindex": llamaindex,
 }
 
@@ -75,6 +87,7 @@ def test_every_adapter_decides_like_the_core(case: str) -> None:
     answers, settings = CASES[case]
     got = {name: decision(run(list(answers), make_policy(**settings))) for name, run in ADAPTERS.items()}
     assert got["langchain"] == got["core"]
+    assert got["middleware"] == got["core"]
     assert got["llamaindex"] == got["core"]
     action, rule, reason, attempts, _ = got["core"]
     expected = {

@@ -21,11 +21,11 @@ from langchain_core.runnables import RunnableConfig
 from langchain_logtoku import _convert
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.decider import Decider
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.guard import Guard
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import EvidenceMode
+from logtoku_guard.uncertainty import DEFAULT_TOP_N, EvidenceMode
 
 __all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "EarlyStop", "TracedBackend"]
 
@@ -137,12 +137,13 @@ class EarlyStop(GenerationCapture):
     each token to the capture, never to callbacks.
     """
 
-    guard: Guard | None = None
+    decider: Decider | None = None
+    top_n: int = DEFAULT_TOP_N
     stopped: bool = False
 
     def token(self, token: TokenScore) -> None:
         super().token(token)
-        if self.guard is None or self.stopped:
+        if self.decider is None or self.stopped:
             return
-        if self.guard.early_stop(list(self.live_tokens)) is not None:
+        if self.decider.early_stop(list(self.live_tokens), self.top_n) is not None:
             self.stopped = self.cancel_stream()

@@ -24,9 +24,9 @@ tag lists and dicts: the ones other handlers received when the run started are n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -48,6 +48,8 @@ from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.generation_capture import capture_generations
 from logtoku_guard.guard import Guard, RetrieverLike
+from logtoku_guard.guard_io import BackendIO
+from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
@@ -325,7 +327,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
                     yield AIMessageChunk(content=token.text, response_metadata={"logtoku": {"tokens": [item]}})
                 result = guarded.result
             else:
-                result = self._buffered(guard, backend, prompt)
+                result = self._buffered(guard, prompt)
         except GuardRejectedError as exc:
             message = self._report(exc.result, prompt, backend, run_manager, config)
             if retract and streamed:
@@ -355,28 +357,35 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
 
     @staticmethod
-    def _buffered(guard: Guard, backend: TracedBackend, prompt: _Prompt) -> GuardResult:
-        """Buffer mode: the draft is held back (never streamed to callbacks) while an
-        ``early_stop`` rule still stops its generation as soon as it fires."""
-        messages = to_messages(prompt.messages, guard.system)
-        start = time.perf_counter()
-        watch = EarlyStop(guard=guard)
-        with guard.telemetry.start_run(guard, messages) as span:  # the core guard's OpenTelemetry spans
-            with span.generation(1, messages) as g, capture_generations(watch):
-                generation = g.record(backend.generate(messages))
-            return guard.finish(
-                messages,
-                generation,
-                stopped_early=watch.stopped,
-                started=start,
-                generation_s=time.perf_counter() - start,
-                span=span,
-            )
+    def _buffered(guard: Guard, prompt: _Prompt) -> GuardResult:
+        """Buffer mode: the core guard's run, whose first draft is held back (never streamed to
+        callbacks) while an ``early_stop`` rule still stops its generation as soon as it fires."""
+        io = _HeldDraft(BackendIO.of(guard, to_messages(prompt.messages, guard.system)), guard)
+        return guard.run(prompt.messages, io=io)
 
     @staticmethod
     def _retracted(message: AIMessage, flat: Mapping[str, AttributeValue], text: str, config: RunnableConfig) -> None:
         decision: GuardPayload = message.response_metadata["logtoku_guard"]
         dispatch_custom_event(RETRACTED_EVENT, {**decision, **flat, "retracted_text": text}, config=config)
+
+
+@dataclass(frozen=True)
+class _HeldDraft:
+    """The core guard's I/O, with the first answer watched through :class:`EarlyStop`."""
+
+    io: BackendIO
+    guard: Guard
+
+    def generate(self, request: Generate) -> Answer:
+        if not request.first:
+            return self.io.generate(request)
+        watch = EarlyStop(decider=self.guard.decider, top_n=self.guard.backend.top_n)
+        with capture_generations(watch):
+            answer = self.io.generate(request)
+        return dataclasses.replace(answer, stopped_early=watch.stopped)
+
+    def retrieve(self, request: Retrieve) -> Retrieved:
+        return self.io.retrieve(request)
 
 
 def _join(items: list[Any]) -> Any:

@@ -5,14 +5,16 @@
     from langchain.agents import create_agent
     agent = create_agent(ChatLogTokU(), tools=[search], middleware=[LogTokUMiddleware(policy=policy)])
 
-Every model call of the agent is scored with the core :class:`~logtoku_guard.guard.Guard`'s
-steps (``decide``, ``next_step``, ``retrieve``, ``give_up``, ``conclude``: the same policy,
-statistics, records and payloads as :class:`~langchain_logtoku.LogTokUGuard`; nothing here counts
-attempts or applies a rule), and routed inside ``wrap_model_call``:
+Every model call of the agent drives the core guard loop
+(:func:`~logtoku_guard.guard_steps.guard_steps` with a :class:`~logtoku_guard.decider.Decider`:
+the same policy, statistics, records and payloads as :class:`~langchain_logtoku.LogTokUGuard`;
+nothing here counts attempts or applies a rule): the loop's ``Generate`` requests are answered
+by the agent's own model call (``handler``), its ``Retrieve`` requests by the retriever. The
+answer is routed inside ``wrap_model_call``:
 
 - ``pass`` / ``warn``: the AIMessage goes on (``warn`` appends the policy's disclaimer);
 - ``retrieve``: the model is called again (``handler(request.override(messages=...))``) with
-  the retrieved passages in the last human turn, as often as ``guard.next_step`` allows; only
+  the retrieved passages in the last human turn, as often as the policy allows; only
   the final answer enters the agent state;
 - ``abstain``: the AIMessage is replaced by the abstention message, without tool calls (the
   agent loop ends);
@@ -49,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,25 +69,28 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_logtoku._convert import GuardPayload
+from langchain_logtoku._metadata_scores import generation_from_metadata
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from langchain_logtoku.tool_gate import ToolGate, ToolGateState, ToolResult
 from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.decider import Decider
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.guard import Conclude, Guard, RetrieverLike
+from logtoku_guard.guard_io import retrieve_passages
+from logtoku_guard.guard_steps import Answer, Generate, Progress, Request, Retrieve, Retrieved, Steps, adrive, drive, guard_steps
 from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
-from logtoku_guard.policy import Decision, Policy, default_policy
-from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
-from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, rescore
+from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.results import GuardRejectedError, GuardResult
+from logtoku_guard.retriever_calls import RetrieverLike
+from logtoku_guard.types import Generation
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
-    from logtoku_guard.audit import AuditStore
-    from logtoku_guard.backends.base import TokenStream
+    from logtoku_guard.audit import AuditStore, ReviewItem
+    from logtoku_guard.audit.records import AuditRecord
 
-__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse"]
+__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse", "generation_from_metadata"]
 
 
 class ReviewRequest(TypedDict):
@@ -133,81 +137,6 @@ class LogTokUState(ToolGateState):
 
     logtoku_guard: NotRequired[Annotated[GuardPayload | None, PrivateStateAttr]]
     logtoku_review: NotRequired[Annotated[_PendingReview | None, PrivateStateAttr]]
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScoredModel:
-    """What the core guard needs to know of the agent's model (it never generates through it)."""
-
-    model_name: str
-    k: int
-    evidence: EvidenceMode
-    top_n: int
-
-    def _refuse(self) -> Any:
-        msg = "LogTokUMiddleware scores the agent's own model calls; the core guard does not generate here"
-        raise UsageError(msg)
-
-    def generate(self, prompt: Any, options: Any = None) -> Generation:
-        return cast(Generation, self._refuse())
-
-    def stream(self, prompt: Any, options: Any = None) -> TokenStream:
-        return cast("TokenStream", self._refuse())
-
-    def batch(self, prompts: Sequence[Any], options: Any = None) -> list[Generation]:
-        return cast("list[Generation]", self._refuse())
-
-
-def generation_from_metadata(message: AIMessage) -> Generation:
-    """Rebuild the core generation of an answer from its ``response_metadata["logtoku"]``.
-
-    AU/EU are recomputed from each token's stored ``top_logits`` with
-    :func:`~logtoku_guard.uncertainty.rescore` (K and evidence mode from the summary).
-    Raises :class:`~logtoku_guard.errors.ConfigurationError` when the metadata is missing.
-    """
-    found = message.response_metadata.get("logtoku")
-    meta: dict[str, Any] = found if isinstance(found, dict) else {}
-    tokens = meta.get("tokens")
-    if not isinstance(tokens, list) or any(not isinstance(t, dict) or "top_logits" not in t for t in tokens):
-        msg = (
-            "LogTokUMiddleware needs token scores, but the model's answer has no response_metadata['logtoku']['tokens'] "
-            "with raw 'top_logits': use ChatLogTokU, or a chat model that writes LogTokU metadata "
-            f"(got response_metadata keys {sorted(message.response_metadata)})"
-        )
-        raise ConfigurationError(msg)
-    k, evidence = int(meta.get("k", 2)), cast(EvidenceMode, meta.get("evidence", "clamped"))
-    rows = [[math.nan if z is None else float(z) for z in t["top_logits"]] for t in tokens]
-    scored = rescore(rows, k=k, evidence=evidence) if rows else None
-    out = []
-    for i, t in enumerate(tokens):
-        au = float(scored.au[i]) if scored is not None else math.nan
-        eu = float(scored.eu[i]) if scored is not None else math.nan
-        lp, ent = t.get("logprob"), t.get("entropy")
-        out.append(
-            TokenScore(
-                index=int(t.get("index", i)),
-                id=int(t.get("id", -1)),
-                text=str(t.get("token", "")),
-                top_logits=tuple(rows[i]),
-                top_ids=(),
-                au=au,
-                eu=eu,
-                logprob=math.nan if lp is None else float(lp),
-                entropy=math.nan if ent is None else float(ent),
-            )
-        )
-    finish = meta.get("finish_reason")
-    return Generation(
-        model=str(meta.get("model") or message.response_metadata.get("model_name") or "unknown"),
-        prompt="",
-        text=message.text,
-        tokens=tuple(out),
-        finish_reason=finish if finish in ("stop", "length", "cancelled") else "stop",
-        k=k,
-        evidence=evidence,
-        top_n=int(meta.get("top_n", 10)),
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-    )
 
 
 def _ai_message(response: ModelResponse) -> AIMessage:
@@ -257,71 +186,63 @@ def _annotate_current_run(flat: dict[str, AttributeValue]) -> None:
 
 
 class _GuardedCall:
-    """One guarded model call: each answer decided, then ``guard.next_step`` says what is next."""
+    """One guarded model call: the core guard loop, whose ``Generate`` requests the agent's model
+    answers (the first with the request as it came, later ones with the retrieved context in
+    the last human turn) and whose ``Retrieve`` requests the middleware's retriever answers."""
 
     def __init__(self, middleware: LogTokUMiddleware, request: ModelRequest) -> None:
         self.mw = middleware
         self.request = request
         self.index, self.question = _question(request.messages)
-        self.attempts: list[Attempt] = []
         self.responses: list[ModelResponse] = []
-        self.guard: Guard | None = None
-        self.decision: Decision | None = None
-        self.passages: tuple[str, ...] = ()
-        self.start = time.perf_counter()
-        self.spent = {"generation": 0.0, "decision": 0.0, "retrieval": 0.0}
+        self.progress = Progress(self.question)
+        self.decider: Decider | None = None
 
     @contextmanager
     def calling(self) -> Iterator[GenerationCapture]:
-        t = time.perf_counter()
         with _no_stream(), capture_generations() as capture:
             yield capture
-        self.spent["generation"] += time.perf_counter() - t
 
-    def answered(self, result: Any, capture: GenerationCapture) -> ModelRequest | None:
-        """Decide on one answer; the next request to make (a retrieval), or None when concluded."""
-        t = time.perf_counter()
-        response = _as_response(result)
-        message = _ai_message(response)
-        generation = capture.last or generation_from_metadata(message)
-        guard = self.guard = self.guard or self.mw.core_guard(generation)
-        self.responses.append(response)
-        self.attempts.append(Attempt(generation, guard.decide(generation, self.attempts), self.passages))
-        step = guard.next_step(self.attempts)
-        self.spent["decision"] += time.perf_counter() - t
-        if isinstance(step, Conclude):
-            self.decision = step.decision
-            return None
-        t = time.perf_counter()
-        passages, why = guard.retrieve(self.question)
-        self.spent["retrieval"] += time.perf_counter() - t
-        if why is not None:
-            self.attempts[-1] = dataclasses.replace(self.attempts[-1], retrieval_error=why)
-            self.decision = guard.give_up(step.decision, why)
-            return None
-        self.passages = tuple(passages)
+    def request_for(self, step: Generate) -> ModelRequest:
+        """The model request that answers ``step``."""
+        if step.first:
+            return self.request
         messages = list(self.request.messages)
-        messages[self.index] = HumanMessage(content=step.prompt(self.question, passages))
+        messages[self.index] = HumanMessage(content=step.prompt())
         return self.request.override(messages=messages)
 
-    def finish(self) -> ExtendedModelResponse:
-        """Conclude with the core guard, record, report, and build the routed response."""
-        guard, decision = self.guard, self.decision
-        if guard is None or decision is None:
-            msg = "internal error: a guarded model call finished before it was decided"
+    def answered(self, step: Generate, result: Any, capture: GenerationCapture) -> Answer:
+        """The model's answer to ``step``, scored (the decider is made for the model of the first)."""
+        response = _as_response(result)
+        generation = capture.last or generation_from_metadata(_ai_message(response))
+        self.decider = self.decider or self.mw.decider_for(generation)
+        self.responses.append(response)
+        return Answer(generation, step.passages)
+
+    def start(self, first: Answer) -> tuple[Steps, Request]:
+        """The guard loop, started once the first answer made the decider: its first request
+        (``Generate(1)``) answered with ``first``; the loop and its next request."""
+        if self.decider is None:
+            msg = "internal error: the guard loop of a model call started before its first answer"
             raise UsageError(msg)
-        if decision.action == "human_review":
-            _require_checkpointer()
-        s = self.spent
-        timings = GuardTimings(time.perf_counter() - self.start, s["generation"], s["decision"], s["retrieval"])
-        result = guard.conclude(self.question, decision, self.attempts, timings)
+        self.progress.generation_s += time.perf_counter() - self.progress.started  # the first call
+        steps = guard_steps(self.decider, self.progress)
+        next(steps)
+        return steps, steps.send(first)
+
+    def retrieve(self, step: Retrieve) -> Retrieved:
+        return retrieve_passages(self.mw.retriever, step, self.mw.policy.retrieve)
+
+    def finish(self, result: GuardResult) -> ExtendedModelResponse:
+        """Report the concluded result and build the routed response."""
+        decider = cast(Decider, self.decider)
         payload = GuardPayload(
-            **result_payload(result, guard.quadrants),
+            **result_payload(result, decider.quadrants),
             question=self.question,
-            passages=len(self.passages),
-            recorded=guard.store is not None,
+            passages=len(result.attempts[-1].passages),
+            recorded=self.mw.store is not None,
         )
-        self.report(payload, decision_attributes(decision, self.attempts, result, guard.profile))
+        self.report(payload, decision_attributes(result.decision, result.attempts, result, decider.profile))
         if result.action == "raise":
             raise GuardRejectedError(result)
         response = self.responses[-1]
@@ -355,6 +276,53 @@ class _GuardedCall:
         except RuntimeError as exc:  # no parent run (hook called outside a graph): nothing to attach to
             if "parent run" not in str(exc):
                 raise
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelCalls:
+    """The loop's requests answered by the agent's model (``handler``) and the retriever."""
+
+    call: _GuardedCall
+    handler: Callable[[ModelRequest], ModelResponse]
+
+    def generate(self, step: Generate) -> Answer:
+        with self.call.calling() as capture:
+            result = self.handler(self.call.request_for(step))
+        return self.call.answered(step, result, capture)
+
+    def retrieve(self, step: Retrieve) -> Retrieved:
+        return self.call.retrieve(step)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AsyncModelCalls:
+    """:class:`_ModelCalls` for ``awrap_model_call`` (scoring and retrieval in worker threads: they may block)."""
+
+    call: _GuardedCall
+    handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+
+    async def generate(self, step: Generate) -> Answer:
+        with self.call.calling() as capture:
+            result = await self.handler(self.call.request_for(step))
+        return await asyncio.to_thread(self.call.answered, step, result, capture)  # may load a profile
+
+    async def retrieve(self, step: Retrieve) -> Retrieved:
+        return await asyncio.to_thread(self.call.retrieve, step)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CheckpointedStore:
+    """The store, refusing to queue a review the agent cannot pause for (no checkpointer): checked
+    before anything is written."""
+
+    store: AuditStore
+
+    def record(self, rec: AuditRecord) -> str:
+        return self.store.record(rec)
+
+    def record_for_review(self, rec: AuditRecord) -> ReviewItem:
+        _require_checkpointer()
+        return self.store.record_for_review(rec)
 
 
 def _pending(result: GuardResult, question: str, draft: AIMessage) -> _PendingReview:
@@ -423,37 +391,34 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
             self.policy, store, profile.quadrant_thresholds(q.au_quantile, q.eu_quantile) if profile else None
         )
 
-    def core_guard(self, generation: Generation) -> Guard:
-        """The core guard for the model that made ``generation`` (its name, K, evidence and top-N)."""
-        model = _ScoredModel(generation.model, generation.k, generation.evidence, generation.top_n)
+    def decider_for(self, generation: Generation) -> Decider:
+        """The decider for the model that made ``generation`` (the profile, given or the model's
+        saved one, checked against the generation's model name, K and evidence)."""
         profile = self.profile
         if profile is None and self.policy.uses_quantiles():
-            key = (model.model_name, model.k, model.evidence)
+            key = (generation.model, generation.k, generation.evidence)
             if key not in self._profiles:
                 self._profiles[key] = load_profile_for(*key)
             profile = self._profiles[key]
-        return Guard(model, self.policy, retriever=self.retriever, store=self.store, profile=profile)
+        if profile is not None:
+            profile.check_matches(generation.model, generation.k, generation.evidence)
+        store = _CheckpointedStore(self.store) if self.store is not None else None
+        return Decider(self.policy, profile, store=store)
 
     # -- wrap_model_call: score, retrieve, route -------------------------------------------------
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
-        next_request: ModelRequest | None = request
-        while next_request is not None:
-            with call.calling() as capture:
-                result = handler(next_request)
-            next_request = call.answered(result, capture)
-        return call.finish()
+        calls = _ModelCalls(call, handler)
+        steps, following = call.start(calls.generate(Generate(1, call.question)))
+        return call.finish(drive(steps, calls, request=following))  # no span: the agent traces its model calls
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
-        next_request: ModelRequest | None = request
-        while next_request is not None:
-            with call.calling() as capture:
-                result = await handler(next_request)
-            next_request = await asyncio.to_thread(call.answered, result, capture)  # a retriever may block
-        return call.finish()
+        calls = _AsyncModelCalls(call, handler)
+        steps, following = call.start(await calls.generate(Generate(1, call.question)))
+        return call.finish(await adrive(steps, calls, request=following))
 
     # -- after_model: the human-review interrupt, else the tool-call gate ----------------------------
     @hook_config(can_jump_to=["model"])

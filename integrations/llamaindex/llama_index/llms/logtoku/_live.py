@@ -5,8 +5,8 @@ short); once the answer ends the guard judges it, re-queries while the policy al
 tail of the final answer follows. A caller that closes the stream before it ends (``close()``,
 ``aclose()``, a ``break`` out of the loop) stops the generation being streamed; the answer so
 far is decided and recorded as the core guard's and LangChain's closed streams are
-(:meth:`~logtoku_guard.guard.Guard.abandon`: no retrieval is spent, the reason says the stream
-was closed), and the query's GUARDRAIL span ends with that decision, with its open generation
+(:meth:`~logtoku_guard.guard_steps.Progress.abandon`: no retrieval is spent, the reason says the
+stream was closed), and the query's GUARDRAIL span ends with that decision, with its open generation
 span. Closed before any generation began: the span ends marked ``logtoku.abandoned``, nothing
 to decide.
 """
@@ -20,11 +20,10 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.schema import QueryBundle
 
 from logtoku_guard.generation_capture import GenerationCapture
-from logtoku_guard.policy import Decision
-from logtoku_guard.types import ChatMessage
+from logtoku_guard.guard_steps import Conclude, Generate, Steps
+from logtoku_guard.results import GuardResult
 
 from ._responses import QueryRun, apieces, tail, text_of
-from ._route import Act, Read, Requery, Steps, out_of_turn
 
 if TYPE_CHECKING:
     from .query_engine import LogTokUQueryEngine
@@ -44,16 +43,14 @@ def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCaptu
     if generation is None:
         run.span.abandon(ABANDONED)
         return
-    messages = [ChatMessage("user", run.query)]
-    result = engine.guard.abandon(messages, generation, started=run.start, generation_s=run.generation_s, attempts=run.attempts)
-    run.span.end(result)
+    run.span.end(run.progress.abandon(engine.guard.decider, generation))
 
 
 def _conclude(
-    engine: LogTokUQueryEngine, run: QueryRun, decision: Decision, out: StreamingResponse | AsyncStreamingResponse
+    engine: LogTokUQueryEngine, run: QueryRun, result: GuardResult, out: StreamingResponse | AsyncStreamingResponse
 ) -> list[str]:
-    """Act on ``decision``, fill the response's final nodes and metadata; the pieces still to stream."""
-    result = engine._act(run, decision)
+    """Act on ``result``, fill the response's final nodes and metadata; the pieces still to stream."""
+    result = engine._act(run, result)
     out.source_nodes[:] = run.nodes[-1]
     out.metadata = run.metadata
     return tail(run.texts[-1], result.answer)
@@ -62,16 +59,14 @@ def _conclude(
 def live(
     engine: LogTokUQueryEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: StreamingResponse
 ) -> Generator[str, None, None]:
-    """The sync driver of a live stream: answers the route's requests, passing each answer's pieces on."""
+    """The sync driver of a live stream: answers the loop's requests, passing each answer's pieces on."""
     capture: GenerationCapture | None = None  # the answer being streamed reports to it
     pieces: Any = None
     try:
         request = next(steps)
-        while not isinstance(request, Act):
-            if isinstance(request, Requery):
-                request = engine._requery(run, steps, request, query_bundle)
-            elif isinstance(request, Read):
-                capture, response = request.answer.capture, request.answer.response
+        while not isinstance(request, Conclude):
+            if isinstance(request, Generate):
+                capture, response = run.answer.capture, run.answer.response
                 if run.attempts:  # a re-queried answer goes on after the one already streamed
                     yield "\n\n"
                 text = ""
@@ -80,13 +75,13 @@ def live(
                     text += piece
                     yield piece
                     engine._watch(run, capture)
-                request = steps.send(text)
+                request = steps.send(engine._answer(run, text))
             else:
-                raise out_of_turn(request)
+                request = engine._requery(run, steps, request, query_bundle)
     except GeneratorExit:
         _abandon(engine, run, capture, pieces)
         raise
-    yield from _conclude(engine, run, request.decision, out)
+    yield from _conclude(engine, run, request.result, out)
 
 
 async def alive(
@@ -97,26 +92,24 @@ async def alive(
     pieces: AsyncGenerator[str, None] | None = None
     try:
         request = next(steps)
-        while not isinstance(request, Act):
-            if isinstance(request, Requery):
-                request = await engine._arequery(run, steps, request, query_bundle)
-            elif isinstance(request, Read):
-                capture = request.answer.capture
+        while not isinstance(request, Conclude):
+            if isinstance(request, Generate):
+                capture = run.answer.capture
                 if run.attempts:
                     yield "\n\n"
                 text = ""
-                pieces = apieces(request.answer.response)
+                pieces = apieces(run.answer.response)
                 async for piece in pieces:
                     text += piece
                     yield piece
                     engine._watch(run, capture)
-                request = steps.send(text)
+                request = steps.send(engine._answer(run, text))
             else:
-                raise out_of_turn(request)
+                request = await engine._arequery(run, steps, request, query_bundle)
     except GeneratorExit:
         if pieces is not None:
             await pieces.aclose()  # ends the loop over the response's own stream, which is finalised with it
         _abandon(engine, run, capture, None)
         raise
-    for piece in _conclude(engine, run, request.decision, out):
+    for piece in _conclude(engine, run, request.result, out):
         yield piece

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import time
 from collections.abc import AsyncGenerator, Generator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from logtoku_guard.errors import ConfigurationError, UsageError
+from logtoku_guard.guard_steps import Progress
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import Attempt
 from logtoku_guard.telemetry import GenerationSpan, RunSpan
@@ -31,20 +31,26 @@ from .base import LogTokULLM
 
 @dataclass
 class QueryRun:
-    """The state of one guarded query: its attempts (with their nodes and texts) and timings."""
+    """The state of one guarded query: the core loop's progress (attempts, timings), and per
+    attempt its nodes and text; the answer being made and its nodes; the spans."""
 
     query: str
-    start: float = field(default_factory=time.perf_counter)
-    attempts: list[Attempt] = field(default_factory=list)
+    progress: Progress = field(init=False)
     nodes: list[list[NodeWithScore]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    generation_s: float = 0.0
-    retrieval_s: float = 0.0
-    decision_s: float = 0.0
     stopped_early: bool = False
+    answer: Any = None  # the Synthesis being made (see _route.py), from ``answer_nodes``
+    answer_nodes: list[NodeWithScore] = field(default_factory=list)
     span: RunSpan = field(default_factory=lambda: _RUN_SPAN.get() or RunSpan(None))  # the GUARDRAIL span (see traced_query)
     generating: GenerationSpan = field(default_factory=lambda: GenerationSpan(None))  # the generation's span
+
+    def __post_init__(self) -> None:
+        self.progress = Progress(self.query)
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return self.progress.attempts
 
 
 _RUN_SPAN: ContextVar[RunSpan | None] = ContextVar("logtoku_query_span", default=None)

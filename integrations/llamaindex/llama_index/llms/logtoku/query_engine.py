@@ -7,19 +7,18 @@ It wraps a retriever query engine (``index.as_query_engine(...)``) and runs the 
 
 Actions (from the policy): ``pass``; ``warn`` (adds the disclaimer); ``retrieve`` (re-query with
 more context: a copy of the retriever with a larger ``similarity_top_k``, or the
-``retry_query_engines`` you give, as many times as the core guard's :meth:`~logtoku_guard.guard.Guard.next_step`
-allows, then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
+``retry_query_engines`` you give, as many times as the policy allows,
+then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
 (:class:`~logtoku_guard.guard.GuardRejectedError`).
 
-The loop itself (how many re-queries, the fallback and its reason, early stopping) is the core
-guard's: this engine drives :meth:`Guard.decide <logtoku_guard.guard.Guard.decide>`,
-:meth:`~logtoku_guard.guard.Guard.next_step`, :meth:`~logtoku_guard.guard.Guard.give_up`,
-:meth:`~logtoku_guard.guard.Guard.early_stop` and :meth:`~logtoku_guard.guard.Guard.conclude`, and
-keeps only the LlamaIndex driving: retriever calls, re-query engines, synthesis, events, spans.
-The driving's decisions (judge, re-query or stop, fall back) are written once, without I/O, in
-:func:`~._route.route`; the sync and async queries here and the ``"live"`` streams of
-:mod:`._live` only do the I/O it asks for.
+The loop itself (how many re-queries, the fallback and its reason, the record) is the core's
+:func:`~logtoku_guard.guard_steps.guard_steps` with the guard's
+:class:`~logtoku_guard.decider.Decider` (which also watches ``early_stop`` rules): this engine
+answers its requests the LlamaIndex way (retriever calls, re-query engines, synthesis, events,
+spans). What those answers are (the checks on a synthesised answer, the engine of each
+re-query, "no new context") is written once, without I/O, in :mod:`._route`; the sync and
+async queries here and the ``"live"`` streams of :mod:`._live` only do the I/O.
 
 The scores come through :func:`logtoku_guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
@@ -48,9 +47,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard import Guard
+from logtoku_guard.guard_steps import Answer, Conclude, Generate, Request, Retrieve, Retrieved, Steps, guard_steps
 from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
-from logtoku_guard.results import GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.results import GuardRejectedError, GuardResult
 
 from ._live import alive, live
 from ._responses import (
@@ -67,7 +67,7 @@ from ._responses import (
     traced_query,
     wider_engines,
 )
-from ._route import Act, Read, Requery, Request, Steps, Synthesis, Synthesize, out_of_turn, route
+from ._route import NO_ENGINE, Synthesis, answer_of, engine_for, retrieved
 from .base import LogTokULLM
 from .events import LogTokUDecisionEvent, query_payload
 from .withheld import WithheldCapture
@@ -164,11 +164,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
             profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
         self._guard = Guard(backend, policy, store=store, profile=profile, tracer_provider=tracer_provider)
         self._engine = query_engine
-        self._retries = (
-            list(retry_query_engines)
-            if retry_query_engines is not None
-            else wider_engines(query_engine, retry_top_k_step or self.policy.retrieve.passages, self._guard.retrievals_allowed)
-        )
+        step, count = retry_top_k_step or self.policy.retrieve.passages, self._guard.decider.retrievals_allowed
+        self._retries = list(retry_query_engines) if retry_query_engines is not None else wider_engines(query_engine, step, count)
         self._stream_mode: StreamMode = stream_mode
         super().__init__(callback_manager=callback_manager or getattr(query_engine, "callback_manager", None))
 
@@ -209,26 +206,40 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return {"query_engine": self._engine}
 
     # -- query ----------------------------------------------------------------------------
+    def _start(self, run: _Run, nodes: list[NodeWithScore], first: Synthesis, retrieved_at: float) -> Steps:
+        """The core loop of ``run``, whose first request ``first`` (synthesised from ``nodes``) answers.
+
+        The first retrieval (until ``retrieved_at``) and synthesis were made before the loop: their seconds are added here.
+        """
+        progress = run.progress
+        progress.retrieval_s += retrieved_at - progress.started
+        progress.generation_s += time.perf_counter() - retrieved_at
+        run.answer, run.answer_nodes = first, nodes
+        return guard_steps(self._guard.decider, run.progress)
+
+    def _answer(self, run: _Run, text: str) -> Answer:
+        """The loop's answer for the answer being made (``run.answer``), read as ``text``."""
+        return answer_of(self._guard.backend.model_name, run, run.answer_nodes, run.answer, text)
+
     @dispatcher.span
     @traced_query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         nodes = self._retrieve(run, self._engine, query_bundle)
+        retrieved_at = time.perf_counter()
         first = self._synthesize(run, self._engine, query_bundle, nodes)
-        steps = route(self._guard, self._retries, run, nodes, first)
+        steps = self._start(run, nodes, first, retrieved_at)
         if isinstance(first.response, StreamingResponse) and self._stream_mode == "live":
             out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
             out.response_gen = live(self, run, query_bundle, steps, out)
             return out
         request = next(steps)
-        while not isinstance(request, Act):
-            if isinstance(request, Read):
-                request = steps.send(text_of(request.answer.response))
-            elif isinstance(request, Requery):
-                request = self._requery(run, steps, request, query_bundle)
+        while not isinstance(request, Conclude):
+            if isinstance(request, Generate):
+                request = steps.send(self._answer(run, text_of(run.answer.response)))
             else:
-                raise out_of_turn(request)
-        result = self._act(run, request.decision)
+                request = self._requery(run, steps, request, query_bundle)
+        result = self._act(run, request.result)
         if isinstance(first.response, StreamingResponse):  # stream_mode == "after_decision"
             return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
@@ -238,22 +249,21 @@ class LogTokUQueryEngine(BaseQueryEngine):
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         run = _Run(query_bundle.query_str)
         nodes = await self._aretrieve(run, self._engine, query_bundle)
+        retrieved_at = time.perf_counter()
         first = await self._asynthesize(run, self._engine, query_bundle, nodes)
-        steps = route(self._guard, self._retries, run, nodes, first)
+        steps = self._start(run, nodes, first, retrieved_at)
         streaming = isinstance(first.response, (StreamingResponse, AsyncStreamingResponse))
         if streaming and self._stream_mode == "live":
             out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
             out.response_gen = alive(self, run, query_bundle, steps, out)
             return out
         request = next(steps)
-        while not isinstance(request, Act):
-            if isinstance(request, Read):
-                request = steps.send(await atext_of(request.answer.response))
-            elif isinstance(request, Requery):
-                request = await self._arequery(run, steps, request, query_bundle)
+        while not isinstance(request, Conclude):
+            if isinstance(request, Generate):
+                request = steps.send(self._answer(run, await atext_of(run.answer.response)))
             else:
-                raise out_of_turn(request)
-        result = self._act(run, request.decision)
+                request = await self._arequery(run, steps, request, query_bundle)
+        result = self._act(run, request.result)
         if streaming:
             return AsyncStreamingResponse(
                 response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
@@ -262,51 +272,43 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     def _watch(self, run: _Run, capture: GenerationCapture) -> None:
         """Stop the generation being streamed as soon as an ``early_stop`` rule fires on its prefix."""
-        guard = self._guard
-        if run.stopped_early or not guard.watches_early_stop or not capture.live_tokens:
+        decider = self._guard.decider
+        if run.stopped_early or not decider.watches_early_stop or not capture.live_tokens:
             return
-        if guard.early_stop(list(capture.live_tokens)) is not None and capture.cancel_stream():
+        if decider.early_stop(list(capture.live_tokens), self._guard.backend.top_n) is not None and capture.cancel_stream():
             run.stopped_early = True
 
-    # -- the I/O the route asks for (see _route.py) -----------------------------------------
+    # -- the I/O the loop asks for (see _route.py) -----------------------------------------
     def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        t = time.perf_counter()
         with run.span.retrieval(len(run.attempts)) as r:  # 0: the retrieval before the first answer
             nodes = list(engine.retrieve(query_bundle))
             r.record(nodes)
-        run.retrieval_s += time.perf_counter() - t
         return nodes
 
     async def _aretrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        t = time.perf_counter()
         with run.span.retrieval(len(run.attempts)) as r:
             nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
             r.record(nodes)
-        run.retrieval_s += time.perf_counter() - t
         return nodes
 
     def _synthesize(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> Synthesis:
-        t = time.perf_counter()
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by judge
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by answer_of
         with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
             response = engine.synthesize(query_bundle, nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
-        run.generation_s += time.perf_counter() - t
         return Synthesis(capture, response)
 
     async def _asynthesize(
         self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
     ) -> Synthesis:
-        t = time.perf_counter()
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by judge
+        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by answer_of
         with capture_generations(self._new_capture()) as capture:
             response = await engine.asynthesize(query_bundle, nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_aiter(response.response_gen, capture)
         elif isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)
-        run.generation_s += time.perf_counter() - t
         return Synthesis(capture, response)
 
     def _new_capture(self) -> GenerationCapture:
@@ -316,46 +318,51 @@ class LogTokUQueryEngine(BaseQueryEngine):
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
         return {**active_instrument_tags.get(), **decision_attributes(decision, run.attempts, profile=self._guard.profile)}
 
-    def _requery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
-        """Announce the re-query's decision and run it under its tags; the route's next request."""
+    def _requery(self, run: _Run, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request:
+        """Announce the re-query's decision and run it under its tags; the loop's next request."""
+        engine = engine_for(self._retries, request.number)
+        if engine is None:
+            return steps.send(Retrieved(why=NO_ENGINE))
         with instrument_tags(self._tags(run, request.decision)):
             self._emit(run, request.decision, final=False)
-            return self._retry(run, steps, request, query_bundle)
+            return self._retry(run, steps, engine, query_bundle)
 
     @dispatcher.span
-    def _retry(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
-        """The re-query span: the retrieval and, unless the route falls back, the synthesis (read later)."""
-        following = steps.send(self._retrieve(run, request.engine, query_bundle))
-        if isinstance(following, Synthesize):
-            following = steps.send(self._synthesize(run, following.engine, query_bundle, following.nodes))
+    def _retry(self, run: _Run, steps: Steps, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Request:
+        """The re-query span: the retrieval and, unless the loop falls back, the synthesis (read later)."""
+        nodes = self._retrieve(run, engine, query_bundle)
+        following = steps.send(retrieved(run, nodes))
+        if isinstance(following, Generate):
+            run.answer, run.answer_nodes = self._synthesize(run, engine, query_bundle, nodes), nodes
         return following
 
-    async def _arequery(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
+    async def _arequery(self, run: _Run, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request:
+        engine = engine_for(self._retries, request.number)
+        if engine is None:
+            return steps.send(Retrieved(why=NO_ENGINE))
         with instrument_tags(self._tags(run, request.decision)):
             self._emit(run, request.decision, final=False)
-            return await self._aretry(run, steps, request, query_bundle)
+            return await self._aretry(run, steps, engine, query_bundle)
 
     @dispatcher.span
-    async def _aretry(self, run: _Run, steps: Steps, request: Requery, query_bundle: QueryBundle) -> Request:
-        following = steps.send(await self._aretrieve(run, request.engine, query_bundle))
-        if isinstance(following, Synthesize):
-            following = steps.send(await self._asynthesize(run, following.engine, query_bundle, following.nodes))
+    async def _aretry(self, run: _Run, steps: Steps, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Request:
+        nodes = await self._aretrieve(run, engine, query_bundle)
+        following = steps.send(retrieved(run, nodes))
+        if isinstance(following, Generate):
+            run.answer, run.answer_nodes = await self._asynthesize(run, engine, query_bundle, nodes), nodes
         return following
 
-    def _act(self, run: _Run, decision: Decision) -> GuardResult:
-        with instrument_tags(self._tags(run, decision)):
-            return self._apply(run, decision)
+    def _act(self, run: _Run, result: GuardResult) -> GuardResult:
+        with instrument_tags(self._tags(run, result.decision)):
+            return self._apply(run, result)
 
     @dispatcher.span
-    def _apply(self, run: _Run, decision: Decision) -> GuardResult:
-        """Build the answer for the final action, record it, announce it (tagged span)."""
-        guard = self._guard
-        timings = GuardTimings(time.perf_counter() - run.start, run.generation_s, run.decision_s, run.retrieval_s)
-        result = guard.conclude(run.query, decision, run.attempts, timings, stopped_early=run.stopped_early, text=run.texts[-1])
+    def _apply(self, run: _Run, result: GuardResult) -> GuardResult:
+        """Announce the concluded (and recorded) result in a span tagged with its decision."""
         run.span.end(result)
-        payload = query_payload(result, guard.quadrants, run.nodes)
+        payload = query_payload(result, self._guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
-        self._emit(run, decision, final=True, result=result)
+        self._emit(run, result.decision, final=True, result=result)
         if result.action == "raise":
             raise GuardRejectedError(result)
         return result

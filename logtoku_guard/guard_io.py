@@ -1,0 +1,112 @@
+"""``BackendIO``: the guard loop's requests answered with a backend and a retriever.
+
+:func:`~logtoku_guard.guard_steps.guard_steps` asks; this answers, for
+:class:`~logtoku_guard.guard.Guard` (and LangChain's ``LogTokUGuard``, whose backend is its chat
+model): a :class:`~logtoku_guard.guard_steps.Generate` with ``backend.generate`` (the retrieved
+context in the last user turn, trimmed passage by passage while the prompt is too long for the
+model's window), a :class:`~logtoku_guard.guard_steps.Retrieve` with the retriever (in a worker
+thread with the policy's timeout: :func:`~logtoku_guard.retriever_calls.call_retriever`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from logtoku_guard.errors import PromptTooLongError
+from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
+from logtoku_guard.retriever_calls import RetrieverLike, call_retriever
+from logtoku_guard.types import ChatMessage, DecodingOptions
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.policy import Policy, RetrieveSettings
+
+__all__ = ["BackendIO", "question_of", "retrieve_passages"]
+
+
+def question_of(messages: Sequence[ChatMessage]) -> str:
+    """The question of a guarded prompt: its last user turn."""
+    return [m.content for m in messages if m.role == "user"][-1]
+
+
+def retrieve_passages(retriever: RetrieverLike | None, request: Retrieve, settings: RetrieveSettings) -> Retrieved:
+    """The answer to ``request`` from ``retriever`` (at most ``settings.passages`` passages, waiting at
+    most ``settings.timeout_s``), or none and why: no retriever, an empty result, a timeout, or the
+    retriever's exception (logged and recorded, never swallowed silently)."""
+    if retriever is None:
+        return Retrieved(why="no retriever configured")
+    passages, why = call_retriever(retriever, request.question, settings.timeout_s, settings.passages)
+    return Retrieved(tuple(passages), why)
+
+
+class _Generating(Protocol):
+    """What :meth:`BackendIO.of` reads (a :class:`~logtoku_guard.guard.Guard` has it)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def retriever(self) -> RetrieverLike | None: ...
+
+    @property
+    def options(self) -> DecodingOptions: ...
+
+
+class BackendIO:
+    """Answer one question's requests: generate with ``backend`` from ``messages`` (the question's
+    chat turns), retrieve with ``retriever`` (at most ``settings.passages`` passages, waiting at
+    most ``settings.timeout_s``)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        messages: Sequence[ChatMessage],
+        settings: RetrieveSettings,
+        *,
+        retriever: RetrieverLike | None = None,
+        options: DecodingOptions | None = None,
+    ) -> None:
+        self.backend = backend
+        self.messages = list(messages)
+        self.settings = settings
+        self.retriever = retriever
+        self.options = options
+
+    @classmethod
+    def of(cls, guard: _Generating, messages: Sequence[ChatMessage]) -> BackendIO:
+        """The I/O of ``guard`` (its backend, options, retriever and retrieve settings) for ``messages``."""
+        return cls(guard.backend, messages, guard.policy.retrieve, retriever=guard.retriever, options=guard.options)
+
+    def generate(self, request: Generate) -> Answer:
+        """The first answer from the messages as they are; a later one with the retrieved context
+        in place of the last user turn. When that prompt is too long for the model's window
+        (:class:`PromptTooLongError`), the last passage is dropped and the model asked again;
+        the answer's ``note`` says so ("context too long for the model's window: ..."), and its
+        generation is None when not even one passage fits."""
+        if request.first:
+            return Answer(self.backend.generate(self.messages, self.options))
+        kept = list(request.passages)
+        error: PromptTooLongError | None = None
+        while kept:
+            augmented = [*self.messages[:-1], ChatMessage("user", request.prompt(kept))]
+            try:
+                generation = self.backend.generate(augmented, self.options)
+            except PromptTooLongError as exc:
+                error = exc
+                kept.pop()
+                continue
+            note = None
+            if error is not None:
+                note = (
+                    f"context too long for the model's window: kept {len(kept)} of {len(request.passages)} passage(s) ({error})"
+                )
+            return Answer(generation, tuple(kept), note)
+        return Answer(None, note=f"context too long for the model's window: {error}")
+
+    def retrieve(self, request: Retrieve) -> Retrieved:
+        """Passages for the question from the retriever (:func:`retrieve_passages`)."""
+        return retrieve_passages(self.retriever, request, self.settings)

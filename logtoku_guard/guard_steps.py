@@ -1,0 +1,331 @@
+"""The guard loop, written once and without I/O: :func:`guard_steps` yields requests, drivers answer.
+
+One guarded question is answer -> decide -> (retrieve -> answer with the context -> decide)* ->
+conclude. :func:`guard_steps` owns every decision of that loop (through a
+:class:`~logtoku_guard.decider.Decider`): how many retrievals, the fallback and its reason, what
+each attempt records, the timings. It never generates, retrieves or records by itself: it
+yields a request and is sent the answer::
+
+    steps = guard_steps(decider, Progress(question))
+    request = next(steps)                     # Generate(attempt=1)
+    while not isinstance(request, Conclude):
+        Generate(attempt, passages)  -> send an Answer (the generation; for attempt > 1 made
+                                        with request.prompt(...), the retrieved context)
+        Retrieve(question, number)   -> send Retrieved(passages) or Retrieved(why=...)
+    request.result                            # the GuardResult, recorded (raise it yourself for "raise")
+
+Every way of guarding drives it: :class:`~logtoku_guard.guard.Guard` (``run``: :func:`drive`
+with :class:`~logtoku_guard.guard_io.BackendIO`; ``stream``: the first answer streamed token by
+token), LangChain's ``LogTokUGuard`` and ``LogTokUMiddleware`` (the agent's own model calls),
+LlamaIndex's ``LogTokUQueryEngine`` (re-queries with a wider retriever). :func:`drive` and
+:func:`adrive` are the thin sync and async loops; they also open each request's telemetry span
+(the one place spans are wrapped around generations and retrievals).
+
+The time between a request and its answer is the driver's: the generator adds it to the
+question's generation or retrieval seconds (:class:`Progress`), and its own decisions to the
+decision seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from logtoku_guard.errors import UsageError
+from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
+from logtoku_guard.telemetry import RunSpan
+
+if TYPE_CHECKING:
+    from logtoku_guard.decider import Decider
+    from logtoku_guard.policy import Decision, RetrieveSettings
+    from logtoku_guard.types import ChatMessage, Generation
+
+__all__ = [
+    "Answer",
+    "AsyncStepIO",
+    "Conclude",
+    "Generate",
+    "Progress",
+    "Request",
+    "Retrieve",
+    "Retrieved",
+    "StepIO",
+    "Steps",
+    "adrive",
+    "drive",
+    "guard_steps",
+    "run_traced",
+]
+
+
+# -- requests -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generate:
+    """Answer the question: attempt ``attempt`` (1 = the first answer, to the question as asked;
+    later ones with the retrieved ``passages``: :meth:`prompt` is the augmented user turn).
+    Send back an :class:`Answer`."""
+
+    attempt: int
+    question: str
+    passages: tuple[str, ...] = ()
+    settings: RetrieveSettings | None = None
+
+    @property
+    def first(self) -> bool:
+        return self.attempt == 1
+
+    def prompt(self, passages: Sequence[str] | None = None) -> str:
+        """The augmented user turn (the policy's ``retrieve.context_template``) with ``passages``
+        (default: all of :attr:`passages`; fewer when the context must be trimmed)."""
+        if self.settings is None:
+            msg = f"attempt {self.attempt} is the first answer, made from the question as asked: it has no augmented prompt"
+            raise UsageError(msg)
+        return self.settings.prompt(self.question, self.passages if passages is None else passages)
+
+
+@dataclass(frozen=True)
+class Retrieve:
+    """Retrieve context for ``question``; this is retrieval number ``number`` (1 = the first),
+    asked for by ``decision``. Send back :class:`Retrieved`."""
+
+    question: str
+    number: int
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Conclude:
+    """The loop is over: ``result`` is decided and recorded. The driver reports it (and raises
+    :class:`~logtoku_guard.results.GuardRejectedError` for the ``raise`` action)."""
+
+    result: GuardResult
+
+
+Request = Generate | Retrieve | Conclude
+Steps = Generator[Request, Any, None]
+"""What :func:`guard_steps` returns: send an :class:`Answer` to a :class:`Generate`, a
+:class:`Retrieved` to a :class:`Retrieve`."""
+
+
+# -- answers ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Answer:
+    """What a :class:`Generate` made.
+
+    ``generation``: None when no answer could be made with the context (then ``note`` says why
+    and the loop falls back). ``passages``: the context the answer was made from (recorded in
+    its attempt). ``note``: how the context was trimmed (recorded as the attempt's
+    ``retrieval_error``). ``text``: the answer as the reader got it, when it differs from the
+    generation's. ``stopped_early``: an ``early_stop`` rule cut the generation short.
+    ``no_context``: why the answer was made with nothing to answer from (then the decision is
+    the fallback, without a rule).
+    """
+
+    generation: Generation | None
+    passages: tuple[str, ...] = ()
+    note: str | None = None
+    text: str | None = None
+    stopped_early: bool = False
+    no_context: str | None = None
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """What a :class:`Retrieve` found: ``passages``, or none and ``why`` (then the loop falls back)."""
+
+    passages: tuple[str, ...] = ()
+    why: str | None = None
+
+
+# -- the state of one question --------------------------------------------------------------------
+Stage = Literal["generation", "retrieval"]
+
+
+@dataclass
+class Progress:
+    """One guarded question so far: its attempts, whether it stopped early, the seconds per stage.
+
+    Drivers read it (an abandoned stream concludes from it: :meth:`abandon`); only
+    :func:`guard_steps` writes it.
+    """
+
+    question: str
+    started: float = field(default_factory=time.perf_counter)
+    attempts: list[Attempt] = field(default_factory=list)
+    stopped_early: bool = False
+    generation_s: float = 0.0
+    decision_s: float = 0.0
+    retrieval_s: float = 0.0
+    waiting: tuple[Stage, float] | None = None  # the request being answered now, since when
+
+    def timings(self) -> GuardTimings:
+        """The timings so far (a request being answered counts up to now)."""
+        now = time.perf_counter()
+        spent = {"generation": self.generation_s, "retrieval": self.retrieval_s}
+        if self.waiting is not None:
+            stage, since = self.waiting
+            spent[stage] += now - since
+        return GuardTimings(now - self.started, spent["generation"], self.decision_s, spent["retrieval"])
+
+    def abandon(self, decider: Decider, generation: Generation) -> GuardResult:
+        """Decide and record ``generation``, whose stream the reader closed before it ended (no retrieval)."""
+        return decider.abandon(self.question, generation, self.attempts, self.timings())
+
+
+def _ask(progress: Progress, request: Generate | Retrieve) -> Generator[Request, Any, Any]:
+    stage: Stage = "generation" if isinstance(request, Generate) else "retrieval"
+    progress.waiting = (stage, time.perf_counter())
+    reply = yield request
+    spent = time.perf_counter() - progress.waiting[1]
+    progress.waiting = None
+    if stage == "generation":
+        progress.generation_s += spent
+    else:
+        progress.retrieval_s += spent
+    return reply
+
+
+# -- the loop ---------------------------------------------------------------------------------------
+def guard_steps(decider: Decider, progress: Progress) -> Steps:
+    """The requests of one guarded question, from its first answer to :class:`Conclude`.
+
+    Each answer is decided (:meth:`Decider.decide`, or :meth:`Decider.unanswerable` for an
+    answer with ``no_context``) and recorded in ``progress.attempts``; :meth:`Decider.settle`
+    says whether to retrieve. A retrieval that brings nothing, or context that fits nowhere,
+    falls back (:meth:`Decider.give_up`) with the reason recorded on the attempt.
+    """
+    question, attempts = progress.question, progress.attempts
+    answer: Answer = yield from _ask(progress, Generate(1, question))
+    text = answer.text
+    while True:
+        generation = answer.generation
+        if generation is None:
+            msg = "the first answer must be a generation: Answer(generation=None) is only for an answer the context did not fit"
+            raise UsageError(msg)
+        progress.stopped_early = progress.stopped_early or answer.stopped_early
+        t = time.perf_counter()
+        if answer.no_context is not None:
+            judged = decider.unanswerable(generation, answer.no_context)
+        else:
+            judged = decider.decide(generation, attempts)
+        attempts.append(Attempt(generation, judged, answer.passages, answer.note))
+        decision = decider.settle(attempts)
+        progress.decision_s += time.perf_counter() - t
+        if decision.action != "retrieve":
+            break
+        retrieved: Retrieved = yield from _ask(progress, Retrieve(question, len(attempts), decision))
+        why = retrieved.why
+        if why is None:
+            settings = decider.policy.retrieve
+            request = Generate(len(attempts) + 1, question, tuple(retrieved.passages), settings)
+            answer = yield from _ask(progress, request)
+            if answer.generation is not None:
+                text = answer.text
+                continue
+            why = answer.note or "no answer could be made with the retrieved context"
+        attempts[-1] = replace(attempts[-1], retrieval_error=why)
+        decision = decider.give_up(decision, why)
+        break
+    timings = progress.timings()
+    yield Conclude(decider.conclude(question, decision, attempts, timings, stopped_early=progress.stopped_early, text=text))
+
+
+# -- drivers -----------------------------------------------------------------------------------------
+class StepIO(Protocol):
+    """What answers the requests of :func:`guard_steps` (:class:`~logtoku_guard.guard_io.BackendIO`)."""
+
+    def generate(self, request: Generate) -> Answer: ...
+
+    def retrieve(self, request: Retrieve) -> Retrieved: ...
+
+
+class AsyncStepIO(Protocol):
+    """:class:`StepIO` for :func:`adrive`."""
+
+    def generate(self, request: Generate) -> Awaitable[Answer]: ...
+
+    def retrieve(self, request: Retrieve) -> Awaitable[Retrieved]: ...
+
+
+_NO_SPAN = RunSpan(None)
+
+
+def _spans(span: RunSpan, request: Generate | Retrieve, span_input: Sequence[ChatMessage] | str | None) -> Any:
+    if isinstance(request, Generate):
+        return span.generation(request.attempt, span_input)
+    return span.retrieval(request.number)
+
+
+def _record(opened: Any, reply: Answer | Retrieved) -> None:
+    if isinstance(reply, Retrieved):
+        opened.record(reply.passages, reply.why)
+    elif reply.generation is not None:
+        opened.record(reply.generation)
+
+
+def drive(
+    steps: Steps,
+    io: StepIO,
+    span: RunSpan | None = None,
+    span_input: Sequence[ChatMessage] | str | None = None,
+    request: Request | None = None,
+) -> GuardResult:
+    """Answer every request of ``steps`` with ``io`` until it concludes; the result (not raised).
+
+    Each generation and retrieval runs in its child span of ``span`` (``span_input``: what the
+    generation spans show as input); the result is put on ``span`` (not ended here). Without
+    ``span`` (an adapter whose framework traces the calls), no span is made.
+    ``request``: the request already taken from ``steps`` (default: the first).
+    """
+    span = span if span is not None else _NO_SPAN
+    request = next(steps) if request is None else request
+    while not isinstance(request, Conclude):
+        with _spans(span, request, span_input) as opened:
+            reply: Answer | Retrieved = io.generate(request) if isinstance(request, Generate) else io.retrieve(request)
+            _record(opened, reply)
+        request = steps.send(reply)
+    span.concluded(request.result)
+    return request.result
+
+
+async def adrive(
+    steps: Steps,
+    io: AsyncStepIO,
+    span: RunSpan | None = None,
+    span_input: Sequence[ChatMessage] | str | None = None,
+    request: Request | None = None,
+) -> GuardResult:
+    """:func:`drive` with an :class:`AsyncStepIO` (the decisions themselves run in the caller's loop: they are quick)."""
+    span = span if span is not None else _NO_SPAN
+    request = next(steps) if request is None else request
+    while not isinstance(request, Conclude):
+        with _spans(span, request, span_input) as opened:
+            reply: Answer | Retrieved = await (io.generate(request) if isinstance(request, Generate) else io.retrieve(request))
+            _record(opened, reply)
+        request = steps.send(reply)
+    span.concluded(request.result)
+    return request.result
+
+
+def run_traced(
+    span: RunSpan,
+    steps: Steps,
+    io: StepIO,
+    span_input: Sequence[ChatMessage] | str | None = None,
+    *,
+    reply: Answer | None = None,
+) -> GuardResult:
+    """:func:`drive` inside the question's run ``span`` (current while driving, ended here, with
+    any error recorded); raises :class:`GuardRejectedError` for the ``raise`` action.
+
+    ``reply``: the caller's answer to the first request it took from ``steps`` (a stream's
+    first answer); by default ``io`` answers every request.
+    """
+    with span:
+        request = steps.send(reply) if reply is not None else None
+        result = drive(steps, io, span, span_input, request)
+        if result.action == "raise":
+            raise GuardRejectedError(result)
+    return result
