@@ -159,7 +159,7 @@ class ToolGate:
             content = self.rules.refuse.message.format(tool=call["name"], reason=entry["reason"])
             return ToolMessage(content=content, name=call["name"], tool_call_id=call["id"], status="error")
         verdict = ToolReviewResponse.model_validate(interrupt(entry["request"], response_schema=ToolReviewResponse))
-        self._settle(entry["review_id"], verdict)
+        self._record_verdict(entry["review_id"], verdict)
         if verdict.type == "approve":
             return request
         if verdict.type == "edit":
@@ -167,7 +167,7 @@ class ToolGate:
         content = f"A reviewer rejected the call to {call['name']}; the tool did not run. Reviewer's note: {verdict.note}"
         return ToolMessage(content=content, name=call["name"], tool_call_id=call["id"], status="error")
 
-    def _settle(self, review_id: int | None, verdict: ToolReviewResponse) -> None:
+    def _record_verdict(self, review_id: int | None, verdict: ToolReviewResponse) -> None:
         """Write the verdict to the review item, unless it was decided there already (the review page)."""
         if self.store is None or review_id is None:
             return
