@@ -159,7 +159,8 @@ Constraint = JsonSchema | ToolCalls
 def tool_call_schema(constraint: ToolCalls) -> dict[str, Any]:
     """The JSON Schema of one call's object ``{"name": ..., "arguments": {...}}`` under ``constraint``'s choice.
 
-    Several allowed tools: an ``anyOf`` of one exact-name branch per tool.
+    Several allowed tools: an ``anyOf`` of one exact-name branch per tool. Arguments are the
+    declared parameters only (``additionalProperties: false`` unless the tool says otherwise).
     """
     branches = []
     for tool in constraint.tools:
@@ -168,6 +169,7 @@ def tool_call_schema(constraint: ToolCalls) -> dict[str, Any]:
             continue
         parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
         parameters.setdefault("type", "object")
+        parameters.setdefault("additionalProperties", False)  # the declared parameters only, as OpenAI's strict mode
         branches.append(
             {
                 "type": "object",

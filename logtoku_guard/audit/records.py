@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import ResultPayload, json_float, result_payload
+from logtoku_guard.tool_scores import score_tool_calls
 
 if TYPE_CHECKING:
     from logtoku_guard.results import GuardResult
@@ -122,7 +123,9 @@ class AuditRecord:
     undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
     included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.payloads.TokenPayload`.
     ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
-    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``review_id``: the review item of this
+    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the answer's
+    well-formed tool calls, ``{"name", "arguments": {argument: {tokens, mean_au, mean_eu,
+    max_au, max_eu, logprob}}}`` (:mod:`~logtoku_guard.tool_scores`). ``review_id``: the review item of this
     record, set by the store (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
 
     JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats`` and
@@ -146,6 +149,7 @@ class AuditRecord:
     stats: dict[str, float | None] = field(default_factory=dict)
     timings: dict[str, float | None] = field(default_factory=dict)
     review_id: int | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         trace_id = _check_text(self.trace_id, "trace_id", empty_ok=False)
@@ -170,6 +174,9 @@ class AuditRecord:
         if not isinstance(self.tokens, (list, tuple)) or not all(isinstance(t, Mapping) for t in self.tokens):
             msg = f"tokens must be a list of dicts (payloads.token_payload(token)), got {self.tokens!r:.200}"
             raise ConfigurationError(msg)
+        if not isinstance(self.tool_calls, (list, tuple)) or not all(isinstance(c, Mapping) for c in self.tool_calls):
+            msg = f"tool_calls must be a list of dicts {{'name', 'arguments'}} (tool_scores), got {self.tool_calls!r:.200}"
+            raise ConfigurationError(msg)
         for name in ("stats", "timings"):
             if not isinstance(getattr(self, name), Mapping):
                 msg = f"{name} must be a dict of name -> number, got {getattr(self, name)!r:.200}"
@@ -183,6 +190,7 @@ class AuditRecord:
         set_("tokens", _json_safe(self.tokens, "tokens"))
         set_("stats", _json_safe(self.stats, "stats"))
         set_("timings", _json_safe(self.timings, "timings"))
+        set_("tool_calls", _json_safe(self.tool_calls, "tool_calls"))
 
     @classmethod
     def from_result(
@@ -206,10 +214,22 @@ class AuditRecord:
         :func:`~logtoku_guard.payloads.result_payload`, so a record made from a result and one
         made from the same result's payload (a LangChain callback's event) are equal.
         """
-        return cls.from_payload(result_payload(result, thresholds), question=question, draft=draft)
+        calls = [
+            {"name": c.name, "arguments": {k: a.as_dict() for k, a in c.arguments.items()}}
+            for c in score_tool_calls(result.generation.tokens)
+            if c is not None
+        ]
+        return cls.from_payload(result_payload(result, thresholds), question=question, draft=draft, tool_calls=calls)
 
     @classmethod
-    def from_payload(cls, payload: ResultPayload, *, question: str, draft: str | None = None) -> AuditRecord:
+    def from_payload(
+        cls,
+        payload: ResultPayload,
+        *,
+        question: str,
+        draft: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> AuditRecord:
         """The record of a guarded answer from its :class:`~logtoku_guard.payloads.ResultPayload`.
 
         For an adapter that holds the payload rather than the :class:`GuardResult` (LangChain's
@@ -233,6 +253,7 @@ class AuditRecord:
             tokens=[dict(t) for t in payload["tokens"]],
             stats=dict(payload["stats"]),
             timings={name: json_float(value) for name, value in payload["timings"].items()},
+            tool_calls=list(tool_calls or []),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 Nullable columns added later (``claimed_os_user``, ``reviewer_os_user``) keep the version: a
 store of this version that lacks them gets them when opened."""
 
-_ADDED_COLUMNS = {"review_items": ("claimed_os_user", "reviewer_os_user")}
+_ADDED_COLUMNS = {"review_items": ("claimed_os_user", "reviewer_os_user"), "audit_records": ("tool_calls",)}
 
 _WRITE_OPTION = "logtoku_write"  # execution option: this transaction writes (SQLite: BEGIN IMMEDIATE)
 
@@ -72,6 +72,8 @@ _records = sa.Table(
     sa.Column("stats", _JSON, nullable=False),
     sa.Column("timings", _JSON, nullable=False),
     sa.Column("review_id", sa.Integer),
+    # Added after version 1 shipped (see _add_missing_columns): NULL reads back as [].
+    sa.Column("tool_calls", _JSON),
 )
 
 _reviews = sa.Table(
@@ -119,6 +121,8 @@ def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
     rec = object.__new__(AuditRecord)
     for name in _RECORD_FIELDS:
         object.__setattr__(rec, name, m[prefix + name])
+    if rec.tool_calls is None:  # a record written before the column existed
+        object.__setattr__(rec, "tool_calls", [])
     return rec
 
 
@@ -133,7 +137,8 @@ def _add_missing_columns(conn: Connection) -> None:
         present = {c["name"] for c in inspector.get_columns(table)}
         for name in names:
             if name not in present:
-                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {name} TEXT"))
+                kind = _metadata.tables[table].c[name].type.compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
