@@ -9,7 +9,8 @@
   the model.
 - :func:`with_structured_output`: the three LangChain methods: ``function_calling`` (a forced
   tool call, the default), ``json_schema`` and ``json_mode`` (the answer itself is the JSON),
-  all decoded under a grammar.
+  all decoded under a grammar (``json_mode`` with a schema: decoded under its shape too, but
+  the schema is not told to the model).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def tool_constraint(tools: Sequence[Mapping[str, Any]], choice: str | None) -> T
 def response_constraint(response_format: Any) -> JsonSchema:
     """A ``response_format`` as a :class:`JsonSchema` (a ConfigurationError names the accepted forms)."""
     fmt = response_format
-    if isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
-        return JsonSchema({"type": "object"})
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_object":  # "schema": the object's shape (json_mode)
+        return JsonSchema(fmt.get("schema") or {"type": "object"})
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
         inner = fmt.get("json_schema")
         schema = inner.get("schema") if isinstance(inner, Mapping) else None
@@ -81,7 +82,8 @@ def constrained(
     """
     if response_format is not None:
         constraint = response_constraint(response_format)
-        return options.replace(constraint=constraint), schema_prompt(constraint)
+        told = isinstance(response_format, Mapping) and response_format.get("type") != "json_object"
+        return options.replace(constraint=constraint), schema_prompt(constraint) if told else None
     calls = tool_constraint(tools, choice) if getattr(backend, "constrained_decoding", False) else None
     return (options if calls is None else options.replace(constraint=calls)), None
 
@@ -103,12 +105,17 @@ def with_structured_output(
     if kwargs:
         msg = f"unsupported with_structured_output argument(s) {sorted(kwargs)}"
         raise ConfigurationError(msg)
-    json_schema = (
-        convert_to_json_schema(dict(schema) if isinstance(schema, Mapping) else schema)
-        if method == "json_schema"
-        else {"type": "object"}
-    )
-    format_ = {"type": "json_schema", "json_schema": {"name": json_schema.get("title", "output"), "schema": json_schema}}
+    # json_mode: a JSON object, of the schema's shape when it has one (decoding under it is what
+    # makes the parse succeed); unlike json_schema, the schema is not told to the model.
+    json_schema = convert_to_json_schema(dict(schema) if isinstance(schema, Mapping) else schema)
+    if method == "json_mode" and "properties" not in json_schema:
+        json_schema = {"type": "object"}
+    format_: dict[str, Any] = {
+        "type": "json_schema",
+        "json_schema": {"name": json_schema.get("title", "output"), "schema": json_schema},
+    }
+    if method == "json_mode":
+        format_ = {"type": "json_object", "schema": json_schema}
     llm = model.bind(
         response_format=format_,
         ls_structured_output_format={"kwargs": {"method": method}, "schema": schema},

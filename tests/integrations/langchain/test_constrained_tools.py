@@ -10,10 +10,10 @@ pytest.importorskip("llguidance")
 
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
+from support.tiny import make_model
 
 from langchain_logtoku import ChatLogTokU
 from logtoku_guard.errors import ConfigurationError
-from support.tiny import make_model
 
 
 # Bounded values: a random model ends a string only when it happens to pick '"'.
