@@ -4,7 +4,8 @@ The engine is `llguidance <https://github.com/guidance-ai/llguidance>`_ (the ``t
 imported lazily), chosen on measurements (``benchmarks/tool_calls/RESULTS.md``): no
 dependencies of its own, Hugging Face fast tokenizers and llama.cpp vocabularies read
 natively, JSON Schema and Lark grammars compiled in about a millisecond, tens of microseconds
-per mask on a 49k vocabulary (the same engine llama.cpp and vLLM ship).
+per mask on a 49k vocabulary (the same engine llama.cpp and vLLM ship). Both local backends
+use it: the transformers decode loop masks a torch tensor, the llama.cpp loop a numpy array.
 
 :class:`GrammarEngine` holds one tokenizer's llguidance view (built once, ~0.3 s) and starts a
 :class:`RowGrammar` per generated row. A decode loop, at each step, records the raw logits
@@ -21,6 +22,7 @@ fed to a grammar of ``call "</tool_call>"`` and every later token is masked by i
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -92,6 +94,19 @@ class GrammarEngine:
             raise ConfigurationError(msg)
         eos = sorted(eos_ids) or None
         return cls(llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos), vocab_size)
+
+    @classmethod
+    def from_llama(cls, model: Any, eos_ids: Iterable[int]) -> GrammarEngine:
+        """From a llama.cpp model (:class:`~logtoku_guard.backends.llamacpp_model.LlamaModel`: its ``vocab``
+        pointer and ``n_vocab``); ``eos_ids`` end a row."""
+        require_llguidance()
+        import llguidance.llamacpp
+
+        eos = sorted(eos_ids) or None
+        with warnings.catch_warnings():  # llama-cpp-python warns once per token that llama_token_get_attr is deprecated
+            warnings.filterwarnings("ignore", message="llama_token_get_attr is deprecated", category=DeprecationWarning)
+            tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab, eos_token=eos)
+        return cls(tokenizer, model.n_vocab)
 
     def matcher(self, grammar: str) -> Any:
         """A fresh llguidance matcher of ``grammar``; a :class:`ConfigurationError` when it does not compile."""
