@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
@@ -126,6 +127,7 @@ __all__ = [
     "GuardRejectedError",
     "GuardResult",
     "InvalidPromptError",
+    "JsonSchema",
     "KeywordRetriever",
     "LogProbsNotLogitsError",
     "LogTokUError",
@@ -150,6 +152,7 @@ __all__ = [
     "Timings",
     "TokenScore",
     "TokenStream",
+    "ToolCalls",
     "TransformersBackend",
     "UnknownReviewItemError",
     "UnknownTraceError",
