@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
@@ -129,6 +130,7 @@ __all__ = [
     "GuardRejectedError",
     "GuardResult",
     "InvalidPromptError",
+    "JsonSchema",
     "KeywordRetriever",
     "LogProbsNotLogitsError",
     "LogTokUError",
@@ -153,6 +155,7 @@ __all__ = [
     "Timings",
     "TokenScore",
     "TokenStream",
+    "ToolCalls",
     "TransformersBackend",
     "UnknownReviewItemError",
     "UnknownTraceError",

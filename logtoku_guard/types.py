@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Union
 
+from logtoku_guard.constraints import Constraint, JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Quadrant, QuadrantThresholds, WordScore
 
@@ -135,7 +136,12 @@ class DynamicTemperature:
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    """How to decode. ``temperature == 0`` means greedy; ``dynamic`` overrides temperature."""
+    """How to decode. ``temperature == 0`` means greedy; ``dynamic`` overrides temperature.
+
+    ``constraint``: what the answer must look like (:class:`~logtoku_guard.constraints.JsonSchema`
+    or :class:`~logtoku_guard.constraints.ToolCalls`), enforced by grammar-constrained decoding
+    (the ``tools`` extra); the scores stay those of the raw, unmasked logits. None: free text.
+    """
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -143,8 +149,12 @@ class DecodingOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     dynamic: DynamicTemperature | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
+        if self.constraint is not None and not isinstance(self.constraint, (JsonSchema, ToolCalls)):
+            msg = f"constraint must be JsonSchema(schema), ToolCalls(tools, choice) or None, got {self.constraint!r:.80}"
+            raise ConfigurationError(msg)
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             msg = f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
             raise ConfigurationError(msg)

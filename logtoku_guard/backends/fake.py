@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.recorder import truncate_at_stop
+from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import (
@@ -139,6 +140,7 @@ class ScriptedBackend:
         return out
 
     def _one(self, prompt: Prompt, options: DecodingOptions) -> Generation:
+        refuse_constraint(options.constraint, "scripted", "it replays scripted answers")
         messages = to_messages(prompt)
         tokens = self._tokens(self._next(messages))
         finish: FinishReason = "stop"

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batched import BatchedBackend, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
@@ -45,6 +45,9 @@ from logtoku_guard.uncertainty import (
     validate_k,
     validate_top_n,
 )
+
+if TYPE_CHECKING:
+    from logtoku_guard.grammar import GrammarEngine
 
 __all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend"]
 
@@ -146,10 +149,24 @@ class LlamaCppBackend(BatchedBackend):
         # (each row is prefilled alone anyway), so a window would only delay every request.
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch, window_s=0.0, name="logtoku-llamacpp")
         self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores)
+        self._grammars: GrammarEngine | None = None
+        self._grammars_lock = threading.Lock()
 
     _stream_thread = "logtoku-llamacpp-generate"
 
     # -- properties -------------------------------------------------------------------
+    constrained_decoding = True
+    """This backend honours ``DecodingOptions.constraint`` (grammar masks, the ``tools`` extra)."""
+
+    def grammar_engine(self) -> GrammarEngine:
+        """The vocabulary's grammar engine for constrained decoding (built on first use)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from logtoku_guard.grammar import GrammarEngine
+
+                self._grammars = GrammarEngine.from_llama(self._model, self._eos_ids)
+            return self._grammars
+
     @property
     def context_window(self) -> int:
         """Tokens one request may use (prompt plus answer): the KV cache's size."""
@@ -209,7 +226,8 @@ class LlamaCppBackend(BatchedBackend):
                 ctx - len(ids),
             )
             limit = ctx - len(ids)
-        return PreparedRow(messages, ids, limit, span, self.score_prompt)
+        grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None
+        return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
         """Run ``jobs`` as one continuous batch (the batcher's worker thread)."""

@@ -249,13 +249,24 @@ class LlamaDecodeLoop(JobRows):
             logits = np.stack(s.prompt_logits)
             s.prompt_scores = prompt_scores(logits, s.prepared.ids, span, self.scoring.k, self.scoring.evidence)
         s.prompt_logits = []
-        s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel)
+        s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel, grammar=s.prepared.grammar)
         self.live.append(s)
         self.recorder.rows.append(s.state)
 
     def _choose(self, step: np.ndarray) -> None:
-        """Record the step's raw logits ``(rows, vocab)``, pick each row's next token, let the recorder end rows."""
+        """Record the step's raw logits ``(rows, vocab)``, pick each row's next token, let the recorder end rows.
+
+        Constrained rows choose among their grammar's tokens (a masked copy: the raw logits stay recorded).
+        """
         record(self.recorder, step)
+        if any(s.state is not None and s.state.grammar is not None for s in self.live):
+            import numpy as np
+
+            from logtoku_guard.grammar import allowed_tokens
+
+            allowed = allowed_tokens([s.state.grammar if s.state is not None else None for s in self.live], step.shape[-1])
+            if allowed is not None:
+                step = np.where(allowed, step, np.float32(-np.inf))
         if self.options.sampling and self.rng is not None:
             chosen = sample(self.recorder, step, self.options, self.rng)
         else:

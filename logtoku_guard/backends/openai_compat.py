@@ -35,6 +35,7 @@ from pydantic import TypeAdapter
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
@@ -191,6 +192,7 @@ class OpenAICompatibleBackend:
         return f"{self.base_url}/chat/completions"
 
     def _body(self, messages: list[ChatMessage], options: DecodingOptions, *, stream: bool) -> dict[str, Any]:
+        refuse_constraint(options.constraint, "OpenAI-compatible", "it does not forward grammars to the remote server")
         if options.dynamic is not None:
             msg = "dynamic temperature needs each step's logits before sampling; it runs only on a local backend"
             raise ConfigurationError(msg)

@@ -134,8 +134,6 @@ def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
 
 
 TOP_K_CHUNK = 64
-
-
 LOG2E = 1.0 / math.log(2.0)
 """``log2 e``: ``exp(x) = exp2(x * LOG2E)``."""
 
@@ -265,7 +263,7 @@ class Row:
     A row may carry its own settings (a batch of independent requests): ``stop`` strings,
     ``limit`` (its ``max_new_tokens``; None: the batch's) and ``cancel`` (ends this row only).
     ``error`` is set, and the row closed, when its logits are not finite and the recorder
-    isolates rows (``on_row_done`` given): the other rows go on.
+    isolates rows (``on_row_done`` given): the other rows go on. ``grammar``: a constrained row's grammar.
     """
 
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
@@ -278,6 +276,7 @@ class Row:
     limit: int | None = None
     cancel: threading.Event | None = None
     error: BaseException | None = None
+    grammar: Any = None
 
 
 class StepRecorder:
@@ -451,7 +450,10 @@ class StepRecorder:
                 alt_ids=tuple(top_ids[b]) if self.width > self.k else (),
             )
             row.held.append(token)
+            complete = row.grammar is not None and row.grammar.advance(token_id)  # True: the grammar ends the row
             self._release(b, row)
+            if complete and not row.done:
+                self._close(b, row, "stop")
             if not row.done and row.limit is not None and len(row.tokens) + len(row.held) >= row.limit:
                 self._close(b, row, "length")
             done.append(row.done)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ from logtoku_guard.uncertainty import (
 
 if TYPE_CHECKING:
     import torch
+
+    from logtoku_guard.grammar import GrammarEngine
 
 __all__ = ["THREADS_ENV", "NoChatTemplateWarning", "TransformersBackend", "default_threads"]
 
@@ -184,6 +187,8 @@ class TransformersBackend(BatchedBackend):
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch)
         self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores); read per request
         self._warned_template = False
+        self._grammars: GrammarEngine | None = None
+        self._grammars_lock = threading.Lock()
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -217,6 +222,18 @@ class TransformersBackend(BatchedBackend):
     def threads(self) -> int | None:
         """torch intra-op threads set while generating (None: torch's own setting)."""
         return self._threads
+
+    constrained_decoding = True
+    """This backend honours ``DecodingOptions.constraint`` (grammar masks, the ``tools`` extra)."""
+
+    def grammar_engine(self) -> GrammarEngine:
+        """The tokenizer's grammar engine for constrained decoding (built on first use, ~0.3 s)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from logtoku_guard.grammar import GrammarEngine
+
+                self._grammars = GrammarEngine.from_hf(self._tokenizer, self._vocab_size, self._eos_ids)
+            return self._grammars
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -261,7 +278,8 @@ class TransformersBackend(BatchedBackend):
                     ctx - len(ids),
                 )
                 limit = ctx - len(ids)
-        return PreparedRow(messages, ids, limit, span, self.score_prompt)
+        grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None
+        return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
         """Run ``jobs`` (compatible options) as one continuous batch; each job completes as its rows end."""

@@ -920,3 +920,43 @@ def test_a_store_this_user_may_only_read_opens_with_create_false(tmp_path: Path)
 def test_tail_refuses_counts_outside_a_sql_integer(store: AuditStore, n: int) -> None:
     with pytest.raises(ConfigurationError, match="from 0 to 9223372036854775807"):
         store.tail(n)
+
+
+def test_a_guarded_tool_call_is_recorded_with_its_argument_scores(store: AuditStore, tmp_path: Path) -> None:
+    from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
+
+    pieces = ['<tool_call>{"name": "transfer", "arguments": {"amount": ', "12", "0", ', "to": "', "Bob", '"}}</tool_call>']
+    logits = [[2.0, 1.0], [0.3, 0.2], [0.9, 0.1], [2.0, 1.0], [0.5, 0.4], [2.0, 1.0]]
+    policy = Policy.from_dict({"name": "p", "version": "1", "rules": []})
+    guard = Guard(ScriptedBackend([ScriptedAnswer(pieces, logits)], model_name="scripted"), policy)
+    result = guard.run("Send 120 to Bob")
+    record = AuditRecord.from_result(result, question="Send 120 to Bob")
+    ((call),) = record.tool_calls
+    assert call["name"] == "transfer" and set(call["arguments"]) == {"amount", "to"}
+    amount, to = call["arguments"]["amount"], call["arguments"]["to"]
+    by_index = {t["index"]: t for t in record.tokens}
+    assert amount["tokens"] == 2 and amount["max_eu"] == max(by_index[1]["eu"], by_index[2]["eu"])
+    assert to["tokens"] == 1 and to["logprob"] == pytest.approx(by_index[4]["logprob"])
+    store.record(record)
+    assert store.get(record.trace_id).tool_calls == record.tool_calls
+    store.export(tmp_path / "out.csv", "csv")
+    with (tmp_path / "out.csv").open() as f:
+        assert json.loads(next(csv.DictReader(f))["tool_calls"]) == record.tool_calls
+
+
+def test_a_store_without_the_tool_calls_column_gets_it(store_url: StoreUrl) -> None:
+    path = store_url("v1")
+    with AuditStore(path) as store:
+        old = store.record(rec())
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE audit_records DROP COLUMN tool_calls")
+    call = {"name": "ping", "arguments": {}}
+    with AuditStore(path) as store:
+        assert store.get(old).tool_calls == []  # written before the column existed
+        new = store.record(rec(tool_calls=[call]))
+        assert store.get(new).tool_calls == [call]
+
+
+def test_tool_calls_must_be_a_list_of_dicts() -> None:
+    with pytest.raises(ConfigurationError, match="tool_calls must be a list of dicts"):
+        rec(tool_calls={"name": "ping"})

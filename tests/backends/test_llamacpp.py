@@ -303,3 +303,22 @@ def test_langchain_and_llamaindex_adapters_take_this_backend(backend: LlamaCppBa
     message = ChatLogTokU(backend=backend, max_tokens=6).invoke(QUESTION)
     assert message.content == local and message.response_metadata["model_name"] == backend.model_name
     assert LogTokULLM(backend=backend, max_new_tokens=6).complete(QUESTION).text == local
+
+
+def test_a_forced_tool_call_is_valid_and_scored_on_the_raw_logits(backend: LlamaCppBackend) -> None:
+    pytest.importorskip("llguidance")
+    import json
+
+    from logtoku_guard.constraints import ToolCalls, call_spans
+
+    city = {"properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]
+    g = backend.generate(QUESTION, DecodingOptions(max_new_tokens=40, constraint=ToolCalls(tools, "get_weather")))
+    assert g.finish_reason == "stop" and g.text.startswith("<tool_call>") and g.text.endswith("</tool_call>"), g.text
+    ((start, end),) = call_spans(g.text)
+    assert json.loads(g.text[start:end])["name"] == "get_weather"
+    free = backend.generate(QUESTION, DecodingOptions(max_new_tokens=1))
+    first, model_first = g.tokens[0], free.tokens[0]
+    assert first.id != model_first.id  # the grammar forced '<' where the model wanted another token
+    assert first.top_ids == model_first.top_ids and first.top_logits == model_first.top_logits  # recorded before the mask
+    assert (first.au, first.eu) == (model_first.au, model_first.eu)

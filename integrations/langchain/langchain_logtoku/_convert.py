@@ -158,3 +158,11 @@ def check_top_logprobs(n: Any, k: int, capacity: int) -> int:
         )
         raise ConfigurationError(msg)
     return n
+
+
+def decoder(backend: Any) -> Callable[[int], str]:
+    """Token id -> its text, from the backend's tokenizer (``<id N>`` without one)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return lambda i: f"<id {i}>"
+    return lambda i: str(tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False))

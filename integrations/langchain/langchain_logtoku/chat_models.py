@@ -14,8 +14,9 @@ the message metadata:
 
 ``top_logprobs`` alternatives come from the backend's ``max_logprobs`` raw top logits per token
 (default 20), stored apart from the K that LogTokU scores: asking for 15 changes neither K,
-AU/EU nor the profile. Tools (``bind_tools``) use the JSON tool-call prompt of
-:mod:`langchain_logtoku.tools`; the answer's tool-call blocks become ``AIMessage.tool_calls``.
+AU/EU nor the profile. Tools (``bind_tools``) use the JSON tool-call prompt and format of
+:mod:`langchain_logtoku.tools`, decoded under a grammar (:mod:`langchain_logtoku._structured`);
+the calls become ``AIMessage.tool_calls``, their per-argument scores ``["logtoku"]["tool_calls"]``.
 
 Streaming and merging. LangChain adds streamed chunks with ``merge_dicts``: strings are
 concatenated, ints summed, lists concatenated, and two different floats under one key
@@ -52,7 +53,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
-from langchain_logtoku import _convert
+from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
@@ -65,7 +66,7 @@ from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, va
 
 _CALL_ARGS = frozenset(
     {"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"}
-    | {"tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format"}
+    | {"tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format", "response_format"}
 )
 _TOOL_ARGS = frozenset({"functions", "function_call"})
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
@@ -84,6 +85,7 @@ class _Call:
     top_logprobs: int
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | None = None
+    schema_prompt: str | None = None  # the response_format's JSON schema, told to the model
 
 
 class ChatLogTokU(BaseChatModel):
@@ -117,10 +119,9 @@ class ChatLogTokU(BaseChatModel):
 
     Every per-call keyword (``invoke(..., temperature=0.7, max_tokens=32, seed=1, top_k=2,
     top_p=0.9, logprobs=True, top_logprobs=2)``) overrides its field for that call; any other
-    keyword is an error. Tools: ``bind_tools(tools, tool_choice=...)`` (``"auto"``, ``"any"``,
-    ``"none"`` or a tool name) through the JSON tool-call prompt of :mod:`langchain_logtoku.tools`;
-    ``ToolMessage`` inputs are accepted. With tools bound, ``stream()`` yields the whole answer as
-    one chunk (``disable_streaming="tool_calling"``), tool calls parsed.
+    keyword is an error. Tools: ``bind_tools(tools, tool_choice=...)``: ``"any"`` or a name forces
+    one call (grammar-constrained), ``"auto"`` constrains a call once opened, ``"none"``; with tools
+    bound, ``stream()`` yields the whole answer as one chunk, tool calls parsed.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -313,6 +314,15 @@ class ChatLogTokU(BaseChatModel):
         _tools.tool_choice_name(tool_choice, _tools.names(formatted))  # fail early
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
+    def with_structured_output(
+        self, schema: dict[str, Any] | type, *, method: str = "function_calling", include_raw: bool = False, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Answers parsed into ``schema``, decoded under a grammar: ``function_calling`` (a forced
+        tool call, the default), ``json_schema`` or ``json_mode`` (the answer is the JSON itself)."""
+        kwargs.pop("strict", None)
+        calling = super().with_structured_output if method == "function_calling" else None
+        return _structured.with_structured_output(self, schema, method, include_raw, calling, kwargs)
+
     def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
         unknown = set(kwargs) - _CALL_ARGS
         if unknown & _TOOL_ARGS:
@@ -346,6 +356,7 @@ class ChatLogTokU(BaseChatModel):
         logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
         bound = tuple(convert_to_openai_tool(t) for t in kwargs.get("tools") or ())
         choice = _tools.tool_choice_name(kwargs.get("tool_choice"), _tools.names(bound))
+        options, note = _structured.constrained(options, kwargs.get("response_format"), bound, choice, self.core_backend)
         return _Call(
             options=options,
             k=k,
@@ -354,11 +365,12 @@ class ChatLogTokU(BaseChatModel):
             top_logprobs=0 if top_lp is None else _convert.check_top_logprobs(top_lp, k, self._capacity(self.core_backend)),
             tools=bound if choice != "none" else (),
             tool_choice=choice,
+            schema_prompt=note,
         )
 
     @staticmethod
     def _prompt(messages: list[BaseMessage], call: _Call) -> list[Any]:
-        prompt = _convert.to_core_messages(messages)
+        prompt = _tools.with_tool_prompt(_convert.to_core_messages(messages), call.schema_prompt)
         return _tools.with_tool_prompt(prompt, _tools.tool_prompt(call.tools, call.tool_choice))
 
     def _rescored(self, token: TokenScore, call: _Call) -> TokenScore:
@@ -371,12 +383,6 @@ class ChatLogTokU(BaseChatModel):
         if call.k == call.backend_k:
             return generation
         return dataclasses.replace(generation, tokens=tuple(self._rescored(t, call) for t in generation.tokens), k=call.k)
-
-    def _decoder(self) -> Callable[[int], str]:
-        tokenizer = getattr(self.core_backend, "tokenizer", None)
-        if tokenizer is None:
-            return lambda i: f"<id {i}>"
-        return lambda i: str(tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     # -- metadata ------------------------------------------------------------------------
     def _token_metadata(self, token: TokenScore, call: _Call, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -393,7 +399,7 @@ class ChatLogTokU(BaseChatModel):
             logtoku = {"tokens": [token_payload(t, thresholds) for t in generation.tokens], **logtoku}
         meta["logtoku"] = logtoku
         if call.logprobs and with_tokens:
-            decode = self._decoder()
+            decode = _convert.decoder(self.core_backend)
             meta["logprobs"] = {"content": [_convert.logprob_item(t, call.top_logprobs, decode) for t in generation.tokens]}
         if generation.stop_sequence is not None:
             meta["stop_sequence"] = generation.stop_sequence
@@ -423,11 +429,14 @@ class ChatLogTokU(BaseChatModel):
             sink.finished(generation)
         names = _tools.names(call.tools)
         content, calls, invalid = _tools.parse_tool_calls(generation.text, names) if names else (generation.text, [], [])
+        meta = self._final_metadata(generation, call, with_tokens=True)
+        if names:
+            meta["logtoku"]["tool_calls"] = _tools.tool_call_scores(calls, generation.tokens)
         message = AIMessage(
             content=content,
             tool_calls=calls,
             invalid_tool_calls=invalid,
-            response_metadata=self._final_metadata(generation, call, with_tokens=True),
+            response_metadata=meta,
             usage_metadata=_convert.usage(generation),
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -446,7 +455,7 @@ class ChatLogTokU(BaseChatModel):
             return
         prompt = self._prompt(messages, call)
         sinks = active_captures()
-        decode = self._decoder()
+        decode = _convert.decoder(self.core_backend)
         stream = self.core_backend.stream(prompt, call.options)
 
         def finalize() -> Generation:

@@ -16,8 +16,12 @@ were trained on:
   ``invalid_tool_calls`` item with the error; a whole answer that is one such JSON object
   naming a bound tool (no tags) counts too. The text outside the blocks is the content.
 
-The tokens of a tool call are generated and scored like any others, so the guard and the
-middleware see (and can flag) an uncertain tool call.
+With a backend that supports constrained decoding (``constrained_decoding``, the transformers
+backend), a forced ``tool_choice`` makes the whole answer one call of this format and ``"auto"``
+constrains a call once the model opens one (:mod:`langchain_logtoku._structured`). Each call's
+arguments are scored over their values' tokens (:func:`tool_call_scores`, from
+:mod:`logtoku_guard.tool_scores`), so the guard and the middleware can act on an uncertain
+argument.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call, tool_call_chunk
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.tool_scores import score_tool_calls
 from logtoku_guard.types import ChatMessage as CoreMessage
+from logtoku_guard.types import TokenScore
 
 __all__ = [
     "TOOL_PROMPT",
@@ -42,6 +48,7 @@ __all__ = [
     "parse_tool_calls",
     "render_tool_calls",
     "render_tool_result",
+    "tool_call_scores",
     "tool_choice_name",
     "tool_prompt",
     "with_tool_prompt",
@@ -167,6 +174,26 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
         else:
             calls.append(call)
     return content, calls, invalid
+
+
+def tool_call_scores(calls: Sequence[ToolCall], tokens: Sequence[TokenScore]) -> list[dict[str, Any]]:
+    """``response_metadata["logtoku"]["tool_calls"]``: per call (its ``id`` and ``name``), each top-level
+    argument's ``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` over its value's tokens.
+
+    The scored blocks of the answer are paired with ``calls`` in order, by name and argument
+    names; a call whose block could not be scored (a bare JSON answer, string-encoded
+    arguments) has no entry.
+    """
+    scored = [s for s in score_tool_calls(tokens) if s is not None]
+    out: list[dict[str, Any]] = []
+    for call in calls:
+        match = next((s for s in scored if s.name == call["name"] and set(s.arguments) == set(call["args"])), None)
+        if match is None:
+            continue
+        scored.remove(match)
+        arguments = {name: score.as_dict() for name, score in match.arguments.items()}
+        out.append({"id": call["id"], "name": call["name"], "arguments": arguments})
+    return out
 
 
 def as_last_chunk(message: AIMessage) -> AIMessageChunk:

@@ -1,0 +1,205 @@
+"""Constraints on what a backend may generate: a JSON schema, or tool calls.
+
+A constraint rides on :class:`~logtoku_guard.types.DecodingOptions` (``constraint=``) and is
+backend-agnostic: it only says *what* the answer must look like. A backend that supports
+constrained decoding compiles it into a token grammar (:mod:`logtoku_guard.grammar`, the
+``tools`` extra) and masks, at every step, the tokens that would leave the grammar: the mask
+is applied *after* the raw logits were recorded, so AU/EU and log p stay the model's.
+
+- :class:`JsonSchema`: the whole answer is one JSON value valid against the schema
+  (structured output, ``response_format={"type": "json_schema", ...}``).
+- :class:`ToolCalls`: tool calls in the JSON tool-call format (:data:`TOOL_CALL_OPEN`
+  ``{"name": ..., "arguments": {...}}`` :data:`TOOL_CALL_CLOSE`) for OpenAI-format tools.
+  ``choice="required"``: the whole answer is one call of any of the tools; a tool name: one
+  call of that tool; ``"auto"``: the model may answer in prose, and once it writes
+  :data:`TOOL_CALL_OPEN` the rest of the call is constrained (the answer ends with the call).
+
+JSON is written with ``", "`` and ``": "`` separators and no other whitespace (the style of
+``json.dumps``, which models have seen most), so an answer cannot run on in blank space.
+Pure Python; no grammar engine is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from logtoku_guard.errors import ConfigurationError
+
+__all__ = [
+    "JSON_STYLE",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "Constraint",
+    "JsonSchema",
+    "ToolCalls",
+    "call_spans",
+    "refuse_constraint",
+    "tool_call_schema",
+]
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How constrained JSON is written (llguidance's JSON options): ``json.dumps`` separators, no free whitespace."""
+
+_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
+
+
+def _canonical(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        msg = f"{what} must be JSON (dicts, lists, strings, numbers, booleans, None): {exc}"
+        raise ConfigurationError(msg) from exc
+
+
+class JsonSchema:
+    """The answer is one JSON value valid against ``schema`` (a JSON Schema as a dict).
+
+    Hashable and compared by the schema's canonical JSON; the schema is copied (a caller's
+    later edit changes nothing). Whether the grammar engine implements every keyword is
+    checked when a backend compiles it.
+    """
+
+    __slots__ = ("_text", "name")
+
+    def __init__(self, schema: Mapping[str, Any], name: str | None = None) -> None:
+        if not isinstance(schema, Mapping):
+            msg = f"JsonSchema needs a JSON Schema dict, e.g. {{'type': 'object', 'properties': {{...}}}}; got {schema!r:.80}"
+            raise ConfigurationError(msg)
+        if name is not None and (not isinstance(name, str) or not name):
+            msg = f"JsonSchema name must be a non-empty string or None, got {name!r}"
+            raise ConfigurationError(msg)
+        self._text = _canonical(dict(schema), "a JSON schema")
+        self.name = name
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """A fresh copy of the schema."""
+        out: dict[str, Any] = json.loads(self._text)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JsonSchema) and (self._text, self.name) == (other._text, other.name)
+
+    def __hash__(self) -> int:
+        return hash(("JsonSchema", self._text, self.name))
+
+    def __repr__(self) -> str:
+        return f"JsonSchema({self._text[:60]}{'...' if len(self._text) > 60 else ''})"
+
+
+class ToolCalls:
+    """Tool calls in the JSON tool-call format for ``tools`` (OpenAI format), as ``choice`` allows.
+
+    Args:
+        tools: OpenAI tool dicts ``{"type": "function", "function": {"name", "description",
+            "parameters"}}`` (``parameters`` a JSON Schema object; missing: no arguments).
+        choice: ``"required"`` (alias ``"any"``): one call of any tool; a tool's name: one call
+            of that tool; ``"auto"``: prose, or prose then one call.
+    """
+
+    __slots__ = ("_text", "choice", "names")
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]], choice: str = "required") -> None:
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence) or not tools:
+            msg = f"ToolCalls needs a non-empty list of OpenAI tool dicts, got {tools!r:.80}"
+            raise ConfigurationError(msg)
+        names = []
+        for t in tools:
+            function = t.get("function") if isinstance(t, Mapping) else None
+            name = function.get("name") if isinstance(function, Mapping) else None
+            if not isinstance(name, str) or not name:
+                msg = f"each tool must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}, got {t!r:.80}"
+                raise ConfigurationError(msg)
+            parameters = function.get("parameters", {})  # type: ignore[union-attr]
+            if not isinstance(parameters, Mapping):
+                msg = f"tool {name!r}: parameters must be a JSON Schema object, got {parameters!r:.80}"
+                raise ConfigurationError(msg)
+            names.append(name)
+        if len(set(names)) != len(names):
+            msg = f"tool names must be unique, got {names}"
+            raise ConfigurationError(msg)
+        if choice == "any":
+            choice = "required"
+        if not isinstance(choice, str) or (choice not in ("auto", "required") and choice not in names):
+            msg = f"choice must be 'auto', 'required' (or 'any') or a tool name among {names}, got {choice!r}"
+            raise ConfigurationError(msg)
+        self._text = _canonical([dict(t) for t in tools], "tools")
+        self.names = tuple(names)
+        self.choice = choice
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """A fresh copy of the tools."""
+        out: list[dict[str, Any]] = json.loads(self._text)
+        return out
+
+    @property
+    def forced(self) -> bool:
+        """Whether the whole answer must be a call (``choice`` is not ``"auto"``)."""
+        return self.choice != "auto"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ToolCalls) and (self._text, self.choice) == (other._text, other.choice)
+
+    def __hash__(self) -> int:
+        return hash(("ToolCalls", self._text, self.choice))
+
+    def __repr__(self) -> str:
+        return f"ToolCalls(names={list(self.names)}, choice={self.choice!r})"
+
+
+Constraint = JsonSchema | ToolCalls
+
+
+def tool_call_schema(constraint: ToolCalls) -> dict[str, Any]:
+    """The JSON Schema of one call's object ``{"name": ..., "arguments": {...}}`` under ``constraint``'s choice.
+
+    Several allowed tools: an ``anyOf`` of one exact-name branch per tool. Arguments are the
+    declared parameters only (``additionalProperties: false`` unless the tool says otherwise).
+    """
+    branches = []
+    for tool in constraint.tools:
+        function = tool["function"]
+        if constraint.choice not in ("auto", "required") and function["name"] != constraint.choice:
+            continue
+        parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
+        parameters.setdefault("type", "object")
+        parameters.setdefault("additionalProperties", False)  # the declared parameters only, as OpenAI's strict mode
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def call_spans(text: str) -> list[tuple[int, int]]:
+    """The character spans ``(start, end)`` of each call's JSON in ``text`` (between the tags; an
+    unclosed last call runs to the end), in order. Surrounding whitespace is left out."""
+    spans = []
+    for m in _CALL.finditer(text):
+        start, end = m.span(1)
+        while start < end and text[start].isspace():
+            start += 1
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        spans.append((start, end))
+    return spans
+
+
+def refuse_constraint(constraint: Constraint | None, backend: str, why: str) -> None:
+    """Raise a :class:`ConfigurationError` when a backend without constrained decoding is given a constraint."""
+    if constraint is not None:
+        msg = (
+            f"the {backend} backend cannot apply constraint={constraint!r}: {why}; "
+            "use the transformers backend (TransformersBackend) for tool calls and JSON schemas"
+        )
+        raise ConfigurationError(msg)

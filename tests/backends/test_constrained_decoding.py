@@ -1,0 +1,119 @@
+"""Grammar-constrained decoding on the tiny random model: always a valid answer, scores from the raw logits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llguidance")
+
+from logtoku_guard.backends.fake import ScriptedBackend
+from logtoku_guard.constraints import JsonSchema, ToolCalls, call_spans
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.tool_scores import score_tool_calls
+from logtoku_guard.types import DecodingOptions
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "transfer",
+            "parameters": {
+                "type": "object",
+                "properties": {"amount": {"type": "integer"}, "to": {"type": "string", "maxLength": 8}},
+                "required": ["amount", "to"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}},
+]
+PROMPTS = ["What is the capital of France?", "Count from one to ten.", "naïve café", "Send 5 to Bob."]
+
+
+def _call(text: str) -> dict[str, Any]:
+    assert text.startswith("<tool_call>") and text.endswith("</tool_call>"), text
+    ((start, end),) = call_spans(text)
+    return json.loads(text[start:end])
+
+
+@pytest.mark.parametrize("choice", ["required", "transfer", "ping"])
+def test_a_random_model_always_emits_a_valid_call(tiny_backend: Any, choice: str) -> None:
+    options = DecodingOptions(max_new_tokens=120, constraint=ToolCalls(TOOLS, choice))
+    for g in tiny_backend.batch(PROMPTS, options):
+        call = _call(g.text)
+        assert g.finish_reason == "stop"
+        assert call["name"] in (("transfer", "ping") if choice == "required" else (choice,))
+        if call["name"] == "transfer":
+            assert isinstance(call["arguments"]["amount"], int) and isinstance(call["arguments"]["to"], str)
+        (scored,) = score_tool_calls(g.tokens)
+        assert scored is not None and set(scored.arguments) == set(call["arguments"])
+        assert all(a.tokens >= 1 and a.max_eu >= a.mean_eu for a in scored.arguments.values())
+
+
+def test_a_json_schema_answer_parses_and_validates(tiny_backend: Any) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}}, "required": ["ok", "n"]}
+    for g in tiny_backend.batch(PROMPTS, DecodingOptions(max_new_tokens=60, constraint=JsonSchema(schema))):
+        value = json.loads(g.text)
+        assert isinstance(value["ok"], bool) and value["n"] in (1, 2, 3)
+
+
+def test_the_recorded_logits_are_the_unmasked_ones(tiny_backend: Any) -> None:
+    """Same prompt, free and constrained: the first step's raw top-K (and the AU/EU read from it) are equal,
+    although the grammar forces another token than the model's arg-max."""
+    free = tiny_backend.generate(PROMPTS[0], DecodingOptions(max_new_tokens=1))
+    forced = tiny_backend.generate(PROMPTS[0], DecodingOptions(max_new_tokens=3, constraint=ToolCalls(TOOLS, "ping")))
+    a, b = free.tokens[0], forced.tokens[0]
+    assert b.id != a.id  # the grammar chose '<' (the call's first byte), not the model's favourite
+    assert a.id == a.top_ids[0]
+    assert b.top_ids == a.top_ids and b.top_logits == pytest.approx(a.top_logits)
+    assert (b.au, b.eu) == pytest.approx((a.au, a.eu))
+    assert b.logprob < a.logprob  # the forced token's log p under the model's own softmax
+
+
+def test_auto_lets_the_model_write_prose(tiny_backend: Any) -> None:
+    g = tiny_backend.generate(PROMPTS[0], DecodingOptions(max_new_tokens=12, constraint=ToolCalls(TOOLS, "auto")))
+    free = tiny_backend.generate(PROMPTS[0], DecodingOptions(max_new_tokens=12))
+    assert g.text == free.text  # no call opened: nothing masked
+
+
+def test_auto_constrains_the_call_once_opened(tiny_backend: Any) -> None:
+    from logtoku_guard.grammar import GrammarEngine
+
+    engine = GrammarEngine.from_hf(tiny_backend.tokenizer, tiny_backend.vocab_size, [0])
+    row = engine.start(ToolCalls(TOOLS, "auto"))
+    tokenizer = tiny_backend.tokenizer
+    for token in tokenizer("Sure <tool_call>", add_special_tokens=False)["input_ids"]:
+        assert not row.advance(token)
+    assert row.active
+    import numpy as np
+
+    bits = np.full((1, (tiny_backend.vocab_size + 31) // 32), -1, dtype=np.int32)
+    row.fill(bits)
+    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[0, : tiny_backend.vocab_size]
+    brace = tokenizer.convert_tokens_to_ids("{")
+    assert allowed[brace] and allowed.sum() < tiny_backend.vocab_size / 4
+
+
+def test_bad_constraints_fail_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="tool name among"):
+        ToolCalls(TOOLS, "delete")
+    with pytest.raises(ConfigurationError, match="non-empty list"):
+        ToolCalls([], "auto")
+    with pytest.raises(ConfigurationError, match="JSON Schema dict"):
+        JsonSchema("{}")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="constraint must be"):
+        DecodingOptions(constraint={"type": "object"})  # type: ignore[arg-type]
+    assert ToolCalls(TOOLS, "any") == ToolCalls(TOOLS, "required")
+    assert hash(JsonSchema({"a": 1, "b": 2})) == hash(JsonSchema({"b": 2, "a": 1}))
+
+
+def test_a_schema_the_engine_rejects_fails_before_generating(tiny_backend: Any) -> None:
+    with pytest.raises(ConfigurationError, match="cannot be compiled"):
+        tiny_backend.generate("hi", DecodingOptions(constraint=JsonSchema({"type": "object", "$ref": "#/nowhere"})))
+
+
+def test_backends_without_grammars_refuse_a_constraint() -> None:
+    with pytest.raises(ConfigurationError, match="scripted backend cannot apply"):
+        ScriptedBackend(["hi"]).generate("q", DecodingOptions(constraint=ToolCalls(TOOLS)))
