@@ -12,7 +12,7 @@ backend-free :class:`~logtoku_guard.decider.Decider`: ``decide`` an answer you a
 :func:`~logtoku_guard.guard_steps.guard_steps` (written once, without I/O), driven here with
 :class:`~logtoku_guard.guard_io.BackendIO` (the backend and the retriever).
 
-Hardening: the retriever runs in a daemon worker thread and is given up after
+Failures stay contained: the retriever runs in a daemon worker thread and is given up after
 ``policy.retrieve.timeout_s`` (the stuck thread is abandoned, not killed: Python cannot stop
 a thread); a retrieved context too long for the model's window is trimmed passage by passage
 (then the fallback), and recorded; a :class:`GuardStream` closed or dropped before its end
