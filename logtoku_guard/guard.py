@@ -31,8 +31,8 @@ from logtoku_guard.guard_io import BackendIO, question_of
 from logtoku_guard.guard_steps import Progress, StepIO, guard_steps, run_traced
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
-from logtoku_guard.retriever_calls import Retriever, RetrieverLike
+from logtoku_guard.results import GuardResult
+from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.telemetry import GuardTelemetry
 from logtoku_guard.types import DecodingOptions, Prompt, to_messages
 
@@ -40,18 +40,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
 
-__all__ = [
-    "Attempt",
-    "BackendIO",
-    "Decider",
-    "Guard",
-    "GuardRejectedError",
-    "GuardResult",
-    "GuardStream",
-    "GuardTimings",
-    "Retriever",
-    "RetrieverLike",
-]
+__all__ = ["Guard"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
+from logtoku_guard import ConfigurationError, GuardRejectedError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
-from logtoku_guard.guard import Guard, GuardRejectedError
+from logtoku_guard.guard import Guard
 from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
 from logtoku_guard.types import ChatMessage
