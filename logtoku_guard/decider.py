@@ -28,7 +28,8 @@ from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.guard_score import with_guard_score
 from logtoku_guard.policy import Decision, Policy, default_policy
 from logtoku_guard.results import Attempt, GuardResult, GuardTimings
-from logtoku_guard.stats import DEFAULT_TOP_N, ResponseStats
+from logtoku_guard.stats import ResponseStats
+from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink

@@ -12,7 +12,7 @@ backend-free :class:`~logtoku_guard.decider.Decider`: ``decide`` an answer you a
 :func:`~logtoku_guard.guard_steps.guard_steps` (written once, without I/O), driven here with
 :class:`~logtoku_guard.guard_io.BackendIO` (the backend and the retriever).
 
-Hardening: the retriever runs in a daemon worker thread and is given up after
+Failures stay contained: the retriever runs in a daemon worker thread and is given up after
 ``policy.retrieve.timeout_s`` (the stuck thread is abandoned, not killed: Python cannot stop
 a thread); a retrieved context too long for the model's window is trimmed passage by passage
 (then the fallback), and recorded; a :class:`GuardStream` closed or dropped before its end
@@ -31,8 +31,8 @@ from logtoku_guard.guard_io import BackendIO, question_of
 from logtoku_guard.guard_steps import Progress, StepIO, guard_steps, run_traced
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
-from logtoku_guard.retriever_calls import Retriever, RetrieverLike
+from logtoku_guard.results import GuardResult
+from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.telemetry import GuardTelemetry
 from logtoku_guard.types import DecodingOptions, Prompt, to_messages
 
@@ -40,18 +40,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
 
-__all__ = [
-    "Attempt",
-    "BackendIO",
-    "Decider",
-    "Guard",
-    "GuardRejectedError",
-    "GuardResult",
-    "GuardStream",
-    "GuardTimings",
-    "Retriever",
-    "RetrieverLike",
-]
+__all__ = ["Guard"]
 
 logger = logging.getLogger(__name__)
 

@@ -57,11 +57,11 @@ FEATURES: tuple[str, ...] = (
 )
 """Statistics the guard score combines (``n_tokens`` enters as ``log(1 + n_tokens)``).
 
-The answer's AU (``max_au``, ``mean_au``) joined in the fifth session, picked by the
-fabricated tune half's cross-validated AUROC (0.9975 with them, 0.9867 without), the
-guard's own fit data (RESULTS.md section 7 says which other numbers had been seen before the
-choice). A :class:`GuardModel` keeps its own feature list, so a guard fit before still
-scores with the features it was fit on."""
+The answer's AU (``max_au``, ``mean_au``) is in the list because the fabricated tune half's
+cross-validated AUROC, the guard's own fit data, is 0.9975 with it and 0.9867 without
+(RESULTS.md section 7 lists the other numbers seen before that choice). A :class:`GuardModel`
+keeps its own feature list, so a guard fit on other features still scores with the ones it
+was fit on."""
 
 
 class GuardModel(BaseModel):

@@ -54,7 +54,8 @@ from logtoku_guard.uncertainty import QuadrantThresholds, quadrant_of, quadrant_
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.policy import Check, Decision
+    from logtoku_guard.conditions import Check
+    from logtoku_guard.policy import Decision
     from logtoku_guard.results import Attempt, GuardResult
     from logtoku_guard.stats import ResponseStats
     from logtoku_guard.types import Generation, TokenScore

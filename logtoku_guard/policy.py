@@ -26,8 +26,8 @@ Undefined statistics (NaN: an empty answer, NaN token scores in raw evidence mod
 the *least reliable* value by default (``undefined: least_reliable``): a comparison that
 asks "less reliable than the threshold" fires on them (``<``/``<=`` on ``reliability*``,
 ``>``/``>=`` on the uncertainty statistics and ``n_tokens``), and the reason says
-``undefined: empty answer``. ``undefined: never_fires`` restores the old rule (no comparison
-on a NaN or infinite value fires). Files are read within bounds (size, values, nesting, no
+``undefined: empty answer``. With ``undefined: never_fires`` no comparison on a NaN or
+infinite value fires. Files are read within bounds (size, values, nesting, no
 YAML aliases: :mod:`logtoku_guard.policy_loading`).
 
 A ``tool_calls:`` section holds the rules for an agent's tool calls (per-argument statistics;

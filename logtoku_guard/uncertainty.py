@@ -195,8 +195,8 @@ def response_reliability(u: torch.Tensor, mask: torch.Tensor | None = None, top_
 def log_softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-softmax and entropy (nats) of full-vocabulary raw logits ``(..., V)``.
 
-    Returns ``(log_probs (..., V), entropy (...))``; the probability and entropy baselines of
-    the spec read the chosen token's log-prob and the entropy from these.
+    Returns ``(log_probs (..., V), entropy (...))``; the probability and entropy baselines
+    (Ma et al. 2025) read the chosen token's log-prob and the entropy from these.
     """
     z = _as_float(logits)
     lse, entropy = logsumexp_entropy(z)

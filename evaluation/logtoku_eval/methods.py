@@ -11,8 +11,8 @@ Single-pass, from the greedy answer's stored raw top-K logits (no model needed):
 Sampling baselines, from ``n`` sampled answers (10 at T = 0.5 in the paper):
 
 * ``ln-entropy``: ``-mean`` over samples of the length-normalised NLL;
-* ``lexical-similarity``: mean pairwise ROUGE-L F of the samples (the spec's "minus mean
-  pairwise ROUGE-L" as an uncertainty, so + as a reliability);
+* ``lexical-similarity``: mean pairwise ROUGE-L F of the samples (the paper's "minus
+  mean pairwise ROUGE-L" as an uncertainty, Ma et al. 2025, so + as a reliability);
 * ``semantic-entropy-emb``: **a stand-in for semantic entropy** (no entailment model installs
   offline): samples are clustered greedily by sentence-embedding cosine similarity >=
   ``threshold`` (MiniLM by default) instead of bidirectional entailment; reliability =

@@ -13,8 +13,7 @@ This module runs the whole evaluation; each step has its own module:
 
 :func:`evaluate_guard` labels both answer sets and replays every guard with bootstrap
 intervals; :func:`run_guard_eval` does everything from the questions (generating what the
-caches miss) to the written report. Every name of the steps above is re-exported here, so
-``from logtoku_eval.rag import ...`` keeps working.
+caches miss) to the written report.
 """
 
 from __future__ import annotations
@@ -34,50 +33,23 @@ from logtoku_eval.fabricated_eval import stats_from_cached
 from logtoku_eval.generate import GreedySpec, ProgressFn
 from logtoku_eval.guard_report import GuardEvalReport, write_report
 from logtoku_eval.judges import MatchJudge
-from logtoku_eval.knowledge_base import KnowledgeBase, RagSetup, build_knowledge_base, faq_entry, rag_cache, run_rag
-from logtoku_eval.live import LiveCheck, live_check
+from logtoku_eval.knowledge_base import RagSetup, build_knowledge_base, rag_cache, run_rag
+from logtoku_eval.live import live_check
 from logtoku_eval.methods import single_pass_scores
 from logtoku_eval.metrics import PairedDifference, bootstrap_indices
 from logtoku_eval.replay import (
     CROSS_FITTED,
-    CURVE_BUDGETS,
     DEFAULT_BUDGETS,
     PAIRED,
     SIGNALS,
     BudgetPoint,
     Replay,
-    oracle_mask,
-    retrieve_mask,
-    threshold_for,
 )
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.policy import RetrieveSettings
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
-__all__ = [
-    "CURVE_BUDGETS",
-    "DEFAULT_BUDGETS",
-    "SIGNALS",
-    "BudgetPoint",
-    "GuardEvalConfig",
-    "GuardEvalReport",
-    "GuardEvalRun",
-    "KnowledgeBase",
-    "LiveCheck",
-    "RagSetup",
-    "Replay",
-    "build_knowledge_base",
-    "evaluate_guard",
-    "faq_entry",
-    "live_check",
-    "oracle_mask",
-    "rag_cache",
-    "retrieve_mask",
-    "run_guard_eval",
-    "run_rag",
-    "threshold_for",
-    "write_report",
-]
+__all__ = ["GuardEvalConfig", "GuardEvalRun", "evaluate_guard", "run_guard_eval"]
 
 
 def evaluate_guard(

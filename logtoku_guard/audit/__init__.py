@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.audit.records import AuditRecord, RecordSink, ReviewItem, ReviewStatus
 
 if TYPE_CHECKING:
-    from logtoku_guard.audit.store import SCHEMA_VERSION, AuditStore, ExportFormat
+    from logtoku_guard.audit.schema import SCHEMA_VERSION
+    from logtoku_guard.audit.store import AuditStore, ExportFormat
 
 __all__ = ["SCHEMA_VERSION", "AuditRecord", "AuditStore", "ExportFormat", "RecordSink", "ReviewItem", "ReviewStatus"]
 
-_STORE_NAMES = frozenset({"SCHEMA_VERSION", "AuditStore", "ExportFormat"})
+_STORE_NAMES = frozenset({"AuditStore", "ExportFormat"})
 
 
 def __getattr__(name: str) -> Any:
@@ -28,5 +29,9 @@ def __getattr__(name: str) -> Any:
         from logtoku_guard.audit import store
 
         return getattr(store, name)
+    if name == "SCHEMA_VERSION":
+        from logtoku_guard.audit import schema
+
+        return schema.SCHEMA_VERSION
     msg = f"module 'logtoku_guard.audit' has no attribute {name!r}"
     raise AttributeError(msg)

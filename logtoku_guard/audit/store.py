@@ -77,7 +77,7 @@ from logtoku_guard.errors import (
     short_repr,
 )
 
-__all__ = ["SCHEMA_VERSION", "AuditStore", "ExportFormat"]
+__all__ = ["AuditStore", "ExportFormat"]
 
 ExportFormat = Literal["jsonl", "csv"]
 

@@ -2,9 +2,10 @@
 
 ``base`` (the :class:`Backend` protocol, :class:`TokenStream`), ``fake`` (``ScriptedBackend``),
 ``transformers`` (``TransformersBackend``) and its parts: ``recorder`` (raw top-K capture,
-token scoring, stop strings), ``detokenizer``, ``processors`` (``DynamicTemperatureLogitsWarper``)
-``loading`` (local folder, .gguf, cached hub id, embedded default), ``hf_compat`` (transformers
-5.x differences) and ``quiet`` (transformers' output silenced around our calls);
+token scoring, stop strings), ``detokenizer``, ``processors`` (the logits processors of the
+model's generation config, ``DynamicTemperatureLogitsWarper``), ``loading`` (local folder,
+.gguf, cached hub id, embedded default), ``hf_compat`` (the KV cache argument across
+transformers 5.x) and ``quiet`` (transformers' output silenced around our calls);
 ``openai_compat`` (``OpenAICompatibleBackend``: a remote server's raw top-K logits);
 ``llamacpp`` (``LlamaCppBackend``: GGUF models run by llama.cpp, the ``llamacpp`` extra) and its
 parts ``llamacpp_model`` (the C API: model, context, vocabulary, chat template) and

@@ -25,8 +25,9 @@
 Each row gives the same tokens and scores as alone (float differences ~1e-6): padding is
 masked out, positions are per row, and the model's own history-dependent logits processors
 (repetition penalty, ``min_new_tokens``... from its ``generation_config``, built as ``generate``
-builds them) run per row on that row's own tokens. The sampling warpers (dynamic
-temperature, temperature, top-p and the config's others) are row-wise and run batched.
+builds them: :mod:`~logtoku_guard.backends.processors`) run per row on that row's own tokens.
+The sampling warpers (dynamic temperature, temperature, top-p and the config's others) are
+row-wise and run batched.
 
 A cache whose layers are not all plain ``DynamicLayer`` (sliding-window or hybrid models)
 cannot be merged: its batch still loses its ended rows, but nothing joins it.
@@ -41,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job, JobRows
-from logtoku_guard.backends.hf_compat import cache_arg, logits_processors, returned_cache
+from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
-from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper
+from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper, row_processors, sampling_warpers
 from logtoku_guard.backends.prompt_scoring import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
@@ -351,8 +352,8 @@ class DecodeLoop(JobRows):
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
             row = LiveRow(job, i, p, state, start, prompt_scores[b])
-            if self.row_processors:
-                row.processors = self._row_processors(p.ids)
+            if self.has_row_processors:
+                row.processors = row_processors(self.config, p.ids, p.limit, self.device)
                 row.history = list(p.ids)
             self.live.append(row)
             self.recorder.rows.append(state)
@@ -397,7 +398,7 @@ class DecodeLoop(JobRows):
 
         self.recorder.record(logits)
         scores = logits.float()
-        if self.row_processors:
+        if self.has_row_processors:
             scores = torch.cat([self._apply_row(row, scores[b : b + 1]) for b, row in enumerate(self.live)])
         if any(row.state.grammar is not None for row in self.live):
             scores = self._mask(scores)
@@ -417,7 +418,7 @@ class DecodeLoop(JobRows):
                 row.first_token_s = now - row.start
         self.batch.last = chosen
         self.recorder(chosen[:, None])
-        if self.row_processors:
+        if self.has_row_processors:
             for row, token in zip(self.live, chosen.tolist(), strict=True):
                 row.history.append(int(token))
 
@@ -443,15 +444,13 @@ class DecodeLoop(JobRows):
 
     # -- logits processors ---------------------------------------------------------------------
     def _build_processors(self) -> None:
-        """The model's logits processors as ``generate`` builds them from its generation config.
+        """The model's logits processors, built from its generation config as ``generate`` builds them.
 
-        ``row_processors``: whether the history-dependent ones (repetition penalty,
-        ``min_new_tokens``...) exist; they run per row (:meth:`_row_processors`).
+        ``has_row_processors``: whether the ones that read a row's tokens (repetition penalty,
+        ``min_new_tokens``...) exist; they run per row (:func:`~logtoku_guard.backends.processors.row_processors`).
         ``warpers``: the rest, row-wise, run batched: dynamic temperature, then temperature,
         top-p and any other sampling warper of the config.
         """
-        from transformers import LogitsProcessorList
-
         options = self.options
         config = copy.deepcopy(self.model.generation_config)
         if options.sampling:
@@ -461,26 +460,12 @@ class DecodeLoop(JobRows):
             config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         config.update(eos_token_id=sorted(self.scoring.eos_ids) or None, pad_token_id=self.pad)
         self.config = config
-        self.history_config = copy.deepcopy(config)
-        self.history_config.do_sample = False
         custom = []
         if options.dynamic is not None:
             rec = self.recorder
             custom.append(DynamicTemperatureLogitsWarper(options.dynamic, rec.current_eu, rec.record_temperatures))
-        every = logits_processors(
-            self.model, config, input_ids_seq_length=1, logits_processor=LogitsProcessorList(custom), device=self.device
-        )
-        history = logits_processors(self.model, self.history_config, input_ids_seq_length=1, device=self.device)
-        self.row_processors = len(history) > 0
-        self.warpers = LogitsProcessorList(every[len(history) :])
-
-    def _row_processors(self, prompt: list[int]) -> Any:
-        import torch
-
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        return logits_processors(
-            self.model, self.history_config, input_ids_seq_length=len(prompt), encoder_input_ids=ids, device=self.device
-        )
+        self.has_row_processors = len(row_processors(config, [self.pad], 1, self.device)) > 0
+        self.warpers = sampling_warpers(config, self.device, custom)
 
     def _apply_row(self, row: LiveRow, scores: torch.Tensor) -> torch.Tensor:
         import torch

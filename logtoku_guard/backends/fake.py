@@ -59,7 +59,7 @@ class ScriptedBackend:
         script: the answers, in call order, or a function from the chat turns to an answer.
         k: top-K logits scored per token (each scripted row needs at least ``k``).
         evidence: ``"clamped"`` (default) or ``"raw"`` (reference reproduction: AU may be
-            NaN or -inf, as the spec's test vectors say); used for every token and recorded
+            NaN or -inf, as with the paper's reference code); used for every token and recorded
             on every :class:`~logtoku_guard.types.Generation`.
         top_n: number of least reliable tokens averaged into the response reliability.
         model_name: the name recorded on each generation.

@@ -40,7 +40,7 @@ from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, Mis
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
 
-__all__ = ["LogProbsNotLogitsError", "OpenAICompatibleBackend", "RemoteServerError"]
+__all__ = ["OpenAICompatibleBackend"]
 
 _CHECK_TOKENS = 8
 """How many first tokens of an answer the log-probability check looks at."""

@@ -1,6 +1,16 @@
-"""Logits processors, shaped like transformers' (``__call__(input_ids, scores) -> scores``).
+"""The logits processors of the decode loop, shaped like transformers' (``__call__(input_ids, scores) -> scores``).
 
-:class:`DynamicTemperatureLogitsWarper` samples each step at the temperature that
+**The model's own.** :func:`row_processors` and :func:`sampling_warpers` build, from transformers'
+public ``LogitsProcessor`` classes, the processors that ``generate`` derives from a model's
+``GenerationConfig``, in the order ``generate`` applies them: first the ones that read a row's
+tokens (``sequence_bias``, the repetition penalties, ``no_repeat_ngram_size``, ``bad_words_ids``,
+``min_length``/``min_new_tokens``, the forced and suppressed tokens, the length penalty), run per
+row on that row's own prompt and answer; then, when sampling, the row-wise warpers (temperature,
+top-h, top-k, top-p, min-p, typical, epsilon and eta cut-offs), run on the whole batch, and
+``renormalize_logits`` last. A config that asks for what a single decode pass cannot apply
+(classifier-free guidance, watermarking) is refused by :func:`check_generation_config`.
+
+**Ours.** :class:`DynamicTemperatureLogitsWarper` samples each step at the temperature that
 :class:`~logtoku_guard.types.DynamicTemperature` gives for that step's epistemic uncertainty
 (as in the paper, Ma et al. 2025). It never reads the model: the EU comes from a callable (the backend wires
 the step recorder's, computed on the raw logits), so it is tested on hand-built tensors.
@@ -8,14 +18,160 @@ the step recorder's, computed on the raw logits), so it is tested on hand-built 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.types import DynamicTemperature
 
 if TYPE_CHECKING:
     import torch
+    from transformers import GenerationConfig, LogitsProcessorList
+
+__all__ = ["DynamicTemperatureLogitsWarper", "check_generation_config", "row_processors", "sampling_warpers"]
+
+_UNSUPPORTED = {
+    "guidance_scale": "classifier-free guidance needs a second, unconditional forward pass per step",
+    "watermarking_config": "watermarking keeps per-sequence state the batched decode loop does not give it",
+}
+
+
+def check_generation_config(config: GenerationConfig) -> None:
+    """Raise :class:`~logtoku_guard.errors.ConfigurationError` when ``config`` sets a field the decode loop cannot apply.
+
+    Those are ``guidance_scale`` (other than 1) and ``watermarking_config``; the message names
+    the field and how to unset it.
+    """
+    for name, why in _UNSUPPORTED.items():
+        value = getattr(config, name, None)
+        if value is None or (name == "guidance_scale" and value == 1):
+            continue
+        msg = (
+            f"the model's generation_config sets {name}={short_repr(value)}, which logtoku_guard's decode loop "
+            f"does not apply ({why}); unset it (model.generation_config.{name} = None) before passing the model"
+        )
+        raise ConfigurationError(msg)
+
+
+def _eos_tensor(config: GenerationConfig, device: Any) -> torch.Tensor | None:
+    """The config's end-of-sequence ids as a 1-D long tensor (None when it has none), as ``generate`` makes it."""
+    import torch
+
+    eos = config.eos_token_id
+    if eos is None:
+        return None
+    return torch.as_tensor(eos, dtype=torch.long, device=device).reshape(-1)
+
+
+def row_processors(config: GenerationConfig, prompt: Sequence[int], max_new_tokens: int, device: Any) -> LogitsProcessorList:
+    """The processors ``generate`` applies before sampling, for one row, in ``generate``'s order.
+
+    They read the row's tokens: call the list with that row's ``(1, prompt + answer so far)``
+    long ids. ``prompt`` (its ids) is what ``generate`` calls the input: ``min_new_tokens``
+    and ``begin_suppress_tokens`` count from its end, the ``encoder_*`` penalties look at it;
+    ``max_new_tokens`` places ``forced_eos_token_id`` on the row's last token.
+    """
+    import torch
+    from transformers import (
+        EncoderNoRepeatNGramLogitsProcessor,
+        EncoderRepetitionPenaltyLogitsProcessor,
+        ExponentialDecayLengthPenalty,
+        ForcedBOSTokenLogitsProcessor,
+        ForcedEOSTokenLogitsProcessor,
+        InfNanRemoveLogitsProcessor,
+        LogitsProcessorList,
+        MinLengthLogitsProcessor,
+        MinNewTokensLengthLogitsProcessor,
+        NoBadWordsLogitsProcessor,
+        NoRepeatNGramLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+        SequenceBiasLogitsProcessor,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+    )
+
+    check_generation_config(config)
+    c = config
+    n = len(prompt)
+    ids = cast("torch.LongTensor", torch.tensor([list(prompt)], dtype=torch.long, device=device))
+    eos = _eos_tensor(c, device)
+    out = LogitsProcessorList()
+    if c.sequence_bias is not None:
+        out.append(SequenceBiasLogitsProcessor(sequence_bias=c.sequence_bias))
+    if c.encoder_repetition_penalty is not None and c.encoder_repetition_penalty != 1.0:
+        out.append(EncoderRepetitionPenaltyLogitsProcessor(penalty=c.encoder_repetition_penalty, encoder_input_ids=ids))
+    if c.repetition_penalty is not None and c.repetition_penalty != 1.0:
+        out.append(RepetitionPenaltyLogitsProcessor(penalty=c.repetition_penalty))
+    if c.no_repeat_ngram_size is not None and c.no_repeat_ngram_size > 0:
+        out.append(NoRepeatNGramLogitsProcessor(c.no_repeat_ngram_size))
+    if c.encoder_no_repeat_ngram_size is not None and c.encoder_no_repeat_ngram_size > 0:
+        out.append(EncoderNoRepeatNGramLogitsProcessor(c.encoder_no_repeat_ngram_size, ids))
+    if c.bad_words_ids is not None:
+        out.append(NoBadWordsLogitsProcessor(c.bad_words_ids, eos))
+    if c.min_length is not None and eos is not None and c.min_length > 0:
+        out.append(MinLengthLogitsProcessor(c.min_length, eos, device=device))
+    if c.min_new_tokens is not None and eos is not None and c.min_new_tokens > 0:
+        out.append(MinNewTokensLengthLogitsProcessor(n, c.min_new_tokens, eos, device=device))
+    if c.forced_bos_token_id is not None:
+        out.append(ForcedBOSTokenLogitsProcessor(c.forced_bos_token_id))
+    if c.forced_eos_token_id is not None:
+        out.append(ForcedEOSTokenLogitsProcessor(n + max_new_tokens, c.forced_eos_token_id, device=device))
+    if c.remove_invalid_values is True:
+        out.append(InfNanRemoveLogitsProcessor())
+    if c.exponential_decay_length_penalty is not None and eos is not None:  # it raises EOS: nothing without one
+        out.append(ExponentialDecayLengthPenalty(c.exponential_decay_length_penalty, eos, n))
+    if c.suppress_tokens is not None:
+        out.append(SuppressTokensLogitsProcessor(c.suppress_tokens, device=device))
+    if c.begin_suppress_tokens is not None:
+        begin = n if (n > 1 or c.forced_bos_token_id is None) else n + 1
+        out.append(SuppressTokensAtBeginLogitsProcessor(c.begin_suppress_tokens, begin, device=device))
+    return out
+
+
+def sampling_warpers(config: GenerationConfig, device: Any, first: Sequence[Any] = ()) -> LogitsProcessorList:
+    """The row-wise processors ``generate`` applies after :func:`row_processors`, in its order.
+
+    ``first`` (our own, e.g. :class:`DynamicTemperatureLogitsWarper`), then, when
+    ``config.do_sample``: temperature, top-h, top-k, top-p, min-p, typical, epsilon and eta
+    cut-offs (one sequence per prompt: ``min_tokens_to_keep=1``); ``LogitNormalization`` last
+    when ``renormalize_logits``. None reads the tokens: call the list on the whole batch.
+    """
+    from transformers import (
+        EpsilonLogitsWarper,
+        EtaLogitsWarper,
+        LogitNormalization,
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopHLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        TypicalLogitsWarper,
+    )
+
+    check_generation_config(config)
+    c = config
+    out = LogitsProcessorList(first)
+    if c.do_sample:
+        if c.temperature is not None and c.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(c.temperature))
+        if getattr(c, "top_h", None) is not None:
+            out.append(TopHLogitsWarper(top_h=c.top_h))
+        if c.top_k is not None and c.top_k != 0:
+            out.append(TopKLogitsWarper(top_k=c.top_k))
+        if c.top_p is not None and c.top_p < 1.0:
+            out.append(TopPLogitsWarper(top_p=c.top_p))
+        if c.min_p is not None:
+            out.append(MinPLogitsWarper(min_p=c.min_p))
+        if c.typical_p is not None and c.typical_p < 1.0:
+            out.append(TypicalLogitsWarper(mass=c.typical_p))
+        if c.epsilon_cutoff is not None and 0.0 < c.epsilon_cutoff < 1.0:
+            out.append(EpsilonLogitsWarper(epsilon=c.epsilon_cutoff))
+        if c.eta_cutoff is not None and 0.0 < c.eta_cutoff < 1.0:
+            out.append(EtaLogitsWarper(epsilon=c.eta_cutoff, device=device))
+    if c.renormalize_logits is True:
+        out.append(LogitNormalization())
+    return out
 
 
 class DynamicTemperatureLogitsWarper:

@@ -14,11 +14,11 @@ by :mod:`logtoku_guard.backends.loading` (local files only).
 Modules of this backend: ``transformers`` (this one: the backend class), ``batching`` (the
 batcher), ``decode_loop`` (the running batch: rows join and leave between steps),
 ``recorder`` (step capture, scoring, stop strings), ``detokenizer`` (incremental detokenization),
-``processors`` (dynamic temperature), ``loading`` (local folder / .gguf / cached hub id /
-embedded default), ``prompt_scoring`` (the question's tokens scored at the prefill pass:
-``Generation.prompt_scores``), ``hf_compat`` (the transformers calls whose form changed across
-5.x: the KV cache argument, ``generate``'s logits-processor builder), ``quiet`` (no transformers
-progress bars or warnings around our calls unless ``verbose``).
+``processors`` (the generation config's logits processors, dynamic temperature), ``loading``
+(local folder / .gguf / cached hub id / embedded default), ``prompt_scoring`` (the question's
+tokens scored at the prefill pass: ``Generation.prompt_scores``), ``hf_compat`` (the KV cache
+argument, whose name changed within transformers 5.x), ``quiet`` (no transformers progress bars
+or warnings around our calls unless ``verbose``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import DecodeLoop, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from logtoku_guard.backends.processors import check_generation_config
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
@@ -173,6 +174,7 @@ class TransformersBackend(BatchedBackend):
         else:
             self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress, verbose)
         self._model.eval()
+        check_generation_config(self._model.generation_config)  # refused at load, not at the first generation
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
         self._k = validate_k(k, vocab)
         if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:

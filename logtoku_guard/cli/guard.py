@@ -178,8 +178,9 @@ def ask(
 ) -> None:
     """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
     from logtoku_guard.calibration import default_calibration_prompts, profile_path
-    from logtoku_guard.guard import Guard, GuardRejectedError
+    from logtoku_guard.guard import Guard
     from logtoku_guard.policy import Policy, default_policy
+    from logtoku_guard.results import GuardRejectedError
 
     try:
         to_messages(prompt, system)

@@ -209,8 +209,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
 
 def _library_error(exc: LogTokUError, error: Any) -> Any:
-    from logtoku_guard.guard import GuardRejectedError
     from logtoku_guard.payloads import result_payload
+    from logtoku_guard.results import GuardRejectedError
 
     if isinstance(exc, GuardRejectedError):
         extra = {"logtoku_guard": dict(result_payload(exc.result))}
@@ -286,8 +286,8 @@ async def _sse(
                 yield _token_chunk(req, cid, created, model, item, offset, text_of)
                 offset += len(item.text)
     except LogTokUError as exc:
-        from logtoku_guard.guard import GuardRejectedError
         from logtoku_guard.payloads import result_payload
+        from logtoku_guard.results import GuardRejectedError
 
         extra = {"logtoku_guard": result_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500

@@ -66,9 +66,9 @@ def serve(
     """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
     from logtoku_guard.errors import ConfigurationError
     from logtoku_guard.server.app import ServerSettings, check_api_key, require_serve_extra
-    from logtoku_guard.server.run import bind_socket, check_graceful_timeout, check_host, run_server, url
+    from logtoku_guard.server.run import check_graceful_timeout, check_host, run_server, url
     from logtoku_guard.server.wire import Limits
-    from logtoku_guard.sockets import check_port
+    from logtoku_guard.sockets import bind_socket, check_port
 
     sock = None
     try:

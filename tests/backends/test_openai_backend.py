@@ -11,12 +11,8 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from logtoku_guard.backends.openai_compat import (  # noqa: E402
-    LogProbsNotLogitsError,
-    OpenAICompatibleBackend,
-    RemoteServerError,
-)
-from logtoku_guard.errors import ConfigurationError  # noqa: E402
+from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend  # noqa: E402
+from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, RemoteServerError  # noqa: E402
 from logtoku_guard.types import DecodingOptions  # noqa: E402
 from logtoku_guard.uncertainty import rescore  # noqa: E402
 

@@ -11,7 +11,8 @@ import pytest
 from support.tiny import make_model
 
 from logtoku_eval.generate import GreedySpec
-from logtoku_eval.rag import GuardEvalConfig, build_knowledge_base, run_guard_eval
+from logtoku_eval.knowledge_base import build_knowledge_base
+from logtoku_eval.rag import GuardEvalConfig, run_guard_eval
 from logtoku_guard.backends.fake import ScriptedBackend
 from logtoku_guard.errors import ConfigurationError
 
@@ -105,22 +106,3 @@ def test_guard_eval_on_the_tiny_model(tiny_tokenizer: Any, tmp_path: Path) -> No
     # the real Guard (single-row generation) decides and answers as the batched replay does
     assert check.same_decision == 4 and check.same_answer == 4
     assert check.max_score_diff < 1e-4
-
-
-def test_rag_keeps_every_name_of_the_split_modules() -> None:
-    """``evaluation.rag`` was one module; its names still import from there, as the same objects."""
-    import importlib
-
-    from logtoku_eval import rag
-
-    moved = {
-        "knowledge_base": ["KnowledgeBase", "RagSetup", "build_knowledge_base", "faq_entry", "rag_cache", "run_rag"],
-        "replay": ["SIGNALS", "DEFAULT_BUDGETS", "CURVE_BUDGETS", "BudgetPoint", "Replay", "oracle_mask", "retrieve_mask"],
-        "live": ["LiveCheck", "live_check"],
-        "guard_report": ["GuardEvalReport", "write_report"],
-    }
-    for module, names in moved.items():
-        home = importlib.import_module(f"logtoku_eval.{module}")
-        for name in names:
-            assert getattr(rag, name) is getattr(home, name), name
-    assert {"GuardEvalConfig", "GuardEvalRun", "evaluate_guard", "run_guard_eval", "threshold_for"} <= set(rag.__all__)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
+from logtoku_guard import ConfigurationError, GuardRejectedError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
-from logtoku_guard.guard import Guard, GuardRejectedError
+from logtoku_guard.guard import Guard
 from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
 from logtoku_guard.types import ChatMessage
@@ -169,6 +169,51 @@ def test_every_decision_is_recorded_and_review_items_are_queued(tmp_path: Path) 
     item = store.approve(queued.review_id, "alice", edited_answer="Nobody knows.")
     assert item.status == "approved" and item.reviewer == "alice" and store.pending() == []
     store.close()
+
+
+def test_any_record_sink_takes_the_decisions_without_sqlalchemy() -> None:
+    """A store is anything with RecordSink's two methods: here a list in memory."""
+    import subprocess
+    import sys
+
+    from logtoku_guard.audit.records import AuditRecord, ReviewItem
+
+    class ListSink:
+        def __init__(self) -> None:
+            self.records: list[AuditRecord] = []
+            self.queued: list[ReviewItem] = []
+
+        def record(self, rec: AuditRecord) -> str:
+            self.records.append(rec)
+            return rec.trace_id
+
+        def record_for_review(self, rec: AuditRecord) -> ReviewItem:
+            self.records.append(rec)
+            item = ReviewItem(
+                id=len(self.queued) + 1,
+                trace_id=rec.trace_id,
+                status="pending",
+                created_at=rec.created_at,
+                claimed_by=None,
+                claimed_at=None,
+                reviewer=None,
+                decided_at=None,
+                edited_answer=None,
+                note=None,
+                record=rec,
+            )
+            self.queued.append(item)
+            return item
+
+    sink = ListSink()
+    guard = Guard(ScriptedBackend(by_question), policy(lost="human_review"), store=sink)
+    passed = guard.run("What is the capital of France?")
+    queued = guard.run("Who founded the Zarnovian Institute?")
+    assert [r.trace_id for r in sink.records] == [passed.trace_id, queued.trace_id]
+    assert [r.action for r in sink.records] == ["pass", "human_review"]
+    assert queued.review_id == 1 and "review id 1" in queued.answer
+    code = "import logtoku_guard.audit.records, sys; print('sqlalchemy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
 def test_the_guard_loop_driven_by_hand_counts_retrievals_once() -> None:

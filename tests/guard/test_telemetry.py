@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from test_guard import by_question, policy
 
-from logtoku_guard import ScriptedBackend
-from logtoku_guard.guard import Guard, GuardRejectedError
+from logtoku_guard import GuardRejectedError, ScriptedBackend
+from logtoku_guard.guard import Guard
 from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
 

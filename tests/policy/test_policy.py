@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from logtoku_guard import ScriptedAnswer, ScriptedBackend
-from logtoku_guard.policy import Policy, PolicyError, default_policy
+from logtoku_guard import PolicyError, ScriptedAnswer, ScriptedBackend
+from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.uncertainty import QuadrantThresholds
 

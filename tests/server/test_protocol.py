@@ -84,7 +84,8 @@ def test_the_remote_backend_request_is_a_valid_server_request() -> None:
 
 def test_the_remote_backend_refuses_a_response_that_is_not_a_chat_completion() -> None:
     httpx = pytest.importorskip("httpx")
-    from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend, RemoteServerError
+    from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend
+    from logtoku_guard.errors import RemoteServerError
 
     for text, needle in (("not json", "not a chat completion"), ('{"id": "x", "choices": []}', "choices")):
         client = httpx.Client(transport=httpx.MockTransport(lambda r, t=text: httpx.Response(200, text=t)))

@@ -244,7 +244,7 @@ def test_run_server_refuses_bad_settings_before_binding(tiny_backend: Any) -> No
 
     from logtoku_guard.errors import ConfigurationError
     from logtoku_guard.server import run_server
-    from logtoku_guard.server.run import bind_socket
+    from logtoku_guard.sockets import bind_socket
 
     with pytest.raises(ConfigurationError, match="--graceful-timeout"):
         run_server(tiny_backend, graceful_timeout=float("nan"))

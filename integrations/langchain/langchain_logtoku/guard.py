@@ -47,12 +47,13 @@ from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.generation_capture import capture_generations
-from logtoku_guard.guard import Guard, RetrieverLike
+from logtoku_guard.guard import Guard
 from logtoku_guard.guard_io import BackendIO
 from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
+from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds

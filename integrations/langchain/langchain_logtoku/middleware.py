@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore, ReviewItem
     from logtoku_guard.audit.records import AuditRecord
 
-__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse", "generation_from_metadata"]
+__all__ = ["LogTokUMiddleware", "LogTokUState", "ReviewRequest", "ReviewResponse"]
 
 
 class ReviewRequest(TypedDict):

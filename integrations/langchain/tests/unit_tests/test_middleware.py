@@ -24,7 +24,8 @@ from langgraph.errors import GraphInterrupt
 from langgraph.types import Command
 
 from langchain_logtoku import ChatLogTokU, LogTokUMiddleware
-from langchain_logtoku.middleware import ReviewResponse, generation_from_metadata
+from langchain_logtoku._metadata_scores import generation_from_metadata
+from langchain_logtoku.middleware import ReviewResponse
 from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, Policy, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.generation_capture import capture_generations
 
