@@ -138,9 +138,15 @@ def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> N
     assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
 
 
+def _harness_sources() -> list[Path]:
+    return list((HARNESS / HARNESS_ROOT).rglob("*.py"))
+
+
 @pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS, HARNESS], ids=["logtoku_guard", "integrations", "evaluation"])
 def test_no_source_file_over_500_lines(root: Path) -> None:
-    sources = list(PACKAGE.rglob("*.py")) if root == PACKAGE else _integration_sources()
+    sources = {PACKAGE: lambda: list(PACKAGE.rglob("*.py")), INTEGRATIONS: _integration_sources, HARNESS: _harness_sources}[
+        root
+    ]()
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"split these modules along their concepts (limit {MAX_LINES} lines): {long}"
 
@@ -174,6 +180,40 @@ def test_no_core_module_imports_the_evaluation_harness() -> None:
     }
     assert not offenders, f"logtoku_guard must not import the evaluation harness: {offenders}"
     assert not (PACKAGE / "evaluation").exists(), "the evaluation harness lives in evaluation/logtoku_eval"
+
+
+def _private(module: str) -> bool:
+    """``module`` (or a name imported from it) is private: a dotted segment starts with ``_``
+    (``__init__`` and ``__main__`` aside)."""
+    return any(part.startswith("_") and part not in ("__init__", "__main__") for part in module.split("."))
+
+
+def test_other_distributions_use_only_public_core_modules() -> None:
+    """The harness and the integrations are distributions of their own: they may break on any
+    release of the core if they reach into its private modules or names (``logtoku_guard.cli._common``,
+    ``from logtoku_guard.x import _helper``). CLI plugins use :mod:`logtoku_guard.cli.toolkit`."""
+    offenders = {
+        str(p.relative_to(ROOT)): found
+        for p in [*_harness_sources(), *_integration_sources()]
+        if (found := sorted(m for m in _imports(p, _module_name(p), type_checking=True) if _private(m)))
+    }
+    assert not offenders, f"these modules import private logtoku_guard modules or names; use public ones: {offenders}"
+
+
+def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from logtoku_guard.cli import _common\nfrom logtoku_guard.cli.toolkit import fail\n"
+        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.payloads import _hidden\n"
+        "import logtoku_guard.__main__\n"
+    )
+    found = _imports(source, "logtoku_eval.m", type_checking=True)
+    assert sorted(m for m in found if _private(m)) == [
+        "logtoku_guard.audit._files",
+        "logtoku_guard.audit._files.x",
+        "logtoku_guard.cli._common",
+        "logtoku_guard.payloads._hidden",
+    ]
 
 
 def test_the_harness_import_check_sees_every_kind_of_import(tmp_path: Path) -> None:

@@ -239,7 +239,7 @@ def test_every_generating_eval_command_loads_the_backend_given_by_backend(
 
     from logtoku_eval.cli import eval_app
     from logtoku_guard.backends.fake import ScriptedAnswer
-    from logtoku_guard.cli import _common
+    from logtoku_guard.cli import toolkit
 
     backends: list[str] = []
     answer: Any = ScriptedAnswer(["Shake", "speare", "."], [FIVE, FIVE, FIVE])
@@ -254,7 +254,7 @@ def test_every_generating_eval_command_loads_the_backend_given_by_backend(
             ref = refs.get(messages[-1].content)
             return ScriptedAnswer([f" {ref}." if ref else " Nobody knows."], [FIVE if ref else [1.2, 1.1, 1.0, 0.9, 0.8]])
 
-    monkeypatch.setattr(_common, "load_backend", scripted_loader(answer, backends=backends))
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(answer, backends=backends))
     root = make_data_dir(tmp_path / "data")
     if command == "guard":  # a pool to build the knowledge base from
         rows = [{"question": it.question.rstrip("?"), "answer": list(it.correct)} for it in nq_items(20)]

@@ -1,8 +1,9 @@
 """``logtoku-guard eval truthfulqa | nq-open | dynamic-decoding``: the paper's protocols, and the
 ``eval`` sub-app with the options and helpers every benchmark command shares.
 
-Only typer, rich and the core CLI's shared module are imported here; numpy, torch, transformers and
-matplotlib are imported inside the commands, so registering this sub-app costs nothing at CLI start.
+Only typer, rich and the core CLI's public toolkit (:mod:`logtoku_guard.cli.toolkit`) are imported
+here; numpy, torch, transformers and matplotlib are imported inside the commands, so registering
+this sub-app costs nothing at CLI start.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import BackendOpt, DeviceOpt
+from logtoku_guard.cli import toolkit
+from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
 
 eval_app = typer.Typer(
     help=(
@@ -99,7 +100,7 @@ def check_counts(
         ("--limit", limit, 1, None, "a number of questions"),
         ("--batch-size", batch_size, 1, None, "a number of questions per batch"),
         ("--n-boot", n_boot, 1, MAX_BOOT, "a number of bootstrap resamples"),
-        ("--seed", seed, 0, _common.SEED_MAX, "a seed"),
+        ("--seed", seed, 0, toolkit.SEED_MAX, "a seed"),
         ("--samples-limit", samples_limit, 0, None, "a number of questions (0 = no sampling baselines)"),
         ("--n-samples", n_samples, 2, None, "a number of sampled answers per question"),
     ]
@@ -109,10 +110,10 @@ def check_counts(
         if value < lo or (hi is not None and value > hi):
             bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
             msg = f"{flag} {value} is out of range; give {what}, {bound}"
-            raise _common.fail(ConfigurationError(msg))
+            raise toolkit.fail(ConfigurationError(msg))
     if guard_folds < 0 or guard_folds == 1:
         msg = f"--guard-folds {guard_folds} is out of range; give 0 (no cross-fitted guard score) or at least 2"
-        raise _common.fail(ConfigurationError(msg))
+        raise toolkit.fail(ConfigurationError(msg))
 
 
 def check_backend_option(backend: str, device: str) -> None:
@@ -120,9 +121,9 @@ def check_backend_option(backend: str, device: str) -> None:
     from logtoku_guard.errors import ConfigurationError
 
     try:
-        _common.check_backend(backend, device)
+        toolkit.check_backend(backend, device)
     except ConfigurationError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 def model_name(model: str, backend: str = "transformers") -> str:
@@ -135,7 +136,7 @@ def model_name(model: str, backend: str = "transformers") -> str:
 
 def backend_loader(model: str, k: int, device: str, cache_dir: Path | None, backend: str = "transformers") -> Callable[[], Any]:
     def load() -> Any:
-        return _common.load_backend(model, k, device, "auto", cache_dir, backend=backend)
+        return toolkit.load_backend(model, k, device, "auto", cache_dir, backend=backend)
 
     return load
 
@@ -157,7 +158,7 @@ def progress_bar() -> Any:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=_common.err,
+        console=toolkit.err,
     )
 
 
@@ -245,7 +246,7 @@ def _run_qa(
         )
     for report in result.reports:
         typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    toolkit.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
 
 
 @eval_app.command()
@@ -314,7 +315,7 @@ def truthfulqa(
             backend=backend,
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 @eval_app.command("nq-open")
@@ -376,7 +377,7 @@ def nq_open(
             backend=backend,
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 @eval_app.command("dynamic-decoding")
@@ -432,7 +433,7 @@ def dynamic_decoding(
             logits["dev"], [it.labels for it in splits["dev"]], logits["test"], [it.labels for it in splits["test"]]
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
     md = f"Labels: {taxonomy} ({len(names)}: {', '.join(names)}).\n\n" + rules_markdown(
         results, len(splits["dev"]), len(splits["test"]), name
     )
@@ -447,4 +448,4 @@ def dynamic_decoding(
         encoding="utf-8",
     )
     typer.echo(md)
-    _common.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
+    toolkit.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
