@@ -300,3 +300,35 @@ def test_backend_help_names_the_llamacpp_extra_with_its_brackets(monkeypatch: py
     for cli, args in ((app, ["ask", "--help"]), (eval_app, ["fabricated", "--help"])):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0 and "pip install 'logtoku-guard[llamacpp]'" in res.output, res.output
+
+
+def test_eval_guard_on_a_single_question_writes_undefined_shares_as_null_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One NQ question, covered by the knowledge base: the uncovered questions' shares are
+    undefined. The report says n/a and why; the JSON holds null (strict JSON, no NaN)."""
+    from support.scripted_cli import scripted_loader
+    from typer.testing import CliRunner
+
+    from logtoku_eval.cli import eval_app
+    from logtoku_guard.cli import toolkit
+
+    from .test_jsonout import strict_load
+
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(nq_script([])))
+    root = make_data_dir(tmp_path / "data")
+    row = {"question": nq_items(1)[0].question.rstrip("?"), "answer": list(nq_items(1)[0].correct)}
+    (root / "nq_open" / "NQ-open.dev.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    out = tmp_path / "o"
+    args = ["guard", "--model", "m", "--data-dir", str(root), "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(out)]
+    res = CliRunner().invoke(eval_app, [*args, "--n-boot", "10", "--no-plots", "--live", "1"])
+    assert res.exit_code == 0, res.output
+    data = strict_load((out / "guard-e2e.json").read_text(encoding="utf-8"))
+    d = data["diagnostics"]
+    assert d["n"] == 1 and d["rag_accuracy_covered"] == 1.0
+    assert d["rag_accuracy_uncovered"] is None and d["answer_in_context_uncovered"] is None
+    why = "no uncovered question: the knowledge base (faq-c0.7-s0-n1) covers 1 of the 1 evaluated questions"
+    assert d["undefined"] == {"rag_accuracy_uncovered": why, "answer_in_context_uncovered": why}
+    md = (out / "guard-e2e.md").read_text(encoding="utf-8")
+    assert "uncovered n/a" in md and f"n/a (rag_accuracy_uncovered, answer_in_context_uncovered): {why}." in md
+    assert "nan" not in md.replace("Scored NaN", "").lower()

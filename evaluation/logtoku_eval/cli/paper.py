@@ -397,12 +397,11 @@ def dynamic_decoding(
     """GoEmotions: add a second label when u = EU/AU is low; tuned on dev, reported on test."""
     check_counts(limit=limit, batch_size=batch_size)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
-    import json
-
     import numpy as np
 
     from logtoku_eval.datasets import load_emotion_names, load_goemotions
     from logtoku_eval.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
+    from logtoku_eval.jsonout import write_json
     from logtoku_guard.errors import LogTokUError
 
     if taxonomy not in ("goemotions", "ekman"):
@@ -440,12 +439,9 @@ def dynamic_decoding(
     stem = "goemotions" if taxonomy == "goemotions" else "goemotions-ekman"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.md").write_text(md + "\n", encoding="utf-8")
-    (out_dir / f"{stem}.json").write_text(
-        json.dumps(
-            {"model": name, "n_dev": len(splits["dev"]), "n_test": len(splits["test"]), "rules": [r.to_json() for r in results]},
-            indent=1,
-        ),
-        encoding="utf-8",
+    rules = [r.to_json() for r in results]
+    write_json(
+        out_dir / f"{stem}.json", {"model": name, "n_dev": len(splits["dev"]), "n_test": len(splits["test"]), "rules": rules}
     )
     typer.echo(md)
     toolkit.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
