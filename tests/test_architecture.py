@@ -1,4 +1,5 @@
-"""The layout's promises, checked on the source: no import cycle, small modules, one guard loop.
+"""The layout's promises, checked on the source: no import cycle (in the core, the harness and each
+integration), small modules, one guard loop, public core names only across distributions.
 
 Imports inside functions count (they still tie two modules together). Imports under ``if
 TYPE_CHECKING:`` never run, but they still say one module's types depend on another's: the
@@ -29,13 +30,23 @@ DISTRIBUTIONS = {
 }
 
 
+PACKAGES = {
+    "logtoku_guard": ROOT,
+    HARNESS_ROOT: HARNESS,
+    "langchain_logtoku": INTEGRATIONS / "langchain",
+    "llama_index.llms.logtoku": INTEGRATIONS / "llamaindex",
+    "llama_index.embeddings.logtoku_minilm": INTEGRATIONS / "llamaindex-embeddings",
+}
+"""Each distribution's import root -> the folder its module names are relative to."""
+
+
 def _integration_sources() -> list[Path]:
     """The integrations' package modules (their tests aside)."""
     return [p for p in INTEGRATIONS.rglob("*.py") if "tests" not in p.relative_to(INTEGRATIONS).parts[1:]]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, base: Path = ROOT) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -79,12 +90,15 @@ def _imports(path: Path, name: str, *, type_checking: bool = False, root: str = 
     return {m for m in found if m == root or m.startswith(root + ".")}
 
 
-def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _graph(root: str = "logtoku_guard", *, type_checking: bool = False) -> dict[str, set[str]]:
+    """The import graph among the modules of the distribution whose import root is ``root``."""
+    base = PACKAGES[root]
+    paths = {_module_name(p, base): p for p in (base / root.replace(".", "/")).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         # ``from pkg import mod`` names a module; ``from mod import obj`` names the module only
-        graph[name] = {m for m in _imports(path, name, type_checking=type_checking) if m in paths and m != name}
+        found = _imports(path, name, type_checking=type_checking, root=root)
+        graph[name] = {m for m in found if m in paths and m != name}
     # a package's __init__ re-exports its submodules lazily or eagerly; an edge into a package
     # __init__ from its own submodule is the usual parent import, not a design cycle
     for name in graph:
@@ -118,16 +132,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_among_core_modules() -> None:
-    cycle = _cycle(_graph())
+@pytest.mark.parametrize("root", PACKAGES)
+def test_no_import_cycle_among_a_distributions_modules(root: str) -> None:
+    graph = _graph(root)
+    assert len(graph) > 1, f"no modules found for {root}"
+    cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_no_import_cycle_even_through_type_checking_imports() -> None:
+@pytest.mark.parametrize("root", PACKAGES)
+def test_no_import_cycle_even_through_type_checking_imports(root: str) -> None:
     """A module that names another's types sits above it: no loop back, not even for annotations
     (a serialiser imports the models, the models do not call the serialiser; a module that needs
     only part of another's object states it as a Protocol, as telemetry's ``Guarded``)."""
-    cycle = _cycle(_graph(type_checking=True))
+    cycle = _cycle(_graph(root, type_checking=True))
     assert cycle is None, "import cycle (type-checking imports included): " + " -> ".join(cycle or [])
 
 
@@ -136,6 +154,11 @@ def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> N
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_guard.guard import Guard\n")
     assert _imports(source, "logtoku_guard.m") == set()
     assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
+    # a relative import in another distribution resolves against that distribution's root
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .query_engine import Engine\n")
+    root = "llama_index.llms.logtoku"
+    assert _imports(source, f"{root}._live", root=root) == set()
+    assert f"{root}.query_engine" in _imports(source, f"{root}._live", type_checking=True, root=root)
 
 
 def _harness_sources() -> list[Path]:
