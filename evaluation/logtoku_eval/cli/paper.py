@@ -69,6 +69,18 @@ JudgeOpt = Annotated[
         help="Judge (repeatable; the first is the primary one for plots): rouge, embedding, llm. BLEURT is unavailable offline.",
     ),
 ]
+JudgeModelOpt = Annotated[
+    str | None,
+    typer.Option(help="Local model for --judge llm (a folder, a .gguf file or a cached hub id), run by --judge-backend."),
+]
+JudgeBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--judge-backend",
+        help="Backend of --judge-model: transformers or llamacpp (default: --backend). --device applies to a "
+        "transformers judge; a llama.cpp judge runs on the CPU.",
+    ),
+]
 
 
 def output_dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
@@ -162,7 +174,18 @@ def progress_bar() -> Any:
     )
 
 
-def _judges(names: list[str], judge_model: str | None, device: str, model_cache: Path | None) -> tuple[list[Any], Any]:
+def check_judge_backend(judge_backend: str) -> None:
+    """``--judge-backend``, checked before any data or model loads."""
+    from logtoku_guard.errors import ConfigurationError
+
+    if judge_backend not in toolkit.BACKENDS:
+        msg = f"--judge-backend must be one of {', '.join(toolkit.BACKENDS)}, got {judge_backend!r}"
+        raise toolkit.fail(ConfigurationError(msg))
+
+
+def _judges(
+    names: list[str], judge_model: str | None, device: str, model_cache: Path | None, judge_backend: str = "transformers"
+) -> tuple[list[Any], Any]:
     from logtoku_eval.judges import EmbeddingJudge, LLMJudge, MatchJudge, RougeJudge, TransformerEmbedder
 
     judges: list[Any] = []
@@ -179,7 +202,8 @@ def _judges(names: list[str], judge_model: str | None, device: str, model_cache:
             if not judge_model:
                 msg = "--judge llm needs --judge-model (a local model bigger than the one under test)"
                 raise typer.BadParameter(msg)
-            judges.append(LLMJudge(backend_loader(judge_model, 2, device, model_cache)()))
+            judge_device = device if judge_backend == "transformers" else "auto"  # llama.cpp: the CPU
+            judges.append(LLMJudge(backend_loader(judge_model, 2, judge_device, model_cache, judge_backend)()))
         elif name == "bleurt":
             msg = "BLEURT is not available offline (its checkpoints download at run time; TensorFlow); use rouge or embedding"
             raise typer.BadParameter(msg)
@@ -210,13 +234,14 @@ def _run_qa(
     model_cache: Path | None,
     guard_folds: int,
     backend: str,
+    judge_backend: str,
 ) -> None:
     from logtoku_eval.generate import K_STORED, SamplingSpec
     from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
     from logtoku_eval.qa import QAConfig, run_qa
 
     names = judge or default_judges
-    judges, embedder = _judges(names, judge_model, device, model_cache)
+    judges, embedder = _judges(names, judge_model, device, model_cache, judge_backend)
     if samples_limit and embedder is None:
         import importlib.util
 
@@ -256,7 +281,7 @@ def truthfulqa(
     path: Annotated[Path | None, typer.Option(help="TruthfulQA.csv (default: <data-dir>/truthfulqa/TruthfulQA.csv).")] = None,
     data_dir: DataDirOpt = None,
     judge: JudgeOpt = None,
-    judge_model: Annotated[str | None, typer.Option(help="Local model for --judge llm.")] = None,
+    judge_model: JudgeModelOpt = None,
     samples_limit: Annotated[
         int, typer.Option(help="Sampling baselines on the first N evaluated questions (0 = none; full set: a large N).")
     ] = 50,
@@ -272,6 +297,7 @@ def truthfulqa(
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
     backend: BackendOpt = "transformers",
+    judge_backend: JudgeBackendOpt = None,
 ) -> None:
     """TruthfulQA response reliability: AUROC/AUPRC/PRR/AURC of every method.
 
@@ -287,6 +313,7 @@ def truthfulqa(
         guard_folds=guard_folds,
     )
     check_backend_option(backend, device)
+    check_judge_backend(judge_backend or backend)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
     from logtoku_eval.datasets import load_truthfulqa
     from logtoku_guard.errors import LogTokUError
@@ -313,6 +340,7 @@ def truthfulqa(
             model_cache=model_cache,
             guard_folds=guard_folds,
             backend=backend,
+            judge_backend=judge_backend or backend,
         )
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
@@ -375,6 +403,7 @@ def nq_open(
             model_cache=model_cache,
             guard_folds=guard_folds,
             backend=backend,
+            judge_backend=backend,
         )
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
