@@ -1,4 +1,5 @@
-"""The layout's promises, checked on the source: no import cycle, small modules, one guard loop.
+"""The layout's promises, checked on the source: no import cycle (in the core, the harness and each
+integration), small modules, one guard loop, public core names only across distributions.
 
 Imports inside functions count (they still tie two modules together). Imports under ``if
 TYPE_CHECKING:`` never run, but they still say one module's types depend on another's: the
@@ -29,13 +30,23 @@ DISTRIBUTIONS = {
 }
 
 
+PACKAGES = {
+    "logtoku_guard": ROOT,
+    HARNESS_ROOT: HARNESS,
+    "langchain_logtoku": INTEGRATIONS / "langchain",
+    "llama_index.llms.logtoku": INTEGRATIONS / "llamaindex",
+    "llama_index.embeddings.logtoku_minilm": INTEGRATIONS / "llamaindex-embeddings",
+}
+"""Each distribution's import root -> the folder its module names are relative to."""
+
+
 def _integration_sources() -> list[Path]:
     """The integrations' package modules (their tests aside)."""
     return [p for p in INTEGRATIONS.rglob("*.py") if "tests" not in p.relative_to(INTEGRATIONS).parts[1:]]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, base: Path = ROOT) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -79,12 +90,15 @@ def _imports(path: Path, name: str, *, type_checking: bool = False, root: str = 
     return {m for m in found if m == root or m.startswith(root + ".")}
 
 
-def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _graph(root: str = "logtoku_guard", *, type_checking: bool = False) -> dict[str, set[str]]:
+    """The import graph among the modules of the distribution whose import root is ``root``."""
+    base = PACKAGES[root]
+    paths = {_module_name(p, base): p for p in (base / root.replace(".", "/")).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         # ``from pkg import mod`` names a module; ``from mod import obj`` names the module only
-        graph[name] = {m for m in _imports(path, name, type_checking=type_checking) if m in paths and m != name}
+        found = _imports(path, name, type_checking=type_checking, root=root)
+        graph[name] = {m for m in found if m in paths and m != name}
     # a package's __init__ re-exports its submodules lazily or eagerly; an edge into a package
     # __init__ from its own submodule is the usual parent import, not a design cycle
     for name in graph:
@@ -118,16 +132,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_among_core_modules() -> None:
-    cycle = _cycle(_graph())
+@pytest.mark.parametrize("root", PACKAGES)
+def test_no_import_cycle_among_a_distributions_modules(root: str) -> None:
+    graph = _graph(root)
+    assert len(graph) > 1, f"no modules found for {root}"
+    cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_no_import_cycle_even_through_type_checking_imports() -> None:
+@pytest.mark.parametrize("root", PACKAGES)
+def test_no_import_cycle_even_through_type_checking_imports(root: str) -> None:
     """A module that names another's types sits above it: no loop back, not even for annotations
     (a serialiser imports the models, the models do not call the serialiser; a module that needs
     only part of another's object states it as a Protocol, as telemetry's ``Guarded``)."""
-    cycle = _cycle(_graph(type_checking=True))
+    cycle = _cycle(_graph(root, type_checking=True))
     assert cycle is None, "import cycle (type-checking imports included): " + " -> ".join(cycle or [])
 
 
@@ -136,11 +154,22 @@ def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> N
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_guard.guard import Guard\n")
     assert _imports(source, "logtoku_guard.m") == set()
     assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
+    # a relative import in another distribution resolves against that distribution's root
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .query_engine import Engine\n")
+    root = "llama_index.llms.logtoku"
+    assert _imports(source, f"{root}._live", root=root) == set()
+    assert f"{root}.query_engine" in _imports(source, f"{root}._live", type_checking=True, root=root)
+
+
+def _harness_sources() -> list[Path]:
+    return list((HARNESS / HARNESS_ROOT).rglob("*.py"))
 
 
 @pytest.mark.parametrize("root", [PACKAGE, INTEGRATIONS, HARNESS], ids=["logtoku_guard", "integrations", "evaluation"])
 def test_no_source_file_over_500_lines(root: Path) -> None:
-    sources = list(PACKAGE.rglob("*.py")) if root == PACKAGE else _integration_sources()
+    sources = {PACKAGE: lambda: list(PACKAGE.rglob("*.py")), INTEGRATIONS: _integration_sources, HARNESS: _harness_sources}[
+        root
+    ]()
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"split these modules along their concepts (limit {MAX_LINES} lines): {long}"
 
@@ -174,6 +203,54 @@ def test_no_core_module_imports_the_evaluation_harness() -> None:
     }
     assert not offenders, f"logtoku_guard must not import the evaluation harness: {offenders}"
     assert not (PACKAGE / "evaluation").exists(), "the evaluation harness lives in evaluation/logtoku_eval"
+
+
+def _private(module: str) -> bool:
+    """``module`` (or a name imported from it) is private: a dotted segment starts with ``_``
+    (``__init__`` and ``__main__`` aside)."""
+    return any(part.startswith("_") and part not in ("__init__", "__main__") for part in module.split("."))
+
+
+def test_other_distributions_use_only_public_core_modules() -> None:
+    """The harness and the integrations are distributions of their own: they may break on any
+    release of the core if they reach into its private modules or names (``logtoku_guard.cli._common``,
+    ``from logtoku_guard.x import _helper``). CLI plugins use :mod:`logtoku_guard.cli.toolkit`."""
+    offenders = {
+        str(p.relative_to(ROOT)): found
+        for p in [*_harness_sources(), *_integration_sources()]
+        if (found := sorted(m for m in _imports(p, _module_name(p), type_checking=True) if _private(m)))
+    }
+    assert not offenders, f"these modules import private logtoku_guard modules or names; use public ones: {offenders}"
+
+
+def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from logtoku_guard.cli import _common\nfrom logtoku_guard.cli.toolkit import fail\n"
+        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.payloads import _hidden\n"
+        "import logtoku_guard.__main__\n"
+    )
+    found = _imports(source, "logtoku_eval.m", type_checking=True)
+    assert sorted(m for m in found if _private(m)) == [
+        "logtoku_guard.audit._files",
+        "logtoku_guard.audit._files.x",
+        "logtoku_guard.cli._common",
+        "logtoku_guard.payloads._hidden",
+    ]
+
+
+def test_only_the_harness_tests_import_the_harness() -> None:
+    """The core's tests (and the integrations') run without the ``logtoku-guard-eval``
+    distribution: fixtures are built from core types; what needs the harness is tested in
+    tests/evaluation."""
+    tests = [ROOT / "conftest.py", *(ROOT / "tests").rglob("*.py"), *INTEGRATIONS.glob("*/tests/**/*.py")]
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(found)
+        for p in tests
+        if "evaluation" not in p.relative_to(ROOT).parts[1:2]
+        and (found := _imports(p, _module_name(p), type_checking=True, root=HARNESS_ROOT))
+    }
+    assert not offenders, f"only tests/evaluation may import the evaluation harness: {offenders}"
 
 
 def test_the_harness_import_check_sees_every_kind_of_import(tmp_path: Path) -> None:

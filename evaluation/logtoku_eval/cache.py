@@ -215,7 +215,7 @@ class JsonlCache(Generic[R]):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             header = {"meta": {**asdict(meta), "created_at": datetime.now(timezone.utc).isoformat()}}
             tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text(json.dumps(header, ensure_ascii=False) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(header, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
             os.replace(tmp, self.path)
 
     @classmethod

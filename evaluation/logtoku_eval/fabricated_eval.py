@@ -18,7 +18,6 @@ Steps (every one reads the generation cache; the model is loaded only for missin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from logtoku_eval.cache import CachedGeneration, CachedToken
+from logtoku_eval.jsonout import write_json
 from logtoku_eval.methods import Method, single_pass_methods, single_pass_scores
 from logtoku_eval.metrics import share_ci
 from logtoku_eval.report import ResultTable, evaluate_methods
@@ -206,5 +206,5 @@ def write_fabricated(report: FabricatedReport, out_dir: str | Path) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "fabricated.md", out / "fabricated.json"
     md.write_text(report.to_markdown() + "\n", encoding="utf-8")
-    js.write_text(json.dumps(report.to_json(), indent=1, allow_nan=False, default=str), encoding="utf-8")
+    write_json(js, report.to_json())
     return [md, js]

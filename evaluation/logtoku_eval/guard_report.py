@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from logtoku_eval.jsonout import finite_json, write_json
 from logtoku_eval.live import LiveCheck
 from logtoku_eval.replay import CURVE_BUDGETS, BudgetPoint, Replay
-from logtoku_guard.payloads import json_float
 
 __all__ = ["HEADLINE_BUDGET", "GuardEvalReport", "write_report"]
 
@@ -32,16 +31,20 @@ class GuardEvalReport:
     plots: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "setup": self.setup,
-            "diagnostics": self.diagnostics,
-            "points": [p.to_json() for p in self.points],
-            "area_under_accuracy_budget": self.areas,
-            "paired": [{k: json_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in self.paired],
-            "live_check": self.live.to_json() if self.live else None,
-            "plots": list(self.plots),
-        }
+        """The report as strict JSON values: an undefined number is ``None`` (its reason in
+        ``diagnostics.undefined`` or the notes)."""
+        return finite_json(
+            {
+                "model": self.model,
+                "setup": self.setup,
+                "diagnostics": self.diagnostics,
+                "points": [p.to_json() for p in self.points],
+                "area_under_accuracy_budget": self.areas,
+                "paired": list(self.paired),
+                "live_check": self.live.to_json() if self.live else None,
+                "plots": list(self.plots),
+            }
+        )
 
     def to_markdown(self) -> str:
         d, s = self.diagnostics, self.setup
@@ -52,7 +55,8 @@ class GuardEvalReport:
             f"{_pct(d['rag_accuracy'])} (covered questions {_pct(d['rag_accuracy_covered'])}, uncovered "
             f"{_pct(d['rag_accuracy_uncovered'])}). The gold answer is in the retrieved context for "
             f"{_pct(d['answer_in_context_covered'])} of covered and {_pct(d['answer_in_context_uncovered'])} "
-            f"of uncovered questions. Retrieval helps {d['helps']} questions and hurts {d['hurts']}.",
+            f"of uncovered questions. Retrieval helps {d['helps']} questions and hurts {d['hurts']}."
+            + _undefined(d.get("undefined", {})),
             "",
             "| guard | budget | retrievals | accuracy % [95% CI] | helped | hurt |",
             "|---|---|---|---|---|---|",
@@ -79,11 +83,11 @@ class GuardEvalReport:
                 "",
                 "| budget | guard | vs | difference (pts) [95% CI] | p |",
                 "|---|---|---|---|---|",
-                *[f"| {r['budget']:g} | {r['guard']} | {r['vs']} | {_diff(r)} | {r['p']:.3f} |" for r in self.paired],
+                *[f"| {r['budget']:g} | {r['guard']} | {r['vs']} | {_diff(r)} | {_num(r['p'])} |" for r in self.paired],
             ]
             head = [r for r in self.paired if r["guard"] == "guard-score" and r["budget"] == HEADLINE_BUDGET]
             if head:
-                said = "; ".join(f"minus {r['vs']} {_diff(r)} pts (p = {r['p']:.3f})" for r in head)
+                said = "; ".join(f"minus {r['vs']} {_diff(r)} pts (p = {_num(r['p'])})" for r in head)
                 lines += ["", f"**At budget {HEADLINE_BUDGET:g}, the guard-score guard {said}.**"]
         if self.live is not None:
             v = self.live
@@ -93,7 +97,7 @@ class GuardEvalReport:
                 f"first {v.n} questions: same retrieve decision as the replay for {v.same_decision}/{v.n}, same final "
                 f"answer for {v.same_answer}/{v.n}; retrievals {v.retrieved_live} live vs {v.retrieved_replay} replayed; "
                 f"accuracy {_pct(v.accuracy_live)} live vs {_pct(v.accuracy_replay)} replayed; largest difference of the "
-                f"signal between the live guard and the cache re-score {v.max_score_diff:.2e}; {v.seconds:.0f} s.",
+                f"signal between the live guard and the cache re-score {_num(v.max_score_diff, '.2e')}; {v.seconds:.0f} s.",
             ]
         lines += ["", *[f"- {note}" for note in self.setup.get("notes", ())]]
         lines += [f"\n![{p}]({p})" for p in self.plots]
@@ -104,8 +108,23 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
 
 
+def _undefined(reasons: dict[str, str]) -> str:
+    """`` n/a (a, b): why.`` for each reason of the undefined diagnostics, or nothing."""
+    keys: dict[str, list[str]] = {}
+    for key, why in reasons.items():
+        keys.setdefault(why, []).append(key)
+    return "".join(f" n/a ({', '.join(k)}): {why}." for why, k in keys.items())
+
+
+def _num(x: float, spec: str = ".3f") -> str:
+    return format(x, spec) if math.isfinite(x) else "n/a"
+
+
 def _diff(r: dict[str, Any]) -> str:
-    return f"{100 * r['diff']:+.2f} [{100 * r['low']:+.2f}, {100 * r['high']:+.2f}]"
+    if not math.isfinite(r["diff"]):
+        return "n/a"
+    ci = f" [{100 * r['low']:+.2f}, {100 * r['high']:+.2f}]" if math.isfinite(r["low"]) else " [n/a]"
+    return f"{100 * r['diff']:+.2f}{ci}"
 
 
 def write_report(
@@ -126,5 +145,5 @@ def write_report(
         report = replace(report, plots=(png.name,))
     md, js = out / "guard-e2e.md", out / "guard-e2e.json"
     md.write_text(report.to_markdown(), encoding="utf-8")
-    js.write_text(json.dumps(report.to_json(), ensure_ascii=False, indent=1, allow_nan=False), encoding="utf-8")
+    write_json(js, report.to_json())
     return report, [md, js, *files]

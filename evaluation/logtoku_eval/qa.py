@@ -18,7 +18,6 @@ zero-argument callable that loads one, and is called only then.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,6 +46,7 @@ from logtoku_eval.generate import (
     run_sampling,
     samples_cache,
 )
+from logtoku_eval.jsonout import write_json
 from logtoku_eval.judges import BLEURT_NOTE, Embedder, Judge
 from logtoku_eval.methods import (
     HEADLINE,
@@ -342,7 +342,7 @@ def _write(
             for i, g in enumerate(gens)
         ],
     }
-    js.write_text(json.dumps(payload, ensure_ascii=False, indent=1, allow_nan=False), encoding="utf-8")
+    write_json(js, payload)
     return reports, [md, js, *files]
 
 

@@ -109,17 +109,28 @@ def evaluate_guard(
     covered = np.array([it.id in setup.kb.covered for it in items], dtype=bool)
     # the nq-match judge applied to the retrieved context: a gold answer in it as whole words
     in_context = np.array([judge.judge(it, " ".join(setup.passages(it))).correct for it in items], dtype=bool)
-    diagnostics = {
+    # a share over the covered (uncovered) questions is undefined when there are none: null in the
+    # JSON, n/a in the markdown, and the reason under "undefined"
+    undefined: dict[str, str] = {}
+    groups = {"covered": covered, "uncovered": ~covered}
+    diagnostics: dict[str, Any] = {
         "n": n,
         "closed_accuracy": float(closed_ok.mean()),
         "rag_accuracy": float(rag_ok.mean()),
-        "rag_accuracy_covered": _mean(rag_ok[covered]),
-        "rag_accuracy_uncovered": _mean(rag_ok[~covered]),
-        "answer_in_context_covered": _mean(in_context[covered]),
-        "answer_in_context_uncovered": _mean(in_context[~covered]),
+    }
+    for key, values in (("rag_accuracy", rag_ok), ("answer_in_context", in_context)):
+        for group, mask in groups.items():
+            diagnostics[f"{key}_{group}"] = float(values[mask].mean()) if mask.any() else math.nan
+            if not mask.any():
+                undefined[f"{key}_{group}"] = (
+                    f"no {group} question: the knowledge base ({setup.kb.name}) covers {int(covered.sum())} "
+                    f"of the {n} evaluated questions"
+                )
+    diagnostics |= {
         "helps": int((~closed_ok & rag_ok).sum()),
         "hurts": int((closed_ok & ~rag_ok).sum()),
         "nan_scores": {g: int((~np.isfinite(s)).sum()) for g, s in replay.scores.items()},
+        "undefined": undefined,
     }
     settings = {
         "knowledge_base": setup.kb.name,
@@ -150,10 +161,6 @@ def evaluate_guard(
 
 def _paired_row(d: PairedDifference) -> dict[str, float]:
     return {"diff": d.diff, "low": d.low, "high": d.high, "p": d.p_value}
-
-
-def _mean(x: np.ndarray) -> float:
-    return float(x.mean()) if x.size else math.nan
 
 
 # -- the whole run -------------------------------------------------------------------------------------

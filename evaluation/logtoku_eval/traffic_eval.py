@@ -31,7 +31,6 @@ Steps, all fitting on **tune** only (:func:`evaluate_traffic`):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from logtoku_eval.cache import CachedGeneration
 from logtoku_eval.fabricated import load_fabricated
 from logtoku_eval.fabricated_eval import generation_from_cached
 from logtoku_eval.generate import SERVING
+from logtoku_eval.jsonout import write_json
 from logtoku_eval.judges import MatchJudge
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
@@ -180,7 +180,14 @@ class Rate:
     n: int
 
     def __str__(self) -> str:
-        return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
+        if not math.isfinite(self.value):
+            return f"n/a (n={self.n})"
+        ci = f" [{100 * self.low:.1f}, {100 * self.high:.1f}]" if math.isfinite(self.low) else ""
+        return f"{100 * self.value:.1f}%{ci} (n={self.n})"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
 
 
 def _rate(x: np.ndarray, n_boot: int, seed: int) -> Rate:
@@ -245,11 +252,10 @@ class TrafficReport:
             "Answer counts per half: " + "; ".join(f"{h}: {c}" for h, c in self.counts.items()),
             "",
             "Feature sets (mean tune flag rate of the groups to flag, out of fold, at the pass target): "
-            + ", ".join(f"{k} {100 * v:.1f}%" for k, v in self.feature_sets.items())
+            + ", ".join(f"{k} {_pct(v)}" for k, v in self.feature_sets.items())
             + f"; chosen: **{self.chosen}**",
             "",
-            f"Flag rule: guard_score < {self.threshold:.4f} (the highest threshold passing {self.pass_target:.0%} of the "
-            f"tune half's correct real answers, out of fold), = quantile {self.quantile:.3f} of the calibration profile.",
+            self._rule(),
             "",
             "| group | should | tune flagged | test flagged % [95% CI] |",
             "|---|---|---|---|",
@@ -272,6 +278,18 @@ class TrafficReport:
             lines.append(f"| {stat} | " + " | ".join(cells) + " |")
         lines += ["", f"Guard: {self.guard.describe()}"]
         return "\n".join(lines)
+
+    def _rule(self) -> str:
+        if not math.isfinite(self.threshold):
+            return (
+                "Flag rule: n/a (no correct real answer of the tune half has a finite guard score to place the "
+                "threshold; more answers, or a model that gets some right)."
+            )
+        where = f"quantile {self.quantile:.3f}" if math.isfinite(self.quantile) else "quantile n/a"
+        return (
+            f"Flag rule: guard_score < {self.threshold:.4f} (the highest threshold passing {self.pass_target:.0%} of the "
+            f"tune half's correct real answers, out of fold), = {where} of the calibration profile."
+        )
 
 
 def evaluate_traffic(
@@ -383,7 +401,7 @@ def write_traffic(report: TrafficReport, out_dir: str | Path, *, plots: bool = T
     out.mkdir(parents=True, exist_ok=True)
     md, js, guard = out / "traffic.md", out / "traffic.json", out / "traffic-guard.json"
     md.write_text(report.to_markdown() + "\n", encoding="utf-8")
-    js.write_text(json.dumps(report.to_json(), indent=1, allow_nan=True, default=str), encoding="utf-8")
+    write_json(js, report.to_json())
     guard.write_text(report.guard.model_dump_json(indent=1), encoding="utf-8")
     files = [md, js, guard]
     if plots and report.curve:

@@ -3,7 +3,8 @@
 ``_common`` (consoles, shared options, errors, model and profile loading, rendering),
 ``score``, ``guard`` (``calibrate``, ``ask``), ``review`` and ``audit``; ``serve`` comes from
 :mod:`logtoku_guard.server.command`; ``eval`` (benchmarks) from the evaluation harness, a
-separate distribution found through an entry point (:mod:`~logtoku_guard.cli.plugins`).
+separate distribution found through an entry point (:mod:`~logtoku_guard.cli.plugins`), built on
+the public helpers of :mod:`~logtoku_guard.cli.toolkit`.
 This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
 Heavy dependencies (torch, transformers, SQLAlchemy) are imported inside the commands,
 so ``logtoku-guard --help`` starts fast.

@@ -1,9 +1,10 @@
 """Command groups that other distributions add to ``logtoku-guard`` through an entry point.
 
 A distribution registers a :class:`typer.Typer` under the entry-point group :data:`GROUP`
-(``logtoku_guard.cli``); its name is the subcommand. The evaluation harness
-(``logtoku-guard-eval``, import root ``logtoku_eval``) registers ``eval`` this way, so the core
-package never imports it::
+(``logtoku_guard.cli``); its name is the subcommand. Such a group builds its options, errors
+and model loading from :mod:`logtoku_guard.cli.toolkit`, the CLI's public helpers. The
+evaluation harness (``logtoku-guard-eval``, import root ``logtoku_eval``) registers ``eval``
+this way, so the core package never imports it::
 
     [project.entry-points."logtoku_guard.cli"]
     eval = "logtoku_eval.cli:eval_app"

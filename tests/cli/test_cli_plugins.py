@@ -112,7 +112,7 @@ def test_a_plugin_that_imports_the_core_cli_can_be_imported_first(tmp_path: Path
     import sys
 
     (tmp_path / "hello_cycle.py").write_text(
-        "import typer\nfrom logtoku_guard.cli import _common  # noqa: F401\napp = typer.Typer()\n"
+        "import typer\nfrom logtoku_guard.cli import toolkit  # noqa: F401\napp = typer.Typer()\n"
         "@app.command()\ndef wave() -> None:\n    typer.echo('waves')\n",
         encoding="utf-8",
     )
@@ -126,3 +126,60 @@ def test_a_plugin_that_imports_the_core_cli_can_be_imported_first(tmp_path: Path
     )
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False)
     assert res.returncode == 0 and res.stdout.strip() == "waves", res.stderr
+
+
+def test_a_plugin_built_from_the_public_toolkit_checks_and_fails_like_a_core_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:mod:`logtoku_guard.cli.toolkit` is what a plugin needs: the shared options, the checks
+    before loading, ``fail`` (exit 2, one error line) and a ``load_backend`` a test can replace."""
+    (tmp_path / "toolkit_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            import typer
+            from logtoku_guard.cli import toolkit
+            from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
+            from logtoku_guard.errors import ConfigurationError
+            app = typer.Typer()
+
+            @app.command()
+            def run(model: toolkit.ModelOpt = "m", backend: BackendOpt = "transformers", device: DeviceOpt = "auto") -> None:
+                try:
+                    toolkit.check_backend(backend, device)
+                except ConfigurationError as exc:
+                    raise toolkit.fail(exc) from exc
+                loaded = toolkit.load_backend(model, 2, device, "auto", None, backend=backend)
+                toolkit.print_json({"model": loaded.model_name})
+
+            @app.command()
+            def other() -> None:
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from support.scripted_cli import scripted_loader
+
+    from logtoku_guard.backends.fake import ScriptedAnswer
+    from logtoku_guard.cli import toolkit
+
+    backends: list[str] = []
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(ScriptedAnswer(["x"], [[5.0, 1.0]]), backends=backends))
+    app = _app()
+    add_plugins(app, [EntryPoint("hello", "toolkit_plugin:app", GROUP)])
+    bad = CliRunner().invoke(app, ["hello", "run", "--backend", "vllm"])
+    assert bad.exit_code == 2 and "error: --backend must be one of transformers, llamacpp, got 'vllm'" in bad.output
+    assert "Traceback" not in bad.output and backends == []
+    good = CliRunner().invoke(app, ["hello", "run", "--model", "mine", "--backend", "llamacpp"])
+    assert good.exit_code == 0 and '{"model": "mine"}' in good.output and backends == ["llamacpp"], good.output
+
+
+def test_the_toolkit_documents_every_name_it_exports() -> None:
+    from logtoku_guard.cli import toolkit
+
+    assert toolkit.__doc__ is not None
+    undocumented = [
+        name for name in toolkit.__all__ if f":data:`{name}`" not in toolkit.__doc__ and f":func:`{name}`" not in toolkit.__doc__
+    ]
+    assert not undocumented, undocumented
+    assert all(hasattr(toolkit, name) for name in toolkit.__all__)

@@ -239,7 +239,7 @@ def test_every_generating_eval_command_loads_the_backend_given_by_backend(
 
     from logtoku_eval.cli import eval_app
     from logtoku_guard.backends.fake import ScriptedAnswer
-    from logtoku_guard.cli import _common
+    from logtoku_guard.cli import toolkit
 
     backends: list[str] = []
     answer: Any = ScriptedAnswer(["Shake", "speare", "."], [FIVE, FIVE, FIVE])
@@ -254,7 +254,7 @@ def test_every_generating_eval_command_loads_the_backend_given_by_backend(
             ref = refs.get(messages[-1].content)
             return ScriptedAnswer([f" {ref}." if ref else " Nobody knows."], [FIVE if ref else [1.2, 1.1, 1.0, 0.9, 0.8]])
 
-    monkeypatch.setattr(_common, "load_backend", scripted_loader(answer, backends=backends))
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(answer, backends=backends))
     root = make_data_dir(tmp_path / "data")
     if command == "guard":  # a pool to build the knowledge base from
         rows = [{"question": it.question.rstrip("?"), "answer": list(it.correct)} for it in nq_items(20)]
@@ -300,3 +300,85 @@ def test_backend_help_names_the_llamacpp_extra_with_its_brackets(monkeypatch: py
     for cli, args in ((app, ["ask", "--help"]), (eval_app, ["fabricated", "--help"])):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0 and "pip install 'logtoku-guard[llamacpp]'" in res.output, res.output
+
+
+def test_eval_guard_on_a_single_question_writes_undefined_shares_as_null_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One NQ question, covered by the knowledge base: the uncovered questions' shares are
+    undefined. The report says n/a and why; the JSON holds null (strict JSON, no NaN)."""
+    from support.scripted_cli import scripted_loader
+    from typer.testing import CliRunner
+
+    from logtoku_eval.cli import eval_app
+    from logtoku_guard.cli import toolkit
+
+    from .test_jsonout import strict_load
+
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(nq_script([])))
+    root = make_data_dir(tmp_path / "data")
+    row = {"question": nq_items(1)[0].question.rstrip("?"), "answer": list(nq_items(1)[0].correct)}
+    (root / "nq_open" / "NQ-open.dev.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    out = tmp_path / "o"
+    args = ["guard", "--model", "m", "--data-dir", str(root), "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(out)]
+    res = CliRunner().invoke(eval_app, [*args, "--n-boot", "10", "--no-plots", "--live", "1"])
+    assert res.exit_code == 0, res.output
+    data = strict_load((out / "guard-e2e.json").read_text(encoding="utf-8"))
+    d = data["diagnostics"]
+    assert d["n"] == 1 and d["rag_accuracy_covered"] == 1.0
+    assert d["rag_accuracy_uncovered"] is None and d["answer_in_context_uncovered"] is None
+    why = "no uncovered question: the knowledge base (faq-c0.7-s0-n1) covers 1 of the 1 evaluated questions"
+    assert d["undefined"] == {"rag_accuracy_uncovered": why, "answer_in_context_uncovered": why}
+    md = (out / "guard-e2e.md").read_text(encoding="utf-8")
+    assert "uncovered n/a" in md and f"n/a (rag_accuracy_uncovered, answer_in_context_uncovered): {why}." in md
+    assert "nan" not in md.replace("Scored NaN", "").lower()
+
+
+@pytest.mark.parametrize(
+    ("flags", "judge_backend"),
+    [([], "llamacpp"), (["--judge-backend", "transformers"], "transformers"), (["--judge-backend", "llamacpp"], "llamacpp")],
+)
+def test_the_llm_judge_loads_with_the_judge_backend_or_else_the_backend(
+    flags: list[str], judge_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--judge-model`` is loaded by ``--judge-backend``, by default the ``--backend`` of the model under test."""
+    from support.scripted_cli import scripted_loader
+    from typer.testing import CliRunner
+
+    from logtoku_eval.cli import eval_app
+    from logtoku_eval.judges import LLM_JUDGE_PROMPT
+    from logtoku_guard.backends.fake import ScriptedAnswer
+    from logtoku_guard.cli import toolkit
+
+    asks = LLM_JUDGE_PROMPT.rsplit("\n", 1)[-1].split("?")[-1].strip()  # "Reply with yes or no only."
+
+    def answer(messages: Any) -> ScriptedAnswer:
+        if asks in messages[-1].content:
+            return ScriptedAnswer([" yes"], [FIVE])
+        return ScriptedAnswer(["Shake", "speare", "."], [FIVE, FIVE, FIVE])
+
+    calls: list[tuple[str, int, str]] = []
+    backends: list[str] = []
+    monkeypatch.setattr(toolkit, "load_backend", scripted_loader(answer, calls=calls, backends=backends))
+    root = make_data_dir(tmp_path / "data")
+    args = ["truthfulqa", "--model", "m", "--backend", "llamacpp", "--data-dir", str(root), "--judge", "llm"]
+    args += ["--judge-model", "big-judge", "--gen-cache-dir", str(tmp_path / "gen"), "--out-dir", str(tmp_path / "o")]
+    args += ["--samples-limit", "0", "--guard-folds", "0", "--n-boot", "10", "--no-plots"]
+    res = CliRunner().invoke(eval_app, [*args, *flags])
+    assert res.exit_code == 0, res.output
+    loads = {model: backend for (model, _, _), backend in zip(calls, backends)}
+    assert loads == {"big-judge": judge_backend, "m": "llamacpp"}
+    assert "llm-judge:big-judge" in res.output
+
+
+def test_an_unknown_judge_backend_is_refused_before_any_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from logtoku_eval.cli import eval_app
+    from logtoku_guard.cli import toolkit
+
+    monkeypatch.setattr(toolkit, "load_backend", lambda *a, **k: pytest.fail("no model may load"))
+    res = CliRunner().invoke(eval_app, ["truthfulqa", "--judge", "llm", "--judge-model", "j", "--judge-backend", "vllm"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--judge-backend must be one of transformers, llamacpp, got 'vllm'" in text, text
+    assert "Traceback" not in text

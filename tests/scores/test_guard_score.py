@@ -1,4 +1,5 @@
-"""Prompt-side scores, the learned guard score, its profile round-trip and ``eval fabricated`` (no real model)."""
+"""Prompt-side scores, the learned guard score and its profile round-trip (no real model; the
+``eval fabricated`` benchmark is tested in tests/evaluation/test_fabricated_eval.py)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from logtoku_eval.cache import CachedGeneration, CachedToken
-from logtoku_eval.cli import eval_app
-from logtoku_eval.fabricated import dataset_name, load_fabricated
-from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
-from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.profiles import build_profile
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import fit_guard, with_guard_score
 from logtoku_guard.policy import default_policy
 from logtoku_guard.prompt_stats import PromptStats, focus_tokens
 from logtoku_guard.stats import ResponseStats
-from logtoku_guard.types import DecodingOptions
-from logtoku_guard.uncertainty import logsumexp_entropy, logtoku
+from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+from logtoku_guard.uncertainty import logsumexp_entropy, logtoku, rescore
 
 
 # -- prompt-side capture ---------------------------------------------------------------------------
@@ -95,34 +89,51 @@ def test_long_questions_scored_by_the_hook_in_chunks_equal_the_kept_logits(
 
 
 def test_focus_tokens_keeps_the_question_only() -> None:
-    rec = _record("q1", "Who wrote Zorblax?", known=False, prefix="Answer concisely. Q: ", suffix=" A:")
-    gen = generation_from_cached(rec, "m")
+    gen = _generation("q1", "Who wrote Zorblax?", known=False, prefix="Answer concisely. Q: ", suffix=" A:")
     assert "".join(t.text for t in gen.prompt_scores).strip() == "Who wrote Zorblax?"
     assert focus_tokens(gen.prompt_scores, "absent") == gen.prompt_scores
     assert math.isnan(PromptStats.from_tokens(()).prompt_max_eu)
 
 
-# -- synthetic cached answers: known = peaked logits, fabricated = flat ones ------------------------
-def _tok(text: str, peak: float, rng: random.Random) -> CachedToken:
-    top = sorted((rng.gauss(0, 1) + (peak if i == 0 else 0.0) for i in range(5)), reverse=True)
-    return CachedToken(
-        id=rng.randrange(100), text=text, top_logits=tuple(top), top_ids=(1, 2, 3, 4, 5), logprob=-1.0 / peak, entropy=1.0 / peak
+# -- synthetic answers: known = peaked logits, fabricated = flat ones ------------------------------
+def _raw(text: str, peak: float, rng: random.Random) -> tuple[str, tuple[float, ...], int, float]:
+    """A token's text, raw top-5 logits (largest first), id and log p: the first logit peaked at ``peak``."""
+    top = tuple(sorted((rng.gauss(0, 1) + (peak if i == 0 else 0.0) for i in range(5)), reverse=True))
+    return text, top, rng.randrange(100), -1.0 / peak
+
+
+def _scored(raw: list[tuple[str, tuple[float, ...], int, float]], peak: float) -> tuple[TokenScore, ...]:
+    """The tokens scored as a backend scores them (K=2, clamped evidence) from their raw logits."""
+    r = rescore([top for _, top, _, _ in raw], k=2)
+    return tuple(
+        TokenScore(i, tid, text, top, (1, 2, 3, 4, 5), a, e, logprob, 1.0 / peak)
+        for i, ((text, top, tid, logprob), a, e) in enumerate(zip(raw, r.au.tolist(), r.eu.tolist()))
     )
 
 
-def _record(rid: str, question: str, *, known: bool, prefix: str = "", suffix: str = "", seed: int = 0) -> CachedGeneration:
+def _generation(rid: str, question: str, *, known: bool, prefix: str = "", suffix: str = "", seed: int = 0) -> Generation:
+    """An answer "The answer is X." to ``question`` whose answer and prompt tokens are all peaked
+    (known) or flat (fabricated); its prompt scores are the question's own tokens."""
     rng = random.Random(f"{rid}-{seed}")
     peak = (8.0 if known else 2.0) + rng.uniform(-1.5, 1.5)
     words = [prefix, *(" " + w if i else w for i, w in enumerate(question.split())), suffix]
-    prompt = tuple(_tok(w, peak, rng) for w in words if w)
-    answer = tuple(_tok(w, peak, rng) for w in ["The", " answer", " is", " X", "."])
-    return CachedGeneration(rid, question, "The answer is X.", "stop", answer, prompt)
+    prompt = [_raw(w, peak, rng) for w in words if w]
+    answer = [_raw(w, peak, rng) for w in ["The", " answer", " is", " X", "."]]
+    return Generation(
+        model="m",
+        prompt=question,
+        text="The answer is X.",
+        tokens=_scored(answer, peak),
+        finish_reason="stop",
+        k=2,
+        prompt_scores=focus_tokens(_scored(prompt, peak), question),
+    )
 
 
 def _rows(n: int, seed: int = 0) -> tuple[list[ResponseStats], list[bool]]:
     labels = [i % 2 == 0 for i in range(n)]
-    rows = [stats_from_cached(_record(f"r{i}", f"question number {i}?", known=y, seed=seed)) for i, y in enumerate(labels)]
-    return rows, labels
+    gens = [_generation(f"r{i}", f"question number {i}?", known=y, seed=seed) for i, y in enumerate(labels)]
+    return [ResponseStats.from_generation(g) for g in gens], labels
 
 
 def test_fit_is_deterministic_and_round_trips_through_the_profile(tmp_path: Path) -> None:
@@ -132,7 +143,7 @@ def test_fit_is_deterministic_and_round_trips_through_the_profile(tmp_path: Path
     assert a.model_dump(exclude={"created_at"}) == b.model_dump(exclude={"created_at"})
     assert a.cv_auroc is not None and a.cv_auroc > 0.9
     assert a.n == 40 and a.n_positive == 20 and a.datasets == ["synthetic"]
-    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    gens = [_generation(f"c{i}", f"calibration {i}?", known=i % 3 > 0) for i in range(12)]
     profile = build_profile(gens, "synthetic", a)
     path = profile.save(tmp_path / "p.json")
     loaded = ModelProfile.load(path)
@@ -156,7 +167,7 @@ def test_a_guard_fit_on_the_older_feature_list_keeps_scoring_with_it(tmp_path: P
     rows, labels = _rows(40)
     old, new = fit_guard(rows, labels, ["synthetic"], features=older), fit_guard(rows, labels, ["synthetic"])
     assert old.features == older and new.features == list(FEATURES)
-    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    gens = [_generation(f"c{i}", f"calibration {i}?", known=i % 3 > 0) for i in range(12)]
     loaded = ModelProfile.load(build_profile(gens, "synthetic", old).save(tmp_path / "old-guard.json"))
     assert loaded.guard == old and loaded.guard_available
     row = rows[1]
@@ -166,7 +177,7 @@ def test_a_guard_fit_on_the_older_feature_list_keeps_scoring_with_it(tmp_path: P
 
 
 def test_a_profile_without_a_guard_loads_and_the_default_policy_falls_back_to_reliability(tmp_path: Path) -> None:
-    gens = [generation_from_cached(_record(f"c{i}", f"calibration {i}?", known=i % 3 > 0), "m") for i in range(12)]
+    gens = [_generation(f"c{i}", f"calibration {i}?", known=i % 3 > 0) for i in range(12)]
     data = json.loads(build_profile(gens, "synthetic").model_dump_json())
     data.pop("guard")
     for stat in ("guard_score", "reliability_debiased", "prompt_max_eu", "first_max_eu"):
@@ -178,41 +189,6 @@ def test_a_profile_without_a_guard_loads_and_the_default_policy_falls_back_to_re
     assert math.isnan(stats.guard_score)
     decision = default_policy().decide(stats, old)
     assert decision.checks and all(c.stat == "reliability" for c in decision.checks)
-
-
-def test_evaluate_fabricated_reports_auroc_and_policy_rates() -> None:
-    tune = [(_record(f"t{i}", f"tune question {i}?", known=i % 2 == 0), i % 2 == 0) for i in range(40)]
-    test = [(_record(f"s{i}", f"test question {i}?", known=i % 2 == 0, seed=1), i % 2 == 0) for i in range(40)]
-    report = evaluate_fabricated(tune, test, model="m", n_boot=50)
-    by_name = {r.method.name: r for r in report.table.results}
-    assert by_name["guard-score"].auroc.value > 0.9
-    assert report.table.comparisons and report.table.comparisons[0].method == "guard-score"
-    assert 0.0 <= report.flagged_fabricated[0] <= 1.0 and 0.0 <= report.passed_known[0] <= 1.0
-    assert "Known vs fabricated" in report.to_markdown()
-
-
-def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
-    cache = greedy_cache(tmp_path / "cache", EMBEDDED_MODEL, dataset_name(), GreedySpec())
-    items = load_fabricated("tune")[:10] + load_fabricated("test")[:10]
-    cache.append(_record(it.id, it.question, known=it.is_known, prefix="Q: ") for it in items)
-    result = CliRunner().invoke(
-        eval_app,
-        [
-            "fabricated",
-            "--limit",
-            "10",
-            "--gen-cache-dir",
-            str(tmp_path / "cache"),
-            "--out-dir",
-            str(tmp_path / "out"),
-            "--n-boot",
-            "20",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    assert "guard-score" in result.output
-    payload = json.loads((tmp_path / "out" / "fabricated.json").read_text())
-    assert payload["n_test"] == 20 and payload["guard"]["datasets"] == ["fabricated-tune"]
 
 
 def test_balanced_groups_weigh_a_small_group_as_much_as_a_large_one() -> None:

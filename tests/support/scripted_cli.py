@@ -1,5 +1,6 @@
-"""A scripted stand-in for the CLI's model loading (``_common.load_backend``), for the core CLI's
-tests (``tests/cli``) and the evaluation harness's (``tests/evaluation``)."""
+"""A scripted stand-in for the CLI's model loading, for the core CLI's tests (``tests/cli``,
+which replace ``_common.load_backend``) and the evaluation harness's (``tests/evaluation``, which
+replace the public ``logtoku_guard.cli.toolkit.load_backend`` the harness calls)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class CliBackend(ScriptedBackend):
 
 
 def scripted_loader(answer: Any, calls: list[tuple[str, int, str]] | None = None, backends: list[str] | None = None) -> Any:
-    """A stand-in for ``_common.load_backend``: a :class:`CliBackend` named after ``--model`` that
+    """A stand-in for ``load_backend``: a :class:`CliBackend` named after ``--model`` that
     answers with ``answer`` (a ScriptedAnswer, or a function of the messages); records each load
     (``calls``: model, K, evidence; ``backends``: the ``backend`` asked for)."""
 

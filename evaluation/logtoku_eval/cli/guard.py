@@ -1,7 +1,7 @@
 """``logtoku-guard eval guard | fabricated | traffic``: the guard's own benchmarks (the paper's
 protocols are in :mod:`logtoku_eval.cli.paper`, whose sub-app, options and helpers these share).
 
-As there, only typer, rich and the CLI's shared modules are imported here; the evaluation
+As there, only typer, rich and the core CLI's public toolkit are imported here; the evaluation
 harness is imported inside the commands.
 """
 
@@ -26,8 +26,8 @@ from logtoku_eval.cli.paper import (
     PlotsOpt,
     eval_app,
 )
-from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import BackendOpt, DeviceOpt
+from logtoku_guard.cli import toolkit
+from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
 
 
 def _budgets(text: str) -> tuple[float, ...]:
@@ -120,9 +120,9 @@ def guard_end_to_end(
                 on_progress=ev.progress_factory(progress),
             )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
     typer.echo(result.report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    toolkit.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
 
 
 @eval_app.command("fabricated")
@@ -165,9 +165,9 @@ def fabricated(
         report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
         files = write_fabricated(report, out_dir)
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
 
 
 @eval_app.command("traffic")
@@ -206,7 +206,7 @@ def traffic(
     ev.check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
     ev.check_backend_option(backend, device)
     if not 0.0 < pass_target < 1.0:
-        raise _common.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
+        raise toolkit.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
     cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
     try:
         name = ev.model_name(model, backend)
@@ -237,9 +237,9 @@ def traffic(
         )
         files = write_traffic(report, out_dir, plots=plots)
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
 
 
 def _first_of_each_kind(items: list[Any], limit: int | None) -> list[Any]:

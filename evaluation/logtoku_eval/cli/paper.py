@@ -1,8 +1,9 @@
 """``logtoku-guard eval truthfulqa | nq-open | dynamic-decoding``: the paper's protocols, and the
 ``eval`` sub-app with the options and helpers every benchmark command shares.
 
-Only typer, rich and the core CLI's shared module are imported here; numpy, torch, transformers and
-matplotlib are imported inside the commands, so registering this sub-app costs nothing at CLI start.
+Only typer, rich and the core CLI's public toolkit (:mod:`logtoku_guard.cli.toolkit`) are imported
+here; numpy, torch, transformers and matplotlib are imported inside the commands, so registering
+this sub-app costs nothing at CLI start.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from logtoku_guard.cli import _common
-from logtoku_guard.cli._common import BackendOpt, DeviceOpt
+from logtoku_guard.cli import toolkit
+from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
 
 eval_app = typer.Typer(
     help=(
@@ -68,6 +69,18 @@ JudgeOpt = Annotated[
         help="Judge (repeatable; the first is the primary one for plots): rouge, embedding, llm. BLEURT is unavailable offline.",
     ),
 ]
+JudgeModelOpt = Annotated[
+    str | None,
+    typer.Option(help="Local model for --judge llm (a folder, a .gguf file or a cached hub id), run by --judge-backend."),
+]
+JudgeBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--judge-backend",
+        help="Backend of --judge-model: transformers or llamacpp (default: --backend). --device applies to a "
+        "transformers judge; a llama.cpp judge runs on the CPU.",
+    ),
+]
 
 
 def output_dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
@@ -99,7 +112,7 @@ def check_counts(
         ("--limit", limit, 1, None, "a number of questions"),
         ("--batch-size", batch_size, 1, None, "a number of questions per batch"),
         ("--n-boot", n_boot, 1, MAX_BOOT, "a number of bootstrap resamples"),
-        ("--seed", seed, 0, _common.SEED_MAX, "a seed"),
+        ("--seed", seed, 0, toolkit.SEED_MAX, "a seed"),
         ("--samples-limit", samples_limit, 0, None, "a number of questions (0 = no sampling baselines)"),
         ("--n-samples", n_samples, 2, None, "a number of sampled answers per question"),
     ]
@@ -109,10 +122,10 @@ def check_counts(
         if value < lo or (hi is not None and value > hi):
             bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
             msg = f"{flag} {value} is out of range; give {what}, {bound}"
-            raise _common.fail(ConfigurationError(msg))
+            raise toolkit.fail(ConfigurationError(msg))
     if guard_folds < 0 or guard_folds == 1:
         msg = f"--guard-folds {guard_folds} is out of range; give 0 (no cross-fitted guard score) or at least 2"
-        raise _common.fail(ConfigurationError(msg))
+        raise toolkit.fail(ConfigurationError(msg))
 
 
 def check_backend_option(backend: str, device: str) -> None:
@@ -120,9 +133,9 @@ def check_backend_option(backend: str, device: str) -> None:
     from logtoku_guard.errors import ConfigurationError
 
     try:
-        _common.check_backend(backend, device)
+        toolkit.check_backend(backend, device)
     except ConfigurationError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 def model_name(model: str, backend: str = "transformers") -> str:
@@ -135,7 +148,7 @@ def model_name(model: str, backend: str = "transformers") -> str:
 
 def backend_loader(model: str, k: int, device: str, cache_dir: Path | None, backend: str = "transformers") -> Callable[[], Any]:
     def load() -> Any:
-        return _common.load_backend(model, k, device, "auto", cache_dir, backend=backend)
+        return toolkit.load_backend(model, k, device, "auto", cache_dir, backend=backend)
 
     return load
 
@@ -157,11 +170,22 @@ def progress_bar() -> Any:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=_common.err,
+        console=toolkit.err,
     )
 
 
-def _judges(names: list[str], judge_model: str | None, device: str, model_cache: Path | None) -> tuple[list[Any], Any]:
+def check_judge_backend(judge_backend: str) -> None:
+    """``--judge-backend``, checked before any data or model loads."""
+    from logtoku_guard.errors import ConfigurationError
+
+    if judge_backend not in toolkit.BACKENDS:
+        msg = f"--judge-backend must be one of {', '.join(toolkit.BACKENDS)}, got {judge_backend!r}"
+        raise toolkit.fail(ConfigurationError(msg))
+
+
+def _judges(
+    names: list[str], judge_model: str | None, device: str, model_cache: Path | None, judge_backend: str = "transformers"
+) -> tuple[list[Any], Any]:
     from logtoku_eval.judges import EmbeddingJudge, LLMJudge, MatchJudge, RougeJudge, TransformerEmbedder
 
     judges: list[Any] = []
@@ -178,7 +202,8 @@ def _judges(names: list[str], judge_model: str | None, device: str, model_cache:
             if not judge_model:
                 msg = "--judge llm needs --judge-model (a local model bigger than the one under test)"
                 raise typer.BadParameter(msg)
-            judges.append(LLMJudge(backend_loader(judge_model, 2, device, model_cache)()))
+            judge_device = device if judge_backend == "transformers" else "auto"  # llama.cpp: the CPU
+            judges.append(LLMJudge(backend_loader(judge_model, 2, judge_device, model_cache, judge_backend)()))
         elif name == "bleurt":
             msg = "BLEURT is not available offline (its checkpoints download at run time; TensorFlow); use rouge or embedding"
             raise typer.BadParameter(msg)
@@ -209,13 +234,14 @@ def _run_qa(
     model_cache: Path | None,
     guard_folds: int,
     backend: str,
+    judge_backend: str,
 ) -> None:
     from logtoku_eval.generate import K_STORED, SamplingSpec
     from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
     from logtoku_eval.qa import QAConfig, run_qa
 
     names = judge or default_judges
-    judges, embedder = _judges(names, judge_model, device, model_cache)
+    judges, embedder = _judges(names, judge_model, device, model_cache, judge_backend)
     if samples_limit and embedder is None:
         import importlib.util
 
@@ -245,7 +271,7 @@ def _run_qa(
         )
     for report in result.reports:
         typer.echo(report.to_markdown())
-    _common.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    toolkit.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
 
 
 @eval_app.command()
@@ -255,7 +281,7 @@ def truthfulqa(
     path: Annotated[Path | None, typer.Option(help="TruthfulQA.csv (default: <data-dir>/truthfulqa/TruthfulQA.csv).")] = None,
     data_dir: DataDirOpt = None,
     judge: JudgeOpt = None,
-    judge_model: Annotated[str | None, typer.Option(help="Local model for --judge llm.")] = None,
+    judge_model: JudgeModelOpt = None,
     samples_limit: Annotated[
         int, typer.Option(help="Sampling baselines on the first N evaluated questions (0 = none; full set: a large N).")
     ] = 50,
@@ -271,6 +297,7 @@ def truthfulqa(
     model_cache: ModelCacheOpt = None,
     guard_folds: GuardFoldsOpt = 5,
     backend: BackendOpt = "transformers",
+    judge_backend: JudgeBackendOpt = None,
 ) -> None:
     """TruthfulQA response reliability: AUROC/AUPRC/PRR/AURC of every method.
 
@@ -286,6 +313,7 @@ def truthfulqa(
         guard_folds=guard_folds,
     )
     check_backend_option(backend, device)
+    check_judge_backend(judge_backend or backend)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
     from logtoku_eval.datasets import load_truthfulqa
     from logtoku_guard.errors import LogTokUError
@@ -312,9 +340,10 @@ def truthfulqa(
             model_cache=model_cache,
             guard_folds=guard_folds,
             backend=backend,
+            judge_backend=judge_backend or backend,
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 @eval_app.command("nq-open")
@@ -374,9 +403,10 @@ def nq_open(
             model_cache=model_cache,
             guard_folds=guard_folds,
             backend=backend,
+            judge_backend=backend,
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
 
 
 @eval_app.command("dynamic-decoding")
@@ -396,12 +426,11 @@ def dynamic_decoding(
     """GoEmotions: add a second label when u = EU/AU is low; tuned on dev, reported on test."""
     check_counts(limit=limit, batch_size=batch_size)
     cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
-    import json
-
     import numpy as np
 
     from logtoku_eval.datasets import load_emotion_names, load_goemotions
     from logtoku_eval.dynamic import collect_label_logits, evaluate_rules, label_cache, rules_markdown, to_ekman
+    from logtoku_eval.jsonout import write_json
     from logtoku_guard.errors import LogTokUError
 
     if taxonomy not in ("goemotions", "ekman"):
@@ -432,19 +461,16 @@ def dynamic_decoding(
             logits["dev"], [it.labels for it in splits["dev"]], logits["test"], [it.labels for it in splits["test"]]
         )
     except LogTokUError as exc:
-        raise _common.fail(exc) from exc
+        raise toolkit.fail(exc) from exc
     md = f"Labels: {taxonomy} ({len(names)}: {', '.join(names)}).\n\n" + rules_markdown(
         results, len(splits["dev"]), len(splits["test"]), name
     )
     stem = "goemotions" if taxonomy == "goemotions" else "goemotions-ekman"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.md").write_text(md + "\n", encoding="utf-8")
-    (out_dir / f"{stem}.json").write_text(
-        json.dumps(
-            {"model": name, "n_dev": len(splits["dev"]), "n_test": len(splits["test"]), "rules": [r.to_json() for r in results]},
-            indent=1,
-        ),
-        encoding="utf-8",
+    rules = [r.to_json() for r in results]
+    write_json(
+        out_dir / f"{stem}.json", {"model": name, "n_dev": len(splits["dev"]), "n_test": len(splits["test"]), "rules": rules}
     )
     typer.echo(md)
-    _common.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)
+    toolkit.err.print(f"written: {out_dir / (stem + '.md')}, {out_dir / (stem + '.json')}", highlight=False)

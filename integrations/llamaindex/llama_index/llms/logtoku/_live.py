@@ -14,26 +14,42 @@ to decide.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.schema import QueryBundle
 
 from logtoku_guard.generation_capture import GenerationCapture
-from logtoku_guard.guard_steps import Conclude, Generate, Steps
+from logtoku_guard.guard import Guard
+from logtoku_guard.guard_steps import Answer, Conclude, Generate, Request, Retrieve, Steps
 from logtoku_guard.results import GuardResult
 
 from ._responses import QueryRun, apieces, tail, text_of
 
-if TYPE_CHECKING:
-    from .query_engine import LogTokUQueryEngine
-
-__all__ = ["ABANDONED", "alive", "live"]
+__all__ = ["ABANDONED", "LiveEngine", "alive", "live"]
 
 ABANDONED = "stream closed by the caller before the guard decided"
 
 
-def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCapture | None, pieces: Any) -> None:
+class LiveEngine(Protocol):
+    """What a live stream needs of :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` (which
+    imports this module, so the engine's class is not imported back, not even for annotations)."""
+
+    @property
+    def guard(self) -> Guard: ...
+
+    def _answer(self, run: QueryRun, text: str) -> Answer: ...
+
+    def _watch(self, run: QueryRun, capture: GenerationCapture) -> None: ...
+
+    def _requery(self, run: QueryRun, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request: ...
+
+    async def _arequery(self, run: QueryRun, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request: ...
+
+    def _act(self, run: QueryRun, result: GuardResult) -> GuardResult: ...
+
+
+def _abandon(engine: LiveEngine, run: QueryRun, capture: GenerationCapture | None, pieces: Any) -> None:
     """Stop the generation being streamed, decide and record the answer so far, end the open spans."""
     close = getattr(pieces, "close", None)
     if close is not None:
@@ -47,7 +63,7 @@ def _abandon(engine: LogTokUQueryEngine, run: QueryRun, capture: GenerationCaptu
 
 
 def _conclude(
-    engine: LogTokUQueryEngine, run: QueryRun, result: GuardResult, out: StreamingResponse | AsyncStreamingResponse
+    engine: LiveEngine, run: QueryRun, result: GuardResult, out: StreamingResponse | AsyncStreamingResponse
 ) -> list[str]:
     """Act on ``result``, fill the response's final nodes and metadata; the pieces still to stream."""
     result = engine._act(run, result)
@@ -57,7 +73,7 @@ def _conclude(
 
 
 def live(
-    engine: LogTokUQueryEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: StreamingResponse
+    engine: LiveEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: StreamingResponse
 ) -> Generator[str, None, None]:
     """The sync driver of a live stream: answers the loop's requests, passing each answer's pieces on."""
     capture: GenerationCapture | None = None  # the answer being streamed reports to it
@@ -85,7 +101,7 @@ def live(
 
 
 async def alive(
-    engine: LogTokUQueryEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: AsyncStreamingResponse
+    engine: LiveEngine, run: QueryRun, query_bundle: QueryBundle, steps: Steps, out: AsyncStreamingResponse
 ) -> AsyncGenerator[str, None]:
     """The async driver of a live stream (:func:`live` for ``aquery``)."""
     capture: GenerationCapture | None = None
