@@ -18,7 +18,8 @@ scores). Measured, never asserted:
    on the llama.cpp backend, with the time spent outside ``llama_decode`` per token;
 5. llama.cpp's own batching ceiling (``--parts ceiling``): the median ``llama_decode`` step of
    1 row and of 8 rows (one sequence each, one call) on the backend's context, at 1 and 2
-   threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain.
+   threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain
+   (``--requantize q4_0,q8_0``: also for the embedded model re-quantised to those types).
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -195,44 +196,74 @@ def concurrency(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def requantized(kinds: list[str], folder: Path) -> dict[str, Path]:
+    """The embedded GGUF re-quantised to each of ``kinds`` (``q4_0``, ``q8_0``...) in ``folder``, for the ceiling part."""
+    import llama_cpp
+
+    from logtoku_guard.embedded import embedded_gguf_path
+
+    out = {}
+    for kind in kinds:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
+        params.allow_requantize = True
+        target = folder / f"embedded-{kind}.gguf"
+        if llama_cpp.llama_model_quantize(str(embedded_gguf_path()).encode(), str(target).encode(), params) != 0:
+            raise SystemExit(f"llama.cpp could not re-quantise the embedded model to {kind}")
+        out[kind] = target
+    return out
+
+
 def ceiling(args: argparse.Namespace) -> dict[str, Any]:
-    """Median ``llama_decode`` step of 1 and of 8 rows on the backend's own context: llama.cpp's batching gain."""
+    """Median ``llama_decode`` step of 1 and of 8 rows on the backend's own context: llama.cpp's batching gain.
+
+    With ``--requantize q4_0,q8_0`` the same for the embedded model re-quantised to those types
+    (llama.cpp's matrix-multiplication kernels differ by type), interleaved with the shipped Q4_1.
+    """
     import statistics
+    import tempfile
 
     import numpy as np
 
     from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
     out: dict[str, Any] = {}
-    for threads in (1, 2):
-        b = LlamaCppBackend("embedded", n_threads=threads, max_batch=8)
-        m = b._model
-        prompt = b.tokenizer.encode(b.render(PROMPTS[0]))
-        logits = np.empty(m.n_vocab, dtype=np.float32)
-        steps: dict[int, list[float]] = {1: [], 8: []}
-        with b._lock:
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = [k.strip() for k in args.requantize.split(",") if k.strip()]
+        models: dict[str, Any] = {"embedded": "embedded", **requantized(kinds, Path(tmp))}
+        for threads in (1, 2):
+            backends = {name: LlamaCppBackend(model, n_threads=threads, max_batch=8) for name, model in models.items()}
+            steps: dict[tuple[str, int], list[float]] = {(name, rows): [] for name in backends for rows in (1, 8)}
             for _ in range(args.repeats):
-                for rows in (1, 8):  # interleaved
-                    for seq in range(rows):  # each row's prompt alone, as the backend prefills it
-                        m.decode([(t, p, seq, p == len(prompt) - 1) for p, t in enumerate(prompt)])
-                    last, pos = [int(prompt[-1])] * rows, len(prompt)
-                    for _ in range(args.tokens):
-                        t = time.perf_counter()
-                        m.decode([(last[r], pos, r, True) for r in range(rows)])
-                        steps[rows].append(time.perf_counter() - t)
-                        for r in range(rows):
-                            m.logits_into(r, logits)
-                            last[r] = int(logits.argmax())
-                        pos += 1
-                    m.clear()
-        b.close()
-        med = {rows: statistics.median(v) for rows, v in steps.items()}
-        out[f"threads={threads}"] = {
-            "step_ms": {f"rows={r}": 1000 * v for r, v in med.items()},
-            "tokens_per_s": {f"rows={r}": r / v for r, v in med.items()},
-            "batching_gain_8_rows": 8 * med[1] / med[8],
-        }
-        print(json.dumps({"ceiling": {f"threads={threads}": out[f"threads={threads}"]}}, indent=1), flush=True)
+                for (name, rows), times in steps.items():  # interleaved
+                    b = backends[name]
+                    m = b._model
+                    prompt = b.tokenizer.encode(b.render(PROMPTS[0]))
+                    logits = np.empty(m.n_vocab, dtype=np.float32)
+                    with b._lock:
+                        for seq in range(rows):  # each row's prompt alone, as the backend prefills it
+                            m.decode([(t, p, seq, p == len(prompt) - 1) for p, t in enumerate(prompt)])
+                        last, pos = [int(prompt[-1])] * rows, len(prompt)
+                        for _ in range(args.tokens):
+                            t = time.perf_counter()
+                            m.decode([(last[r], pos, r, True) for r in range(rows)])
+                            times.append(time.perf_counter() - t)
+                            for r in range(rows):
+                                m.logits_into(r, logits)
+                                last[r] = int(logits.argmax())
+                            pos += 1
+                        m.clear()
+            for b in backends.values():
+                b.close()
+            for name in backends:
+                med = {rows: statistics.median(steps[name, rows]) for rows in (1, 8)}
+                key = f"{name} threads={threads}"
+                out[key] = {
+                    "step_ms": {f"rows={r}": 1000 * v for r, v in med.items()},
+                    "tokens_per_s": {f"rows={r}": r / v for r, v in med.items()},
+                    "batching_gain_8_rows": 8 * med[1] / med[8],
+                }
+                print(json.dumps({"ceiling": {key: out[key]}}, indent=1), flush=True)
     return out
 
 
@@ -258,6 +289,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="cache of the converted embedded model (transformers)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
+    parser.add_argument("--requantize", default="", help="ceiling: also the embedded model as these types (q4_0,q8_0)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--parts", default="cold,throughput,concurrency,ceiling", help="comma-separated parts to run")
     args = parser.parse_args()
