@@ -187,10 +187,10 @@ def concurrency(args: argparse.Namespace) -> dict[str, Any]:
             runs[name][2] += spent[0]
     b.close()
     res: dict[str, Any] = {}
-    for name, (s, n, d) in runs.items():
-        res[f"{name}_tokens_per_s"] = n / s
-        res[f"{name}_outside_decode_ms_per_token"] = 1000 * (s - d) / n
-        res[f"{name}_outside_decode_share"] = (s - d) / s
+    for name, (secs, count, d) in runs.items():
+        res[f"{name}_tokens_per_s"] = count / secs
+        res[f"{name}_outside_decode_ms_per_token"] = 1000 * (secs - d) / count
+        res[f"{name}_outside_decode_share"] = (secs - d) / secs
     res["ratio"] = res["concurrent_tokens_per_s"] / res["serial_tokens_per_s"]
     print(json.dumps({"concurrency_8": res}, indent=1), flush=True)
     return res
