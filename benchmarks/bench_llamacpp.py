@@ -12,10 +12,14 @@ scores). Measured, never asserted:
    the same llama.cpp context (decode, copy the logits, arg-max; nothing scored), interleaved;
 3. cold load and peak RSS: a fresh Python process per backend loads it and answers one prompt
    (``resource.getrusage`` max RSS; the transformers figure uses its converted cache), then
-   reads the answer's response score (``g.reliability``: the library's torch maths, which a
-   guard or the server reads), which imports torch into the llama.cpp process too;
+   reads the answer's response score (``g.reliability``, what a guard or the server reads; torch
+   stays out of the llama.cpp process: ``torch_after_score``);
 4. throughput with 8 concurrent requests (threads) vs the same 8 requests one after another,
-   on the llama.cpp backend.
+   on the llama.cpp backend, with the time spent outside ``llama_decode`` per token;
+5. llama.cpp's own batching ceiling (``--parts ceiling``): the median ``llama_decode`` step of
+   1 row and of 8 rows (one sequence each, one call) on the backend's context, at 1 and 2
+   threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain
+   (``--requantize q4_0,q8_0``: also for the embedded model re-quantised to those types).
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -57,10 +61,9 @@ load = time.perf_counter() - t0
 g = b.generate("What is the capital of France?", DecodingOptions(max_new_tokens=16))
 first = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-torch_loaded = "torch" in sys.modules
-g.reliability  # the response score (torch maths): what a guard or the server reads next
+g.reliability  # the response score: what a guard or the server reads next
 rss_scored = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"load_s": load, "first_answer_s": first, "peak_rss_mib": rss, "torch_before_score": torch_loaded,
+print(json.dumps({"load_s": load, "first_answer_s": first, "peak_rss_mib": rss, "torch_after_score": "torch" in sys.modules,
                   "peak_rss_mib_after_score": rss_scored, "tokens": len(g.tokens)}))
 """
 
@@ -134,21 +137,39 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def decode_timer(b: Any) -> list[float]:
+    """Wrap ``b``'s ``llama_decode`` calls; the returned list's first item accumulates their seconds."""
+    spent = [0.0]
+    m = b._model
+    decode = m.decode
+
+    def timed(entries: Any) -> None:
+        t = time.perf_counter()
+        try:
+            decode(entries)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    m.decode = timed
+    return spent
+
+
 def concurrency(args: argparse.Namespace) -> dict[str, Any]:
     from logtoku_guard.backends.llamacpp import LlamaCppBackend
     from logtoku_guard.types import DecodingOptions
 
     opts = DecodingOptions(max_new_tokens=args.tokens)
     b = LlamaCppBackend("embedded", n_threads=2, max_batch=8)
+    spent = decode_timer(b)
     prompts = (PROMPTS * 2)[:8]
     b.generate(prompts[0], DecodingOptions(max_new_tokens=4))
-    serial_s, serial_n = timed(lambda: sum(len(b.generate(p, opts).tokens) for p in prompts))
     counts: list[int] = []
 
     def ask(p: str) -> None:
         counts.append(len(b.generate(p, opts).tokens))
 
     def together() -> int:
+        counts.clear()
         threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
         for t in threads:
             t.start()
@@ -156,15 +177,94 @@ def concurrency(args: argparse.Namespace) -> dict[str, Any]:
             t.join()
         return sum(counts)
 
-    conc_s, conc_n = timed(together)
+    runs: dict[str, list[float]] = {"serial": [0.0, 0, 0.0], "concurrent": [0.0, 0, 0.0]}
+    for _ in range(args.repeats):  # interleaved: serial, concurrent, serial...
+        for name, fn in (("serial", lambda: sum(len(b.generate(p, opts).tokens) for p in prompts)), ("concurrent", together)):
+            spent[0] = 0.0
+            s, n = timed(fn)
+            runs[name][0] += s
+            runs[name][1] += n
+            runs[name][2] += spent[0]
     b.close()
-    res = {
-        "serial_tokens_per_s": serial_n / serial_s,
-        "concurrent_tokens_per_s": conc_n / conc_s,
-        "ratio": (conc_n / conc_s) / (serial_n / serial_s),
-    }
+    res: dict[str, Any] = {}
+    for name, (secs, count, d) in runs.items():
+        res[f"{name}_tokens_per_s"] = count / secs
+        res[f"{name}_outside_decode_ms_per_token"] = 1000 * (secs - d) / count
+        res[f"{name}_outside_decode_share"] = (secs - d) / secs
+    res["ratio"] = res["concurrent_tokens_per_s"] / res["serial_tokens_per_s"]
     print(json.dumps({"concurrency_8": res}, indent=1), flush=True)
     return res
+
+
+def requantized(kinds: list[str], folder: Path) -> dict[str, Path]:
+    """The embedded GGUF re-quantised to each of ``kinds`` (``q4_0``, ``q8_0``...) in ``folder``, for the ceiling part."""
+    import llama_cpp
+
+    from logtoku_guard.embedded import embedded_gguf_path
+
+    out = {}
+    for kind in kinds:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
+        params.allow_requantize = True
+        target = folder / f"embedded-{kind}.gguf"
+        if llama_cpp.llama_model_quantize(str(embedded_gguf_path()).encode(), str(target).encode(), params) != 0:
+            raise SystemExit(f"llama.cpp could not re-quantise the embedded model to {kind}")
+        out[kind] = target
+    return out
+
+
+def ceiling(args: argparse.Namespace) -> dict[str, Any]:
+    """Median ``llama_decode`` step of 1 and of 8 rows on the backend's own context: llama.cpp's batching gain.
+
+    With ``--requantize q4_0,q8_0`` the same for the embedded model re-quantised to those types
+    (llama.cpp's matrix-multiplication kernels differ by type), interleaved with the shipped Q4_1.
+    """
+    import statistics
+    import tempfile
+
+    import numpy as np
+
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = [k.strip() for k in args.requantize.split(",") if k.strip()]
+        models: dict[str, Any] = {"embedded": "embedded", **requantized(kinds, Path(tmp))}
+        for threads in (1, 2):
+            backends = {name: LlamaCppBackend(model, n_threads=threads, max_batch=8) for name, model in models.items()}
+            steps: dict[tuple[str, int], list[float]] = {(name, rows): [] for name in backends for rows in (1, 8)}
+            for _ in range(args.repeats):
+                for (name, rows), times in steps.items():  # interleaved
+                    b = backends[name]
+                    m = b._model
+                    prompt = b.tokenizer.encode(b.render(PROMPTS[0]))
+                    logits = np.empty(m.n_vocab, dtype=np.float32)
+                    with b._lock:
+                        for seq in range(rows):  # each row's prompt alone, as the backend prefills it
+                            m.decode([(t, p, seq, p == len(prompt) - 1) for p, t in enumerate(prompt)])
+                        last, pos = [int(prompt[-1])] * rows, len(prompt)
+                        for _ in range(args.tokens):
+                            t = time.perf_counter()
+                            m.decode([(last[r], pos, r, True) for r in range(rows)])
+                            times.append(time.perf_counter() - t)
+                            for r in range(rows):
+                                m.logits_into(r, logits)
+                                last[r] = int(logits.argmax())
+                            pos += 1
+                        m.clear()
+            for b in backends.values():
+                b.close()
+            for name in backends:
+                med = {rows: statistics.median(steps[name, rows]) for rows in (1, 8)}
+                key = f"{name} threads={threads}"
+                out[key] = {
+                    "step_ms": {f"rows={r}": 1000 * v for r, v in med.items()},
+                    "tokens_per_s": {f"rows={r}": r / v for r, v in med.items()},
+                    "batching_gain_8_rows": 8 * med[1] / med[8],
+                }
+                print(json.dumps({"ceiling": {key: out[key]}}, indent=1), flush=True)
+    return out
 
 
 def cold(args: argparse.Namespace) -> dict[str, Any]:
@@ -189,10 +289,11 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="cache of the converted embedded model (transformers)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
+    parser.add_argument("--requantize", default="", help="ceiling: also the embedded model as these types (q4_0,q8_0)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
-    parser.add_argument("--parts", default="cold,throughput,concurrency", help="comma-separated parts to run")
+    parser.add_argument("--parts", default="cold,throughput,concurrency,ceiling", help="comma-separated parts to run")
     args = parser.parse_args()
-    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency}
+    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency, "ceiling": ceiling}
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]
     if unknown:

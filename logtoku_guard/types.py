@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 from logtoku_guard.constraints import Constraint, JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, Quadrant, QuadrantThresholds, WordScore
+from logtoku_guard.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    Quadrant,
+    QuadrantThresholds,
+    WordScore,
+    mean_of,
+    top_n_mean_of,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -260,19 +269,13 @@ class ResponseScore:
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[TokenScore], top_n: int = DEFAULT_TOP_N) -> ResponseScore:
-        import torch
-
-        from logtoku_guard.uncertainty import masked_mean, top_n_mean
-
-        def col(f: Any) -> torch.Tensor:
-            return torch.tensor([f(t) for t in tokens], dtype=torch.float64)
-
-        u = col(lambda t: t.uncertainty)
+        """The scores of ``tokens``, in float64 Python (no torch: a llama.cpp process never imports it)."""
+        u = [t.uncertainty for t in tokens]
         return cls(
-            reliability=-float(top_n_mean(u, top_n=top_n)),
-            reliability_mean=-float(masked_mean(u)) if tokens else math.nan,
-            probability_reliability=-float(top_n_mean(col(lambda t: -t.logprob), top_n=top_n)),
-            entropy_reliability=-float(top_n_mean(col(lambda t: t.entropy), top_n=top_n)),
+            reliability=-top_n_mean_of(u, top_n),
+            reliability_mean=-mean_of(u),
+            probability_reliability=-top_n_mean_of([-t.logprob for t in tokens], top_n),
+            entropy_reliability=-top_n_mean_of([t.entropy for t in tokens], top_n),
             n_tokens=len(tokens),
             top_n=top_n,
         )

@@ -184,6 +184,35 @@ def masked_mean(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch
     return total / mask.sum(dim=-1).to(s.dtype)
 
 
+def top_n_mean_of(scores: Sequence[float], top_n: int = DEFAULT_TOP_N) -> float:
+    """:func:`top_n_mean` of one response's scores (a sequence of floats), without torch.
+
+    The mean of the ``top_n`` largest scores (all of them when fewer); NaN when there are none
+    or any score is NaN. The sum is correctly rounded (:func:`math.fsum`), so the result does
+    not depend on the order or on a library's vectorised summation (torch's float64 sum can
+    differ from it in the last bit).
+    """
+    validate_top_n(top_n)
+    values = [float(x) for x in scores]
+    if not values or any(math.isnan(x) for x in values):
+        return math.nan
+    picked = sorted(values, reverse=True)[:top_n]
+    return _sum(picked) / len(picked)
+
+
+def mean_of(scores: Sequence[float]) -> float:
+    """:func:`masked_mean` of one response's scores without torch (correctly rounded sum; NaN when empty)."""
+    values = [float(x) for x in scores]
+    return _sum(values) / len(values) if values else math.nan
+
+
+def _sum(values: list[float]) -> float:
+    """``math.fsum``, or the plain sum when an infinity is present (``fsum`` raises on ``inf - inf``)."""
+    if all(math.isfinite(x) for x in values):
+        return math.fsum(values)
+    return sum(values)
+
+
 def response_reliability(u: torch.Tensor, mask: torch.Tensor | None = None, top_n: int = DEFAULT_TOP_N) -> torch.Tensor:
     """Response reliability: ``-mean`` of the ``top_n`` largest token uncertainties ``u``.
 

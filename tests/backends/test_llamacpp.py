@@ -278,6 +278,47 @@ def test_importing_the_backend_module_does_not_import_llama_cpp_and_generating_i
     assert out == ["False", "False", "3", "False", "False"]
 
 
+TORCH_FREE = """
+import json, sys
+from typer.testing import CliRunner
+from logtoku_guard import Guard
+from logtoku_guard.backends.llamacpp import LlamaCppBackend
+from logtoku_guard.calibration import load_profile_for
+from logtoku_guard.cli import app
+from logtoku_guard.types import DecodingOptions
+b = LlamaCppBackend("embedded", n_threads=1, n_ctx=1024)
+opts = DecodingOptions(max_new_tokens=4)
+g = b.generate("What is the capital of France?", opts)
+streamed = list(b.stream("Hi", opts))
+rows = b.batch(["Hi", "Name a colour."], opts)
+guard = Guard(b, profile=load_profile_for(b.model_name), options=opts)
+result = guard.run("Who founded the Velmora Institute of Marine Acoustics?")
+with guard.stream("What is 2 + 2?") as s:
+    for _ in s:
+        pass
+args = ["Hi", "--backend", "llamacpp", "--max-new-tokens", "3"]
+codes = [CliRunner().invoke(app, [cmd, *args]).exit_code for cmd in ("ask", "score")]
+print(json.dumps({"reliability": g.score.reliability, "action": result.action, "rows": len(rows), "codes": codes,
+                  "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def test_generating_scoring_deciding_and_the_cli_import_no_torch(tmp_path: Any) -> None:
+    """The whole llama.cpp path (load, generate, stream, batch, the response score, a guard's decision
+    and stream, ``ask``/``score --backend llamacpp``) runs without torch: a process stays ~200 MiB smaller."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LOGTOKU_GUARD_CACHE": str(tmp_path)}  # ask's audit store goes there
+    proc = subprocess.run([sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["heavy"] == [] and out["codes"] == [0, 0] and out["rows"] == 2
+    assert math.isfinite(out["reliability"]) and out["action"] in {"pass", "warn", "abstain", "retrieve"}
+
+
 def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 

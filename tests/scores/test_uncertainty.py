@@ -17,11 +17,13 @@ from logtoku_guard.uncertainty import (
     log_softmax_stats,
     logtoku,
     masked_mean,
+    mean_of,
     rescore,
     response_reliability,
     token_uncertainty,
     top_k_logits,
     top_n_mean,
+    top_n_mean_of,
     validate_evidence,
     word_scores,
 )
@@ -426,6 +428,23 @@ def test_top_n_mean_empty_last_dim_is_nan() -> None:
     out = top_n_mean(torch.zeros(2, 0))
     assert out.shape == (2,)
     assert torch.isnan(out).all()
+
+
+def test_top_n_mean_of_a_sequence_agrees_with_the_tensor_maths() -> None:
+    """The torch-free aggregation of one response (what ``ResponseScore`` uses) agrees with
+    :func:`top_n_mean` / :func:`masked_mean` to the last bits, including NaN, -inf and ties."""
+    rng = np.random.default_rng(7)
+    cases = [list(rng.random(n) * 3) for n in (1, 3, 24, 25, 26, 200)]
+    cases += [[0.5, 0.5, 0.2], [NEG_INF, 0.3, 0.1], [0.9, NAN, 0.1], [math.inf, 1.0]]
+    for values in cases:
+        t = torch.tensor(values, dtype=torch.float64)
+        for n in (1, 2, 25):
+            assert top_n_mean_of(values, n) == pytest.approx(float(top_n_mean(t, top_n=n)), rel=1e-14, nan_ok=True)
+        assert mean_of(values) == pytest.approx(float(masked_mean(t)), rel=1e-14, nan_ok=True)
+    assert math.isnan(top_n_mean_of([], 25)) and math.isnan(mean_of([]))
+    assert top_n_mean_of([0.1, 0.5, 0.3, 0.9], 2) == pytest.approx(0.7)
+    with pytest.raises(ConfigurationError, match="top_n"):
+        top_n_mean_of([1.0], 0)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3", None])
