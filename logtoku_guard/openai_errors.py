@@ -50,6 +50,7 @@ def _field_names(models: Sequence[type[BaseModel]]) -> frozenset[str]:
     names: set[str] = set()
     for model in models:
         names.update(model.model_fields)
+        names.update(f.alias for f in model.model_fields.values() if f.alias)
     return frozenset(names)
 
 

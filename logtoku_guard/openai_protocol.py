@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
 
+from logtoku_guard import openai_tools as tw  # the tool-call models (tw: tools on the wire)
 from logtoku_guard.errors import short_repr
 from logtoku_guard.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
 from logtoku_guard.openai_errors import describe_errors as _describe
@@ -81,14 +82,40 @@ class TextPart(BaseModel):
 
 
 class ChatMessageParam(BaseModel):
-    """One chat turn: ``content`` is a string or a list of text parts (joined)."""
+    """One chat turn: ``content`` is a string or a list of text parts (joined).
+
+    History of tool use: an ``assistant`` turn may carry ``tool_calls`` (its ``content`` may
+    then be null), and a ``tool`` turn is a tool's result for the call ``tool_call_id``.
+    """
 
     model_config = _REQUEST
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[tw.ToolCall] | None = Field(default=None, description="The calls an assistant turn made.")
+    tool_call_id: StrictStr | None = Field(default=None, description="A tool turn: the id of the call it answers.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatMessageParam:
+        if self.tool_calls and self.role != "assistant":
+            raise WireValueError(f"only an assistant message may carry tool_calls, not a {self.role!r} one", "messages")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            msg = "a tool message needs tool_call_id (the id of the call it answers), and only a tool message has one"
+            raise WireValueError(msg, "messages")
+        for call in self.tool_calls or ():
+            try:
+                arguments = call.parsed_arguments
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                got = short_repr(call.function.arguments)
+                msg = f"tool call {call.id!r}: function.arguments must be a JSON object written as a string, got {got}"
+                raise WireValueError(msg, "messages")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -156,13 +183,30 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation, oldest turn first.")
     logprobs: StrictBool | None = Field(default=False, description="Return each token's raw top logits in logprobs.content.")
     top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+    tools: list[tw.ToolParam] | None = Field(default=None, description=f"Functions the model may call (at most {tw.MAX_TOOLS}).")
+    tool_choice: tw.ToolChoice | None = Field(
+        default=None,
+        description="'none', 'auto' (the default with tools: prose or a call), 'required' (one call of any tool) or "
+        "{'type': 'function', 'function': {'name': ...}} (one call of that tool). Calls are decoded under the tools' schemas.",
+    )
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="Accepted; an answer makes at most one call.")
+    response_format: tw.ResponseFormat | None = Field(
+        default=None,
+        description="{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'name', 'schema'}}: "
+        "the answer is decoded under the schema.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if not any(m.text.strip() for m in self.messages if m.role != "system"):
+        for i, m in enumerate(self.messages):
+            if m.content is None and not (m.role == "assistant" and m.tool_calls):
+                msg = f"messages[{i}].content is required (only an assistant message with tool_calls may leave it out)"
+                raise WireValueError(msg, "messages")
+        if not any(m.text.strip() or m.tool_calls for m in self.messages if m.role != "system"):
             raise WireValueError("every user/assistant message is empty; add the question as a user message", "messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise WireValueError("top_logprobs needs logprobs=true", "top_logprobs")
+        tw.check_tool_fields(self.tools, self.tool_choice, self.response_format)
         return self
 
 
@@ -256,10 +300,12 @@ class Usage(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The answer: ``content`` (null when the answer is only tool calls) and ``tool_calls``."""
+
     model_config = _RESPONSE
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    tool_calls: list[Any] = Field(default_factory=list)
+    tool_calls: list[tw.ToolCall] = Field(default_factory=list)
 
 
 class DeltaMessage(BaseModel):
@@ -268,6 +314,7 @@ class DeltaMessage(BaseModel):
     model_config = _RESPONSE
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[tw.ToolCallDelta] | None = None
 
 
 class _Choice(BaseModel):
@@ -280,11 +327,17 @@ class _Choice(BaseModel):
 
 
 class ChatChoice(_Choice):
+    logtoku: tw.ChoiceScoresPayload | None = Field(
+        default=None, description="LogTokU scores of the answer and of each tool call's arguments (this server only)."
+    )
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
 
 
 class ChatChunkChoice(_Choice):
+    logtoku: tw.ChoiceScoresPayload | None = Field(
+        default=None, description="In the last chunk: the answer's and each tool call's scores (this server only)."
+    )
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
@@ -372,5 +425,17 @@ class ErrorResponse(BaseModel):
 def describe_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """``(message, param)`` for a request's validation errors (pydantic's or FastAPI's ``errors()``),
     naming the first failing field, its value and what is accepted (:mod:`logtoku_guard.openai_errors`)."""
-    models = (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions)
+    models = (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions, *_TOOL_MODELS)
     return _describe(errors, models, (ChatCompletionRequest, CompletionRequest))
+
+
+_TOOL_MODELS = (
+    tw.ToolParam,
+    tw.FunctionDefinition,
+    tw.NamedToolChoice,
+    tw.NamedFunction,
+    tw.JsonSchemaSpec,
+    tw.ResponseFormat,
+    tw.ToolCall,
+    tw.FunctionCall,
+)
