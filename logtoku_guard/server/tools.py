@@ -140,7 +140,9 @@ def reply(tool_plan: ToolPlan, text: str, generation: Generation) -> Reply:
     if parsed.invalid or not parsed.calls:
         return Reply(text)
     calls = [
-        tw.ToolCall(id=c.id, function=tw.FunctionCall(name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False)))
+        tw.ToolCall(
+            id=c.id, type="function", function=tw.FunctionCall(name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False))
+        )
         for c in parsed.calls
     ]
     scored = tool_call_scores([(c.id, c.name, c.arguments) for c in parsed.calls], generation.tokens)
