@@ -265,6 +265,14 @@ def test_a_backend_that_cannot_constrain_refuses_before_streaming(body: dict[str
             )
 
 
+def test_a_schema_the_grammar_cannot_compile_is_a_400(tiny_server: Any) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nope"}}}
+    r = _post(tiny_server, response_format=fmt, max_tokens=5)
+    assert r.status_code == 400 and "cannot be compiled into a grammar" in r.json()["error"]["message"]
+    events = _events(_post(tiny_server, response_format=fmt, max_tokens=5, stream=True).text)
+    assert "cannot be compiled into a grammar" in events[-1]["error"]["message"]
+
+
 def test_openapi_documents_the_tool_fields(tiny_server: Any) -> None:
     spec = httpx.get(tiny_server.base_url[: -len("/v1")] + "/openapi.json").json()
     schemas = spec["components"]["schemas"]
