@@ -28,7 +28,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
 
+from logtoku_guard import openai_tools as tw  # the tool-call models (tw: tools on the wire)
 from logtoku_guard.errors import short_repr
+from logtoku_guard.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
+from logtoku_guard.openai_errors import describe_errors as _describe
 from logtoku_guard.payloads import ResultPayload, SummaryPayload, TokenPayload
 
 __all__ = [
@@ -66,14 +69,6 @@ SEED_MAX = 2**64 - 1
 """The largest ``seed`` (64 bits, what the random number generator takes)."""
 
 
-class WireValueError(ValueError):
-    """A request refused by one of the models' own rules: the whole message, and the field it names."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 # -- requests ----------------------------------------------------------------------------------
 _REQUEST = ConfigDict(strict=True, extra="ignore")
 
@@ -87,14 +82,40 @@ class TextPart(BaseModel):
 
 
 class ChatMessageParam(BaseModel):
-    """One chat turn: ``content`` is a string or a list of text parts (joined)."""
+    """One chat turn: ``content`` is a string or a list of text parts (joined).
+
+    History of tool use: an ``assistant`` turn may carry ``tool_calls`` (its ``content`` may
+    then be null), and a ``tool`` turn is a tool's result for the call ``tool_call_id``.
+    """
 
     model_config = _REQUEST
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[tw.ToolCall] | None = Field(default=None, description="The calls an assistant turn made.")
+    tool_call_id: StrictStr | None = Field(default=None, description="A tool turn: the id of the call it answers.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatMessageParam:
+        if self.tool_calls and self.role != "assistant":
+            raise WireValueError(f"only an assistant message may carry tool_calls, not a {self.role!r} one", "messages")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            msg = "a tool message needs tool_call_id (the id of the call it answers), and only a tool message has one"
+            raise WireValueError(msg, "messages")
+        for call in self.tool_calls or ():
+            try:
+                arguments = call.parsed_arguments
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                got = short_repr(call.function.arguments)
+                msg = f"tool call {call.id!r}: function.arguments must be a JSON object written as a string, got {got}"
+                raise WireValueError(msg, "messages")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -162,13 +183,30 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation, oldest turn first.")
     logprobs: StrictBool | None = Field(default=False, description="Return each token's raw top logits in logprobs.content.")
     top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+    tools: list[tw.ToolParam] | None = Field(default=None, description=f"Functions the model may call (at most {tw.MAX_TOOLS}).")
+    tool_choice: tw.ToolChoice | None = Field(
+        default=None,
+        description="'none', 'auto' (the default with tools: prose or a call), 'required' (one call of any tool) or "
+        "{'type': 'function', 'function': {'name': ...}} (one call of that tool). Calls are decoded under the tools' schemas.",
+    )
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="Accepted; an answer makes at most one call.")
+    response_format: tw.ResponseFormat | None = Field(
+        default=None,
+        description="{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'name', 'schema'}}: "
+        "the answer is decoded under the schema.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if not any(m.text.strip() for m in self.messages if m.role != "system"):
+        for i, m in enumerate(self.messages):
+            if m.content is None and not (m.role == "assistant" and m.tool_calls):
+                msg = f"messages[{i}].content is required (only an assistant message with tool_calls may leave it out)"
+                raise WireValueError(msg, "messages")
+        if not any(m.text.strip() or m.tool_calls for m in self.messages if m.role != "system"):
             raise WireValueError("every user/assistant message is empty; add the question as a user message", "messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise WireValueError("top_logprobs needs logprobs=true", "top_logprobs")
+        tw.check_tool_fields(self.tools, self.tool_choice, self.response_format)
         return self
 
 
@@ -262,10 +300,12 @@ class Usage(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The answer: ``content`` (null when the answer is only tool calls) and ``tool_calls``."""
+
     model_config = _RESPONSE
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    tool_calls: list[Any] = Field(default_factory=list)
+    tool_calls: list[tw.ToolCall] = Field(default_factory=list)
 
 
 class DeltaMessage(BaseModel):
@@ -274,6 +314,7 @@ class DeltaMessage(BaseModel):
     model_config = _RESPONSE
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[tw.ToolCallDelta] | None = None
 
 
 class _Choice(BaseModel):
@@ -286,11 +327,17 @@ class _Choice(BaseModel):
 
 
 class ChatChoice(_Choice):
+    logtoku: tw.ChoiceScoresPayload | None = Field(
+        default=None, description="LogTokU scores of the answer and of each tool call's arguments (this server only)."
+    )
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
 
 
 class ChatChunkChoice(_Choice):
+    logtoku: tw.ChoiceScoresPayload | None = Field(
+        default=None, description="In the last chunk: the answer's and each tool call's scores (this server only)."
+    )
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
@@ -375,116 +422,20 @@ class ErrorResponse(BaseModel):
 
 
 # -- validation errors as one sentence ---------------------------------------------------------
-_EXPECTED = {
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "an integer",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "finite_number": "a finite number",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "string_type": "a string",
-    "list_type": "a list",
-    "dict_type": "a JSON object",
-    "model_type": "a JSON object",
-    "model_attributes_type": "a JSON object",
-    "literal_error": "{expected}",
-    "too_short": "a non-empty list",
-}
-_RANGE = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-
-
-def _field_names() -> frozenset[str]:
-    names: set[str] = set()
-    for model in (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions):
-        names.update(model.model_fields)
-    return frozenset(names)
-
-
-_FIELDS = _field_names()
-
-
-def _path(loc: Sequence[int | str]) -> list[int | str]:
-    """The location without FastAPI's ``body`` root and pydantic's union-member tags (``str``, ``list[str]``)."""
-    parts = list(loc[1:] if loc[:1] == ("body",) else loc)
-    return [p for p in parts if isinstance(p, int) or p in _FIELDS]
-
-
-def _path_text(path: Sequence[int | str]) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out or "the request body"
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, int) and value > 2**32 and (value + 1).bit_count() == 1:
-        return f"2**{(value + 1).bit_length() - 1} - 1"
-    return str(value)
-
-
-def _expected(error: Mapping[str, Any]) -> str:
-    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
-    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
-        return "a finite number"  # an integer too large for a float
-    if kind in _RANGE:
-        return f"{_RANGE[kind]} {_number(next(iter(ctx.values())))}"
-    if kind in _EXPECTED:
-        return _EXPECTED[kind].format(**ctx)
-    return str(error.get("msg", kind)).rstrip(".")
-
-
 def describe_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """``(message, param)`` for a request's validation errors (pydantic's or FastAPI's ``errors()``).
-
-    The first failing field is described; alternatives of a field that takes several forms
-    (``stop``: a string or a list of strings) are named together.
-    """
-    if not errors:
-        return "the request body is not valid", None
-    first = errors[0]
-    kind = first["type"]
-    if kind in ("value_error", "assertion_error") and isinstance((first.get("ctx") or {}).get("error"), WireValueError):
-        err = first["ctx"]["error"]
-        return str(err), err.param
-    if kind == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", "")
-        return f"the request body is not valid JSON ({detail} at character {first['loc'][-1]})", None
-    path = _path(first["loc"])
-    param = str(path[0]) if path and isinstance(path[0], str) else None
-    subject = _path_text(path)
-    if kind == "missing":
-        return (f"{subject} is required" if path else "the request body is missing; send a JSON object"), param
-    if not path and isinstance(first.get("input"), bytes):
-        return "the request body must be JSON sent with the header 'Content-Type: application/json'", None
-    # a union reports one error per alternative at the same place: name them all
-    same = [e for e in errors if _path(e["loc"]) == path and e["type"] not in ("value_error", "missing")]
-    deeper = [e for e in errors if len(_path(e["loc"])) > len(path) and _path(e["loc"])[: len(path)] == path]
-    if deeper:  # an alternative that got further (a list whose item is wrong) says more
-        return describe_errors(deeper)
-    expected = " or ".join(dict.fromkeys(_expected(e) for e in same or [first]))
-    if kind in _RANGE and param is not None:
-        expected = _range_of(param) or expected
-    return f"{subject} must be {expected}, got {short_repr(first.get('input'))}", param
+    """``(message, param)`` for a request's validation errors (pydantic's or FastAPI's ``errors()``),
+    naming the first failing field, its value and what is accepted (:mod:`logtoku_guard.openai_errors`)."""
+    models = (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions, *_TOOL_MODELS)
+    return _describe(errors, models, (ChatCompletionRequest, CompletionRequest))
 
 
-def _range_of(name: str) -> str | None:
-    """The field's whole range when it has two bounds: ``"an integer from 0 to 2**64 - 1"``, ``"a number > 0 and <= 1"``."""
-    for model in (ChatCompletionRequest, CompletionRequest):
-        info = model.model_fields.get(name)
-        if info is None:
-            continue
-        bounds = {a: getattr(m, a) for m in info.metadata for a in ("ge", "gt", "le", "lt") if getattr(m, a, None) is not None}
-        low = next(((a, v) for a, v in bounds.items() if a in ("ge", "gt")), None)
-        high = next(((a, v) for a, v in bounds.items() if a in ("le", "lt")), None)
-        if low is None or high is None:
-            return None
-        kind = "a number" if "float" in str(info.annotation) else "an integer"
-        if low[0] == "ge" and high[0] == "le":
-            return f"{kind} from {_number(low[1])} to {_number(high[1])}"
-        return f"{kind} {_RANGE[_OPS[low[0]]]} {_number(low[1])} and {_RANGE[_OPS[high[0]]]} {_number(high[1])}"
-    return None
-
-
-_OPS = {"ge": "greater_than_equal", "gt": "greater_than", "le": "less_than_equal", "lt": "less_than"}
+_TOOL_MODELS = (
+    tw.ToolParam,
+    tw.FunctionDefinition,
+    tw.NamedToolChoice,
+    tw.NamedFunction,
+    tw.JsonSchemaSpec,
+    tw.ResponseFormat,
+    tw.ToolCall,
+    tw.FunctionCall,
+)

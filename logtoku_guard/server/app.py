@@ -23,7 +23,7 @@ from typing import Any
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
-from logtoku_guard.server import wire
+from logtoku_guard.server import tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits
 from logtoku_guard.server.engine import Answer, Engine
 from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
@@ -138,10 +138,16 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         try:
             wire.check_model(req.model, names)
             options = wire.decoding_options(req, limits)
-            messages = wire.chat_messages(req)
+            plan = tools.NO_TOOLS
+            if isinstance(req, proto.ChatCompletionRequest):
+                plan = tools.plan(req, backend)
+                messages = tools.chat_turns(req, plan)
+                options = options.replace(constraint=plan.constraint)
+            else:
+                messages = wire.chat_messages(req)
             if req.stream:
                 return ClosingStreamingResponse(
-                    _sse(engine, req, messages, options, names[0], text_of),
+                    _sse(engine, req, messages, options, names[0], text_of, plan),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
@@ -151,7 +157,17 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         except LogTokUError as exc:
             return _library_error(exc, error)
         if isinstance(req, proto.ChatCompletionRequest):
-            body: Any = wire.chat_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
+            out = tools.reply(plan, answer.text, answer.generation)
+            body: Any = wire.chat_response(
+                req,
+                answer.generation,
+                out.content,
+                names[0],
+                text_of,
+                answer.guard_result,
+                tool_calls=out.tool_calls,
+                tool_scores=out.scores if out.tool_calls else None,
+            )
         else:
             body = wire.completion_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
         return Response(_json(body), media_type="application/json")
@@ -264,9 +280,16 @@ async def _sse(
     options: DecodingOptions,
     model: str,
     text_of: wire.TokenText,
+    plan: tools.ToolPlan = tools.NO_TOOLS,
 ) -> AsyncGenerator[bytes, None]:
-    """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``."""
+    """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``.
+
+    With tools, the prose before a call streams token by token (:class:`~.tools.ProseStream`);
+    the call is sent whole in one ``tool_calls`` delta once the answer ends, and the last chunk
+    has ``finish_reason: "tool_calls"`` and the call's scores in ``logtoku.tool_calls``.
+    """
     chat = isinstance(req, proto.ChatCompletionRequest)
+    prose = tools.ProseStream() if plan.names else None
     cid, created = wire.new_id("chatcmpl" if chat else "cmpl"), wire.now()
     if chat:
         yield _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(role="assistant", content="")))
@@ -283,7 +306,9 @@ async def _sse(
                 if guarded:
                     tokens.append(item)  # sent below, once the answer is known to be the draft
                     continue
-                yield _token_chunk(req, cid, created, model, item, offset, text_of)
+                chunk = _token_chunk(req, cid, created, model, item, offset, text_of, prose)
+                if chunk:
+                    yield chunk
                 offset += len(item.text)
     except LogTokUError as exc:
         from logtoku_guard.payloads import result_payload
@@ -304,19 +329,29 @@ async def _sse(
     if answer is None:  # the generation ended without a result: cannot happen unless cancelled
         return
     g = answer.generation
-    if guarded:
-        if answer.text == g.text:
-            for t in tokens:
-                yield _token_chunk(req, cid, created, model, t, offset, text_of)
-                offset += len(t.text)
-        else:  # the guard replaced the answer (warn/abstain/review): one chunk with it
+    out = tools.reply(plan, answer.text, g)
+    replaced = guarded and answer.text != g.text
+    if guarded and not replaced:
+        for t in tokens:
+            chunk = _token_chunk(req, cid, created, model, t, offset, text_of, prose)
+            if chunk:
+                yield chunk
+            offset += len(t.text)
+    if replaced:  # the guard replaced the answer (warn/abstain/review): one chunk with its text
+        text = answer.text if not out.tool_calls else out.content
+        if text or not chat:
             yield _data(
-                wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=answer.text))
+                wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=text))
                 if chat
                 else wire.completion_chunk(cid, created, model, answer.text)
             )
+    elif prose is not None and not out.tool_calls and len(prose.text) > prose.sent:  # no call after all: the held text
+        yield _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=prose.text[prose.sent :])))
+    if out.tool_calls:
+        yield _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(tool_calls=tools.call_deltas(out.tool_calls))))
+    scores = out.scores if out.tool_calls else None
     final: proto.ChatCompletionChunk | proto.CompletionChunk = (
-        wire.chat_chunk(cid, created, model, proto.DeltaMessage(), finish=g, guard_result=answer.guard_result)
+        wire.chat_chunk(cid, created, model, proto.DeltaMessage(), finish=g, guard_result=answer.guard_result, tool_scores=scores)
         if chat
         else wire.completion_chunk(cid, created, model, "", finish=g, guard_result=answer.guard_result)
     )
@@ -334,9 +369,16 @@ def _token_chunk(
     t: TokenScore,
     offset: int,
     text_of: wire.TokenText,
+    prose: tools.ProseStream | None = None,
 ) -> bytes:
+    """One token's chunk; with ``prose`` (tools), only the prose it releases, and ``b""`` when it
+    releases none and no logprobs were asked for."""
     if isinstance(req, proto.ChatCompletionRequest):
         lp = proto.ChatLogprobs(content=[wire.chat_logprob(t, req.top_logprobs or 0, text_of)]) if req.logprobs else None
-        return _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=t.text), logprobs=lp))
+        piece = t.text if prose is None else prose.feed(t.text)
+        if prose is not None and not piece and lp is None:
+            return b""
+        delta = proto.DeltaMessage(content=piece) if piece or prose is None else proto.DeltaMessage()
+        return _data(wire.chat_chunk(cid, created, model, delta, logprobs=lp))
     clp = None if req.logprobs is None else wire.completion_logprobs([t], req.logprobs, text_of, offset)
     return _data(wire.completion_chunk(cid, created, model, t.text, logprobs=clp))

@@ -132,10 +132,8 @@ def _check_top(n: int, limits: Limits, param: str) -> None:
         )
 
 
-def chat_messages(req: AnyRequest) -> list[ChatMessage]:
-    """The conversation to answer (a completion's prompt is one user turn)."""
-    if isinstance(req, proto.ChatCompletionRequest):
-        return [ChatMessage(m.role, m.text) for m in req.messages]
+def chat_messages(req: proto.CompletionRequest) -> list[ChatMessage]:
+    """A completion's prompt as the conversation to answer: one user turn (a chat's turns: :func:`.tools.chat_turns`)."""
     return [ChatMessage("user", req.prompt_text)]
 
 
@@ -185,27 +183,43 @@ def usage(g: Generation) -> proto.Usage:
     return proto.Usage(prompt_tokens=g.prompt_tokens, completion_tokens=n, total_tokens=g.prompt_tokens + n)
 
 
-def choice_extras(g: Generation, guard_result: Any = None) -> dict[str, Any]:
-    """The per-choice extensions: ``logtoku`` summary and, with a policy, ``logtoku_guard``."""
+def choice_extras(g: Generation, guard_result: Any = None, tool_scores: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The per-choice extensions: ``logtoku`` summary (and, when the answer called tools, each call's
+    per-argument scores in ``logtoku.tool_calls``) and, with a policy, ``logtoku_guard``."""
     out: dict[str, Any] = {"logtoku": summary_payload(g)}
+    if tool_scores is not None:
+        out["logtoku"] = {**out["logtoku"], "tool_calls": list(tool_scores)}
     if guard_result is not None:
         out["logtoku_guard"] = result_payload(guard_result)
     return out
 
 
+def tool_finish(g: Generation, called: bool) -> str:
+    """The finish reason: ``tool_calls`` when the answer ended with a call, else the generation's."""
+    return "tool_calls" if called and g.finish_reason == "stop" else _finish(g)
+
+
 def chat_response(
-    req: proto.ChatCompletionRequest, g: Generation, answer: str, model: str, text_of: TokenText, guard_result: Any = None
+    req: proto.ChatCompletionRequest,
+    g: Generation,
+    answer: str | None,
+    model: str,
+    text_of: TokenText,
+    guard_result: Any = None,
+    *,
+    tool_calls: Sequence[Any] = (),
+    tool_scores: Sequence[Any] | None = None,
 ) -> proto.ChatCompletionResponse:
-    """A whole ``chat.completion`` body."""
+    """A whole ``chat.completion`` body (``answer`` None: only ``tool_calls``)."""
     n_top = req.top_logprobs or 0
     logprobs = proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of) for t in g.tokens]) if req.logprobs else None
     choice = proto.ChatChoice(
         index=0,
-        message=proto.AssistantMessage(role="assistant", content=answer, tool_calls=[]),
+        message=proto.AssistantMessage(role="assistant", content=answer, tool_calls=list(tool_calls)),
         logprobs=logprobs,
-        finish_reason=_finish(g),
+        finish_reason=tool_finish(g, bool(tool_calls)),
         stop_reason=g.stop_sequence,
-        **choice_extras(g, guard_result),
+        **choice_extras(g, guard_result, tool_scores),
     )
     return proto.ChatCompletionResponse(
         id=new_id("chatcmpl"), object="chat.completion", created=now(), model=model, choices=[choice], usage=usage(g)
@@ -221,17 +235,19 @@ def chat_chunk(
     logprobs: proto.ChatLogprobs | None = None,
     finish: Generation | None = None,
     guard_result: Any = None,
+    tool_scores: Sequence[Any] | None = None,
 ) -> proto.ChatCompletionChunk:
-    """One ``chat.completion.chunk`` (the last one, ``finish`` given, has the finish reason and extras)."""
+    """One ``chat.completion.chunk`` (the last one, ``finish`` given, has the finish reason and extras;
+    ``tool_scores`` given: the answer called tools)."""
     choice = proto.ChatChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=None)
     if finish is not None:
         choice = proto.ChatChunkChoice(
             index=0,
             delta=delta,
             logprobs=logprobs,
-            finish_reason=_finish(finish),
+            finish_reason=tool_finish(finish, tool_scores is not None),
             stop_reason=finish.stop_sequence,
-            **choice_extras(finish, guard_result),
+            **choice_extras(finish, guard_result, tool_scores),
         )
     return proto.ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model, choices=[choice])
 

@@ -22,6 +22,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_logtoku.tools import render_tool_calls, render_tool_result
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.payloads import ResultPayload
+from logtoku_guard.tool_calls import add_tool_result
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, TokenScore
 
@@ -62,11 +63,7 @@ def to_core_messages(messages: Sequence[BaseMessage]) -> list[CoreMessage]:
     out: list[CoreMessage] = []
     for i, m in enumerate(messages):
         if isinstance(m, ToolMessage):
-            text = render_tool_result(m)
-            if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
-                out[-1] = CoreMessage("user", f"{out[-1].content}\n{text}")
-            else:
-                out.append(CoreMessage("user", text))
+            add_tool_result(out, render_tool_result(m))
             continue
         if isinstance(m, SystemMessage):
             role = "system"

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.tool_calls import schema_prompt
 from logtoku_guard.types import DecodingOptions
 
 if TYPE_CHECKING:
@@ -64,11 +64,6 @@ def response_constraint(response_format: Any) -> JsonSchema:
         f"or a JSON Schema dict, got {fmt!r:.120}"
     )
     raise ConfigurationError(msg)
-
-
-def schema_prompt(constraint: JsonSchema) -> str:
-    """The system-turn text that tells the model the JSON it must answer with."""
-    return f"Answer with only a JSON value that follows this JSON schema:\n{json.dumps(constraint.schema, ensure_ascii=False)}"
 
 
 def constrained(

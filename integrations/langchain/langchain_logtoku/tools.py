@@ -1,4 +1,4 @@
-"""Tool calling for ``ChatLogTokU``: a documented JSON tool-call prompt and its parser.
+"""Tool calling for ``ChatLogTokU``: the core's JSON tool-call prompt and parser, in LangChain's types.
 
 The embedded SmolLM2-135M-Instruct's chat template (ChatML, read from the converted model's
 ``chat_template.jinja``) has no tools section, and the core backends take plain chat turns.
@@ -11,7 +11,8 @@ were trained on:
   ``"none"`` leaves the tools out;
 - an assistant turn that called tools is rendered with the same blocks, and each
   ``ToolMessage`` becomes a user turn ``<tool_response>{"name", "tool_call_id", "content"}</tool_response>``;
-- the answer is parsed back (:func:`parse_tool_calls`): each block whose JSON has a ``name``
+- the answer is parsed back (:func:`parse_tool_calls`, over the core's
+  :func:`logtoku_guard.tool_calls.parse_tool_calls`): each block whose JSON has a ``name``
   and an object of ``arguments`` becomes an ``AIMessage.tool_calls`` item, any other block an
   ``invalid_tool_calls`` item with the error; a whole answer that is one such JSON object
   naming a bound tool (no tags) counts too. The text outside the blocks is the content.
@@ -26,18 +27,16 @@ argument.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call, tool_call_chunk
 
+from logtoku_guard import tool_calls as core
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_scores import score_tool_calls
+from logtoku_guard.tool_calls import TOOL_PROMPT, tool_prompt
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import TokenScore
 
@@ -54,27 +53,10 @@ __all__ = [
     "with_tool_prompt",
 ]
 
-TOOL_PROMPT = (
-    "You can call tools. To call a tool, answer with only a block\n"
-    '<tool_call>{{"name": "<tool name>", "arguments": {{<the arguments as JSON>}}}}</tool_call>\n'
-    "(one block per call). When you do not need a tool, answer normally.{rule}\n"
-    "The tools, as JSON schemas:\n{tools}"
-)
-
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-
 
 def names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     """The names of OpenAI-format tools (a tool without one is a configuration error)."""
-    out = []
-    for t in tools:
-        function = t.get("function")
-        name = function.get("name") if isinstance(function, Mapping) else None
-        if not isinstance(name, str) or not name:
-            msg = f"a tool needs a name: pass LangChain tools, functions or OpenAI tool dicts, got {t!r:.80}"
-            raise ConfigurationError(msg)
-        out.append(name)
-    return out
+    return core.tool_names(tools)
 
 
 def tool_choice_name(tool_choice: Any, names: Sequence[str]) -> str | None:
@@ -93,59 +75,19 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str]) -> str | None:
     return name
 
 
-def tool_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: str | None) -> str | None:
-    """The system-turn text describing ``tools`` (OpenAI tool dicts); None when there are none or choice is ``"none"``."""
-    if not tools or tool_choice == "none":
-        return None
-    if tool_choice == "any":
-        rule = " You must call one of the tools."
-    elif tool_choice is not None:
-        rule = f" You must call the tool {tool_choice!r}."
-    else:
-        rule = ""
-    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return TOOL_PROMPT.format(rule=rule, tools=schemas)
-
-
 def with_tool_prompt(messages: list[CoreMessage], prompt: str | None) -> list[CoreMessage]:
     """``messages`` with ``prompt`` appended to the system turn (or a system turn added)."""
-    if prompt is None:
-        return messages
-    if messages and messages[0].role == "system":
-        return [CoreMessage("system", f"{messages[0].content}\n\n{prompt}"), *messages[1:]]
-    return [CoreMessage("system", prompt), *messages]
+    return core.with_system_text(messages, prompt)
 
 
 def render_tool_calls(message: AIMessage) -> str:
     """An assistant turn that called tools, as text: its content, then one block per call."""
-    blocks = [
-        f"<tool_call>{json.dumps({'name': c['name'], 'arguments': c['args']}, ensure_ascii=False)}</tool_call>"
-        for c in message.tool_calls
-    ]
-    return "\n".join([message.text, *blocks] if message.text else blocks)
+    return core.render_tool_calls(message.text, [(c["name"], c["args"]) for c in message.tool_calls])
 
 
 def render_tool_result(message: ToolMessage) -> str:
     """A tool's result, as the text of a user turn."""
-    body = {"name": message.name, "tool_call_id": message.tool_call_id, "content": message.text}
-    return f"<tool_response>{json.dumps(body, ensure_ascii=False)}</tool_response>"
-
-
-def _one(raw: str) -> ToolCall | InvalidToolCall:
-    call_id = f"call_{uuid.uuid4().hex[:24]}"
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return invalid_tool_call(name=None, args=raw, id=call_id, error=f"not JSON: {exc}")
-    name = data.get("name") if isinstance(data, dict) else None
-    args = data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        with contextlib.suppress(json.JSONDecodeError):
-            args = json.loads(args)
-    if not isinstance(name, str) or not name or not isinstance(args, dict):
-        why = "a tool call needs a 'name' string and an 'arguments' object"
-        return invalid_tool_call(name=name if isinstance(name, str) else None, args=raw, id=call_id, error=why)
-    return tool_call(name=name, args=args, id=call_id)
+    return core.render_tool_result(message.name, message.tool_call_id, message.text)
 
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
@@ -153,47 +95,17 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
 
     ``names``: the bound tools; a call naming another tool is invalid.
     """
-    found = [m.group(1).strip() for m in _BLOCK.finditer(text)]
-    content = _BLOCK.sub("", text).strip()
-    stripped = text.strip()
-    if not found and stripped.startswith("{") and stripped.endswith("}"):
-        try:
-            whole = json.loads(stripped)
-        except json.JSONDecodeError:
-            whole = None
-        if isinstance(whole, dict) and whole.get("name") in names:
-            found, content = [stripped], ""
-    calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
-    for raw in found:
-        call = _one(raw)
-        if "error" in call:
-            invalid.append(call)  # type: ignore[arg-type]
-        elif call["name"] not in names:
-            invalid.append(invalid_tool_call(name=call["name"], args=raw, id=call["id"], error=f"no tool named {call['name']!r}"))
-        else:
-            calls.append(call)
-    return content, calls, invalid
+    parsed = core.parse_tool_calls(text, names)
+    calls = [tool_call(name=c.name, args=c.arguments, id=c.id) for c in parsed.calls]
+    invalid = [invalid_tool_call(name=c.name, args=c.raw, id=c.id, error=c.error) for c in parsed.invalid]
+    return parsed.content, calls, invalid
 
 
 def tool_call_scores(calls: Sequence[ToolCall], tokens: Sequence[TokenScore]) -> list[dict[str, Any]]:
     """``response_metadata["logtoku"]["tool_calls"]``: per call (its ``id`` and ``name``), each top-level
-    argument's ``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` over its value's tokens.
-
-    The scored blocks of the answer are paired with ``calls`` in order, by name and argument
-    names; a call whose block could not be scored (a bare JSON answer, string-encoded
-    arguments) has no entry.
-    """
-    scored = [s for s in score_tool_calls(tokens) if s is not None]
-    out: list[dict[str, Any]] = []
-    for call in calls:
-        match = next((s for s in scored if s.name == call["name"] and set(s.arguments) == set(call["args"])), None)
-        if match is None:
-            continue
-        scored.remove(match)
-        arguments = {name: score.as_dict() for name, score in match.arguments.items()}
-        out.append({"id": call["id"], "name": call["name"], "arguments": arguments})
-    return out
+    argument's ``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` over its value's tokens
+    (:func:`logtoku_guard.tool_calls.tool_call_scores`)."""
+    return core.tool_call_scores([(c["id"], c["name"], c["args"]) for c in calls], tokens)
 
 
 def as_last_chunk(message: AIMessage) -> AIMessageChunk:
