@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from logtoku_guard.constraints import call_spans
+from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.types import TokenScore
 
-__all__ = ["ArgumentScore", "ToolCallScore", "leaf_spans", "score_tool_calls", "value_spans"]
+__all__ = ["ARGUMENT_STATS", "ArgumentScore", "ArgumentStat", "ToolCallScore", "leaf_spans", "score_tool_calls", "value_spans"]
 
 Span = tuple[int, int]
 _WS = " \t\n\r"
@@ -149,10 +151,28 @@ def value_spans(text: str, start: int = 0, end: int | None = None) -> dict[str, 
     return top
 
 
+ArgumentStat = Literal["tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob"]
+"""The statistics of one argument value; ``logprob`` is the only one where higher = more reliable."""
+
+ARGUMENT_STATS: tuple[str, ...] = ("tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        msg = f"{where} must be a number, got {short_repr(value)}; the scorer writes floats (NaN for an empty value)"
+        raise ConfigurationError(msg)
+    return float(value)
+
+
 @dataclass(frozen=True)
 class ArgumentScore:
-    """One argument value's uncertainty over its ``tokens`` (AU/EU: higher = more uncertain; ``logprob``:
-    the sum of the chosen tokens' raw log p, higher = more confident)."""
+    """The uncertainty of one argument value, over the tokens of that value.
+
+    ``tokens``: how many tokens the value took. ``mean_au``/``mean_eu``/``max_au``/``max_eu``:
+    aleatoric and epistemic uncertainty (higher = more uncertain), NaN for a value of no
+    tokens. ``logprob``: the summed natural-log probability of the value's chosen tokens
+    (higher = more likely; 0 for no tokens).
+    """
 
     tokens: int
     mean_au: float
@@ -161,15 +181,40 @@ class ArgumentScore:
     max_eu: float
     logprob: float
 
+    def get(self, stat: str) -> float:
+        """The statistic ``stat`` (one of :data:`ARGUMENT_STATS`) as a float."""
+        if stat not in ARGUMENT_STATS:
+            msg = f"unknown argument statistic {stat!r}; use one of {', '.join(ARGUMENT_STATS)}"
+            raise ConfigurationError(msg)
+        return float(getattr(self, stat))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ArgumentScore:
+        """Validate one argument's entry of the :meth:`as_dict` form; ``where`` names it in errors."""
+        if not isinstance(data, Mapping):
+            msg = f"{where} must be a mapping of {', '.join(ARGUMENT_STATS)}, got {short_repr(data)}"
+            raise ConfigurationError(msg)
+        missing = [s for s in ARGUMENT_STATS if s not in data]
+        extra = sorted(str(k) for k in data if k not in ARGUMENT_STATS)
+        if missing or extra:
+            parts = [f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(extra)}" if extra else ""]
+            msg = f"{where}: {'; '.join(p for p in parts if p)}; an argument's scores are exactly {', '.join(ARGUMENT_STATS)}"
+            raise ConfigurationError(msg)
+        tokens = data["tokens"]
+        if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or int(tokens) < 0:
+            msg = f"{where}.tokens must be a non-negative integer, got {short_repr(tokens)}"
+            raise ConfigurationError(msg)
+        values = {s: _number(data[s], f"{where}.{s}") for s in ARGUMENT_STATS[1:]}
+        for s, v in values.items():
+            if math.isinf(v) and s != "logprob":
+                msg = f"{where}.{s} is {v}; AU/EU are finite (NaN when undefined): check the scorer"
+                raise ConfigurationError(msg)
+        return cls(tokens=int(tokens), **values)
+
     def as_dict(self) -> dict[str, float | int]:
-        return {
-            "tokens": self.tokens,
-            "mean_au": self.mean_au,
-            "mean_eu": self.mean_eu,
-            "max_au": self.max_au,
-            "max_eu": self.max_eu,
-            "logprob": self.logprob,
-        }
+        """``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` (NaN kept; the audit record and
+        the server's JSON turn it into null)."""
+        return {s: getattr(self, s) for s in ARGUMENT_STATS}
 
 
 @dataclass(frozen=True)

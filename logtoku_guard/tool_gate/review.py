@@ -109,7 +109,7 @@ def _argument_entries(
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({*call.args, *call.scores}):
         score = call.score_of(name)
-        entry: dict[str, Any] = dict(score.to_dict()) if score is not None else {}
+        entry: dict[str, Any] = dict(score.as_dict()) if score is not None else {}
         quadrant = None
         if score is not None and quadrants is not None and not (math.isnan(score.mean_au) or math.isnan(score.mean_eu)):
             quadrant = quadrants.classify(score.mean_au, score.mean_eu).value

@@ -12,85 +12,21 @@ A scoring chat model writes, beside the tool calls of its answer, one entry per 
 entry per top-level argument, over the tokens of the argument's value (not the JSON syntax
 around it): ``tokens`` how many, AU/EU their mean and maximum (higher = more uncertain),
 ``logprob`` the summed log-probability of those tokens (natural log, higher = more likely).
-:func:`parse_tool_call_scores` turns this into frozen :class:`ScoredToolCall` objects and refuses
-malformed metadata with an error naming the bad value. Framework-free: the input is plain data.
+:func:`parse_tool_call_scores` turns this into frozen :class:`ScoredToolCall` objects (each
+argument an :class:`~logtoku_guard.tool_scores.ArgumentScore`, the type the scorer makes) and
+refuses malformed metadata with an error naming the bad value. Framework-free: the input is plain data.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from logtoku_guard.errors import ConfigurationError, short_repr
+from logtoku_guard.tool_scores import ARGUMENT_STATS, ArgumentScore, ArgumentStat
 
 __all__ = ["ARGUMENT_STATS", "ArgumentScore", "ArgumentStat", "ScoredToolCall", "parse_tool_call_scores"]
-
-ArgumentStat = Literal["tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob"]
-"""The statistics of one argument value; ``logprob`` is the only one where higher = more reliable."""
-
-ARGUMENT_STATS: tuple[str, ...] = ("tokens", "mean_au", "mean_eu", "max_au", "max_eu", "logprob")
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        msg = f"{where} must be a number, got {short_repr(value)}; the scorer writes floats (NaN for an empty value)"
-        raise ConfigurationError(msg)
-    return float(value)
-
-
-@dataclass(frozen=True)
-class ArgumentScore:
-    """The uncertainty of one argument value, over the tokens of that value.
-
-    ``tokens``: how many tokens the value took. ``mean_au``/``mean_eu``/``max_au``/``max_eu``:
-    aleatoric and epistemic uncertainty (higher = more uncertain), NaN for a value of no
-    tokens. ``logprob``: the summed natural-log probability of the value's tokens (higher = more
-    likely; 0 for no tokens).
-    """
-
-    tokens: int
-    mean_au: float
-    mean_eu: float
-    max_au: float
-    max_eu: float
-    logprob: float
-
-    def get(self, stat: str) -> float:
-        """The statistic ``stat`` (one of :data:`ARGUMENT_STATS`) as a float."""
-        if stat not in ARGUMENT_STATS:
-            msg = f"unknown argument statistic {stat!r}; use one of {', '.join(ARGUMENT_STATS)}"
-            raise ConfigurationError(msg)
-        return float(getattr(self, stat))
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> ArgumentScore:
-        """Validate one argument's entry; ``where`` names it in errors."""
-        if not isinstance(data, Mapping):
-            msg = f"{where} must be a mapping of {', '.join(ARGUMENT_STATS)}, got {short_repr(data)}"
-            raise ConfigurationError(msg)
-        missing = [s for s in ARGUMENT_STATS if s not in data]
-        extra = sorted(str(k) for k in data if k not in ARGUMENT_STATS)
-        if missing or extra:
-            parts = [f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(extra)}" if extra else ""]
-            msg = f"{where}: {'; '.join(p for p in parts if p)}; an argument's scores are exactly {', '.join(ARGUMENT_STATS)}"
-            raise ConfigurationError(msg)
-        tokens = data["tokens"]
-        if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or int(tokens) < 0:
-            msg = f"{where}.tokens must be a non-negative integer, got {short_repr(tokens)}"
-            raise ConfigurationError(msg)
-        values = {s: _number(data[s], f"{where}.{s}") for s in ARGUMENT_STATS[1:]}
-        for s, v in values.items():
-            if math.isinf(v) and s != "logprob":
-                msg = f"{where}.{s} is {v}; AU/EU are finite (NaN when undefined): check the scorer"
-                raise ConfigurationError(msg)
-        return cls(tokens=int(tokens), **values)
-
-    def to_dict(self) -> dict[str, float | int]:
-        """The contract's form (NaN kept as NaN; the audit record turns it into null)."""
-        return {s: getattr(self, s) for s in ARGUMENT_STATS}
 
 
 @dataclass(frozen=True)

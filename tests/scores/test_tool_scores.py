@@ -90,3 +90,22 @@ def test_a_malformed_call_scores_none_and_the_others_still_count() -> None:
     first, second, third = score_tool_calls(_tokens(pieces))
     assert first is None and third is None
     assert second is not None and second.name == "f" and second.arguments["x"].tokens == 1
+
+
+def test_the_scorer_and_the_tool_gate_share_one_argument_score() -> None:
+    """The scores a generation's calls get are the type the tool gate reads back from metadata:
+    written with ``as_dict`` and parsed with ``parse_tool_call_scores``, they come back equal."""
+    from logtoku_guard.tool_gate import ArgumentScore as GateArgumentScore
+    from logtoku_guard.tool_gate import parse_tool_call_scores
+    from logtoku_guard.tool_scores import ArgumentScore
+
+    assert GateArgumentScore is ArgumentScore
+    pieces = ['<tool_call>{"name": "f", "arguments": {"x": ', "1", ', "y": "', "ab", '"}}</tool_call>']
+    (call,) = score_tool_calls(_tokens(pieces))
+    assert call is not None
+    metadata = {
+        "logtoku": {"tool_calls": [{"id": "c1", "name": "f", "arguments": {k: v.as_dict() for k, v in call.arguments.items()}}]}
+    }
+    (parsed,) = parse_tool_call_scores(metadata, [{"id": "c1", "name": "f", "args": call.args}])
+    assert parsed.scores == call.arguments
+    assert parsed.scores["y"].get("max_au") == call.arguments["y"].max_au
