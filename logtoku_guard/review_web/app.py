@@ -271,6 +271,7 @@ class ReviewApp:
             rec=rec,
             answer=views.answer_view(item),
             tool_calls=views.tool_call_views(rec.tool_calls),
+            gated_call=views.is_gated_call(rec),
             history=views.history(item),
             checks=getattr(rec, "checks", None) or [],
             passages=getattr(rec, "passages", None) or [],

@@ -16,8 +16,9 @@ from typing import Any
 
 from markupsafe import Markup
 
-from logtoku_guard.audit.records import ReviewItem
+from logtoku_guard.audit.records import AuditRecord, ReviewItem
 from logtoku_guard.cli._common import safe_text
+from logtoku_guard.tool_gate.review import arguments_json
 from logtoku_guard.uncertainty import Quadrant
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "fmt_time",
     "has_hidden",
     "history",
+    "is_gated_call",
     "token_spans",
     "tool_call_views",
     "visible",
@@ -165,6 +167,14 @@ def _argument_tooltip(scores: dict[str, Any]) -> str:
         f"{fmt_num(scores.get('tokens'))} tokens",
     ]
     return " · ".join(parts) if scores else "not scored"
+
+
+def is_gated_call(rec: AuditRecord) -> bool:
+    """True when ``rec`` is a tool call stopped before its tool ran (the tool gate's record: one
+    call, whose arguments as JSON are the answer a verdict releases); False for an answer that
+    holds calls (the guard decided on the whole answer, calls included)."""
+    calls = rec.tool_calls
+    return len(calls) == 1 and isinstance(calls[0].get("args"), dict) and rec.answer == arguments_json(calls[0]["args"])
 
 
 def tool_call_views(calls: list[dict[str, Any]]) -> list[ToolCallView]:

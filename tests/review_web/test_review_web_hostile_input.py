@@ -233,3 +233,22 @@ def test_hostile_tool_call_arguments_are_escaped(store: AuditStore, admin: TestC
     assert "<script>x()" not in html and "&lt;script&gt;x()&lt;/script&gt;" in html
     assert "<b>k</b>" not in html and "&lt;b&gt;k&lt;/b&gt;" in html
     assert "\u202e" not in html.split('id="tool-calls"')[1].split("</section>")[0] and "\\u202e" in html
+
+
+def test_the_tool_call_section_says_what_a_verdict_does(store: AuditStore, admin: TestClient) -> None:
+    """A gated call (its arguments as JSON are the answer) waits for its verdict before the tool
+    runs; calls inside a guarded answer are part of that answer, and the page says so instead."""
+    from .support import TOOL_CALL, make_record, tool_call_record
+
+    gated = store.record_for_review(tool_call_record())
+    section = admin.get(f"/items/{gated.id}").text.split('id="tool-calls"')[1].split("</section>")[0]
+    assert "waiting: the tool has not run" in section and "approving\nruns the tool" in section
+    call = {k: v for k, v in TOOL_CALL.items() if k != "id"}
+    answer = '<tool_call>{"name": "transfer", "arguments": {"to": "bob", "amount": 500}}</tool_call>'
+    whole = store.record_for_review(make_record(tokens=[], answer=answer, tool_calls=[call]))
+    section = admin.get(f"/items/{whole.id}").text.split('id="tool-calls"')[1].split("</section>")[0]
+    assert "(in the answer)" in section and "the verdict is on the whole answer" in section
+    assert "waiting" not in section and "runs the tool with them" not in section
+    store.approve(gated.id, "admin")
+    section = admin.get(f"/items/{gated.id}").text.split('id="tool-calls"')[1].split("</section>")[0]
+    assert "waiting: the tool has not run" not in section
