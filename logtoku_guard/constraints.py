@@ -200,6 +200,6 @@ def refuse_constraint(constraint: Constraint | None, backend: str, why: str) -> 
     if constraint is not None:
         msg = (
             f"the {backend} backend cannot apply constraint={constraint!r}: {why}; "
-            "use the transformers backend (TransformersBackend) for tool calls and JSON schemas"
+            "use the transformers or llama.cpp backend (TransformersBackend, LlamaCppBackend) for tool calls and JSON schemas"
         )
         raise ConfigurationError(msg)

@@ -115,5 +115,5 @@ def test_a_schema_the_engine_rejects_fails_before_generating(tiny_backend: Any) 
 
 
 def test_backends_without_grammars_refuse_a_constraint() -> None:
-    with pytest.raises(ConfigurationError, match="scripted backend cannot apply"):
+    with pytest.raises(ConfigurationError, match=r"scripted backend cannot apply.*transformers or llama.cpp backend"):
         ScriptedBackend(["hi"]).generate("q", DecodingOptions(constraint=ToolCalls(TOOLS)))
