@@ -9,7 +9,8 @@ this way, so the core package never imports it::
     [project.entry-points."logtoku_guard.cli"]
     eval = "logtoku_eval.cli:eval_app"
 
-Where a known group is not installed, or fails to load, its name still answers: with exit
+Where a known group is not installed, or any group fails to load (an error at import, a missing
+attribute, an object that is not a Typer), its name still answers: with exit
 status 2 and a message saying how to install it (:func:`missing_command`), never a traceback.
 """
 
@@ -76,9 +77,15 @@ def add_plugins(app: typer.Typer, found: Iterable[EntryPoint] | None = None) -> 
         added.add(ep.name)
         try:
             group = ep.load()
-        except ImportError as exc:
-            # Reported when the command is used; the rest of the CLI keeps working.
-            missing_command(app, ep.name, f"{ep.value} failed to import ({exc}); {install}", help_text)
+        except Exception as exc:  # a broken plugin (import error, missing attribute, error at import) must not break the core CLI
+            # Reported when the command is used (and logged now); the rest of the CLI keeps working.
+            log.warning("the %s entry point %r (%s) failed to load: %r", GROUP, ep.name, ep.value, exc)
+            reason = f"{ep.value} failed to import ({type(exc).__name__}: {exc}); {install}"
+            missing_command(app, ep.name, reason, help_text)
+            continue
+        if not isinstance(group, typer.Typer):
+            reason = f"{ep.value} is a {type(group).__name__}, not a typer.Typer command group; {install}"
+            missing_command(app, ep.name, reason, help_text)
             continue
         app.add_typer(group, name=ep.name, help=help_text)
     for name, (help_text, install) in KNOWN.items():

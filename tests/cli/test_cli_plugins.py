@@ -183,3 +183,24 @@ def test_the_toolkit_documents_every_name_it_exports() -> None:
     ]
     assert not undocumented, undocumented
     assert all(hasattr(toolkit, name) for name in toolkit.__all__)
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "expected"),
+    [
+        ("raise RuntimeError('boom at import')", "broken_plugin_raises:app", "RuntimeError: boom at import"),
+        ("import typer\nother = typer.Typer()", "broken_plugin_no_app:app", "AttributeError"),
+        ("app = 42", "broken_plugin_not_typer:app", "is a int, not a typer.Typer command group"),
+    ],
+)
+def test_a_broken_plugin_answers_with_its_error_and_the_core_cli_keeps_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, value: str, expected: str
+) -> None:
+    (tmp_path / f"{value.split(':')[0]}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = _app()
+    add_plugins(app, [EntryPoint("hello", value, GROUP)])
+    res = CliRunner().invoke(app, ["hello", "greet"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "Traceback" not in text and expected in text, text
+    assert CliRunner().invoke(app, ["ask"]).exit_code == 0
