@@ -176,30 +176,41 @@ class LlamaDecodeLoop(JobRows):
             self.admitted.append(Sequence(job, i, p, self.free_seqs.pop(0), time.perf_counter(), question_positions(p)))
 
     def _step(self) -> None:
-        """One step in as few ``llama_decode`` calls as fit: each live row's next token and the
-        admitted rows' prompt tokens together (several sequence ids in one batch, at most
-        ``n_batch`` tokens and :data:`OUTPUT_BUDGET` logits rows per call); then choose every
-        row's next token."""
+        """Decode the live rows' next tokens, prefill the admitted rows, then choose every row's next token."""
         import numpy as np
 
         vocab = self.model.n_vocab
         live = list(self.live)
         step = np.empty((len(live) + len(self.admitted), vocab), dtype=np.float32)
-        prefilling = list(self.admitted)
-        firsts: dict[int, int] = {}  # id(sequence) -> its row in ``step`` (its first answer token)
-        fed = 0  # live rows already decoded this step
-        while fed < len(live) or prefilling:
-            entries: list[tuple[int, int, int, bool]] = []
-            owners: list[tuple[Sequence, int]] = []  # each entry's sequence and prompt position (-1: a decode row)
-            outputs = 0
-            while fed < len(live) and len(entries) < self.model.n_batch and outputs < OUTPUT_BUDGET:
-                s = live[fed]
-                entries.append((s.last, s.pos, s.seq, True))
-                owners.append((s, -1))
-                outputs += 1
-                fed += 1
-            for s in prefilling:
-                ids = s.prepared.ids
+        for lo in range(0, len(live), DECODE_ROWS):
+            rows = live[lo : lo + DECODE_ROWS]
+            self.model.decode([(s.last, s.pos, s.seq, True) for s in rows])
+            for i, s in enumerate(rows):
+                s.pos += 1
+                self.model.logits_into(i, step[lo + i])
+        n = len(live)
+        for s in list(self.admitted):
+            if self._prefill(s, step[n]):
+                n += 1
+        if n:
+            self._choose(step[:n])
+
+    def _prefill(self, s: Sequence, first: np.ndarray) -> bool:
+        """Feed ``s``'s prompt, alone in its ``llama_decode`` calls (at most :data:`OUTPUT_BUDGET`
+        logits rows each); copy the question's logits aside and its first token's into ``first``.
+
+        A row's prompt is never batched with other sequences' tokens: llama.cpp's CPU attention
+        gives different logits (up to ~1.0 on the embedded model) once a ubatch mixing sequences
+        reaches 32 tokens (ggml-org/llama.cpp#24962), and each answer must not depend on its
+        neighbours. Returns False when the row failed (its request gets the error).
+        """
+        import numpy as np
+
+        ids = s.prepared.ids
+        try:
+            while s.fed < len(ids):
+                entries: list[tuple[int, int, int, bool]] = []
+                outputs = 0
                 while s.fed < len(ids) and len(entries) < self.model.n_batch:
                     p = s.fed
                     logits = p == len(ids) - 1 or p in s.kept
@@ -207,46 +218,26 @@ class LlamaDecodeLoop(JobRows):
                         break
                     outputs += logits
                     entries.append((ids[p], p, s.seq, logits))
-                    owners.append((s, p))
                     s.fed += 1
-            try:
                 self.model.decode(entries)
-            except Exception as exc:  # the admitted rows of this call get the error; live rows stop the loop
-                if any(p < 0 for _, p in owners):
-                    raise
-                for s in {id(s): s for s, _ in owners}.values():
-                    self._fail(s, exc)
-                    prefilling.remove(s)
-                continue
-            for i, (s, p) in enumerate(owners):
-                if p < 0:
-                    s.pos += 1
-                    self.model.logits_into(i, step[live.index(s)])
-                elif p in s.kept:
-                    buf = np.empty(vocab, dtype=np.float32)
-                    self.model.logits_into(i, buf)
-                    s.prompt_logits.append(buf)
-                elif p == len(s.prepared.ids) - 1:
-                    firsts[id(s)] = row = len(live) + len(firsts)
-                    self.model.logits_into(i, step[row])
-            prefilling = [s for s in prefilling if s.fed < len(s.prepared.ids)]
-        n = len(live)
-        for s in list(self.admitted):
-            if id(s) in firsts:
-                if firsts[id(s)] != n:  # rows join in admission order
-                    step[n] = step[firsts[id(s)]]
-                s.pos = len(s.prepared.ids)
-                self._join(s)
-                n += 1
-        if n:
-            self._choose(step[:n])
-
-    def _fail(self, s: Sequence, exc: Exception) -> None:
-        """``s``'s prefill failed: its request gets the error, the running rows go on."""
-        self.admitted.remove(s)
-        self._free(s)
-        if not s.job.future.done():
-            s.job.future.set_exception(exc)
+                for i, (_, p, _, logits) in enumerate(entries):
+                    if not logits:
+                        continue
+                    if p in s.kept:
+                        buf = np.empty(self.model.n_vocab, dtype=np.float32)
+                        self.model.logits_into(i, buf)
+                        s.prompt_logits.append(buf)
+                    else:
+                        self.model.logits_into(i, first)
+            s.pos = len(ids)
+            self._join(s)
+        except Exception as exc:  # handed to this request; the running rows go on
+            self.admitted.remove(s)
+            self._free(s)
+            if not s.job.future.done():
+                s.job.future.set_exception(exc)
+            return False
+        return True
 
     def _join(self, s: Sequence) -> None:
         """``s``'s prompt is in the KV cache: score its question and give it a recorder row."""
