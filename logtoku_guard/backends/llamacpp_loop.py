@@ -11,7 +11,10 @@
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
    tokens (its prompt-side scores, :func:`~logtoku_guard.backends.prompt_scoring.score_kept`)
    and at its last position (its first answer token). Rows never share a call with other
-   sequences' prompt tokens: each answer is the one it gets alone, bit for bit;
+   sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
+   merging them saved only a call's fixed cost (``benchmarks/README.md``). Answers equal each
+   one's alone bit for bit while the cells in use stay under 256 (past that, a row whose cells
+   straddle llama.cpp's 256-cell boundary can get slightly different logits);
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
    the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
    (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the

@@ -363,3 +363,33 @@ def test_a_forced_tool_call_is_valid_and_scored_on_the_raw_logits(backend: Llama
     assert first.id != model_first.id  # the grammar forced '<' where the model wanted another token
     assert first.top_ids == model_first.top_ids and first.top_logits == model_first.top_logits  # recorded before the mask
     assert (first.au, first.eu) == (model_first.au, model_first.eu)
+
+
+def test_a_row_admitted_while_another_decodes_gets_its_answer_alone(backend: LlamaCppBackend) -> None:
+    """A request that arrives mid-answer joins the running batch (its prompt prefilled alone, then decoded
+    in the same ``llama_decode`` calls as the first row); both answers equal each one's alone."""
+    long_opts, short_opts = DecodingOptions(max_new_tokens=40), GREEDY
+    alone_long = backend.generate(QUESTION, long_opts)
+    alone_short = backend.generate("Name a colour.", short_opts)
+    model = backend._model
+    calls: list[set[int]] = []
+    decode = model.decode
+
+    def recording(entries: Any) -> None:
+        calls.append({seq for _, _, seq, _ in entries})
+        decode(entries)
+
+    model.decode = recording
+    try:
+        with backend.stream(QUESTION, long_opts) as first:
+            it = iter(first)
+            head = [next(it), next(it)]
+            joined = backend.generate("Name a colour.", short_opts)
+            rest = list(it)
+    finally:
+        del model.decode  # the instance attribute shadowed the method
+    assert any(len(seqs) == 2 for seqs in calls)  # the two rows were decoded together
+    for got, alone in (([*head, *rest], alone_long.tokens), (list(joined.tokens), alone_short.tokens)):
+        assert [t.id for t in got] == [t.id for t in alone]
+        assert [t.top_logits for t in got] == [t.top_logits for t in alone]  # bit for bit: cells in order, < 256 in use
+        assert [(t.au, t.eu) for t in got] == [(t.au, t.eu) for t in alone]
