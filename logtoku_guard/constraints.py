@@ -8,8 +8,10 @@ is applied *after* the raw logits were recorded, so AU/EU and log p stay the mod
 
 - :class:`JsonSchema`: the whole answer is one JSON value valid against the schema
   (structured output, ``response_format={"type": "json_schema", ...}``).
-- :class:`ToolCalls`: tool calls in the JSON tool-call format (:data:`TOOL_CALL_OPEN`
-  ``{"name": ..., "arguments": {...}}`` :data:`TOOL_CALL_CLOSE`) for OpenAI-format tools.
+- :class:`ToolCalls`: tool calls in the tool-call format SmolLM2 was trained on (its
+  function-calling data): :data:`TOOL_CALL_OPEN` ``[`` then the calls as a JSON list
+  ``{"name": ..., "arguments": {...}}`` (one per line) ``]`` :data:`TOOL_CALL_CLOSE`, for
+  OpenAI-format tools; a constrained answer holds one call.
   ``choice="required"``: the whole answer is one call of any of the tools; a tool name: one
   call of that tool; ``"auto"``: the model may answer in prose, and once it writes
   :data:`TOOL_CALL_OPEN` the rest of the call is constrained (the answer ends with the call).
@@ -29,6 +31,8 @@ from typing import Any
 from logtoku_guard.errors import ConfigurationError
 
 __all__ = [
+    "CALL_LIST_CLOSE",
+    "CALL_LIST_OPEN",
     "JSON_STYLE",
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
@@ -42,6 +46,9 @@ __all__ = [
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+CALL_LIST_OPEN = "[\n"
+CALL_LIST_CLOSE = "\n]"
+"""The list of calls inside a block, as SmolLM2's format lays it out: ``<tool_call>[\n{...}\n]</tool_call>``."""
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How constrained JSON is written (llguidance's JSON options): ``json.dumps`` separators, no free whitespace."""
 
@@ -181,17 +188,52 @@ def tool_call_schema(constraint: ToolCalls) -> dict[str, Any]:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
+def _strip(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _listed(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The spans of the items of the JSON list at ``text[start:end]``; a cut item runs to ``end``."""
+    decoder = json.JSONDecoder()
+    spans = []
+    i = start + 1  # after "["
+    while True:
+        i, _ = _strip(text, i, end)
+        if i >= end or text[i] == "]":
+            return spans
+        try:
+            _, after = decoder.raw_decode(text[:end], i)
+        except json.JSONDecodeError:
+            spans.append(_strip(text, i, end))
+            return spans
+        spans.append((i, after))
+        i, _ = _strip(text, after, end)
+        if i < end and text[i] == ",":
+            i += 1
+        elif i >= end or text[i] != "]":
+            if i < end:
+                spans.append(_strip(text, i, end))
+            return spans
+
+
 def call_spans(text: str) -> list[tuple[int, int]]:
-    """The character spans ``(start, end)`` of each call's JSON in ``text`` (between the tags; an
-    unclosed last call runs to the end), in order. Surrounding whitespace is left out."""
+    """The character spans ``(start, end)`` of each call's JSON object in ``text``, in order.
+
+    A block between the tags holds a JSON list of calls (each item is a span; ``[]``: none) or
+    one call object; an unclosed last block, or a call cut short, runs to the end of ``text``.
+    Surrounding whitespace is left out.
+    """
     spans = []
     for m in _CALL.finditer(text):
-        start, end = m.span(1)
-        while start < end and text[start].isspace():
-            start += 1
-        while end > start and text[end - 1].isspace():
-            end -= 1
-        spans.append((start, end))
+        start, end = _strip(text, *m.span(1))
+        if start < end and text[start] == "[":
+            spans.extend(_listed(text, start, end))
+        elif start < end:
+            spans.append((start, end))
     return spans
 
 

@@ -33,7 +33,7 @@ PROMPTS = ["What is the capital of France?", "Count from one to ten.", "naïve c
 
 
 def _call(text: str) -> dict[str, Any]:
-    assert text.startswith("<tool_call>") and text.endswith("</tool_call>"), text
+    assert text.startswith("<tool_call>[\n{") and text.endswith("}\n]</tool_call>"), text  # SmolLM2's list of calls
     ((start, end),) = call_spans(text)
     return json.loads(text[start:end])
 
@@ -92,8 +92,21 @@ def test_auto_constrains_the_call_once_opened(tiny_backend: Any) -> None:
     bits = np.full((1, (tiny_backend.vocab_size + 31) // 32), -1, dtype=np.int32)
     row.fill(bits)
     allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[0, : tiny_backend.vocab_size]
-    brace = tokenizer.convert_tokens_to_ids("{")
-    assert allowed[brace] and allowed.sum() < tiny_backend.vocab_size / 4
+    bracket, brace = tokenizer.convert_tokens_to_ids("["), tokenizer.convert_tokens_to_ids("{")
+    assert allowed[bracket] and not allowed[brace] and allowed.sum() < tiny_backend.vocab_size / 4  # the list of calls opens
+
+
+def test_call_spans_read_lists_of_calls_and_single_objects() -> None:
+    listed = '<tool_call>[\n{"name": "a", "arguments": {}},\n{"name": "b", "arguments": {"x": [1, 2]}}\n]</tool_call>'
+    assert [listed[a:b] for a, b in call_spans(listed)] == [
+        '{"name": "a", "arguments": {}}',
+        '{"name": "b", "arguments": {"x": [1, 2]}}',
+    ]
+    assert call_spans("<tool_call>[]</tool_call> no call") == []
+    cut = '<tool_call>[\n{"name": "a", "arguments": {"x": "ab'
+    assert [cut[a:b] for a, b in call_spans(cut)] == ['{"name": "a", "arguments": {"x": "ab']
+    single = 'Sure. <tool_call> {"name": "a", "arguments": {}} </tool_call>'
+    assert [single[a:b] for a, b in call_spans(single)] == ['{"name": "a", "arguments": {}}']
 
 
 def test_bad_constraints_fail_with_the_fix() -> None:

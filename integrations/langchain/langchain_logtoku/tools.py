@@ -1,27 +1,30 @@
-"""Tool calling for ``ChatLogTokU``: a documented JSON tool-call prompt and its parser.
+"""Tool calling for ``ChatLogTokU``: the tool-call prompt and format SmolLM2 was trained on, and its parser.
 
-The embedded SmolLM2-135M-Instruct's chat template (ChatML, read from the converted model's
-``chat_template.jinja``) has no tools section, and the core backends take plain chat turns.
-So tools are described in the system turn, in the Hermes/Qwen style that many open models
-were trained on:
+The converted SmolLM2-135M-Instruct's chat template (ChatML, ``chat_template.jinja``) has no
+tools section, and the core backends take plain chat turns; but the SmolLM2 instruct models
+were tuned on function-calling data in one format (the model card's, and Ollama's SmolLM2
+template), which is the one used here:
 
-- the system turn gets :data:`TOOL_PROMPT`: the tools as OpenAI JSON schemas, and the rule
-  "to call a tool, answer with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``"
-  (one block per call); ``tool_choice`` adds "you must call a tool" / "you must call X",
-  ``"none"`` leaves the tools out;
-- an assistant turn that called tools is rendered with the same blocks, and each
-  ``ToolMessage`` becomes a user turn ``<tool_response>{"name", "tool_call_id", "content"}</tool_response>``;
-- the answer is parsed back (:func:`parse_tool_calls`): each block whose JSON has a ``name``
-  and an object of ``arguments`` becomes an ``AIMessage.tool_calls`` item, any other block an
-  ``invalid_tool_calls`` item with the error; a whole answer that is one such JSON object
-  naming a bound tool (no tags) counts too. The text outside the blocks is the content.
+- the system turn gets :data:`TOOL_PROMPT`: "You are an expert in composing functions ...",
+  the tools as a JSON list of OpenAI tool dicts between ``<tools>`` tags, and the answer
+  format ``<tool_call>[\n{"name": ..., "arguments": {...}}\n]</tool_call>`` (the calls as one
+  JSON list); the training prompt's rule "no call needed: an empty list" reads "answer
+  normally" under ``tool_choice="auto"``, and a forced ``tool_choice`` adds "you must call a
+  tool" / "you must call X"; ``"none"`` leaves the tools out;
+- an assistant turn that called tools is rendered as that block, and each ``ToolMessage``
+  becomes a user turn ``<tool_response>\n{content}\n</tool_response>``, as in training;
+- the answer is parsed back (:func:`parse_tool_calls`): each call object in a block (a list of
+  them, or one object) with a ``name`` and an object of ``arguments`` becomes an
+  ``AIMessage.tool_calls`` item, any other an ``invalid_tool_calls`` item with the error; an
+  empty list is no call; a whole answer that is one such JSON object naming a bound tool (no
+  tags) counts too. The text outside the blocks is the content.
 
 With a backend that supports constrained decoding (``constrained_decoding``, the transformers
-backend), a forced ``tool_choice`` makes the whole answer one call of this format and ``"auto"``
-constrains a call once the model opens one (:mod:`langchain_logtoku._structured`). Each call's
-arguments are scored over their values' tokens (:func:`tool_call_scores`, from
-:mod:`logtoku_guard.tool_scores`), so the guard and the middleware can act on an uncertain
-argument.
+and llama.cpp backends), a forced ``tool_choice`` makes the whole answer one call of this
+format and ``"auto"`` constrains a call once the model opens one
+(:mod:`langchain_logtoku._structured`). Each call's arguments are scored over their values'
+tokens (:func:`tool_call_scores`, from :mod:`logtoku_guard.tool_scores`), so the guard and the
+middleware can act on an uncertain argument.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call, tool_call_chunk
 
+from logtoku_guard.constraints import call_spans
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.tool_scores import score_tool_calls
 from logtoku_guard.types import ChatMessage as CoreMessage
@@ -55,11 +59,20 @@ __all__ = [
 ]
 
 TOOL_PROMPT = (
-    "You can call tools. To call a tool, answer with only a block\n"
-    '<tool_call>{{"name": "<tool name>", "arguments": {{<the arguments as JSON>}}}}</tool_call>\n'
-    "(one block per call). When you do not need a tool, answer normally.{rule}\n"
-    "The tools, as JSON schemas:\n{tools}"
+    "You are an expert in composing functions. You are given a question and a set of possible functions.\n"
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose.\n"
+    "If none of the functions can be used, point it out and refuse to answer.\n"
+    "If the given question lacks the parameters required by the function, also point it out.\n\n"
+    "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+    "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
+    "The example format is as follows. Please make sure the parameter type is correct. {rule}\n"
+    "<tool_call>[\n"
+    '{{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},\n'
+    "... (more tool calls as required)\n"
+    "]</tool_call>"
 )
+"""SmolLM2's function-calling system prompt (``{tools}``: the JSON list of tools; ``{rule}``: when to call)."""
+_AUTO_RULE = "If no function call is needed, answer normally."
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
@@ -98,13 +111,12 @@ def tool_prompt(tools: Sequence[Mapping[str, Any]], tool_choice: str | None) -> 
     if not tools or tool_choice == "none":
         return None
     if tool_choice == "any":
-        rule = " You must call one of the tools."
+        rule = "You must call one of the tools."
     elif tool_choice is not None:
-        rule = f" You must call the tool {tool_choice!r}."
+        rule = f"You must call the tool {tool_choice!r}."
     else:
-        rule = ""
-    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return TOOL_PROMPT.format(rule=rule, tools=schemas)
+        rule = _AUTO_RULE
+    return TOOL_PROMPT.format(rule=rule, tools=json.dumps(list(tools), ensure_ascii=False))
 
 
 def with_tool_prompt(messages: list[CoreMessage], prompt: str | None) -> list[CoreMessage]:
@@ -117,26 +129,19 @@ def with_tool_prompt(messages: list[CoreMessage], prompt: str | None) -> list[Co
 
 
 def render_tool_calls(message: AIMessage) -> str:
-    """An assistant turn that called tools, as text: its content, then one block per call."""
-    blocks = [
-        f"<tool_call>{json.dumps({'name': c['name'], 'arguments': c['args']}, ensure_ascii=False)}</tool_call>"
-        for c in message.tool_calls
-    ]
-    return "\n".join([message.text, *blocks] if message.text else blocks)
+    """An assistant turn that called tools, as text: its content, then one block listing the calls."""
+    calls = ",\n".join(json.dumps({"name": c["name"], "arguments": c["args"]}, ensure_ascii=False) for c in message.tool_calls)
+    block = f"<tool_call>[\n{calls}\n]</tool_call>"
+    return f"{message.text}\n{block}" if message.text else block
 
 
 def render_tool_result(message: ToolMessage) -> str:
-    """A tool's result, as the text of a user turn."""
-    body = {"name": message.name, "tool_call_id": message.tool_call_id, "content": message.text}
-    return f"<tool_response>{json.dumps(body, ensure_ascii=False)}</tool_response>"
+    """A tool's result, as the text of a user turn (its content between ``<tool_response>`` tags)."""
+    return f"<tool_response>\n{message.text}\n</tool_response>"
 
 
-def _one(raw: str) -> ToolCall | InvalidToolCall:
+def _one(raw: str, data: Any) -> ToolCall | InvalidToolCall:
     call_id = f"call_{uuid.uuid4().hex[:24]}"
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return invalid_tool_call(name=None, args=raw, id=call_id, error=f"not JSON: {exc}")
     name = data.get("name") if isinstance(data, dict) else None
     args = data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
     if isinstance(args, str):  # some models write the arguments as a JSON string
@@ -153,7 +158,7 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
 
     ``names``: the bound tools; a call naming another tool is invalid.
     """
-    found = [m.group(1).strip() for m in _BLOCK.finditer(text)]
+    found = [text[a:b] for a, b in call_spans(text)]  # each call of each block (a list of calls, or one)
     content = _BLOCK.sub("", text).strip()
     stripped = text.strip()
     if not found and stripped.startswith("{") and stripped.endswith("}"):
@@ -166,7 +171,10 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
     for raw in found:
-        call = _one(raw)
+        try:
+            call = _one(raw, json.loads(raw))
+        except json.JSONDecodeError as exc:
+            call = invalid_tool_call(name=None, args=raw, id=f"call_{uuid.uuid4().hex[:24]}", error=f"not JSON: {exc}")
         if "error" in call:
             invalid.append(call)  # type: ignore[arg-type]
         elif call["name"] not in names:
