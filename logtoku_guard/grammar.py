@@ -37,6 +37,7 @@ from logtoku_guard.constraints import (
     Constraint,
     JsonSchema,
     ToolCalls,
+    bounded_schema,
     tool_call_schema,
 )
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
@@ -65,7 +66,7 @@ def grammar_text(constraint: Constraint, *, after_open: bool = False) -> str:
     (the list of one call's JSON, then the closing tag), used once ``"auto"`` prose has opened a call.
     """
     if isinstance(constraint, JsonSchema):
-        schema = {**constraint.schema, "x-guidance": JSON_STYLE}
+        schema = {**bounded_schema(constraint.schema, constraint.max_string_length), "x-guidance": JSON_STYLE}
         return f"start: %json {json.dumps(schema)}"
     schema = {**tool_call_schema(constraint), "x-guidance": JSON_STYLE}
     body = f"{_lark_string(CALL_LIST_OPEN)} call {_lark_string(CALL_LIST_CLOSE + TOOL_CALL_CLOSE)}"
