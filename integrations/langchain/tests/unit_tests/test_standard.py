@@ -124,7 +124,7 @@ class TestChatLogTokUIntegration(_Capabilities, ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"backend": self._backend, "max_tokens": 64}
+        return {"backend": self._backend, "max_tokens": 96, "max_string_length": 48}
 
 
 # -- what the 135M model itself cannot do -----------------------------------------------------
