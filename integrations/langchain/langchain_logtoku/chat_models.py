@@ -433,6 +433,7 @@ class ChatLogTokU(BaseChatModel):
             meta["logtoku"]["tool_calls"] = _tools.tool_call_scores(calls, generation.tokens)
         message = AIMessage(
             content=content,
+            additional_kwargs=_tools.openai_tool_calls(calls),
             tool_calls=calls,
             invalid_tool_calls=invalid,
             response_metadata=meta,

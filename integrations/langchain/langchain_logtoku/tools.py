@@ -49,6 +49,7 @@ __all__ = [
     "TOOL_PROMPT",
     "as_last_chunk",
     "names",
+    "openai_tool_calls",
     "parse_tool_calls",
     "render_tool_calls",
     "render_tool_result",
@@ -202,6 +203,25 @@ def tool_call_scores(calls: Sequence[ToolCall], tokens: Sequence[TokenScore]) ->
         arguments = {name: score.as_dict() for name, score in match.arguments.items()}
         out.append({"id": call["id"], "name": call["name"], "arguments": arguments})
     return out
+
+
+def openai_tool_calls(calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """``additional_kwargs`` holding ``calls`` in OpenAI's raw format (``{"tool_calls": [...]}``; empty: none).
+
+    LangChain's tool parsers read them there when a stream hands over a whole ``AIMessage``
+    (``disable_streaming``), which they turn into a plain chunk without ``tool_calls``.
+    """
+    if not calls:
+        return {}
+    raw = [
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)},
+        }
+        for c in calls
+    ]
+    return {"tool_calls": raw}
 
 
 def as_last_chunk(message: AIMessage) -> AIMessageChunk:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ pytest.importorskip("langchain_core")
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from pydantic import BaseModel
 
 from langchain_logtoku import ChatLogTokU
 from langchain_logtoku._convert import to_core_messages
@@ -117,3 +119,18 @@ def test_ai_message_tool_use_blocks_are_read_from_tool_calls() -> None:
     assert turns[1].content.count("magic_function") == 1  # rendered once, from tool_calls
     with pytest.raises(InvalidPromptError, match="'image_url' content block"):
         to_core_messages([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])])
+
+
+def test_streamed_structured_output_parses_the_call() -> None:
+    """``stream()`` with tools bound hands over the whole message: LangChain's parsers read its calls."""
+
+    class Person(BaseModel):
+        name: str
+
+    pieces = ["<tool_call>[\n", '{"name": "Person", ', '"arguments": {"name": "Elena"}}', "\n]</tool_call>"]
+    backend = ScriptedBackend(lambda _: ScriptedAnswer(pieces, [[9.0, 0.1]] * 4))
+    llm = ChatLogTokU(backend=backend, logtoku_profile=None)
+    assert list(llm.with_structured_output(Person).stream("Who?")) == [Person(name="Elena")]
+    message = llm.bind_tools([Person]).invoke("Who?")
+    (raw,) = message.additional_kwargs["tool_calls"]
+    assert raw["id"] == message.tool_calls[0]["id"] and json.loads(raw["function"]["arguments"]) == {"name": "Elena"}
