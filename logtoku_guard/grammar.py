@@ -16,7 +16,7 @@ row when the grammar is complete.
 
 Tool calls with ``choice="auto"`` are a trigger: no mask while the model writes prose; once
 its text contains :data:`~logtoku_guard.constraints.TOOL_CALL_OPEN`, the bytes after it are
-fed to a grammar of ``call "</tool_call>"`` and every later token is masked by it.
+fed to a grammar of ``"[\n" call "\n]</tool_call>"`` and every later token is masked by it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,15 @@ from typing import Any
 import numpy as np
 
 from logtoku_guard.constraints import (
+    CALL_LIST_CLOSE,
+    CALL_LIST_OPEN,
     JSON_STYLE,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     Constraint,
     JsonSchema,
     ToolCalls,
+    bounded_schema,
     tool_call_schema,
 )
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
@@ -60,13 +63,13 @@ def grammar_text(constraint: Constraint, *, after_open: bool = False) -> str:
     """The llguidance grammar (Lark, with ``%json`` for schemas) of ``constraint``.
 
     ``after_open``: for a tool call, the grammar of what follows :data:`TOOL_CALL_OPEN`
-    (the call's JSON, then the closing tag), used once ``"auto"`` prose has opened a call.
+    (the list of one call's JSON, then the closing tag), used once ``"auto"`` prose has opened a call.
     """
     if isinstance(constraint, JsonSchema):
-        schema = {**constraint.schema, "x-guidance": JSON_STYLE}
+        schema = {**bounded_schema(constraint.schema, constraint.max_string_length), "x-guidance": JSON_STYLE}
         return f"start: %json {json.dumps(schema)}"
     schema = {**tool_call_schema(constraint), "x-guidance": JSON_STYLE}
-    body = f"call {_lark_string(TOOL_CALL_CLOSE)}"
+    body = f"{_lark_string(CALL_LIST_OPEN)} call {_lark_string(CALL_LIST_CLOSE + TOOL_CALL_CLOSE)}"
     start = body if after_open else f"{_lark_string(TOOL_CALL_OPEN)} {body}"
     return f"start: {start}\ncall: %json {json.dumps(schema)}"
 

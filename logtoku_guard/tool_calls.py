@@ -1,21 +1,24 @@
-"""Tool calls as text: the JSON tool-call prompt, the history turns, and the parser of an answer.
+"""Tool calls as text: the tool-call prompt and format SmolLM2 was trained on, the history turns, and the parser.
 
-The core backends take plain chat turns, and small chat templates (the embedded
-SmolLM2-135M-Instruct's ChatML) have no tools section. So tools are described in the system
-turn, in the Hermes/Qwen style many open models were trained on, and the model's calls are
-read back from its text; the LangChain adapter and ``logtoku-guard serve`` both use this:
+The core backends take plain chat turns, and the converted SmolLM2-135M-Instruct's chat
+template (ChatML) has no tools section; but the SmolLM2 instruct models were tuned on
+function-calling data in one format (the model card's, and Ollama's SmolLM2 template), which
+is the one used here; the LangChain adapter and ``logtoku-guard serve`` both use it:
 
-- :func:`tool_prompt`: :data:`TOOL_PROMPT` with the tools as OpenAI JSON schemas and the rule
-  "to call a tool, answer with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``"
-  (one block per call); a forced choice adds "you must call a tool" / "you must call X";
+- :func:`tool_prompt`: :data:`TOOL_PROMPT` ("You are an expert in composing functions ...",
+  the tools as a JSON list of OpenAI tool dicts between ``<tools>`` tags, and the answer format
+  ``<tool_call>[\n{"name": ..., "arguments": {...}}\n]</tool_call>``, the calls as one JSON
+  list); the training prompt's rule "no call needed: an empty list" reads "answer normally"
+  when the model decides, and a forced choice adds "you must call a tool" / "you must call X";
   :func:`schema_prompt` tells the model the JSON schema of a structured answer;
   :func:`with_system_text` adds either to the system turn;
-- :func:`render_tool_calls`: an assistant turn that called tools, with the same blocks;
-  :func:`render_tool_result`: a tool's result as ``<tool_response>{"name", "tool_call_id",
-  "content"}</tool_response>`` (:func:`add_tool_result` puts consecutive results in one user turn);
+- :func:`render_tool_calls`: an assistant turn that called tools, as that block;
+  :func:`render_tool_result`: a tool's result as ``<tool_response>\n{content}\n</tool_response>``,
+  as in training (:func:`add_tool_result` puts consecutive results in one user turn);
 - :func:`parse_tool_calls`: an answer split into its prose and its calls (:class:`ParsedCall`,
-  :class:`InvalidCall`); a whole answer that is one such JSON object naming a known tool (no
-  tags) counts too;
+  :class:`InvalidCall`): each call object of a block (a list of them, or one object;
+  :func:`~logtoku_guard.constraints.call_spans`); an empty list is no call; a whole answer that
+  is one such JSON object naming a known tool (no tags) counts too;
 - :func:`tool_call_scores`: each parsed call's per-argument scores (over the tokens of each
   argument's value, :mod:`logtoku_guard.tool_scores`), as ``{"id", "name", "arguments"}``.
 
@@ -27,13 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logtoku_guard.constraints import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, JsonSchema
+from logtoku_guard.constraints import (
+    CALL_BLOCK,
+    CALL_LIST_CLOSE,
+    CALL_LIST_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    JsonSchema,
+    call_spans,
+)
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.tool_scores import score_tool_calls
 from logtoku_guard.types import ChatMessage, TokenScore
@@ -58,14 +68,21 @@ __all__ = [
 ]
 
 TOOL_PROMPT = (
-    "You can call tools. To call a tool, answer with only a block\n"
-    '<tool_call>{{"name": "<tool name>", "arguments": {{<the arguments as JSON>}}}}</tool_call>\n'
-    "(one block per call). When you do not need a tool, answer normally.{rule}\n"
-    "The tools, as JSON schemas:\n{tools}"
+    "You are an expert in composing functions. You are given a question and a set of possible functions.\n"
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose.\n"
+    "If none of the functions can be used, point it out and refuse to answer.\n"
+    "If the given question lacks the parameters required by the function, also point it out.\n\n"
+    "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+    "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
+    "The example format is as follows. Please make sure the parameter type is correct. {rule}\n"
+    "<tool_call>[\n"
+    '{{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},\n'
+    "... (more tool calls as required)\n"
+    "]</tool_call>"
 )
+"""SmolLM2's function-calling system prompt (``{tools}``: the JSON list of tools; ``{rule}``: when to call)."""
+_AUTO_RULE = "If no function call is needed, answer normally."
 TOOL_RESPONSE_OPEN = "<tool_response>"
-
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
 
 
 def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -91,13 +108,12 @@ def tool_prompt(tools: Sequence[Mapping[str, Any]], choice: str | None) -> str |
     if not tools or choice == "none":
         return None
     if choice == "any":
-        rule = " You must call one of the tools."
+        rule = "You must call one of the tools."
     elif choice is not None:
-        rule = f" You must call the tool {choice!r}."
+        rule = f"You must call the tool {choice!r}."
     else:
-        rule = ""
-    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return TOOL_PROMPT.format(rule=rule, tools=schemas)
+        rule = _AUTO_RULE
+    return TOOL_PROMPT.format(rule=rule, tools=json.dumps(list(tools), ensure_ascii=False))
 
 
 def schema_prompt(constraint: JsonSchema) -> str:
@@ -115,21 +131,25 @@ def with_system_text(messages: list[ChatMessage], text: str | None) -> list[Chat
 
 
 def render_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """One call as the model writes it: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
-    body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}"
+    """One call as the model writes it: ``<tool_call>[\n{"name": ..., "arguments": {...}}\n]</tool_call>``."""
+    return _block([(name, arguments)])
+
+
+def _block(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    body = ",\n".join(json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) for name, arguments in calls)
+    return f"{TOOL_CALL_OPEN}{CALL_LIST_OPEN}{body}{CALL_LIST_CLOSE}{TOOL_CALL_CLOSE}"
 
 
 def render_tool_calls(content: str, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
-    """An assistant turn that called tools, as text: its ``content``, then one block per ``(name, arguments)``."""
-    blocks = [render_call(name, arguments) for name, arguments in calls]
-    return "\n".join([content, *blocks] if content else blocks)
+    """An assistant turn that called tools, as text: its ``content``, then one block listing the ``(name, arguments)`` calls."""
+    block = _block(calls)
+    return f"{content}\n{block}" if content else block
 
 
-def render_tool_result(name: str | None, call_id: str | None, content: str) -> str:
-    """A tool's result, as the text the model reads (in a user turn)."""
-    body = {"name": name, "tool_call_id": call_id, "content": content}
-    return f"{TOOL_RESPONSE_OPEN}{json.dumps(body, ensure_ascii=False)}</tool_response>"
+def render_tool_result(content: str) -> str:
+    """A tool's result, as the text the model reads (in a user turn): its content between
+    ``<tool_response>`` tags, as in SmolLM2's training format (which carries no tool name or call id)."""
+    return f"{TOOL_RESPONSE_OPEN}\n{content}\n</tool_response>"
 
 
 def add_tool_result(turns: list[ChatMessage], text: str) -> None:
@@ -193,8 +213,8 @@ def _one(raw: str) -> ParsedCall | InvalidCall:
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> ParsedAnswer:
     """Split a model answer into its prose and its calls; ``names``: the known tools (a call of another is invalid)."""
-    found = [m.group(1).strip() for m in _BLOCK.finditer(text)]
-    content = _BLOCK.sub("", text).strip()
+    found = [text[a:b] for a, b in call_spans(text)]  # each call of each block (a list of calls, or one)
+    content = CALL_BLOCK.sub("", text).strip()
     stripped = text.strip()
     if not found and stripped.startswith("{") and stripped.endswith("}"):
         try:

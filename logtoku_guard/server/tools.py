@@ -108,7 +108,7 @@ def chat_turns(req: proto.ChatCompletionRequest, tool_plan: ToolPlan) -> list[Ch
                     "has; send the assistant message with that call before the tool's result"
                 )
                 raise RequestError(400, msg, param="messages")
-            add_tool_result(turns, render_tool_result(name, m.tool_call_id, m.text))
+            add_tool_result(turns, render_tool_result(m.text))
         elif m.tool_calls:
             called.update((c.id, c.function.name) for c in m.tool_calls)
             calls = [(c.function.name, c.parsed_arguments) for c in m.tool_calls]

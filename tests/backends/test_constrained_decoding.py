@@ -33,7 +33,7 @@ PROMPTS = ["What is the capital of France?", "Count from one to ten.", "naïve c
 
 
 def _call(text: str) -> dict[str, Any]:
-    assert text.startswith("<tool_call>") and text.endswith("</tool_call>"), text
+    assert text.startswith("<tool_call>[\n{") and text.endswith("}\n]</tool_call>"), text  # SmolLM2's list of calls
     ((start, end),) = call_spans(text)
     return json.loads(text[start:end])
 
@@ -92,8 +92,21 @@ def test_auto_constrains_the_call_once_opened(tiny_backend: Any) -> None:
     bits = np.full((1, (tiny_backend.vocab_size + 31) // 32), -1, dtype=np.int32)
     row.fill(bits)
     allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[0, : tiny_backend.vocab_size]
-    brace = tokenizer.convert_tokens_to_ids("{")
-    assert allowed[brace] and allowed.sum() < tiny_backend.vocab_size / 4
+    bracket, brace = tokenizer.convert_tokens_to_ids("["), tokenizer.convert_tokens_to_ids("{")
+    assert allowed[bracket] and not allowed[brace] and allowed.sum() < tiny_backend.vocab_size / 4  # the list of calls opens
+
+
+def test_call_spans_read_lists_of_calls_and_single_objects() -> None:
+    listed = '<tool_call>[\n{"name": "a", "arguments": {}},\n{"name": "b", "arguments": {"x": [1, 2]}}\n]</tool_call>'
+    assert [listed[a:b] for a, b in call_spans(listed)] == [
+        '{"name": "a", "arguments": {}}',
+        '{"name": "b", "arguments": {"x": [1, 2]}}',
+    ]
+    assert call_spans("<tool_call>[]</tool_call> no call") == []
+    cut = '<tool_call>[\n{"name": "a", "arguments": {"x": "ab'
+    assert [cut[a:b] for a, b in call_spans(cut)] == ['{"name": "a", "arguments": {"x": "ab']
+    single = 'Sure. <tool_call> {"name": "a", "arguments": {}} </tool_call>'
+    assert [single[a:b] for a, b in call_spans(single)] == ['{"name": "a", "arguments": {}}']
 
 
 def test_bad_constraints_fail_with_the_fix() -> None:
@@ -117,3 +130,55 @@ def test_a_schema_the_engine_rejects_fails_before_generating(tiny_backend: Any) 
 def test_backends_without_grammars_refuse_a_constraint() -> None:
     with pytest.raises(ConfigurationError, match=r"scripted backend cannot apply.*transformers or llama.cpp backend"):
         ScriptedBackend(["hi"]).generate("q", DecodingOptions(constraint=ToolCalls(TOOLS)))
+
+
+def test_max_string_length_closes_a_string_the_schema_leaves_unbounded(tiny_backend: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string"}, "t": {"type": "string", "maxLength": 3}},
+        "required": ["s", "t"],
+        "additionalProperties": False,
+    }
+    options = DecodingOptions(max_new_tokens=120, constraint=JsonSchema(schema, max_string_length=5))
+    for g in tiny_backend.batch(PROMPTS, options):
+        value = json.loads(g.text)
+        assert g.finish_reason == "stop" and len(value["s"]) <= 5 and len(value["t"]) <= 3, g.text
+    note = {
+        "type": "function",
+        "function": {"name": "note", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
+    }
+    calls = DecodingOptions(max_new_tokens=120, constraint=ToolCalls([note, *TOOLS], max_string_length=2))
+    for g in tiny_backend.batch(PROMPTS, calls):
+        call = _call(g.text)  # the cap bounds "text"; transfer's "to" keeps its own maxLength (8)
+        assert g.finish_reason == "stop" and all(
+            len(v) <= (8 if k == "to" else 2) for k, v in call["arguments"].items() if isinstance(v, str)
+        )
+
+
+def test_bounded_schema_bounds_only_unbounded_strings() -> None:
+    from logtoku_guard.constraints import bounded_schema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "free": {"type": ["string", "null"]},
+            "short": {"type": "string", "maxLength": 3},
+            "pick": {"type": "string", "enum": ["a", "b"]},
+            "code": {"type": "string", "pattern": "^[A-Z]+$"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "either": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+            "ref": {"$ref": "#/$defs/Name"},
+        },
+        "$defs": {"Name": {"type": "string"}},
+    }
+    out = bounded_schema(schema, 9)
+    props = out["properties"]
+    assert props["free"]["maxLength"] == 9 and props["short"]["maxLength"] == 3
+    assert "maxLength" not in props["pick"] and "maxLength" not in props["code"]
+    assert props["tags"]["items"]["maxLength"] == 9 and props["either"]["anyOf"][0]["maxLength"] == 9
+    assert out["$defs"]["Name"]["maxLength"] == 9 and "maxLength" not in props["either"]["anyOf"][1]
+    assert "maxLength" not in schema["properties"]["free"]  # the caller's schema is not changed
+    assert bounded_schema(schema, None) is schema
+    with pytest.raises(ConfigurationError, match="max_string_length must be a positive number"):
+        JsonSchema(schema, max_string_length=0)
+    assert JsonSchema(schema, max_string_length=4) != JsonSchema(schema)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
@@ -42,14 +40,16 @@ def test_the_prompt_names_the_tools_and_the_rule() -> None:
 
 
 def test_history_turns_render_calls_and_group_results() -> None:
-    assert render_call("lookup", {"q": "é"}) == '<tool_call>{"name": "lookup", "arguments": {"q": "é"}}</tool_call>'
-    assert render_tool_calls("", [("a", {}), ("b", {})]).count("<tool_call>") == 2
+    assert render_call("lookup", {"q": "é"}) == '<tool_call>[\n{"name": "lookup", "arguments": {"q": "é"}}\n]</tool_call>'
+    both = render_tool_calls("", [("a", {}), ("b", {})])  # one block listing the calls, as SmolLM2 was trained
+    assert both == '<tool_call>[\n{"name": "a", "arguments": {}},\n{"name": "b", "arguments": {}}\n]</tool_call>'
+    assert [(c.name, c.arguments) for c in parse_tool_calls(both, ["a", "b"]).calls] == [("a", {}), ("b", {})]
     assert render_tool_calls("Let me see.", [("a", {})]).startswith("Let me see.\n<tool_call>")
     turns = [ChatMessage("user", "q")]
-    add_tool_result(turns, render_tool_result("a", "call_1", "one"))
-    add_tool_result(turns, render_tool_result("b", "call_2", "two"))
-    assert len(turns) == 2 and turns[1].content.count("<tool_response>") == 2
-    assert json.loads(turns[1].content.split("\n")[0][len("<tool_response>") : -len("</tool_response>")])["content"] == "one"
+    add_tool_result(turns, render_tool_result("one"))
+    add_tool_result(turns, render_tool_result("two"))
+    both_results = "<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>"
+    assert len(turns) == 2 and turns[1].content == both_results
 
 
 def test_parse_splits_prose_calls_and_invalid_blocks() -> None:

@@ -32,6 +32,14 @@ _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "ass
 _CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
 """Content blocks of an AI message that describe a tool call (Anthropic, LangChain v1, OpenAI formats)."""
 
+CALL_ARGS = frozenset(
+    {"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"}
+    | {"tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format", "response_format"}
+)
+"""The per-call keywords ``ChatLogTokU`` accepts (besides ``stop``)."""
+LEGACY_TOOL_ARGS = frozenset({"functions", "function_call"})
+"""OpenAI's legacy function-calling keywords, refused with a pointer to ``bind_tools``."""
+
 
 def _text_of(message: BaseMessage, i: int) -> str:
     content = message.content

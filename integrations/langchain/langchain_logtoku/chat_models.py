@@ -64,11 +64,6 @@ from logtoku_guard.payloads import summary_payload, token_payload
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
 
-_CALL_ARGS = frozenset(
-    {"temperature", "max_tokens", "top_p", "seed", "top_k", "logprobs", "top_logprobs", "model", "stream"}
-    | {"tools", "tool_choice", "parallel_tool_calls", "ls_structured_output_format", "response_format"}
-)
-_TOOL_ARGS = frozenset({"functions", "function_call"})
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20
 """The default ``max_logprobs``: raw top logits kept per token for ``top_logprobs`` (vLLM's default)."""
@@ -112,6 +107,8 @@ class ChatLogTokU(BaseChatModel):
             (default 20); separate from K (``top_k``), which alone drives AU/EU.
         logtoku_profile: the model's calibration profile, for token quadrants; ``"auto"``
             (default) loads the saved profile of this model when there is one, ``None`` never.
+        max_string_length: under a grammar (tool calls, structured output), the most characters of a
+            string value the schema leaves unbounded (its own ``maxLength`` applies); None: unbounded.
         streaming: stream by default inside chains (LangChain's standard flag).
         timeout, max_retries, api_key: accepted for compatibility with LangChain's standard
             chat-model parameters; a local model makes no network calls, so they have no effect.
@@ -143,6 +140,7 @@ class ChatLogTokU(BaseChatModel):
     max_logprobs: int = MAX_TOP_LOGPROBS
     disable_streaming: bool | Literal["tool_calling"] = "tool_calling"
     logtoku_profile: ModelProfile | Literal["auto"] | None = Field(default="auto", exclude=True, repr=False)
+    max_string_length: int | None = Field(default=None, ge=1)
     streaming: bool = False
     timeout: float | None = None
     max_retries: int | None = None
@@ -324,12 +322,12 @@ class ChatLogTokU(BaseChatModel):
         return _structured.with_structured_output(self, schema, method, include_raw, calling, kwargs)
 
     def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
-        unknown = set(kwargs) - _CALL_ARGS
-        if unknown & _TOOL_ARGS:
-            msg = f"legacy function calling is not supported (got {sorted(unknown & _TOOL_ARGS)}): use tool calling, bind_tools"
+        unknown, accepted = set(kwargs) - _convert.CALL_ARGS, sorted(_convert.CALL_ARGS - {"stream"})
+        if legacy := unknown & _convert.LEGACY_TOOL_ARGS:
+            msg = f"legacy function calling is not supported (got {sorted(legacy)}): use tool calling, bind_tools"
             raise NotImplementedError(msg)
         if unknown:
-            msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {sorted(_CALL_ARGS - {'stream'})} and stop"
+            msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {accepted} and stop"
             raise ConfigurationError(msg)
         model = kwargs.get("model")
         if model is not None and model != self.model_name:
@@ -356,7 +354,8 @@ class ChatLogTokU(BaseChatModel):
         logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
         bound = tuple(convert_to_openai_tool(t) for t in kwargs.get("tools") or ())
         choice = _tools.tool_choice_name(kwargs.get("tool_choice"), _tools.names(bound))
-        options, note = _structured.constrained(options, kwargs.get("response_format"), bound, choice, self.core_backend)
+        fmt, cap = kwargs.get("response_format"), self.max_string_length
+        options, note = _structured.constrained(options, fmt, bound, choice, self.core_backend, cap)
         return _Call(
             options=options,
             k=k,
@@ -434,6 +433,7 @@ class ChatLogTokU(BaseChatModel):
             meta["logtoku"]["tool_calls"] = _tools.tool_call_scores(calls, generation.tokens)
         message = AIMessage(
             content=content,
+            additional_kwargs=_tools.openai_tool_calls(calls),
             tool_calls=calls,
             invalid_tool_calls=invalid,
             response_metadata=meta,

@@ -1,28 +1,29 @@
-"""Tool calling for ``ChatLogTokU``: the core's JSON tool-call prompt and parser, in LangChain's types.
+"""Tool calling for ``ChatLogTokU``: the core's tool-call prompt, format and parser, in LangChain's types.
 
-The embedded SmolLM2-135M-Instruct's chat template (ChatML, read from the converted model's
-``chat_template.jinja``) has no tools section, and the core backends take plain chat turns.
-So tools are described in the system turn, in the Hermes/Qwen style that many open models
-were trained on:
+The embedded SmolLM2-135M-Instruct's chat template (ChatML) has no tools section, and the core
+backends take plain chat turns; the SmolLM2 instruct models were tuned on function-calling data
+in one format, which :mod:`logtoku_guard.tool_calls` writes and reads (``logtoku-guard serve``
+uses the same):
 
-- the system turn gets :data:`TOOL_PROMPT`: the tools as OpenAI JSON schemas, and the rule
-  "to call a tool, answer with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``"
-  (one block per call); ``tool_choice`` adds "you must call a tool" / "you must call X",
-  ``"none"`` leaves the tools out;
-- an assistant turn that called tools is rendered with the same blocks, and each
-  ``ToolMessage`` becomes a user turn ``<tool_response>{"name", "tool_call_id", "content"}</tool_response>``;
-- the answer is parsed back (:func:`parse_tool_calls`, over the core's
-  :func:`logtoku_guard.tool_calls.parse_tool_calls`): each block whose JSON has a ``name``
-  and an object of ``arguments`` becomes an ``AIMessage.tool_calls`` item, any other block an
-  ``invalid_tool_calls`` item with the error; a whole answer that is one such JSON object
-  naming a bound tool (no tags) counts too. The text outside the blocks is the content.
+- the system turn gets :data:`TOOL_PROMPT` (the tools as a JSON list between ``<tools>`` tags,
+  the answer format ``<tool_call>[\n{"name": ..., "arguments": {...}}\n]</tool_call>``);
+  ``tool_choice`` adds "you must call a tool" / "you must call X", ``"none"`` leaves the tools out;
+- an assistant turn that called tools is rendered as that block, and each ``ToolMessage``
+  becomes a user turn ``<tool_response>\n{content}\n</tool_response>``;
+- the answer is parsed back (:func:`parse_tool_calls`): each call object in a block (a list of
+  them, or one object) with a ``name`` and an object of ``arguments`` becomes an
+  ``AIMessage.tool_calls`` item, any other an ``invalid_tool_calls`` item with the error; an
+  empty list is no call; a whole answer that is one such JSON object naming a bound tool (no
+  tags) counts too. The text outside the blocks is the content. The calls are also given in
+  OpenAI's raw form (:func:`openai_tool_calls`, ``additional_kwargs``), where LangChain's tool
+  parsers read them.
 
-With a backend that supports constrained decoding (``constrained_decoding``, the transformers
-backend), a forced ``tool_choice`` makes the whole answer one call of this format and ``"auto"``
-constrains a call once the model opens one (:mod:`langchain_logtoku._structured`). Each call's
-arguments are scored over their values' tokens (:func:`tool_call_scores`, from
-:mod:`logtoku_guard.tool_scores`), so the guard and the middleware can act on an uncertain
-argument.
+With a backend that supports constrained decoding (``constrained_decoding``: the transformers
+and llama.cpp backends), a forced ``tool_choice`` makes the whole answer one call of this
+format and ``"auto"`` constrains a call once the model opens one
+(:mod:`langchain_logtoku._structured`). Each call's arguments are scored over their values'
+tokens (:func:`tool_call_scores`, from :mod:`logtoku_guard.tool_scores`), so the guard and the
+middleware can act on an uncertain argument.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "TOOL_PROMPT",
     "as_last_chunk",
     "names",
+    "openai_tool_calls",
     "parse_tool_calls",
     "render_tool_calls",
     "render_tool_result",
@@ -87,7 +89,7 @@ def render_tool_calls(message: AIMessage) -> str:
 
 def render_tool_result(message: ToolMessage) -> str:
     """A tool's result, as the text of a user turn."""
-    return core.render_tool_result(message.name, message.tool_call_id, message.text)
+    return core.render_tool_result(message.text)
 
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
@@ -106,6 +108,25 @@ def tool_call_scores(calls: Sequence[ToolCall], tokens: Sequence[TokenScore]) ->
     argument's ``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` over its value's tokens
     (:func:`logtoku_guard.tool_calls.tool_call_scores`)."""
     return core.tool_call_scores([(c["id"], c["name"], c["args"]) for c in calls], tokens)
+
+
+def openai_tool_calls(calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """``additional_kwargs`` holding ``calls`` in OpenAI's raw format (``{"tool_calls": [...]}``; empty: none).
+
+    LangChain's tool parsers read them there when a stream hands over a whole ``AIMessage``
+    (``disable_streaming``), which they turn into a plain chunk without ``tool_calls``.
+    """
+    if not calls:
+        return {}
+    raw = [
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["args"], ensure_ascii=False)},
+        }
+        for c in calls
+    ]
+    return {"tool_calls": raw}
 
 
 def as_last_chunk(message: AIMessage) -> AIMessageChunk:

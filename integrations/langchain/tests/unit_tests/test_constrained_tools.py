@@ -89,3 +89,35 @@ def test_structured_output_rejects_an_unknown_method(tiny_backend: Any) -> None:
 def test_response_format_needs_a_schema(tiny_backend: Any) -> None:
     with pytest.raises(ConfigurationError, match="response_format must be"):
         ChatLogTokU(backend=tiny_backend).invoke("hi", response_format="json")
+
+
+class Note(BaseModel):
+    """Fields without a length bound: a random model ends them only by chance."""
+
+    title: str
+    body: str
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema", "json_mode"])
+def test_max_string_length_lets_unbounded_strings_end(tiny_backend: Any, method: str) -> None:
+    llm = ChatLogTokU(backend=tiny_backend, max_tokens=200, max_string_length=4)
+    raw = llm.with_structured_output(Note, method=method, include_raw=True).invoke("Write a note.")
+    assert isinstance(raw["parsed"], Note) and raw["raw"].response_metadata["finish_reason"] == "stop"
+    assert len(raw["parsed"].title) <= 4 and len(raw["parsed"].body) <= 4
+
+
+def test_max_string_length_is_checked() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_string_length"):
+        ChatLogTokU(max_string_length=0)
+
+
+def test_structured_schemas_take_their_declared_fields_only() -> None:
+    from langchain_logtoku._structured import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}, "$defs": {"B": {"properties": {}}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert out["$defs"]["B"]["additionalProperties"] is False and "additionalProperties" not in schema
+    assert closed({"properties": {}, "additionalProperties": True})["additionalProperties"] is True  # said so: kept

@@ -4,7 +4,7 @@ What the embedded SmolLM2-135M-Instruct cannot do is switched off through the su
 properties, never by skipping tests by hand:
 
 - ``has_tool_calling``, ``has_tool_choice``, ``has_structured_output`` are True: ``bind_tools``
-  works through the JSON tool-call prompt and format of :mod:`langchain_logtoku.tools`, decoded
+  works through SmolLM2's tool-call prompt and format (:mod:`langchain_logtoku.tools`), decoded
   under a grammar (a forced ``tool_choice`` always gives a well-formed call); the integration
   tests the 135M model still cannot pass are marked as expected failures at the end of this
   file (``_BEYOND_THE_MODEL``, each with the reason), never skipped.
@@ -16,8 +16,8 @@ properties, never by skipping tests by hand:
 - ``returns_usage_metadata`` stays True (prompt and answer token counts are reported).
 
 The unit suite never loads the model (the default backend is built lazily). The integration
-suite runs on the embedded model, shared with the other slow tests, with ``max_tokens=64`` (room
-for a whole tool call).
+suite runs on the embedded model, shared with the other slow tests, with ``max_tokens=96`` and
+``max_string_length=48`` (room for a whole call of two capped strings).
 """
 
 from __future__ import annotations
@@ -124,29 +124,25 @@ class TestChatLogTokUIntegration(_Capabilities, ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"backend": self._backend, "max_tokens": 64}
+        return {"backend": self._backend, "max_tokens": 96, "max_string_length": 48}
 
 
 # -- what the 135M model itself cannot do -----------------------------------------------------
-# Tool calls are decoded under a grammar (langchain_logtoku._structured), so with a forced
-# tool_choice the model always emits a well-formed call: test_tool_calling, test_tool_choice,
-# test_tool_calling_with_no_arguments and test_unicode_tool_call_integration pass. What the
-# grammar cannot give is an *end*: the remaining tests fail because SmolLM2-135M-Instruct,
-# greedy, loops inside a string value until max_tokens (measured: '{"punchline": "The cat was
-# having a cat-themed party, and the cat was having a cat-themed party, and ...') or, with
-# tool_choice="auto", answers in prose. They are expected failures, not skips: an XPASS is
-# reported if a model ever passes them.
-_LOOPS = (
-    "the 135M model loops inside a JSON string value ('... and the cat was having a cat-themed party, and ...') until max_tokens"
-)
+# Tool calls and structured output are decoded under a grammar (langchain_logtoku._structured),
+# in SmolLM2's trained tool-call format, with every string the schema leaves unbounded capped at
+# max_string_length=48 characters: so with a forced tool_choice, and for every structured-output
+# and JSON-mode test, the model emits well-formed JSON that ends (measured: the 135M model, greedy,
+# loops inside a string, '"setup": "I'm a cat, I'm a cat, I'm a cat, I'm a cat, I'm-"', and the
+# cap closes it; without it the answer ran to max_tokens). What no prompt or grammar gives is the
+# decision to call a tool: with tool_choice="auto" the model answers in prose
+# (benchmarks/tool_calls/RESULTS.md: 0/10 calls started on prompts that need a tool; its
+# probability of opening a call is about 1%). That test is an expected failure, not a skip: an
+# XPASS is reported if a model ever passes it.
 _BEYOND_THE_MODEL: dict[str, str] = {
-    "test_bind_runnables_as_tools": "the 135M model runs 'answer_style' on until max_tokens ('This is a custom greeting...')",
-    "test_agent_loop": "with tool_choice='auto' the 135M model answers in prose ('The weather in San Francisco, CA, is a ...')",
-    "test_structured_output": _LOOPS,
-    "test_structured_output_async": _LOOPS,
-    "test_structured_output_pydantic_2_v1": _LOOPS,
-    "test_structured_output_optional_param": _LOOPS,
-    "test_json_mode": _LOOPS,
+    "test_agent_loop": (
+        "with tool_choice='auto' the 135M model answers in prose ('The weather in San Francisco, CA, is typically "
+        "described as ...'): p(opening a call) 0.012, rank 16, under SmolLM2's own tool prompt"
+    ),
 }
 
 

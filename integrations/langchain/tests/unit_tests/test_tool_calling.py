@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ pytest.importorskip("langchain_core")
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from pydantic import BaseModel
 
 from langchain_logtoku import ChatLogTokU
 from langchain_logtoku._convert import to_core_messages
@@ -37,6 +39,16 @@ def test_parse_valid_invalid_and_unknown() -> None:
     assert parse_tool_calls("Paris.", ["lookup"]) == ("Paris.", [], [])
 
 
+def test_parse_lists_of_calls_as_smollm2_writes_them() -> None:
+    elena, bo = '{"name": "lookup", "arguments": {"name": "Elena"}}', '{"name": "lookup", "arguments": {"name": "Bo"}}'
+    text = f"<tool_call>[\n{elena},\n{bo}\n]</tool_call>"
+    content, calls, invalid = parse_tool_calls(text, ["lookup"])
+    assert content == "" and [c["args"]["name"] for c in calls] == ["Elena", "Bo"] and invalid == []
+    assert parse_tool_calls("<tool_call>[]</tool_call>", ["lookup"]) == ("", [], [])  # the format's "no call needed"
+    _, calls, invalid = parse_tool_calls('<tool_call>[\n{"name": "lookup", "arguments": {"name": "El', ["lookup"])
+    assert calls == [] and invalid[0]["error"].startswith("not JSON")  # cut by the token limit
+
+
 def _model(seen: list[Any]) -> ChatLogTokU:
     pieces = ["<tool_call>", '{"name": "lookup", ', '"arguments": {"name": "Elena"}}', "</tool_call>"]
 
@@ -54,6 +66,7 @@ def test_bound_tools_are_prompted_parsed_and_scored() -> None:
     message = _model(seen).bind_tools([lookup], tool_choice="any").invoke("Who is Elena?")
     system = seen[0][0]
     assert system.role == "system" and '"name": "lookup"' in system.content and "must call one of the tools" in system.content
+    assert system.content.startswith("You are an expert in composing functions.") and "<tools>[{" in system.content
     assert message.tool_calls[0]["name"] == "lookup" and message.tool_calls[0]["args"] == {"name": "Elena"}
     tokens = message.response_metadata["logtoku"]["tokens"]
     assert len(tokens) == 4 and tokens[1]["eu"] > tokens[0]["eu"]  # the call's tokens are scored: an unsure argument
@@ -71,8 +84,9 @@ def test_tool_messages_are_accepted() -> None:
     answer = model.invoke(history)
     assert answer.content == "No entry." and answer.tool_calls == []
     turns = seen[-1]
-    assert turns[-2].role == "assistant" and turns[-2].content.startswith("<tool_call>")
-    assert turns[-1].role == "user" and '"content": "Elena: no entry"' in turns[-1].content
+    call = '<tool_call>[\n{"name": "lookup", "arguments": {"name": "Elena"}}\n]</tool_call>'  # SmolLM2's trained format
+    assert turns[-2].role == "assistant" and turns[-2].content == call
+    assert turns[-1].role == "user" and turns[-1].content == "<tool_response>\nElena: no entry\n</tool_response>"
 
 
 def test_stream_with_tools_is_one_chunk() -> None:
@@ -105,3 +119,18 @@ def test_ai_message_tool_use_blocks_are_read_from_tool_calls() -> None:
     assert turns[1].content.count("magic_function") == 1  # rendered once, from tool_calls
     with pytest.raises(InvalidPromptError, match="'image_url' content block"):
         to_core_messages([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "x"}}])])
+
+
+def test_streamed_structured_output_parses_the_call() -> None:
+    """``stream()`` with tools bound hands over the whole message: LangChain's parsers read its calls."""
+
+    class Person(BaseModel):
+        name: str
+
+    pieces = ["<tool_call>[\n", '{"name": "Person", ', '"arguments": {"name": "Elena"}}', "\n]</tool_call>"]
+    backend = ScriptedBackend(lambda _: ScriptedAnswer(pieces, [[9.0, 0.1]] * 4))
+    llm = ChatLogTokU(backend=backend, logtoku_profile=None)
+    assert list(llm.with_structured_output(Person).stream("Who?")) == [Person(name="Elena")]
+    message = llm.bind_tools([Person]).invoke("Who?")
+    (raw,) = message.additional_kwargs["tool_calls"]
+    assert raw["id"] == message.tool_calls[0]["id"] and json.loads(raw["function"]["arguments"]) == {"name": "Elena"}
