@@ -22,6 +22,7 @@ fed to a grammar of ``"[\n" call "\n]</tool_call>"`` and every later token is ma
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -43,6 +44,8 @@ from logtoku_guard.constraints import (
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["GrammarEngine", "RowGrammar", "allowed_tokens", "grammar_text", "require_llguidance"]
+
+log = logging.getLogger(__name__)
 
 
 def require_llguidance() -> Any:
@@ -133,7 +136,8 @@ class RowGrammar:
 
     ``matcher`` None: an ``"auto"`` tool-call row still in prose (no mask until the call opens).
     ``broken``: the row's text opened a call whose first bytes the grammar rejects (the model
-    wrote them in the same token as the opening tag); the row then runs unconstrained.
+    wrote them in the same token as the opening tag); the row then runs unconstrained, and a
+    warning is logged.
     """
 
     def __init__(self, engine: GrammarEngine, matcher: Any, constraint: Constraint) -> None:
@@ -176,6 +180,11 @@ class RowGrammar:
         matcher = self.engine.matcher(grammar_text(self.constraint, after_open=True))
         if rest and not matcher.consume_tokens(tokenizer.tokenize_bytes(rest)):
             self.broken = True
+            log.warning(
+                "the model opened a tool call with %r in the same token, which the call's grammar rejects: "
+                "the rest of this answer is not constrained (its call may not parse)",
+                rest[:40],
+            )
             return False
         self.matcher = matcher
         return bool(matcher.is_stopped())

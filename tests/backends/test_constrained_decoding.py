@@ -182,3 +182,34 @@ def test_bounded_schema_bounds_only_unbounded_strings() -> None:
     with pytest.raises(ConfigurationError, match="max_string_length must be a positive number"):
         JsonSchema(schema, max_string_length=0)
     assert JsonSchema(schema, max_string_length=4) != JsonSchema(schema)
+
+
+def test_a_call_opened_with_bytes_its_grammar_rejects_runs_unconstrained_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """An "auto" row whose token carries the opening tag *and* bytes the call's grammar refuses
+    cannot be constrained any more: it goes on unmasked, and a warning says so (never silently)."""
+    from logtoku_guard.constraints import ToolCalls
+    from logtoku_guard.grammar import RowGrammar
+
+    class Matcher:
+        def consume_tokens(self, tokens: list[int]) -> bool:
+            return False
+
+    class Tokenizer:
+        def decode_bytes(self, ids: list[int]) -> bytes:
+            return b"Sure <tool_call>}"
+
+        def tokenize_bytes(self, data: bytes) -> list[int]:
+            return list(data)
+
+    class Engine:
+        tokenizer = Tokenizer()
+
+        def matcher(self, grammar: str) -> Matcher:
+            return Matcher()
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+    row = RowGrammar(Engine(), None, ToolCalls(tools, "auto"))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="logtoku_guard.grammar"):
+        assert row.advance(7) is False
+    assert row.broken and not row.active
+    assert "not constrained" in caplog.text and "b'}'" in caplog.text
