@@ -12,6 +12,7 @@ to a tokenized row that fits the context) and the batcher's worker (its decode l
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, to_messages
 
 if TYPE_CHECKING:
@@ -27,7 +28,29 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.decode_loop import PreparedRow
     from logtoku_guard.uncertainty import EvidenceMode
 
-__all__ = ["BatchedBackend", "question_of"]
+__all__ = ["BatchedBackend", "fit_new_tokens", "question_of"]
+
+logger = logging.getLogger(__name__)
+
+
+def fit_new_tokens(n_prompt: int, max_new_tokens: int, context: int | None) -> int:
+    """How many tokens a row may generate after an ``n_prompt``-token prompt in a ``context``-token
+    window (None: unbounded): ``max_new_tokens``, cut (with a warning) to what fits; a prompt that
+    fills the window is a :class:`~logtoku_guard.errors.PromptTooLongError`."""
+    if context is None:
+        return max_new_tokens
+    if n_prompt >= context:
+        raise PromptTooLongError(n_prompt, context)
+    if n_prompt + max_new_tokens > context:
+        logger.warning(
+            "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
+            max_new_tokens,
+            n_prompt,
+            context,
+            context - n_prompt,
+        )
+        return context - n_prompt
+    return max_new_tokens
 
 
 def question_of(messages: Sequence[ChatMessage]) -> str:

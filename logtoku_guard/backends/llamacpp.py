@@ -23,19 +23,18 @@ Importing this module does not import llama_cpp: constructing the backend does, 
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batched import BatchedBackend, question_of
+from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
-from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError
+from logtoku_guard.errors import ConfigurationError, ModelLoadError
 from logtoku_guard.types import ChatMessage, DecodingOptions
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend"]
 
-logger = logging.getLogger(__name__)
 
 BACKEND_SUFFIX = "@llamacpp"
 """Appended to the model's name (``smollm2-135m-instruct@llamacpp``): profiles and guards are per backend."""
@@ -213,19 +211,7 @@ class LlamaCppBackend(BatchedBackend):
             raise ConfigurationError(msg)
         offsets = self._tokenizer.offsets(text, ids)
         span = question_span(text, question_of(messages), offsets, [1] * len(ids))
-        ctx = self._model.n_ctx
-        if len(ids) >= ctx:
-            raise PromptTooLongError(len(ids), ctx)
-        limit = options.max_new_tokens
-        if len(ids) + limit > ctx:
-            logger.warning(
-                "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
-                limit,
-                len(ids),
-                ctx,
-                ctx - len(ids),
-            )
-            limit = ctx - len(ids)
+        limit = fit_new_tokens(len(ids), options.max_new_tokens, self._model.n_ctx)
         grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None
         return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 

@@ -23,14 +23,13 @@ or warnings around our calls unless ``verbose``).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batched import BatchedBackend, question_of
+from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import DecodeLoop, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
@@ -39,7 +38,7 @@ from logtoku_guard.backends.processors import check_generation_config
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
-from logtoku_guard.errors import ConfigurationError, PromptTooLongError
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 
 __all__ = ["THREADS_ENV", "NoChatTemplateWarning", "TransformersBackend", "default_threads"]
 
-logger = logging.getLogger(__name__)
 
 THREADS_ENV = "LOGTOKU_GUARD_THREADS"
 
@@ -266,20 +264,7 @@ class TransformersBackend(BatchedBackend):
         enc = self._tokenizer(text, add_special_tokens=not has_template, return_offsets_mapping=fast)
         ids = list(enc["input_ids"])
         span = question_span(text, question_of(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
-        ctx = self.context_window
-        limit = options.max_new_tokens
-        if ctx is not None:
-            if len(ids) >= ctx:
-                raise PromptTooLongError(len(ids), ctx)
-            if len(ids) + limit > ctx:
-                logger.warning(
-                    "max_new_tokens=%d does not fit after a %d-token prompt in a %d-token context; generating at most %d",
-                    limit,
-                    len(ids),
-                    ctx,
-                    ctx - len(ids),
-                )
-                limit = ctx - len(ids)
+        limit = fit_new_tokens(len(ids), options.max_new_tokens, self.context_window)
         grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None
         return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 
