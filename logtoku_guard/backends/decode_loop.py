@@ -77,6 +77,24 @@ class Scoring:
     max_logprobs: int
     eos_ids: frozenset[int]
 
+    def recorder(
+        self, tokenizer: Any, on_token: Callable[[int, TokenScore], None], on_row_done: Callable[[int, Row], None]
+    ) -> StepRecorder:
+        """The step recorder of a continuous batch: no rows yet (they join as admitted), no stop
+        strings or cancel of its own (each row's are checked by the loop), this scoring."""
+        return StepRecorder(
+            k=self.k,
+            evidence=self.evidence,
+            tokenizer=tokenizer,
+            rows=[],
+            stop=(),
+            eos_ids=self.eos_ids,
+            on_token=on_token,
+            cancel=None,
+            max_logprobs=self.max_logprobs,
+            on_row_done=on_row_done,
+        )
+
 
 @dataclass(eq=False)
 class LiveRow:
@@ -214,18 +232,7 @@ class DecodeLoop(JobRows):
         self.batch = KVBatch()
         self.live: list[LiveRow] = []
         self.results: dict[Job, dict[int, Generation]] = {}
-        self.recorder = StepRecorder(
-            k=scoring.k,
-            evidence=scoring.evidence,
-            tokenizer=tokenizer,
-            rows=[],
-            stop=(),
-            eos_ids=scoring.eos_ids,
-            on_token=self._on_token,
-            cancel=None,
-            max_logprobs=scoring.max_logprobs,
-            on_row_done=self._on_row_done,
-        )
+        self.recorder = scoring.recorder(tokenizer, self._on_token, self._on_row_done)
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         self.cache_arg = cache_arg(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         self._build_processors()

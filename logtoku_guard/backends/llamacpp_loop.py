@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from logtoku_guard.backends.batching import Job, JobRows
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
-from logtoku_guard.backends.recorder import Row, StepRecorder
+from logtoku_guard.backends.recorder import Row
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
@@ -119,18 +119,7 @@ class LlamaDecodeLoop(JobRows):
         self.admitted: list[Sequence] = []  # rows being prefilled, FCFS
         self.waiting: list[tuple[Job, int, PreparedRow]] = []
         self.results: dict[Job, dict[int, Generation]] = {}
-        self.recorder = StepRecorder(
-            k=scoring.k,
-            evidence=scoring.evidence,
-            tokenizer=tokenizer,
-            rows=[],
-            stop=(),
-            eos_ids=scoring.eos_ids,
-            on_token=self._on_token,
-            cancel=None,
-            max_logprobs=scoring.max_logprobs,
-            on_row_done=self._on_row_done,
-        )
+        self.recorder = scoring.recorder(tokenizer, self._on_token, self._on_row_done)
         self.rng: np.random.Generator | None = None
 
     # -- the loop ------------------------------------------------------------------------------
