@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
 
 __all__ = [
+    "OPS",
     "AllOf",
     "AnyOf",
     "Check",
@@ -36,11 +37,13 @@ __all__ = [
     "Op",
     "Quantile",
     "StrictModel",
+    "combinator_kind",
     "describe_checks",
 ]
 
 Op = Literal[">", ">=", "<", "<="]
-_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+"""Each comparison operator of a rule (:data:`Op`) as a function."""
 
 
 class StrictModel(BaseModel):
@@ -121,10 +124,10 @@ class Compare(StrictModel):
         observed = stats.get(stat)
         why = stats.undefined_reason(stat) if math.isnan(observed) else None
         if undefined == "never_fires":
-            ok = math.isfinite(observed) and _OPS[self.op](observed, threshold)
+            ok = math.isfinite(observed) and OPS[self.op](observed, threshold)
         else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
             value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
-            ok = _OPS[self.op](value, threshold)
+            ok = OPS[self.op](value, threshold)
         checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why))
         return ok
 
@@ -197,14 +200,22 @@ class NotOf(StrictModel):
         return not self.not_.evaluate(stats, profile, checks, undefined)
 
 
-def _condition_kind(v: Any) -> str:
-    if isinstance(v, BaseModel):
-        return type(v).__name__
-    if isinstance(v, Mapping):
-        for key, tag in (("stat", "Compare"), ("all", "AllOf"), ("any", "AnyOf"), ("not", "NotOf")):
-            if key in v:
-                return tag
-    return "Compare"  # reports the missing fields of a comparison
+def combinator_kind(compare: str, all_of: str, any_of: str, not_of: str) -> Callable[[Any], str]:
+    """The discriminator of a condition union: a parsed node's class name, else the tag its key
+    names (``stat``: the comparison, ``all``, ``any``, ``not``); a mapping with none of them is
+    read as a comparison, so its missing fields are what the error reports."""
+    tags = (("stat", compare), ("all", all_of), ("any", any_of), ("not", not_of))
+
+    def kind(v: Any) -> str:
+        if isinstance(v, BaseModel):
+            return type(v).__name__
+        if isinstance(v, Mapping):
+            for key, tag in tags:
+                if key in v:
+                    return tag
+        return compare
+
+    return kind
 
 
 Condition = Annotated[
@@ -214,7 +225,7 @@ Condition = Annotated[
         Annotated[AnyOf, Tag("AnyOf")],
         Annotated[NotOf, Tag("NotOf")],
     ],
-    Discriminator(_condition_kind),
+    Discriminator(combinator_kind("Compare", "AllOf", "AnyOf", "NotOf")),
 ]
 AllOf.model_rebuild()
 AnyOf.model_rebuild()

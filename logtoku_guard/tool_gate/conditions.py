@@ -14,19 +14,16 @@ policy says ``undefined: never_fires``.
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator
 
-from logtoku_guard.conditions import Op, StrictModel
+from logtoku_guard.conditions import OPS, Op, StrictModel, combinator_kind
 from logtoku_guard.tool_gate.scores import ArgumentStat, ScoredToolCall
 
 __all__ = ["ArgumentCheck", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolCondition", "ToolNotOf"]
-
-_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
 @dataclass(frozen=True)
@@ -101,11 +98,11 @@ class ArgumentCompare(StrictModel):
             elif math.isnan(observed):
                 why = "empty value" if score.tokens == 0 else "NaN scores"
             if why is None:
-                ok = _OPS[self.op](observed, self.value)
+                ok = OPS[self.op](observed, self.value)
             elif undefined == "never_fires":
                 ok = False
             else:  # the least reliable value: -inf for logprob, +inf for the rest
-                ok = _OPS[self.op](-math.inf if self.stat == "logprob" else math.inf, self.value)
+                ok = OPS[self.op](-math.inf if self.stat == "logprob" else math.inf, self.value)
             checks.append(ArgumentCheck(call.name, name, self.stat, self.op, self.value, None if why else observed, ok, why))
             fired = fired or ok
         return fired
@@ -157,16 +154,6 @@ class ToolNotOf(StrictModel):
         return not self.not_.evaluate(call, checks, undefined)
 
 
-def _kind(v: Any) -> str:
-    if isinstance(v, BaseModel):
-        return type(v).__name__
-    if isinstance(v, Mapping):
-        for key, tag in (("stat", "ArgumentCompare"), ("all", "ToolAllOf"), ("any", "ToolAnyOf"), ("not", "ToolNotOf")):
-            if key in v:
-                return tag
-    return "ArgumentCompare"  # reports the missing fields of a comparison
-
-
 ToolCondition = Annotated[
     Union[  # noqa: UP007
         Annotated[ArgumentCompare, Tag("ArgumentCompare")],
@@ -174,7 +161,7 @@ ToolCondition = Annotated[
         Annotated[ToolAnyOf, Tag("ToolAnyOf")],
         Annotated[ToolNotOf, Tag("ToolNotOf")],
     ],
-    Discriminator(_kind),
+    Discriminator(combinator_kind("ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolNotOf")),
 ]
 ToolAllOf.model_rebuild()
 ToolAnyOf.model_rebuild()
