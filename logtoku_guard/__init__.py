@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import (
     AuditStoreError,
+    BackendError,
     ConfigurationError,
     DatasetUnavailableError,
     InvalidPromptError,
@@ -116,6 +117,7 @@ __all__ = [
     "AuditRecord",
     "AuditStore",
     "AuditStoreError",
+    "BackendError",
     "Backend",
     "ChatMessage",
     "ConfigurationError",

@@ -13,6 +13,8 @@ Hierarchy (every class is exported from ``logtoku_guard``)::
     ├── GuardRejectedError                the policy's ``raise`` action; carries the GuardResult
     │                                     (defined beside it, in :mod:`logtoku_guard.results`)
     ├── ModelLoadError                    a model path or id that cannot be loaded locally
+    ├── BackendError (RuntimeError)       a backend's native library cannot run here (llama.cpp's
+    │                                     smoke decode died: signal, build and the rebuild to do)
     ├── MissingDependencyError (ImportError)  an optional package is not installed
     ├── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
     ├── RemoteServerError                 a remote server unreachable, refusing, or unreadable
@@ -132,6 +134,15 @@ class RemoteServerError(LogTokUError):
 
 class ModelLoadError(LogTokUError):
     """A model id or folder that cannot be loaded from local files."""
+
+
+class BackendError(LogTokUError, RuntimeError):
+    """A backend's native code cannot run on this machine (a build for instructions the CPU lacks).
+
+    Raised before the first decode in the user's process, from a check run in a subprocess, so
+    that a native crash (``SIGILL``, ``SIGSEGV``) is an error naming the cause instead of the end
+    of the process.
+    """
 
 
 class MissingDependencyError(LogTokUError, ImportError):

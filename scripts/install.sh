@@ -36,10 +36,54 @@ fi
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+
+# llama.cpp is compiled for a portable baseline, not for this CPU: llama-cpp-python's default
+# (-march=native) takes every instruction CPUID advertises, and a cloud VM may advertise some
+# (AMX, AVX-512) its hypervisor does not let it run, which kills the process with SIGILL at the
+# first decode. GGML_NATIVE=OFF with x86-64-v3 (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX) runs on
+# any x86-64 CPU of the last ten years; other architectures get the compiler's generic baseline.
+# Set CMAKE_ARGS yourself to build otherwise (e.g. "-DGGML_NATIVE=ON" where you trust the CPU).
+LLAMACPP_VERSION="0.3.36"
+LLAMACPP_PORTABLE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+[[ "$(uname -m)" == x86_64 ]] || LLAMACPP_PORTABLE_ARGS="-DGGML_NATIVE=OFF"
+install_llamacpp() {
+    local args="${CMAKE_ARGS:-$LLAMACPP_PORTABLE_ARGS}"
+    local marker="$VENV/llama-cpp-build.txt"
+    local want
+    want="llama-cpp-python==$LLAMACPP_VERSION $("$VENV/bin/python" -c "import sys; print(sys.implementation.cache_tag)") $(uname -m) CMAKE_ARGS=$args"
+    # pip's wheel cache is keyed on the sdist, not on CMAKE_ARGS: a wheel it cached from another build
+    # would come back silently. Build into a folder named after the arguments, install from there, and
+    # write down what was built (the library's smoke check names it when decoding fails).
+    if [[ ! -f "$marker" || "$(cat "$marker")" != "$want" ]] || ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+        local key wheels
+        key="$(printf '%s' "$want" | sha256sum | cut -c1-16)"
+        wheels=".cache/llamacpp-wheels/$key"
+        if ! compgen -G "$wheels/llama_cpp_python-*.whl" >/dev/null; then
+            echo "building llama.cpp (llama-cpp-python $LLAMACPP_VERSION) with CMAKE_ARGS=\"$args\": 10-15 min on 2 busy cores" >&2
+            rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
+            CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+                pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$wheels.tmp" "llama-cpp-python==$LLAMACPP_VERSION"
+            rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+        fi
+        pip install -q --no-deps --force-reinstall "$wheels"/llama_cpp_python-*.whl
+        printf '%s\n' "$want" > "$marker"
+    fi
+}
+check_llamacpp() {
+    # A build that cannot run here stops the install now, with the reason, instead of killing the
+    # first program that decodes: load the embedded GGUF, prefill past one batch, decode a few tokens.
+    if ! "$VENV/bin/python" -m logtoku_guard.backends.llamacpp_check; then
+        echo "error: the llama.cpp build installed in $VENV cannot decode on this machine (above: what happened and how to rebuild)" >&2
+        exit 1
+    fi
+}
 pip install -q --upgrade pip
 # Pin the CPU build that lies on this machine's disk; an open range could pull a multi-GB CUDA build.
 pip install -q "torch==2.13.0"
+# llama-cpp-python first (the llamacpp extra below then finds it installed and builds nothing).
+if [[ "$llamacpp" == 1 ]]; then install_llamacpp; fi
 pip install -q -e ".[${extras}]"
+if [[ "$llamacpp" == 1 ]]; then check_llamacpp; fi
 # The integrations: langchain-logtoku, llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm
 # (each requires the logtoku-guard installed just above); --dev installs them editable, with their test groups.
 if [[ "$dev" == 1 ]]; then

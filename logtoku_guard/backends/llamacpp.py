@@ -18,7 +18,10 @@ transformers backend's (llama.cpp computes with the quantised weights, transform
 float32 de-quantisation): each backend has its own model name, hence its own calibration profile.
 
 Importing this module does not import llama_cpp: constructing the backend does, and raises
-:class:`~logtoku_guard.errors.MissingDependencyError` naming the extra when it is missing.
+:class:`~logtoku_guard.errors.MissingDependencyError` naming the extra when it is missing. Before
+that, the first backend of a process checks in a child process that the installed build decodes
+on this CPU (:mod:`~logtoku_guard.backends.llamacpp_check`, remembered per build and model): a build
+for instructions the machine cannot run raises :class:`~logtoku_guard.errors.BackendError`.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from logtoku_guard.uncertainty import (
 if TYPE_CHECKING:
     from logtoku_guard.grammar import GrammarEngine
 
-__all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend"]
+__all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend", "resolve_gguf"]
 
 
 BACKEND_SUFFIX = "@llamacpp"
@@ -111,6 +114,7 @@ class LlamaCppBackend(BatchedBackend):
         model_name: str | None = None,
         verbose: bool | None = None,
     ) -> None:
+        from logtoku_guard.backends.llamacpp_check import ensure_decodes
         from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer, import_llama_cpp
 
         validate_k(k)
@@ -126,8 +130,11 @@ class LlamaCppBackend(BatchedBackend):
             msg = f"max_logprobs must be a non-negative integer (raw top logits kept per token), got {max_logprobs!r}"
             raise ConfigurationError(msg)
         self._n_threads = default_n_threads(n_threads)
-        path, default_name = _resolve(model)
-        import_llama_cpp(is_verbose(verbose))  # a missing extra fails before anything else
+        path, default_name = resolve_gguf(model)
+        # Before llama.cpp's libraries enter this process: a build this CPU cannot run is a
+        # BackendError naming the signal and the rebuild, not the end of the process (llamacpp_check).
+        ensure_decodes(path, n_threads=self._n_threads)
+        import_llama_cpp(is_verbose(verbose))
         self._model = LlamaModel(path, n_ctx=n_ctx, n_seq=2 * max_batch, n_threads=self._n_threads, verbose=is_verbose(verbose))
         self._tokenizer = LlamaTokenizer(self._model)
         vocab = self._model.n_vocab
@@ -239,7 +246,7 @@ class LlamaCppBackend(BatchedBackend):
             loop.run(jobs)
 
 
-def _resolve(model: str | Path | None) -> tuple[Path, str]:
+def resolve_gguf(model: str | Path | None) -> tuple[Path, str]:
     """The GGUF file to load and the model's default name."""
     if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
         return embedded_gguf_path(), EMBEDDED_MODEL

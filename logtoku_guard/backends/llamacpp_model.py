@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = ["LlamaModel", "LlamaTokenizer", "import_llama_cpp", "render_chat"]
 
-INSTALL_HINT = "pip install 'logtoku-guard[llamacpp]'"
+INSTALL_HINT = (
+    "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\" pip install 'logtoku-guard[llamacpp]' (a portable build: without "
+    "GGML_NATIVE=OFF llama.cpp is compiled for every instruction the CPU advertises, which a VM may not run), "
+    "or bash scripts/install.sh --llamacpp in a checkout"
+)
 
 
 def import_llama_cpp(verbose: bool = False) -> Any:
@@ -62,10 +66,13 @@ class LlamaModel:
         n_seq: most sequences in the KV cache at once (batch rows, and rows that ended whose
             cells are not freed yet).
         n_threads: CPU threads for decoding and prompt processing.
+        n_ubatch: most tokens llama.cpp computes in one pass of a prefill (longer prompts take several).
         verbose: let llama.cpp print its loading log.
     """
 
-    def __init__(self, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, verbose: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, n_ubatch: int = 512, verbose: bool = False
+    ) -> None:
         import numpy as np
 
         self.lib = lib = import_llama_cpp(verbose)
@@ -86,7 +93,7 @@ class LlamaModel:
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_ctx
-        cparams.n_ubatch = min(n_ctx, 512)
+        cparams.n_ubatch = min(n_ctx, n_ubatch)
         cparams.n_seq_max = n_seq
         cparams.kv_unified = True
         cparams.n_threads = n_threads

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -226,6 +227,18 @@ def ask(
     thresholds = guard.quadrants or _common.answer_median(result.generation)
     _common.render_generation(result.generation, thresholds, percentile)
     d = result.decision
+    score = d.stats.as_dict().get("guard_score")
+    _common.out.print(
+        (
+            f"Guard score: {score:.4g} (the answer's predicted probability of being right)"
+            if isinstance(score, float) and math.isfinite(score)
+            else "Guard score: - (the profile has no fitted guard)"
+        )
+        + "; checks: "
+        + ("; ".join(c.describe() for c in d.checks) or "none (no rule compares a statistic)"),
+        highlight=False,
+        markup=False,
+    )
     _common.out.print(
         f"Action: [{ACTION_STYLE[result.action]}]{result.action}[/] (rule: {d.rule or '-'}; {d.reason}); "
         f"attempts: {len(result.attempts)}; trace: {result.trace_id}"

@@ -59,7 +59,7 @@ def serve(
         typer.Option(
             "--backend",
             help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
-            "pip install 'logtoku-guard[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply).",
+            "pip install 'logtoku-guard\\[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply).",
         ),
     ] = "transformers",
 ) -> None:

@@ -3,7 +3,12 @@
 Each step's scores are checked against the raw logits that a reference loop reads from the same
 llama.cpp context (the same decode calls, one sequence), and the greedy tokens against llama.cpp's
 own greedy sampler on those logits. Skipped only where llama-cpp-python is not installed
-(``pip install 'logtoku-guard[llamacpp]'``; ``scripts/install.sh --dev`` installs it, so CI runs these).
+(``pip install 'logtoku-guard[llamacpp]'``; ``scripts/install.sh --dev`` installs it, so CI runs these,
+and under CI a missing llama-cpp-python fails them).
+
+Nothing here decodes in the test process before the smoke check of ``llamacpp_check`` has decoded
+in a child process: a build this CPU cannot run fails these tests with the signal and the rebuild,
+instead of killing pytest before its summary line.
 """
 
 from __future__ import annotations
@@ -14,20 +19,38 @@ from typing import Any
 
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'")
+import importlib.util
+
+from support.postgres import in_ci
+
+if importlib.util.find_spec("llama_cpp") is None:  # found without importing: importing loads the native libraries
+    if in_ci():
+        pytest.fail("llama-cpp-python is not installed: scripts/install.sh --dev must install it under CI", pytrace=False)
+    pytest.skip("llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'", allow_module_level=True)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from logtoku_guard.backends.base import Backend  # noqa: E402
 from logtoku_guard.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from logtoku_guard.backends.llamacpp_check import ensure_decodes  # noqa: E402
 from logtoku_guard.backends.llamacpp_loop import question_positions  # noqa: E402
-from logtoku_guard.errors import ConfigurationError, ModelLoadError, PromptTooLongError  # noqa: E402
+from logtoku_guard.embedded import embedded_gguf_path  # noqa: E402
+from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError  # noqa: E402
 from logtoku_guard.types import DecodingOptions, to_messages  # noqa: E402
 from logtoku_guard.uncertainty import logsumexp_entropy, rescore  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 GREEDY = DecodingOptions(max_new_tokens=12)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _decodes_here() -> None:
+    """Every test here stands behind the smoke check (the reference loop below calls llama_cpp directly)."""
+    try:
+        ensure_decodes(embedded_gguf_path(), n_threads=2)
+    except BackendError as exc:
+        pytest.fail(f"the installed llama.cpp cannot decode on this machine: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +66,8 @@ def reference(b: LlamaCppBackend, prompt: str, steps: int) -> tuple[list[np.ndar
     Returns each step's raw logits, the sampler's tokens, and the prefill's logits at the positions
     that predict the question's tokens (as the backend asks for them).
     """
+    import llama_cpp
+
     prepared = b._prepare(to_messages(prompt), DecodingOptions(max_new_tokens=steps))
     ids, kept = prepared.ids, question_positions(prepared)
     m = b._model
