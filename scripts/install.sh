@@ -9,7 +9,7 @@
 #                                    # llama.cpp backend (llamacpp extra), and Debian's Chromium and PostgreSQL server for the
 #                                    # browser and PostgreSQL tests
 #   bash scripts/install.sh --llamacpp  # ... plus the llama.cpp backend (llama-cpp-python, built from source: needs a C/C++
-#                                    # compiler and cmake, ~5 min on 2 cores; CMAKE_ARGS passes llama.cpp build options)
+#                                    # compiler and cmake, 6-15 min on 2 cores; built portably, see below; CMAKE_ARGS overrides)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"

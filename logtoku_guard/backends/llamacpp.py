@@ -61,7 +61,13 @@ DEFAULT_N_CTX = 4096
 
 
 def default_n_threads(n_threads: int | None) -> int:
-    """``n_threads``, else ``$LOGTOKU_GUARD_THREADS``, else every CPU up to 8 (llama.cpp scales with cores)."""
+    """``n_threads``, else ``$LOGTOKU_GUARD_THREADS``, else 1 on a machine of 2 CPUs or fewer, half the CPUs (up to 8) above.
+
+    ggml's threads wait for each other by spinning: beside one other busy process on 2 CPUs, a
+    second thread halved the answer's speed (0.47x) where alone it gained 1.42x
+    (``benchmarks/bench_llamacpp_cpu.py --part threads``), so a small shared machine gets one
+    thread, and a larger one leaves half its CPUs to the rest (the transformers backend's rule).
+    """
     if n_threads is None:
         env = os.environ.get("LOGTOKU_GUARD_THREADS", "").strip()
         if env:
@@ -73,7 +79,8 @@ def default_n_threads(n_threads: int | None) -> int:
             if n_threads == 0:
                 n_threads = None
     if n_threads is None:
-        return max(1, min(8, os.cpu_count() or 1))
+        cpus = os.cpu_count() or 1
+        return 1 if cpus <= 2 else min(8, cpus // 2)
     if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
         msg = f"n_threads must be a whole number >= 1, got {n_threads!r}"
         raise ConfigurationError(msg)
@@ -86,7 +93,7 @@ class LlamaCppBackend(BatchedBackend):
     Args:
         model: ``"embedded"`` (or ``None``, ``"smollm2-135m-instruct"``) for the embedded
             SmolLM2-135M-Instruct GGUF, or the path of a ``.gguf`` file.
-        n_threads: CPU threads (default: ``$LOGTOKU_GUARD_THREADS``, else every CPU up to 8).
+        n_threads: CPU threads (default: ``$LOGTOKU_GUARD_THREADS``, else 1 on 2 CPUs or fewer, half the CPUs up to 8 above).
         n_ctx: KV-cache cells shared by the concurrent rows; one request (prompt plus its
             ``max_new_tokens``) must fit, and rows join a running batch while the cells they
             may need are free.

@@ -234,8 +234,8 @@ def ask(
             if isinstance(score, float) and math.isfinite(score)
             else "Guard score: - (the profile has no fitted guard)"
         )
-        + "; checks: "
-        + ("; ".join(c.describe() for c in d.checks) or "none (no rule compares a statistic)"),
+        + "; "
+        + ("; ".join(c.describe() for c in d.checks) if d.checks else f"no rule fired ({_thresholds(guard.policy)})"),
         highlight=False,
         markup=False,
     )
@@ -246,3 +246,15 @@ def ask(
         highlight=False,
     )
     _common.out.print(Text("Returned: ", style="bold") + Text(result.answer))
+
+
+def _thresholds(policy: Any) -> str:
+    """The policy's top-level comparisons (``guard_score < 0.2474``), for an answer no rule flagged."""
+    from logtoku_guard.conditions import Compare
+
+    shown = [
+        f"{r.name}: {r.when.stat} {r.when.op} {r.when.value if isinstance(r.when.value, float) else r.when.value!r}"
+        for r in policy.rules
+        if isinstance(r.when, Compare)
+    ]
+    return "; ".join(shown) or "its rules compare no single statistic"

@@ -152,3 +152,15 @@ def test_the_check_command_says_what_it_found_on_a_bad_build(isolated: Path, mon
 def test_signal_names_are_spelled_out() -> None:
     assert llamacpp_check._signal_name(signal.SIGILL) == "SIGILL (illegal instruction)"
     assert llamacpp_check._signal_name(200) == "signal 200"
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (4, 2), (12, 6), (64, 8)])
+def test_default_threads_leave_a_small_shared_machine_one_thread(monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int) -> None:
+    """Measured: on 2 CPUs beside one busy process a second llama.cpp thread halves the speed (README)."""
+    from logtoku_guard.backends.llamacpp import default_n_threads
+
+    monkeypatch.delenv("LOGTOKU_GUARD_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert default_n_threads(None) == threads
+    monkeypatch.setenv("LOGTOKU_GUARD_THREADS", "3")
+    assert default_n_threads(None) == 3 and default_n_threads(2) == 2

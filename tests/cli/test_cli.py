@@ -335,3 +335,19 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
     guard = ModelProfile.load(out).guard
     assert guard is not None and set(guard.reference_scores) == {"correct", "incorrect"}
     assert "guard score: logistic regression on labels my[bold]labels.jsonl" in res.output
+
+
+def test_ask_text_shows_the_guard_score_and_the_threshold_that_decided(tmp_path: Path, loads: list[Any]) -> None:
+    path = make_profile().save(tmp_path / "p.json")
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"))
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("Guard score:"))
+    # no fitted guard in this profile: the default rule fell back to a quantile of reliability, and fired
+    assert line.startswith("Guard score: - (the profile has no fitted guard); reliability ") and "(q0.796 of the profile)" in line
+    lenient = tmp_path / "lenient.json"
+    rule = {"name": "hopeless", "when": {"stat": "reliability", "op": "<", "value": -100.0}, "action": "abstain"}
+    lenient.write_text(json.dumps({"name": "lenient", "rules": [rule], "default_action": "pass"}))
+    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--policy", str(lenient))
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("Guard score:"))
+    assert line.endswith("no rule fired (hopeless: reliability < -100.0)"), line
