@@ -1,7 +1,8 @@
 """Uncertainty-gated tool calls: an agent's transfer waits for a person when the model is unsure
 of the amount; a sure call runs at once.
 
-Run: python examples/tool_gate.py   (offline; 1.9-2.4 s on an idle 2-core VM, 4-10 s on a busy one: imports of LangChain, LangGraph and SQLAlchemy)
+Run: python examples/tool_gate.py   (offline; 1.9-2.4 s on an idle 2-core VM, 4-10 s on a busy one:
+most of it imports LangChain, LangGraph and SQLAlchemy)
 
 The model here is SCRIPTED, not a real LLM: LangChain's ``GenericFakeChatModel`` replays answers
 whose tool calls carry per-argument scores in ``response_metadata["logtoku"]["tool_calls"]``, the

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible wire protocol, as pydantic models: vLLM's JSON with raw logits, plus LogTokU extras.
+"""The OpenAI-compatible wire protocol, as pydantic models: OpenAI's and vLLM's JSON, plus LogTokU extras.
 
 One definition of every body that crosses the wire, used by both ends: ``logtoku-guard serve``
 (FastAPI parses and documents the requests, and the responses are built from these models) and
@@ -8,16 +8,18 @@ and reads vLLM's or our server's responses with them). No web framework is impor
 Requests (:class:`ChatCompletionRequest`, :class:`CompletionRequest`) are strict: a JSON
 ``true`` is not an integer, ``"1"`` is not a number, numbers must be finite, ``seed`` is 0 to
 2**64 - 1. What depends on the server's settings (the largest ``max_tokens``, ``top_logprobs``
-<= K, the served model name) is checked by the server after parsing. Unknown fields are ignored,
+<= the alternatives kept, the served model name) is checked by the server after parsing. Unknown fields are ignored,
 as OpenAI clients send many. :func:`describe_errors` turns a validation error into one sentence
 naming the field, the value and what is accepted.
 
-Responses follow vLLM's shape with ``--logprobs-mode raw_logits``: every ``logprob`` is a **raw
-logit**, not a log-probability. Extensions an OpenAI client ignores: each chat
-``logprobs.content[]`` entry has ``logtoku`` (:class:`LogTokUToken`: AU, EU, the true
-full-softmax log p and entropy, token ids); a completion's ``logprobs.logtoku`` is the same
-list; each choice has ``logtoku`` (the response summary) and, under a policy, ``logtoku_guard``
-(the guard's decision). Response models ignore fields they do not know (vLLM sends many).
+Responses follow OpenAI's shape: every ``logprob`` is a log-probability (a server in vLLM's
+``--logprobs-mode raw_logits`` puts raw logits there instead; :mod:`logtoku_guard.server.wire`).
+Extensions an OpenAI client ignores: each chat ``logprobs.content[]`` entry has ``logtoku``
+(:class:`LogTokUToken`: the raw top-K logits, AU, EU, the full-softmax log p and entropy, token
+ids); a completion's ``logprobs.logtoku`` is the same list; each choice has ``logtoku`` (the
+response summary, with the question's own tokens scored in ``prompt_scores``) and, under a policy,
+``logtoku_guard`` (the guard's decision, never the withheld draft). Response models ignore fields
+they do not know (vLLM sends many).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from logtoku_guard import openai_tools as tw  # the tool-call models (tw: tools 
 from logtoku_guard.errors import short_repr
 from logtoku_guard.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
 from logtoku_guard.openai_errors import describe_errors as _describe
-from logtoku_guard.payloads import ResultPayload, SummaryPayload, TokenPayload
+from logtoku_guard.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
+from logtoku_guard.payloads import ServedDecisionPayload, SummaryPayload
 
 __all__ = [
     "SEED_MAX",
@@ -89,7 +92,7 @@ class ChatMessageParam(BaseModel):
     """
 
     model_config = _REQUEST
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     tool_calls: list[tw.ToolCall] | None = Field(default=None, description="The calls an assistant turn made.")
     tool_call_id: StrictStr | None = Field(default=None, description="A tool turn: the id of the call it answers.")
@@ -182,7 +185,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation, oldest turn first.")
     logprobs: StrictBool | None = Field(default=False, description="Return each token's raw top logits in logprobs.content.")
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most 20).")
     tools: list[tw.ToolParam] | None = Field(default=None, description=f"Functions the model may call (at most {tw.MAX_TOOLS}).")
     tool_choice: tw.ToolChoice | None = Field(
         default=None,
@@ -214,7 +217,7 @@ class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions`` (one prompt per request)."""
 
     prompt: StrictStr | list[StrictStr] = Field(description="The text to complete: one string (or a list of one).")
-    logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most the server's K).")
+    logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most 20).")
     echo: StrictBool | None = Field(default=False, description="Not supported: leave it out.")
     suffix: StrictStr | None = Field(default=None, description="Not supported: leave it out.")
 
@@ -251,14 +254,10 @@ class CompletionRequest(_SamplingRequest):
 _RESPONSE = ConfigDict(extra="ignore")
 
 
-class LogTokUToken(TokenPayload):
-    """The per-token ``logtoku`` extension: the token's payload plus the ids of its top-K logits."""
-
-    top_ids: list[int]
-
-
 class TopLogprob(BaseModel):
-    """One alternative: its text, raw logit (``logprob``) and UTF-8 bytes."""
+    """One alternative: its text, ``logprob`` and UTF-8 bytes.
+
+    ``logprob`` is a log-probability (a raw logit from a server in vLLM's ``raw_logits`` mode)."""
 
     model_config = _RESPONSE
     token: str
@@ -269,7 +268,8 @@ class TopLogprob(BaseModel):
 class ChatTokenLogprob(TopLogprob):
     """One generated token of a chat answer, its top alternatives and (from this server) ``logtoku``.
 
-    ``logprob`` is the chosen token's raw logit, ``None`` when a sampled token is outside the kept top-K.
+    ``logprob`` is the chosen token's log-probability (in vLLM's ``raw_logits`` mode its raw logit, ``None`` when
+    a sampled token is outside the kept alternatives); ``logtoku`` carries the raw top-K logits either way.
     """
 
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
@@ -282,7 +282,7 @@ class ChatLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """The legacy ``logprobs`` object of a completion choice (values: raw logits)."""
+    """The legacy ``logprobs`` object of a completion choice (values as in :class:`ChatTokenLogprob`)."""
 
     model_config = _RESPONSE
     text_offset: list[int] = Field(default_factory=list)
@@ -323,7 +323,9 @@ class _Choice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logtoku: SummaryPayload | None = Field(default=None, description="LogTokU scores of the answer (this server only).")
-    logtoku_guard: ResultPayload | None = Field(default=None, description="The guard's decision (this server, under a policy).")
+    logtoku_guard: ServedDecisionPayload | None = Field(
+        default=None, description="The guard's decision (this server, under a policy); never the withheld draft."
+    )
 
 
 class ChatChoice(_Choice):
@@ -413,7 +415,7 @@ class ErrorInfo(BaseModel):
     type: str
     param: str | None = None
     code: int | str | None = None
-    logtoku_guard: ResultPayload | None = None
+    logtoku_guard: ServedDecisionPayload | None = None
 
 
 class ErrorResponse(BaseModel):

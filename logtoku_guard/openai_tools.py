@@ -26,7 +26,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from logtoku_guard.errors import short_repr
 from logtoku_guard.openai_errors import WireValueError
-from logtoku_guard.payloads import SummaryPayload
+from logtoku_guard.payloads import SummaryPayload, TokenPayload
 
 __all__ = [
     "MAX_SCHEMA_CHARS",
@@ -38,6 +38,7 @@ __all__ = [
     "FunctionCallDelta",
     "FunctionDefinition",
     "JsonSchemaSpec",
+    "LogTokUToken",
     "NamedFunction",
     "NamedToolChoice",
     "ResponseFormat",
@@ -239,10 +240,21 @@ class ToolCallScoresPayload(TypedDict):
     arguments: dict[str, ArgumentScorePayload]
 
 
+class LogTokUToken(TokenPayload):
+    """The per-token ``logtoku`` extension: the token's payload plus the ids of its top-K logits."""
+
+    top_ids: list[int]
+
+
 class ChoiceScoresPayload(SummaryPayload):
-    """A choice's ``logtoku`` extra: the answer's summary and, when it called tools, each call's scores."""
+    """A choice's ``logtoku`` extra: the answer's summary and, when it called tools, each call's scores.
+
+    ``prompt_scores``: the question's own tokens scored at the prefill (what the guard's prompt-side
+    statistics are computed from), so a remote guard decides as a local one.
+    """
 
     tool_calls: NotRequired[list[ToolCallScoresPayload]]
+    prompt_scores: NotRequired[list[LogTokUToken]]
 
 
 # -- how the fields combine --------------------------------------------------------------------

@@ -69,6 +69,7 @@ __all__ = [
     "PolicyPayload",
     "QuadrantLabel",
     "ResultPayload",
+    "ServedDecisionPayload",
     "SummaryPayload",
     "ThresholdsPayload",
     "TimingsPayload",
@@ -80,6 +81,7 @@ __all__ = [
     "generation_payload",
     "json_float",
     "result_payload",
+    "served_decision_payload",
     "stats_payload",
     "summary_payload",
     "thresholds_payload",
@@ -229,6 +231,34 @@ class ResultPayload(TypedDict):
     timings: dict[str, float]
 
 
+class ServedDecisionPayload(TypedDict):
+    """The guard's decision as a client of ``logtoku-guard serve`` sees it (``choices[].logtoku_guard``,
+    and ``error.logtoku_guard`` of a ``raise``).
+
+    A :class:`ResultPayload` without what would leak a withheld draft: no ``draft``, no
+    ``tokens``, no ``answer`` (the response's content is the answer). ``withheld``: the model's
+    draft was not delivered (abstain, human review, raise); ``generated_tokens``: what every
+    attempt generated, the guard's own cost beyond the answer's (``usage`` counts the answer).
+    """
+
+    action: str
+    withheld: bool
+    rule: str | None
+    reason: str
+    reliability: float | None
+    attempts: int
+    route: list[AttemptPayload]
+    review_id: int | None
+    trace_id: str
+    stopped_early: bool
+    model: str
+    policy: PolicyPayload
+    checks: list[CheckPayload]
+    stats: dict[str, float | None]
+    timings: dict[str, float]
+    generated_tokens: int
+
+
 # -- builders ----------------------------------------------------------------------------------
 def thresholds_payload(thresholds: QuadrantThresholds | None) -> ThresholdsPayload | None:
     if thresholds is None:
@@ -352,6 +382,29 @@ def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = 
         stats=stats_payload(d.stats),
         tokens=[token_payload(t, thresholds) for t in g.tokens],
         timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
+    )
+
+
+def served_decision_payload(result: GuardResult) -> ServedDecisionPayload:
+    """:func:`result_payload` less the draft and its tokens: what a served response may carry."""
+    d = result.decision
+    return ServedDecisionPayload(
+        action=result.action,
+        withheld=result.withheld,
+        rule=d.rule,
+        reason=d.reason,
+        reliability=json_float(result.generation.score.reliability),
+        attempts=len(result.attempts),
+        route=[attempt_payload(i, a) for i, a in enumerate(result.attempts, 1)],
+        review_id=result.review_id,
+        trace_id=result.trace_id,
+        stopped_early=result.stopped_early,
+        model=result.generation.model,
+        policy=PolicyPayload(name=result.policy_name, version=result.policy_version),
+        checks=[check_payload(c) for c in d.checks],
+        stats=stats_payload(d.stats),
+        timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
+        generated_tokens=sum(len(a.generation.tokens) for a in result.attempts),
     )
 
 

@@ -13,7 +13,7 @@ from logtoku_guard.errors import LogTokUError
 from logtoku_guard.policy import ActionName, Decision
 from logtoku_guard.types import Generation
 
-__all__ = ["Attempt", "GuardRejectedError", "GuardResult", "GuardTimings"]
+__all__ = ["WITHHOLDING_ACTIONS", "Attempt", "GuardRejectedError", "GuardResult", "GuardTimings"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,16 @@ class GuardResult:
     @property
     def reliability(self) -> float:
         return self.generation.score.reliability
+
+    @property
+    def withheld(self) -> bool:
+        """The draft does not reach the user (``abstain``, ``human_review``, ``raise``): what a
+        client receives must then hold nothing of it (no text, tokens, log-probabilities or counts)."""
+        return self.action in WITHHOLDING_ACTIONS
+
+
+WITHHOLDING_ACTIONS: frozenset[ActionName] = frozenset({"abstain", "human_review", "raise"})
+"""Actions whose answer is not the model's draft (``warn`` delivers it with a disclaimer)."""
 
 
 class GuardRejectedError(LogTokUError):

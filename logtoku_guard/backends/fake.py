@@ -130,7 +130,8 @@ class ScriptedBackend:
                     id=i,
                     text=piece,
                     top_logits=tuple(r[: self._k]),
-                    top_ids=tuple(range(self._k)),
+                    # the chosen token is the top-1 (its logprob is r[0]'s); the alternatives get ids of their own
+                    top_ids=(i, *(i + j * len(rows) for j in range(1, self._k))),
                     au=float(scored.au[i]),
                     eu=float(scored.eu[i]),
                     logprob=r[0] - lse,

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
+from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
-from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
-from logtoku_guard.errors import ConfigurationError, ModelLoadError
+from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import ChatMessage, DecodingOptions
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
@@ -251,17 +251,3 @@ class LlamaCppBackend(BatchedBackend):
                 2 * self._batcher.max_batch,  # as many again for ended rows whose cells are not freed yet
             )
             loop.run(jobs)
-
-
-def resolve_gguf(model: str | Path | None) -> tuple[Path, str]:
-    """The GGUF file to load and the model's default name."""
-    if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
-        return embedded_gguf_path(), EMBEDDED_MODEL
-    path = Path(model).expanduser()
-    if path.suffix.lower() != ".gguf" or not path.is_file():
-        msg = (
-            f"the llama.cpp backend runs a .gguf file or the embedded model, got {str(model)!r}"
-            f"{' (no such file)' if not path.exists() else ''}; pass 'embedded' or the path of a .gguf file"
-        )
-        raise ModelLoadError(msg)
-    return path, path.stem

@@ -40,9 +40,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
 from logtoku_guard.errors import BackendError, MissingDependencyError, ModelLoadError
 
-__all__ = ["PORTABLE_CMAKE_ARGS", "Build", "SmokeResult", "ensure_decodes", "installed_build", "smoke_decode"]
+__all__ = ["PORTABLE_CMAKE_ARGS", "Build", "SmokeResult", "ensure_decodes", "installed_build", "resolve_gguf", "smoke_decode"]
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +278,20 @@ def _remember(record: Path, build: Build, model: Path, result: SmokeResult) -> N
         )
 
 
+def resolve_gguf(model: str | Path | None) -> tuple[Path, str]:
+    """The GGUF file to load and the model's default name."""
+    if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
+        return embedded_gguf_path(), EMBEDDED_MODEL
+    path = Path(model).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        msg = (
+            f"the llama.cpp backend runs a .gguf file or the embedded model, got {str(model)!r}"
+            f"{' (no such file)' if not path.exists() else ''}; pass 'embedded' or the path of a .gguf file"
+        )
+        raise ModelLoadError(msg)
+    return path, path.stem
+
+
 # -- the child ----------------------------------------------------------------------------------
 
 
@@ -327,7 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child is not None:
         return _child(args.child, args.threads)
-    from logtoku_guard.backends.llamacpp import resolve_gguf
     from logtoku_guard.errors import LogTokUError
 
     try:

@@ -1,24 +1,31 @@
-"""A backend over an OpenAI-compatible server that returns raw top-K logits: vLLM or ``logtoku-guard serve``.
+"""A backend over an OpenAI-compatible server that gives raw top-K logits: ``logtoku-guard serve`` or vLLM.
 
-The server must put **raw logits** in ``top_logprobs`` (vLLM: ``vllm serve MODEL
---logprobs-mode raw_logits --max-logprobs 20``; ``logtoku-guard serve`` always does). Each
-request asks for ``logprobs=true, top_logprobs=K`` on ``/chat/completions``; AU/EU are then
-computed here with the same maths as a local backend (:func:`logtoku_guard.uncertainty.logtoku`
-on the K largest values), so local and remote scores agree to float rounding.
+AU/EU need the model's **raw logits**, not log-probabilities. ``logtoku-guard serve`` sends them
+in each token's ``logtoku`` extension (``top_logits``, whatever its ``--logprobs-mode``), with
+token ids and the true full-softmax log p and entropy, and the question's own tokens scored at
+the prefill (``choices[].logtoku.prompt_scores``): from it a remote guard has the same
+:class:`~logtoku_guard.stats.ResponseStats` and ``guard_score`` as a local one. vLLM puts raw
+logits in ``top_logprobs`` when started with ``vllm serve MODEL --logprobs-mode raw_logits
+--max-logprobs 20``. Each request asks for ``logprobs=true, top_logprobs=K`` on
+``/chat/completions``; AU/EU are then computed here with the same maths as a local backend
+(:func:`logtoku_guard.uncertainty.logtoku` on the K largest values), so local and remote scores
+agree to float rounding.
 
-What the wire cannot give, and what this backend does instead:
+What vLLM's wire cannot give, and what this backend does instead:
 
 * ``logprob`` and ``entropy`` of a :class:`TokenScore` are defined on the *full* softmax. The
   wire carries only K raw logits, so from vLLM they are computed on the **top-K renormalised**
   softmax: ``logprob = z_chosen - logsumexp(top-K z)`` (an upper bound of the true log p: the
   missing vocabulary mass is ignored) and ``entropy`` of that K-way softmax. A sampled token
-  outside the top-K has ``logprob`` NaN. ``logtoku-guard serve`` sends the true values in its
-  per-token ``logtoku`` extension, which is used when present.
-* token ids: vLLM sends token strings only, so ``id`` and ``top_ids`` are ``-1`` unless the
-  ``logtoku`` extension carries them.
+  outside the top-K has ``logprob`` NaN.
+* token ids: vLLM sends token strings only, so ``id`` and ``top_ids`` are ``-1``.
+* prompt scores: none. The guard's prompt-side statistics are then undefined and a fitted
+  guard scores them as its fit data's means; the backend says so once with a
+  :class:`MissingPromptScoresWarning`, naming what is missing.
 
-A server that sends log-probabilities (vLLM's default ``--logprobs-mode raw_logprobs``) is
-refused with :class:`LogProbsNotLogitsError`: AU/EU of log-probabilities are meaningless.
+A server that sends only log-probabilities (vLLM's default ``--logprobs-mode raw_logprobs``, or an
+OpenAI-compatible server without the ``logtoku`` extension) is refused with
+:class:`LogProbsNotLogitsError`: AU/EU of log-probabilities are meaningless.
 Requests and responses are the models of :mod:`logtoku_guard.openai_protocol` (the server's
 own); ``httpx`` is imported only when the backend is created.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,7 +48,12 @@ from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, Mis
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
 
-__all__ = ["OpenAICompatibleBackend"]
+__all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend"]
+
+
+class MissingPromptScoresWarning(UserWarning):
+    """The server sends no scores of the question's own tokens: the guard's prompt statistics are undefined."""
+
 
 _CHECK_TOKENS = 8
 """How many first tokens of an answer the log-probability check looks at."""
@@ -91,6 +104,7 @@ class OpenAICompatibleBackend:
         self.base_url = base_url.rstrip("/")
         self._model = model
         self._max_concurrency = max_concurrency
+        self._warned_prompt = False
         try:
             import httpx
         except ImportError as exc:
@@ -152,8 +166,9 @@ class OpenAICompatibleBackend:
             msg = f"{self._url} sent no logprobs; the server must support logprobs=true, top_logprobs={self._k}"
             raise RemoteServerError(msg)
         n = len(tokens)
+        scored_prompt = self._prompt_scores(choice.logtoku)
         return self._generation(
-            messages, text, tokens, finish, stop, prompt_tokens, Timings(total, None, n / total if n else None)
+            messages, text, tokens, finish, stop, prompt_tokens, Timings(total, None, n / total if n else None), scored_prompt
         )
 
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> TokenStream:
@@ -168,7 +183,8 @@ class OpenAICompatibleBackend:
             finish = state.finish if not state.cancelled else "abort"
             n = len(state.tokens)
             timings = Timings(total, state.first_s, n / total if n and total > 0 else None)
-            return self._generation(messages, state.text, state.tokens, finish, state.stop, state.prompt_tokens, timings)
+            prompt = self._prompt_scores(state.summary)
+            return self._generation(messages, state.text, state.tokens, finish, state.stop, state.prompt_tokens, timings, prompt)
 
         def cancel() -> None:
             state.cancelled = True
@@ -257,7 +273,7 @@ class OpenAICompatibleBackend:
             return []
         rows = [self._top_values(e) for e in entries]
         if check:
-            self._refuse_logprobs(rows[:_CHECK_TOKENS])
+            self._refuse_logprobs([z for e, z in zip(entries, rows) if e.logtoku is None][:_CHECK_TOKENS])
         au, eu = logtoku(torch.tensor(rows, dtype=torch.float64), self._evidence)
         out = []
         for j, (e, z) in enumerate(zip(entries, rows)):
@@ -270,7 +286,7 @@ class OpenAICompatibleBackend:
                 logprob, entropy = _topk_stats(_float(e.logprob), z)
             out.append(
                 TokenScore(
-                    index=start_index + j,
+                    index=int(extra["index"]) if extra is not None else start_index + j,
                     id=token_id,
                     text=text,
                     top_logits=tuple(z),
@@ -284,7 +300,17 @@ class OpenAICompatibleBackend:
         return out
 
     def _top_values(self, entry: proto.ChatTokenLogprob) -> list[float]:
-        """The K largest raw logits of one token's ``top_logprobs``, largest first."""
+        """The K largest raw logits of one token, largest first: from this server's ``logtoku`` extension
+        (whatever its ``logprob`` holds), else from ``top_logprobs`` (vLLM's ``raw_logits`` mode)."""
+        if entry.logtoku is not None:
+            raw = [float(z) for z in entry.logtoku["top_logits"] if z is not None]
+            if len(raw) < self._k:
+                msg = (
+                    f"{self._url} keeps K={len(raw)} raw logits per token but this backend needs K={self._k}; "
+                    f"restart the server with --top-k {self._k}, or use k={len(raw)}"
+                )
+                raise RemoteServerError(msg)
+            return raw[: self._k]
         tops = sorted((t.logprob for t in entry.top_logprobs if t.logprob is not None), reverse=True)
         if len(tops) < self._k:
             msg = (
@@ -337,6 +363,7 @@ class OpenAICompatibleBackend:
                         if choice.finish_reason:
                             state.finish = choice.finish_reason
                             state.stop = choice.stop_reason
+                            state.summary = choice.logtoku
                         entries = _entries(choice.logprobs)
                         new = self._tokens(entries, start_index=len(state.tokens), check=False)
                         if new and state.first_s is None:
@@ -356,6 +383,24 @@ class OpenAICompatibleBackend:
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
 
+    def _prompt_scores(self, summary: Any) -> tuple[TokenScore, ...]:
+        """The question's tokens scored at the server's prefill (``logtoku.prompt_scores``), AU/EU recomputed
+        here from their raw logits; ``()``, said once with a warning, when the server sends none."""
+        scored = (summary or {}).get("prompt_scores") if isinstance(summary, dict) else None
+        if not scored:
+            if not self._warned_prompt:
+                self._warned_prompt = True
+                warnings.warn(
+                    f"{self._url} sends no prompt scores (the question's own token scores; logtoku-guard serve does, "
+                    "vLLM does not): the guard's prompt_* statistics are undefined, and a fitted guard scores them as "
+                    "its fit data's means, so guard_score differs from a local backend's",
+                    MissingPromptScoresWarning,
+                    stacklevel=4,
+                )
+            return ()
+        entries = [proto.ChatTokenLogprob(token=t["token"], logprob=t["logprob"], logtoku=t) for t in scored]
+        return tuple(self._tokens(entries, check=False))
+
     def _generation(
         self,
         messages: list[ChatMessage],
@@ -365,6 +410,7 @@ class OpenAICompatibleBackend:
         stop: Any,
         prompt_tokens: int,
         timings: Timings,
+        prompt_scores: tuple[TokenScore, ...] = (),
     ) -> Generation:
         reason: FinishReason = "length" if finish == "length" else "cancelled" if finish == "abort" else "stop"
         users = [m.content for m in messages if m.role == "user"]
@@ -380,6 +426,7 @@ class OpenAICompatibleBackend:
             prompt_tokens=prompt_tokens,
             stop_sequence=stop if isinstance(stop, str) else None,
             timings=timings,
+            prompt_scores=prompt_scores,
         )
 
 
@@ -395,6 +442,7 @@ class _StreamState:
         self.cancelled = False
         self.checked = False
         self.sent = 0
+        self.summary: Any = None
 
 
 _CHUNK_OR_ERROR: TypeAdapter[proto.ChatCompletionChunk | proto.ErrorResponse] = TypeAdapter(

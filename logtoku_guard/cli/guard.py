@@ -253,7 +253,8 @@ def _thresholds(policy: Any) -> str:
     from logtoku_guard.conditions import Compare
 
     shown = [
-        f"{r.name}: {r.when.stat} {r.when.op} {r.when.value if isinstance(r.when.value, float) else r.when.value!r}"
+        f"{r.name}: {r.when.stat} {r.when.op} "
+        + (f"{r.when.value}" if isinstance(r.when.value, float) else f"quantile {r.when.value.quantile:g} of the profile")
         for r in policy.rules
         if isinstance(r.when, Compare)
     ]

@@ -107,12 +107,19 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
     settings = settings or ServerSettings()
     backend = engine.backend
-    limits = wire.Limits(settings.limits.max_tokens, settings.limits.default_max_tokens, int(backend.k))
+    limits = wire.Limits(
+        settings.limits.max_tokens,
+        settings.limits.default_max_tokens,
+        int(backend.k),
+        max_top_logprobs=wire.kept_alternatives(backend),
+        logprobs_mode=settings.limits.logprobs_mode,
+    )
+    mode = limits.logprobs_mode
     names: Sequence[str] = settings.model_names or (backend.model_name,)
     text_of = _token_text(backend)
     app = FastAPI(
         title="logtoku-guard",
-        summary="OpenAI-compatible API with vLLM's raw-logit logprobs, plus LogTokU scores and guard decisions.",
+        summary="OpenAI-compatible API (log-probabilities, or vLLM's raw logits), plus LogTokU scores and guard decisions.",
         version=__version__,
         docs_url="/docs",
         redoc_url=None,
@@ -147,7 +154,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 messages = wire.chat_messages(req)
             if req.stream:
                 return ClosingStreamingResponse(
-                    _sse(engine, req, messages, options, names[0], text_of, plan),
+                    _sse(engine, req, messages, options, names[0], text_of, plan, mode),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
@@ -156,8 +163,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             return error(exc)
         except LogTokUError as exc:
             return _library_error(exc, error)
+        sent = _answer_tokens(backend, answer)
         if isinstance(req, proto.ChatCompletionRequest):
-            out = tools.reply(plan, answer.text, answer.generation)
+            out = tools.reply(plan, answer.text, answer.generation) if sent is None else tools.Reply(answer.text)
             body: Any = wire.chat_response(
                 req,
                 answer.generation,
@@ -167,9 +175,13 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 answer.guard_result,
                 tool_calls=out.tool_calls,
                 tool_scores=out.scores if out.tool_calls else None,
+                mode=mode,
+                answer_tokens=sent,
             )
         else:
-            body = wire.completion_response(req, answer.generation, answer.text, names[0], text_of, answer.guard_result)
+            body = wire.completion_response(
+                req, answer.generation, answer.text, names[0], text_of, answer.guard_result, mode=mode, answer_tokens=sent
+            )
         return Response(_json(body), media_type="application/json")
 
     @app.get("/health")
@@ -183,8 +195,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
     @app.post("/v1/chat/completions", response_model=proto.ChatCompletionResponse, responses=_ERRORS)
     async def chat_completions(body: proto.ChatCompletionRequest) -> Any:
-        """A chat answer with raw top-K logits per token; ``stream: true`` answers as server-sent
-        events of :class:`ChatCompletionChunk` ending with ``data: [DONE]``."""
+        """A chat answer with log-probabilities and LogTokU scores per token; ``stream: true`` answers as
+        server-sent events of :class:`ChatCompletionChunk` ending with ``data: [DONE]``."""
         return await handle(body)
 
     @app.post("/v1/completions", response_model=proto.CompletionResponse, responses=_ERRORS)
@@ -224,12 +236,21 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     return app
 
 
+def _answer_tokens(backend: Any, answer: Answer) -> int | None:
+    """``None`` when the client gets the draft; else the token count of the answer it gets instead
+    (the backend's tokenizer; 0 for a backend without one), for ``usage``."""
+    if not wire.withheld(answer.guard_result):
+        return None
+    count = getattr(backend, "count_tokens", None)
+    return int(count(answer.text)) if callable(count) else 0
+
+
 def _library_error(exc: LogTokUError, error: Any) -> Any:
-    from logtoku_guard.payloads import result_payload
+    from logtoku_guard.payloads import served_decision_payload
     from logtoku_guard.results import GuardRejectedError
 
-    if isinstance(exc, GuardRejectedError):
-        extra = {"logtoku_guard": dict(result_payload(exc.result))}
+    if isinstance(exc, GuardRejectedError):  # the draft is withheld: the decision only, without it
+        extra = {"logtoku_guard": dict(served_decision_payload(exc.result))}
         return error(wire.RequestError(422, str(exc), kind="guard_rejected"), extra)
     if isinstance(exc, ConfigurationError):  # bad prompt, prompt too long, bad options
         return error(wire.RequestError(400, str(exc)))
@@ -281,12 +302,16 @@ async def _sse(
     model: str,
     text_of: wire.TokenText,
     plan: tools.ToolPlan = tools.NO_TOOLS,
+    mode: wire.LogprobsMode = "raw_logprobs",
 ) -> AsyncGenerator[bytes, None]:
     """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``.
 
     With tools, the prose before a call streams token by token (:class:`~.tools.ProseStream`);
     the call is sent whole in one ``tool_calls`` delta once the answer ends, and the last chunk
     has ``finish_reason: "tool_calls"`` and the call's scores in ``logtoku.tool_calls``.
+
+    Under a policy nothing is sent before the guard has decided (a withheld draft must never
+    reach the client): the answer is made whole (:meth:`Engine.answer`), then sent.
     """
     chat = isinstance(req, proto.ChatCompletionRequest)
     prose = tools.ProseStream() if plan.names else None
@@ -296,25 +321,24 @@ async def _sse(
     offset = 0
     answer: Answer | None = None
     guarded = engine.policy is not None
-    tokens: list[TokenScore] = []
     try:
-        async with aclosing(engine.stream(messages, options)) as items:
-            async for item in items:
-                if isinstance(item, Answer):
-                    answer = item
-                    break
-                if guarded:
-                    tokens.append(item)  # sent below, once the answer is known to be the draft
-                    continue
-                chunk = _token_chunk(req, cid, created, model, item, offset, text_of, prose)
-                if chunk:
-                    yield chunk
-                offset += len(item.text)
+        if guarded:
+            answer = await engine.answer(messages, options)
+        else:
+            async with aclosing(engine.stream(messages, options)) as items:
+                async for item in items:
+                    if isinstance(item, Answer):
+                        answer = item
+                        break
+                    chunk = _token_chunk(req, cid, created, model, item, offset, text_of, prose, mode)
+                    if chunk:
+                        yield chunk
+                    offset += len(item.text)
     except LogTokUError as exc:
-        from logtoku_guard.payloads import result_payload
+        from logtoku_guard.payloads import served_decision_payload
         from logtoku_guard.results import GuardRejectedError
 
-        extra = {"logtoku_guard": result_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
+        extra = {"logtoku_guard": served_decision_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500
         if status == 500:
             logger.error("generation failed: %s", exc, exc_info=exc)
@@ -329,11 +353,12 @@ async def _sse(
     if answer is None:  # the generation ended without a result: cannot happen unless cancelled
         return
     g = answer.generation
-    out = tools.reply(plan, answer.text, g)
+    sent = _answer_tokens(engine.backend, answer)
+    out = tools.reply(plan, answer.text, g) if sent is None else tools.Reply(answer.text)
     replaced = guarded and answer.text != g.text
-    if guarded and not replaced:
-        for t in tokens:
-            chunk = _token_chunk(req, cid, created, model, t, offset, text_of, prose)
+    if guarded and not replaced:  # the guard passed the draft: its tokens, as an unguarded stream sends them
+        for t in g.tokens:
+            chunk = _token_chunk(req, cid, created, model, t, offset, text_of, prose, mode)
             if chunk:
                 yield chunk
             offset += len(t.text)
@@ -357,7 +382,7 @@ async def _sse(
     )
     yield _data(final)
     if req.include_usage:
-        yield _data(final.model_copy(update={"choices": [], "usage": wire.usage(g)}))
+        yield _data(final.model_copy(update={"choices": [], "usage": wire.usage(g, answer.guard_result, sent)}))
     yield b"data: [DONE]\n\n"
 
 
@@ -370,15 +395,16 @@ def _token_chunk(
     offset: int,
     text_of: wire.TokenText,
     prose: tools.ProseStream | None = None,
+    mode: wire.LogprobsMode = "raw_logprobs",
 ) -> bytes:
     """One token's chunk; with ``prose`` (tools), only the prose it releases, and ``b""`` when it
     releases none and no logprobs were asked for."""
     if isinstance(req, proto.ChatCompletionRequest):
-        lp = proto.ChatLogprobs(content=[wire.chat_logprob(t, req.top_logprobs or 0, text_of)]) if req.logprobs else None
+        lp = proto.ChatLogprobs(content=[wire.chat_logprob(t, req.top_logprobs or 0, text_of, mode)]) if req.logprobs else None
         piece = t.text if prose is None else prose.feed(t.text)
         if prose is not None and not piece and lp is None:
             return b""
         delta = proto.DeltaMessage(content=piece) if piece or prose is None else proto.DeltaMessage()
         return _data(wire.chat_chunk(cid, created, model, delta, logprobs=lp))
-    clp = None if req.logprobs is None else wire.completion_logprobs([t], req.logprobs, text_of, offset)
+    clp = None if req.logprobs is None else wire.completion_logprobs([t], req.logprobs, text_of, offset, mode)
     return _data(wire.completion_chunk(cid, created, model, t.text, logprobs=clp))

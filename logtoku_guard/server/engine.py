@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from logtoku_guard.backends.base import Backend, TokenStream
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 T = TypeVar("T")
@@ -130,22 +130,18 @@ class Engine:
         return Answer(result.generation, result.answer, result)
 
     async def stream(self, messages: list[ChatMessage], options: DecodingOptions) -> AsyncGenerator[TokenScore | Answer, None]:
-        """Yield each token as it is generated, then the :class:`Answer`.
+        """Yield each token as it is generated, then the :class:`Answer` (unguarded: with a policy,
+        nothing may be sent before the guard decides, so the server calls :meth:`answer`).
 
-        With a policy, the answer is decided before anything is sent (an answer the guard
-        withholds must never reach the client): its tokens then follow at once. Closing the
-        iterator early (client gone) cancels the generation and frees its runner slot: close it
-        with ``aclose()`` (:func:`contextlib.aclosing`) in the task that iterates it; one that is
-        merely dropped frees the slot when the event loop finalizes it, from another task.
+        Closing the iterator early (client gone) cancels the generation and frees its runner slot:
+        close it with ``aclose()`` (:func:`contextlib.aclosing`) in the task that iterates it; one
+        that is merely dropped frees the slot when the event loop finalizes it, from another task.
         """
         import anyio.to_thread
 
         if self.policy is not None:
-            answer = await self.answer(messages, options)
-            for t in answer.generation.tokens:
-                yield t
-            yield answer
-            return
+            msg = "a guarded answer is decided before it is sent: call Engine.answer, not Engine.stream"
+            raise UsageError(msg)
         async with self.runner.slot():
             stream: TokenStream = await anyio.to_thread.run_sync(lambda: self.backend.stream(messages, options))
             done = False

@@ -113,6 +113,8 @@ def chat_turns(req: proto.ChatCompletionRequest, tool_plan: ToolPlan) -> list[Ch
             called.update((c.id, c.function.name) for c in m.tool_calls)
             calls = [(c.function.name, c.parsed_arguments) for c in m.tool_calls]
             turns.append(ChatMessage("assistant", render_tool_calls(m.text, calls)))
+        elif m.role == "developer":  # what current OpenAI clients send for system instructions
+            turns.append(ChatMessage("system", m.text))
         else:
             turns.append(ChatMessage(m.role, m.text))
     return with_system_text(turns, tool_plan.system_text)

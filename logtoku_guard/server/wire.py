@@ -10,10 +10,23 @@ carrying the HTTP status and an OpenAI error body.
 Token strings: a chosen token is written as the exact text piece it added to the answer (so the
 pieces concatenate to ``content``; a piece is ``""`` while a UTF-8 character is incomplete);
 an alternative in ``top_logprobs`` as ``decode([id])``, or ``"token_id:<id>"`` (vLLM's form)
-when the backend has no tokenizer. The chosen token's ``logprob`` is its raw logit when it is
-among the K kept logits (always under greedy decoding) and ``null`` when a sampled token falls
-outside them: the backend keeps only the top-K raw logits (the ``logtoku`` extra still has its
-true log-probability).
+when the backend has no tokenizer.
+
+Log-probabilities (:data:`LOGPROBS_MODES`, vLLM's names): by default (``raw_logprobs``) every
+``logprob`` is what OpenAI's spec says, a log-probability of the full softmax of the model's raw
+logits: the chosen token's is always known; its alternatives' share the normaliser the chosen
+token gives away, for up to 20 alternatives the backend kept (``max_logprobs``; none when a
+sampled token falls outside them). ``raw_logits`` (``serve --logprobs-mode raw_logits``, for
+vLLM-style clients) writes the raw logits there instead, ``null`` for a chosen token outside the
+kept ones. Either way the raw top-K logits, AU, EU and ids are in each token's ``logtoku``
+extension.
+
+A withheld answer (:attr:`~logtoku_guard.results.GuardResult.withheld`: abstain, human review,
+raise) carries nothing of its draft: no ``logprobs``, no per-token or summary ``logtoku``,
+``finish_reason`` ``content_filter`` (OpenAI's value for content the server withheld), ``usage``
+counting the tokens of the answer sent, and the decision as
+:class:`~logtoku_guard.payloads.ServedDecisionPayload` (no draft, no tokens; what every attempt
+generated is its ``generated_tokens``).
 """
 
 from __future__ import annotations
@@ -22,11 +35,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from logtoku_guard import openai_protocol as proto
-from logtoku_guard.errors import short_repr
-from logtoku_guard.payloads import json_float, result_payload, summary_payload, token_payload
+from logtoku_guard.errors import ConfigurationError, short_repr
+from logtoku_guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 TokenText = Callable[[int], str]
@@ -71,13 +84,35 @@ def error_body(
 
 
 # -- requests: what depends on the server's settings ----------------------------------------------
+LogprobsMode = Literal["raw_logprobs", "raw_logits"]
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "raw_logits")
+"""What ``logprob`` holds: log-probabilities (OpenAI's meaning, the default) or raw logits (vLLM's opt-in)."""
+OPENAI_MAX_TOP_LOGPROBS = 20
+"""OpenAI's largest ``top_logprobs``."""
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What the server accepts: the default and largest ``max_tokens``, the top-K it keeps."""
+    """What the server accepts: the default and largest ``max_tokens``, the top-K of AU/EU, the most
+    alternatives per token (``top_logprobs``: what the backend keeps, at most OpenAI's 20), and
+    what ``logprob`` holds."""
 
     max_tokens: int = 1024
     default_max_tokens: int = 256
     k: int = 2
+    max_top_logprobs: int = OPENAI_MAX_TOP_LOGPROBS
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            msg = f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
+            raise ConfigurationError(msg)
+
+
+def kept_alternatives(backend: Any) -> int:
+    """How many alternatives per token ``backend`` keeps for ``top_logprobs`` (its ``max_logprobs``, else K), at most 20."""
+    kept = getattr(backend, "max_logprobs", None)
+    return min(OPENAI_MAX_TOP_LOGPROBS, int(kept) if isinstance(kept, int) and kept > 0 else int(backend.k))
 
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -122,12 +157,16 @@ def decoding_options(req: AnyRequest, limits: Limits) -> DecodingOptions:
 
 
 def _check_top(n: int, limits: Limits, param: str) -> None:
-    if n > limits.k:
+    if n > limits.max_top_logprobs:
         shown = short_repr(n)
+        why = (
+            "OpenAI's limit"
+            if limits.max_top_logprobs >= OPENAI_MAX_TOP_LOGPROBS
+            else "what this server's backend keeps per token (its max_logprobs)"
+        )
         raise RequestError(
             400,
-            f"{param}={shown} but this server keeps the top K={limits.k} raw logits per token; ask for {param} <= {limits.k}, "
-            f"or restart the server with --top-k {shown} (K also sets the K of its AU/EU; the LogTokU setting is 2)",
+            f"{param}={shown} is above {limits.max_top_logprobs}, {why}; ask for {param} <= {limits.max_top_logprobs}",
             param=param,
         )
 
@@ -146,12 +185,33 @@ def now() -> int:
     return int(time.time())
 
 
+def _kept(t: TokenScore) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The token's kept alternatives, largest first: the backend's wider ``alt_*`` when it keeps them, else the top K."""
+    return (t.alt_ids, t.alt_logits) if t.alt_ids else (t.top_ids, t.top_logits)
+
+
 def chosen_logit(t: TokenScore) -> float | None:
-    """The chosen token's raw logit when it is among the kept top-K (else ``None``)."""
-    for z, i in zip(t.top_logits, t.top_ids):
+    """The chosen token's raw logit when it is among the kept alternatives (else ``None``)."""
+    ids, logits = _kept(t)
+    for z, i in zip(logits, ids):
         if i == t.id:
             return json_float(z)
     return None
+
+
+def alternatives(t: TokenScore, n: int, mode: LogprobsMode) -> list[tuple[int, float | None]]:
+    """The ``n`` likeliest alternatives of ``t`` as ``(id, value)``: log-probabilities, or raw logits in ``raw_logits`` mode."""
+    if n <= 0:
+        return []
+    if mode == "raw_logits":
+        ids, logits = _kept(t)
+        return [(i, json_float(z)) for i, z in zip(ids[:n], logits[:n])]
+    return [(i, json_float(lp)) for i, lp in t.top_logprobs(n)]
+
+
+def chosen_value(t: TokenScore, mode: LogprobsMode) -> float | None:
+    """The chosen token's ``logprob``: its log-probability (always known), or its raw logit in ``raw_logits`` mode."""
+    return chosen_logit(t) if mode == "raw_logits" else json_float(t.logprob)
 
 
 def _bytes(text: str) -> list[int]:
@@ -163,39 +223,57 @@ def logtoku_extra(t: TokenScore) -> proto.LogTokUToken:
     return proto.LogTokUToken(**token_payload(t), top_ids=list(t.top_ids))
 
 
-def chat_logprob(t: TokenScore, n_top: int, text_of: TokenText) -> proto.ChatTokenLogprob:
-    """One ``choices[].logprobs.content[]`` entry (values: raw logits)."""
+def chat_logprob(t: TokenScore, n_top: int, text_of: TokenText, mode: LogprobsMode = "raw_logprobs") -> proto.ChatTokenLogprob:
+    """One ``choices[].logprobs.content[]`` entry (values: log-probabilities, or raw logits in ``raw_logits`` mode)."""
     tops = []
-    for z, i in list(zip(t.top_logits, t.top_ids))[:n_top]:
+    for i, value in alternatives(t, n_top, mode):
         s = t.text if i == t.id else text_of(i)
-        tops.append(proto.TopLogprob(token=s, logprob=json_float(z), bytes=_bytes(s)))
+        tops.append(proto.TopLogprob(token=s, logprob=value, bytes=_bytes(s)))
     return proto.ChatTokenLogprob(
-        token=t.text, logprob=chosen_logit(t), bytes=_bytes(t.text), top_logprobs=tops, logtoku=logtoku_extra(t)
+        token=t.text, logprob=chosen_value(t, mode), bytes=_bytes(t.text), top_logprobs=tops, logtoku=logtoku_extra(t)
     )
+
+
+def withheld(guard_result: Any) -> bool:
+    """The guard kept the draft from the client (abstain, human review, raise)."""
+    return guard_result is not None and bool(guard_result.withheld)
 
 
 def _finish(g: Generation) -> str:
     return "abort" if g.finish_reason == "cancelled" else g.finish_reason
 
 
-def usage(g: Generation) -> proto.Usage:
-    n = len(g.tokens)
+def usage(g: Generation, guard_result: Any = None, answer_tokens: int | None = None) -> proto.Usage:
+    """Token counts of what the client gets: the generation's, or (withheld) ``answer_tokens``, the answer sent."""
+    n = (answer_tokens or 0) if withheld(guard_result) else len(g.tokens)
     return proto.Usage(prompt_tokens=g.prompt_tokens, completion_tokens=n, total_tokens=g.prompt_tokens + n)
 
 
-def choice_extras(g: Generation, guard_result: Any = None, tool_scores: Sequence[Any] | None = None) -> dict[str, Any]:
+def choice_extras(
+    g: Generation, guard_result: Any = None, tool_scores: Sequence[Any] | None = None, *, prompt_scores: bool = False
+) -> dict[str, Any]:
     """The per-choice extensions: ``logtoku`` summary (and, when the answer called tools, each call's
-    per-argument scores in ``logtoku.tool_calls``) and, with a policy, ``logtoku_guard``."""
-    out: dict[str, Any] = {"logtoku": summary_payload(g)}
-    if tool_scores is not None:
-        out["logtoku"] = {**out["logtoku"], "tool_calls": list(tool_scores)}
+    per-argument scores in ``logtoku.tool_calls``; with ``prompt_scores``, the question's tokens scored at
+    the prefill in ``logtoku.prompt_scores``, what a remote guard needs) and, with a policy,
+    ``logtoku_guard``. A withheld answer has no ``logtoku``: it would describe the draft."""
+    out: dict[str, Any] = {}
+    if not withheld(guard_result):
+        summary: dict[str, Any] = dict(summary_payload(g))
+        if tool_scores is not None:
+            summary["tool_calls"] = list(tool_scores)
+        if prompt_scores and g.prompt_scores:
+            summary["prompt_scores"] = [logtoku_extra(t) for t in g.prompt_scores]
+        out["logtoku"] = summary
     if guard_result is not None:
-        out["logtoku_guard"] = result_payload(guard_result)
+        out["logtoku_guard"] = served_decision_payload(guard_result)
     return out
 
 
-def tool_finish(g: Generation, called: bool) -> str:
-    """The finish reason: ``tool_calls`` when the answer ended with a call, else the generation's."""
+def tool_finish(g: Generation, called: bool, guard_result: Any = None) -> str:
+    """The finish reason: ``content_filter`` when the guard withheld the draft, ``tool_calls`` when the
+    answer ended with a call, else the generation's."""
+    if withheld(guard_result):
+        return "content_filter"
     return "tool_calls" if called and g.finish_reason == "stop" else _finish(g)
 
 
@@ -209,20 +287,33 @@ def chat_response(
     *,
     tool_calls: Sequence[Any] = (),
     tool_scores: Sequence[Any] | None = None,
+    mode: LogprobsMode = "raw_logprobs",
+    answer_tokens: int | None = None,
 ) -> proto.ChatCompletionResponse:
-    """A whole ``chat.completion`` body (``answer`` None: only ``tool_calls``)."""
+    """A whole ``chat.completion`` body (``answer`` None: only ``tool_calls``; ``answer_tokens``: the
+    answer's token count, for ``usage`` when the guard withheld the draft)."""
     n_top = req.top_logprobs or 0
-    logprobs = proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of) for t in g.tokens]) if req.logprobs else None
+    hidden = withheld(guard_result)
+    logprobs = (
+        proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of, mode) for t in g.tokens])
+        if req.logprobs and not hidden
+        else None
+    )
     choice = proto.ChatChoice(
         index=0,
         message=proto.AssistantMessage(role="assistant", content=answer, tool_calls=list(tool_calls)),
         logprobs=logprobs,
-        finish_reason=tool_finish(g, bool(tool_calls)),
-        stop_reason=g.stop_sequence,
-        **choice_extras(g, guard_result, tool_scores),
+        finish_reason=tool_finish(g, bool(tool_calls), guard_result),
+        stop_reason=None if hidden else g.stop_sequence,
+        **choice_extras(g, guard_result, tool_scores, prompt_scores=True),
     )
     return proto.ChatCompletionResponse(
-        id=new_id("chatcmpl"), object="chat.completion", created=now(), model=model, choices=[choice], usage=usage(g)
+        id=new_id("chatcmpl"),
+        object="chat.completion",
+        created=now(),
+        model=model,
+        choices=[choice],
+        usage=usage(g, guard_result, answer_tokens),
     )
 
 
@@ -245,17 +336,17 @@ def chat_chunk(
             index=0,
             delta=delta,
             logprobs=logprobs,
-            finish_reason=tool_finish(finish, tool_scores is not None),
-            stop_reason=finish.stop_sequence,
-            **choice_extras(finish, guard_result, tool_scores),
+            finish_reason=tool_finish(finish, tool_scores is not None, guard_result),
+            stop_reason=None if withheld(guard_result) else finish.stop_sequence,
+            **choice_extras(finish, guard_result, tool_scores, prompt_scores=True),
         )
     return proto.ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model, choices=[choice])
 
 
 def completion_logprobs(
-    tokens: Sequence[TokenScore], n_top: int, text_of: TokenText, offset: int = 0
+    tokens: Sequence[TokenScore], n_top: int, text_of: TokenText, offset: int = 0, mode: LogprobsMode = "raw_logprobs"
 ) -> proto.CompletionLogprobs:
-    """The legacy ``logprobs`` object of a completion choice (values: raw logits)."""
+    """The legacy ``logprobs`` object of a completion choice (values: log-probabilities, or raw logits in ``raw_logits`` mode)."""
     offsets: list[int] = []
     pieces: list[str] = []
     chosen: list[float | None] = []
@@ -265,27 +356,41 @@ def completion_logprobs(
         offsets.append(offset)
         offset += len(t.text)
         pieces.append(t.text)
-        chosen.append(chosen_logit(t))
-        tops.append({(t.text if i == t.id else text_of(i)): json_float(z) for z, i in list(zip(t.top_logits, t.top_ids))[:n_top]})
+        chosen.append(chosen_value(t, mode))
+        tops.append({(t.text if i == t.id else text_of(i)): value for i, value in alternatives(t, n_top, mode)})
         extras.append(logtoku_extra(t))
     return proto.CompletionLogprobs(text_offset=offsets, token_logprobs=chosen, tokens=pieces, top_logprobs=tops, logtoku=extras)
 
 
 def completion_response(
-    req: proto.CompletionRequest, g: Generation, answer: str, model: str, text_of: TokenText, guard_result: Any = None
+    req: proto.CompletionRequest,
+    g: Generation,
+    answer: str,
+    model: str,
+    text_of: TokenText,
+    guard_result: Any = None,
+    *,
+    mode: LogprobsMode = "raw_logprobs",
+    answer_tokens: int | None = None,
 ) -> proto.CompletionResponse:
     """A whole ``text_completion`` body."""
-    logprobs = None if req.logprobs is None else completion_logprobs(g.tokens, req.logprobs, text_of)
+    hidden = withheld(guard_result)
+    logprobs = None if req.logprobs is None or hidden else completion_logprobs(g.tokens, req.logprobs, text_of, mode=mode)
     choice = proto.CompletionChoice(
         index=0,
         text=answer,
         logprobs=logprobs,
-        finish_reason=_finish(g),
-        stop_reason=g.stop_sequence,
+        finish_reason=tool_finish(g, False, guard_result),
+        stop_reason=None if hidden else g.stop_sequence,
         **choice_extras(g, guard_result),
     )
     return proto.CompletionResponse(
-        id=new_id("cmpl"), object="text_completion", created=now(), model=model, choices=[choice], usage=usage(g)
+        id=new_id("cmpl"),
+        object="text_completion",
+        created=now(),
+        model=model,
+        choices=[choice],
+        usage=usage(g, guard_result, answer_tokens),
     )
 
 
@@ -305,8 +410,8 @@ def completion_chunk(
             index=0,
             text=text,
             logprobs=logprobs,
-            finish_reason=_finish(finish),
-            stop_reason=finish.stop_sequence,
+            finish_reason=tool_finish(finish, False, guard_result),
+            stop_reason=None if withheld(guard_result) else finish.stop_sequence,
             **choice_extras(finish, guard_result),
         )
     return proto.CompletionChunk(id=cid, object="text_completion", created=created, model=model, choices=[choice])

@@ -155,7 +155,9 @@ def test_signal_names_are_spelled_out() -> None:
 
 
 @pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (4, 2), (12, 6), (64, 8)])
-def test_default_threads_leave_a_small_shared_machine_one_thread(monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int) -> None:
+def test_default_threads_leave_a_small_shared_machine_one_thread(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int
+) -> None:
     """Measured: on 2 CPUs beside one busy process a second llama.cpp thread halves the speed (README)."""
     from logtoku_guard.backends.llamacpp import default_n_threads
 

@@ -347,7 +347,9 @@ def test_ask_text_shows_the_guard_score_and_the_threshold_that_decided(tmp_path:
     lenient = tmp_path / "lenient.json"
     rule = {"name": "hopeless", "when": {"stat": "reliability", "op": "<", "value": -100.0}, "action": "abstain"}
     lenient.write_text(json.dumps({"name": "lenient", "rules": [rule], "default_action": "pass"}))
-    res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--policy", str(lenient))
+    res = invoke(
+        "ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--policy", str(lenient)
+    )
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("Guard score:"))
     assert line.endswith("no rule fired (hopeless: reliability < -100.0)"), line

@@ -70,22 +70,46 @@ def test_remote_stream_and_batch_match_local(server: Any, tiny_backend: Any) -> 
     assert batch[0].text == local.text
 
 
-def test_chat_logprobs_have_vllm_shape_with_raw_logits(client: Any, tiny_backend: Any) -> None:
+def test_chat_logprobs_are_openai_log_probabilities_with_raw_logits_in_the_extension(client: Any, tiny_backend: Any) -> None:
+    """OpenAI's ``logprob`` is a log-probability: every value <= 0, the alternatives' probabilities sum
+    to at most 1, up to 20 of them whatever K is; the raw top-K logits stay in ``logtoku``."""
     local = tiny_backend.generate("What is the capital of France?", GREEDY)
-    r = chat(client, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    r = chat(client, max_tokens=12, temperature=0, logprobs=True, top_logprobs=20)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == len(local.tokens)
     choice = body["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": local.text, "tool_calls": []}
     content = choice["logprobs"]["content"]
+    assert len(content) == len(local.tokens)
     for entry, t in zip(content, local.tokens):
         assert set(entry) >= {"token", "logprob", "bytes", "top_logprobs", "logtoku"}
-        assert entry["logprob"] == pytest.approx(t.top_logits[0])  # greedy: the chosen token is the top-1 raw logit
-        assert [e["logprob"] for e in entry["top_logprobs"]] == pytest.approx(list(t.top_logits))
+        assert entry["logprob"] == pytest.approx(t.logprob) and entry["logprob"] <= 0
+        tops = [e["logprob"] for e in entry["top_logprobs"]]
+        assert len(tops) == 20 and all(v <= 0 for v in tops) and sum(math.exp(v) for v in tops) <= 1 + 1e-6
+        assert tops == sorted(tops, reverse=True) and tops[0] == pytest.approx(entry["logprob"])  # greedy: chosen = top-1
         assert all(set(e) == {"token", "logprob", "bytes"} for e in entry["top_logprobs"])
+        assert entry["logtoku"]["top_logits"] == pytest.approx(list(t.top_logits))  # the raw logits AU/EU are made of
         assert entry["logtoku"]["au"] == pytest.approx(t.au) and entry["logtoku"]["eu"] == pytest.approx(t.eu)
     assert choice["logtoku"]["reliability"] == pytest.approx(local.reliability)
+    assert [p["id"] for p in choice["logtoku"]["prompt_scores"]] == [p.id for p in local.prompt_scores]
+
+
+def test_raw_logits_mode_puts_vllm_raw_logits_in_logprob(tiny_backend: Any) -> None:
+    from logtoku_guard.server.wire import Limits
+
+    local = tiny_backend.generate("What is the capital of France?", GREEDY)
+    settings = ServerSettings(limits=Limits(logprobs_mode="raw_logits"))
+    with BackgroundServer(build_app(tiny_backend, settings=settings)) as srv:
+        body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12}
+        r = httpx.post(f"{srv.base_url}/chat/completions", json={**body, "temperature": 0, "logprobs": True, "top_logprobs": 3})
+        with OpenAICompatibleBackend(srv.base_url, tiny_backend.model_name) as remote:
+            got = remote.generate("What is the capital of France?", GREEDY)
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    for entry, t in zip(content, local.tokens):
+        assert entry["logprob"] == pytest.approx(t.top_logits[0])  # greedy: the chosen token's raw logit
+        assert [e["logprob"] for e in entry["top_logprobs"]] == pytest.approx(list(t.alt_logits[:3]))
+    assert [t.au for t in got.tokens] == pytest.approx([t.au for t in local.tokens], abs=1e-4)
 
 
 def test_completions_endpoint_shape(client: Any) -> None:
@@ -143,7 +167,11 @@ def test_completion_streaming(client: Any) -> None:
         ({"messages": [{"role": "user", "content": "   "}]}, 400, "empty"),
         ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404, "gpt-9"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=2"),
-        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 5}, 400, "--top-k"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+            400,
+            "top_logprobs=21 is above 20",
+        ),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 1}, 400, "logprobs=true"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
@@ -211,11 +239,12 @@ def test_policy_guards_each_answer(tiny_backend: Any) -> None:
         )
     choice = r.json()["choices"][0]
     decision = choice["logtoku_guard"]
-    assert decision["action"] == "warn" and decision["rule"] == "any"
-    assert choice["message"]["content"] == decision["answer"] != decision["draft"]
+    assert decision["action"] == "warn" and decision["rule"] == "any" and decision["withheld"] is False
+    assert choice["message"]["content"].endswith(policy.warn.disclaimer) and choice["finish_reason"] in ("stop", "length")
+    assert "draft" not in decision and "tokens" not in decision  # the content is the answer; nothing else is repeated
     events = _events(stream.text)
     streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-    assert streamed == decision["answer"]
+    assert streamed == choice["message"]["content"]
     assert events[-1]["choices"][0]["logtoku_guard"]["action"] == "warn"
 
 
@@ -268,3 +297,39 @@ def test_background_server_holds_its_port_from_the_start(tiny_backend: Any) -> N
         other.bind(("127.0.0.1", srv.port))
     with srv:
         assert httpx.get(f"{srv.base_url[: -len('/v1')]}/health").status_code == 200
+
+
+def test_a_remote_guard_decides_as_the_local_one(server: Any, tiny_backend: Any) -> None:
+    """Through the real server, OpenAICompatibleBackend has the same ResponseStats (prompt side included)
+    and the same guard_score as the local backend, streamed or not."""
+    from logtoku_guard.calibration.guard_fit import shipped_guard
+    from logtoku_guard.guard_score import with_guard_score
+    from logtoku_guard.stats import STAT_NAMES, ResponseStats
+
+    guard = shipped_guard("smollm2-135m-instruct")
+    assert guard is not None and any(f.startswith("prompt_") for f in guard.features)
+    question = "Who founded the Velmora Institute of Marine Acoustics?"
+    local = tiny_backend.generate(question, GREEDY)
+    with OpenAICompatibleBackend(server.base_url, tiny_backend.model_name, api_key=KEY) as remote:
+        fetched = remote.generate(question, GREEDY)
+        with remote.stream(question, GREEDY) as stream:
+            list(stream)
+        streamed = stream.generation
+    mine = with_guard_score(ResponseStats.from_generation(local), guard, local)
+    assert len(local.prompt_scores) > 3 and all(math.isfinite(mine.get(f)) for f in guard.features)
+    for got in (fetched, streamed):
+        assert [(t.id, t.text) for t in got.prompt_scores] == [(t.id, t.text) for t in local.prompt_scores]
+        theirs = with_guard_score(ResponseStats.from_generation(got), guard, got)
+        for name in STAT_NAMES:
+            a, b = mine.get(name), theirs.get(name)
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, abs=1e-3), name
+        assert theirs.guard_score == pytest.approx(mine.guard_score, abs=1e-3)
+
+
+def test_developer_messages_are_system_instructions(client: Any, tiny_backend: Any) -> None:
+    body = {"max_tokens": 6, "temperature": 0}
+    developer = chat(client, messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}], **body)
+    system = chat(client, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], **body)
+    assert developer.status_code == 200, developer.text
+    assert developer.json()["choices"][0]["message"] == system.json()["choices"][0]["message"]
+    assert developer.json()["usage"] == system.json()["usage"]

@@ -209,7 +209,7 @@ def test_the_guard_decides_on_the_whole_answer_call_included() -> None:
         withheld = _post(srv, tools=[TRANSFER]).json()["choices"][0]
         streamed = _events(_post(srv, tools=[TRANSFER], stream=True).text)
     assert withheld["logtoku_guard"]["action"] == "abstain" and withheld["message"]["tool_calls"] == []
-    assert withheld["finish_reason"] == "stop" and "tool_calls" not in withheld["logtoku"]
+    assert withheld["finish_reason"] == "content_filter" and "logtoku" not in withheld  # nothing of the withheld call
     assert not any(e["choices"] and e["choices"][0]["delta"].get("tool_calls") for e in streamed)
     assert "<tool_call>" not in "".join(e["choices"][0]["delta"].get("content") or "" for e in streamed if e["choices"])
 

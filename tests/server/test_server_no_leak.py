@@ -1,0 +1,146 @@
+"""A withheld draft leaves no trace in anything the client receives, through the real server.
+
+Every route of the guard (pass, warn, retrieve without a retriever, abstain, human review, raise)
+is driven through ``logtoku-guard serve``'s app on 127.0.0.1, streaming and not, chat and legacy
+completions, with ``logprobs`` and ``top_logprobs`` asked for. The scripted draft is made of words
+that appear nowhere else ("Zorblaxian", "Quintessa", "Velmoraq"): the raw bytes of each response
+are searched for every one of them, and every field of the body is checked for what it may hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from logtoku_guard.audit import AuditStore  # noqa: E402
+from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend  # noqa: E402
+from logtoku_guard.policy import Policy  # noqa: E402
+from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
+
+DRAFT = ["The", " Zorblaxian", " Institute", " was", " founded", " by", " Quintessa", " Velmoraq", "."]
+SECRET = (b"Zorblaxian", b"Quintessa", b"Velmoraq", b"founded")
+ROWS = [[9.0 - i * 0.1, 8.5, 1.0] for i in range(len(DRAFT))]
+QUESTION = "Who founded the Zorblax Institute?"
+
+
+def scripted() -> ScriptedBackend:
+    return ScriptedBackend(lambda messages: ScriptedAnswer(DRAFT, ROWS), model_name="scripted")
+
+
+def policy(action: str) -> Policy:
+    return Policy.from_dict(
+        {
+            "name": f"always-{action}",
+            "rules": [{"name": "always", "when": {"stat": "reliability", "op": "<", "value": 1e9}, "action": action}],
+        }
+    )
+
+
+def requests() -> list[tuple[str, dict[str, Any]]]:
+    chat = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16, "logprobs": True, "top_logprobs": 2}
+    completion = {"prompt": QUESTION, "max_tokens": 16, "logprobs": 2}
+    usage = {"stream_options": {"include_usage": True}}
+    return [
+        ("/chat/completions", chat),
+        ("/chat/completions", {**chat, "stream": True, **usage}),
+        ("/completions", completion),
+        ("/completions", {**completion, "stream": True, **usage}),
+    ]
+
+
+def bodies(text: str, stream: bool) -> list[dict[str, Any]]:
+    if not stream:
+        return [json.loads(text)]
+    chunks = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    return [json.loads(c) for c in chunks[:-1]]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with AuditStore(tmp_path / "audit.db") as s:
+        yield s
+
+
+@pytest.mark.parametrize("action", ["abstain", "human_review", "retrieve"])
+def test_a_withheld_draft_is_in_no_byte_of_any_response(action: str, store: Any) -> None:
+    """retrieve: the server has no retriever, so the policy's fallback (abstain) answers instead."""
+    pol = policy(action)
+    with BackgroundServer(build_app(scripted(), policy=pol, store=store)) as srv:
+        for path, body in requests():
+            r = httpx.post(srv.base_url + path, json=body, timeout=60)
+            raw = r.content
+            assert r.status_code == 200, raw
+            for word in SECRET:
+                assert word not in raw, (action, path, body.get("stream"), word, raw[:2000])
+            events = bodies(r.text, bool(body.get("stream")))
+            ends = [c for e in events for c in e["choices"] if c.get("finish_reason")]
+            assert len(ends) == 1 and ends[0]["finish_reason"] == "content_filter"
+            decision = ends[0]["logtoku_guard"]
+            assert decision["withheld"] is True and decision["action"] == ("abstain" if action == "retrieve" else action)
+            assert not {"draft", "tokens", "answer"} & set(decision)
+            assert decision["generated_tokens"] == len(DRAFT)  # the guard's own cost, in its extension
+            for event in events:
+                for choice in event["choices"]:
+                    assert choice.get("logprobs") is None and "logtoku" not in choice
+            text = "".join(
+                (c.get("delta", {}).get("content") or "") if "delta" in c else (c.get("text") or "")
+                for e in events
+                for c in e["choices"]
+            ) or events[0]["choices"][0].get("message", {}).get("content", "")
+            if action == "human_review":
+                assert str(decision["review_id"]) in text and decision["review_id"] is not None
+            else:
+                assert text == pol.abstain.message
+            used = [e["usage"] for e in events if e.get("usage")]
+            assert used and used[-1]["completion_tokens"] == 0  # the scripted backend has no tokenizer to count the message
+    if action == "human_review":
+        items = store.pending()
+        assert items and items[0].record.answer.startswith("The Zorblaxian")  # the operator reads the draft in the store
+
+
+def test_usage_counts_the_answer_sent_in_the_backends_tokens(tiny_backend: Any) -> None:
+    pol = policy("abstain")
+    with BackgroundServer(build_app(tiny_backend, policy=pol)) as srv:
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 8, "temperature": 0}
+        r = httpx.post(srv.base_url + "/chat/completions", json=body, timeout=60).json()
+    assert r["choices"][0]["message"]["content"] == pol.abstain.message
+    assert r["usage"]["completion_tokens"] == tiny_backend.count_tokens(pol.abstain.message)
+    assert r["choices"][0]["logtoku_guard"]["generated_tokens"] == 8
+
+
+def test_raise_answers_422_with_the_decision_and_without_the_draft() -> None:
+    with BackgroundServer(build_app(scripted(), policy=policy("raise"))) as srv:
+        for path, body in requests():
+            r = httpx.post(srv.base_url + path, json=body, timeout=60)
+            for word in SECRET:
+                assert word not in r.content, (path, word)
+            events = [json.loads(r.text)] if not body.get("stream") else bodies(r.text, True)
+            error = next(e["error"] for e in events if "error" in e)
+            assert (
+                error["code"] == 422
+                and error["logtoku_guard"]["action"] == "raise"
+                and error["logtoku_guard"]["withheld"] is True
+            )
+            assert "draft" not in error["logtoku_guard"] and "tokens" not in error["logtoku_guard"]
+
+
+@pytest.mark.parametrize("action", ["pass", "warn"])
+def test_a_delivered_draft_comes_with_its_logprobs_and_scores(action: str) -> None:
+    with BackgroundServer(build_app(scripted(), policy=policy(action))) as srv:
+        for path, body in requests():
+            r = httpx.post(srv.base_url + path, json=body, timeout=60)
+            assert r.status_code == 200 and b"Zorblaxian" in r.content
+            events = bodies(r.text, bool(body.get("stream")))
+            end = next(c for e in events for c in e["choices"] if c.get("finish_reason"))
+            assert end["finish_reason"] == "stop" and end["logtoku_guard"]["withheld"] is False and "logtoku" in end
+            if action == "pass":
+                assert any(c.get("logprobs") for e in events for c in e["choices"])
+            used = [e["usage"] for e in events if e.get("usage")]
+            assert used[-1]["completion_tokens"] == len(DRAFT)
