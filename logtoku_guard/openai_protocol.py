@@ -60,6 +60,7 @@ __all__ = [
     "ModelCard",
     "ModelList",
     "StreamOptions",
+    "ReviewVerdict",
     "TextPart",
     "TopLogprob",
     "Usage",
@@ -405,6 +406,27 @@ class ModelList(BaseModel):
     model_config = _RESPONSE
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ReviewVerdict(BaseModel):
+    """``GET /v1/logtoku/reviews/{id}``: a served answer sent to human review, and its verdict.
+
+    ``answer`` is the answer the review released: the reviewer's edit, else the model's answer,
+    once ``approved``; ``null`` while ``pending``/``claimed`` and once ``rejected`` (then ``note``
+    says why). The withheld draft is never sent before a reviewer approves it.
+    """
+
+    model_config = _RESPONSE
+    object: Literal["logtoku.review"] = "logtoku.review"
+    id: int
+    trace_id: str
+    status: Literal["pending", "claimed", "approved", "rejected"]
+    decided: bool
+    answer: str | None = None
+    edited: bool = False
+    reviewer: str | None = None
+    note: str | None = None
+    decided_at: str | None = None
 
 
 class ErrorInfo(BaseModel):

@@ -22,7 +22,7 @@ from typing import Any
 
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
-from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
+from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError, short_repr
 from logtoku_guard.server import tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits
 from logtoku_guard.server.engine import Answer, Engine
@@ -204,6 +204,16 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         """A completion of one prompt (the legacy API); ``stream: true`` answers as server-sent events."""
         return await handle(body)
 
+    @app.get("/v1/logtoku/reviews/{review_id}", response_model=proto.ReviewVerdict, responses=_ERRORS)
+    async def review(review_id: str, wait: float = 0.0) -> Any:
+        """A served answer sent to human review (its id is ``logtoku_guard.review_id``): the verdict and the
+        released answer; ``wait`` (seconds, at most 60) holds the request until a reviewer decides."""
+        try:
+            item = await _review_item(engine, review_id, wait)
+        except wire.RequestError as exc:
+            return error(exc)
+        return Response(_json(_verdict(item)), media_type="application/json")
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = proto.describe_errors(exc.errors())
@@ -219,7 +229,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
         msg = (
             f"no route {request.method} {request.url.path}; this server has "
-            "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+            "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /v1/logtoku/reviews/{id}"
         )
         return error(wire.RequestError(404, msg))
 
@@ -234,6 +244,58 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         return error(wire.RequestError(405, f"{request.method} is not allowed on {request.url.path}", kind="method_not_allowed"))
 
     return app
+
+
+MAX_REVIEW_WAIT_S = 60.0
+"""Longest ``wait`` of ``GET /v1/logtoku/reviews/{id}`` (a long poll; ask again after it)."""
+_MAX_ID_DIGITS = 18  # below 2**63: an id of more digits names no item (and is never parsed as one)
+
+
+async def _review_item(engine: Engine, review_id: str, wait: float) -> Any:
+    """The review item ``review_id`` of ``engine``'s store, after up to ``wait`` seconds for a verdict."""
+    import math
+
+    import anyio.to_thread
+
+    from logtoku_guard.errors import AuditStoreError, ReviewTimeoutError, UnknownReviewItemError
+
+    store = engine.store
+    if store is None or not hasattr(store, "review_item"):
+        msg = "this server keeps no review queue: start it with --store (a SQLite file or a PostgreSQL URL) and a policy"
+        raise wire.RequestError(404, msg)
+    if not (math.isfinite(wait) and 0 <= wait <= MAX_REVIEW_WAIT_S):
+        msg = f"wait={wait!r} must be a number of seconds from 0 to {MAX_REVIEW_WAIT_S:g} (ask again for a longer wait)"
+        raise wire.RequestError(400, msg, param="wait")
+    if not (review_id.isascii() and review_id.isdigit() and len(review_id) <= _MAX_ID_DIGITS):
+        raise wire.RequestError(404, f"no review item {short_repr(review_id)}: ids are the review_id of a served answer")
+    item_id = int(review_id)
+    try:
+        item = await anyio.to_thread.run_sync(store.review_item, item_id)
+        if wait > 0 and not item.decided:
+            try:
+                item = await anyio.to_thread.run_sync(lambda: store.wait_for_decision(item_id, timeout=wait))
+            except ReviewTimeoutError as exc:
+                item = exc.item
+    except UnknownReviewItemError:
+        raise wire.RequestError(404, f"no review item {item_id} in this server's store") from None
+    except AuditStoreError as exc:
+        logger.error("review %s: the audit store failed: %s", item_id, exc)
+        raise wire.RequestError(503, "the audit store is unreachable; try again later") from exc
+    return item
+
+
+def _verdict(item: Any) -> proto.ReviewVerdict:
+    return proto.ReviewVerdict(
+        id=item.id,
+        trace_id=item.trace_id,
+        status=item.status,
+        decided=item.decided,
+        answer=item.final_answer,
+        edited=item.status == "approved" and item.edited_answer is not None,
+        reviewer=item.reviewer,
+        note=item.note,
+        decided_at=item.decided_at.isoformat() if item.decided_at else None,
+    )
 
 
 def _answer_tokens(backend: Any, answer: Answer) -> int | None:

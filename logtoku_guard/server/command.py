@@ -2,11 +2,12 @@
 
 logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ...]
                     [--max-batch 8] [--threads N] [--prefix-cache-mb 64] [--policy policy.yaml]
-                    [--max-tokens 1024] ...
+                    [--store audit.db] [--logprobs-mode raw_logprobs|raw_logits] [--max-tokens 1024] ...
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,8 +63,22 @@ def serve(
             "pip install 'logtoku-guard\\[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply).",
         ),
     ] = "transformers",
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="Audit store of every guarded answer (a SQLite file or a postgresql:// URL): needed by a policy's "
+            "human_review; reviewers decide with 'logtoku-guard review serve --store' on the same store.",
+        ),
+    ] = None,
+    logprobs_mode: Annotated[
+        str,
+        typer.Option(
+            help="What 'logprob' holds: raw_logprobs (OpenAI's log-probabilities, the default) or raw_logits "
+            "(vLLM's opt-in, for clients that read raw logits there). The logtoku extension has the raw logits either way.",
+        ),
+    ] = "raw_logprobs",
 ) -> None:
-    """Serve the model over an OpenAI-compatible API (vLLM's raw-logit logprobs, plus LogTokU scores)."""
+    """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
     from logtoku_guard.server.app import ServerSettings, check_api_key, require_serve_extra
     from logtoku_guard.server.run import check_graceful_timeout, check_host, run_server, url
@@ -71,6 +86,7 @@ def serve(
     from logtoku_guard.sockets import bind_socket, check_port
 
     sock = None
+    audit: Any = None
     try:
         require_serve_extra()
         from logtoku_guard.cli._common import check_backend
@@ -80,6 +96,12 @@ def serve(
         check_port(port)
         check_graceful_timeout(graceful_timeout)
         check_api_key(api_key)
+        if api_key is None and os.environ.get("LOGTOKU_GUARD_API_KEY") == "":
+            msg = (
+                "LOGTOKU_GUARD_API_KEY is set but empty: the server would accept any request; set it to a real key "
+                "(python -c 'import secrets; print(secrets.token_urlsafe(32))'), or unset it to serve without one"
+            )
+            raise ConfigurationError(msg)
         if max_batch < 1:
             msg = f"--max-batch must be at least 1, got {max_batch}"
             raise ConfigurationError(msg)
@@ -89,12 +111,27 @@ def serve(
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
+        mode: Any = logprobs_mode  # checked by Limits
+        limits = Limits(max_tokens=max_tokens, default_max_tokens=min(256, max_tokens), logprobs_mode=mode)
+        if store is not None and policy is None:
+            msg = "--store records the guard's decisions: give a --policy too (without one nothing is guarded or recorded)"
+            raise ConfigurationError(msg)
         sock = bind_socket(host, port)  # before the model loads: a port in use fails at once
         pol = prof = None
+        if store is not None:
+            from logtoku_guard.cli._common import open_store
+
+            audit = open_store(store, cache_dir)
         if policy is not None:
             from logtoku_guard.policy import Policy
 
             pol = Policy.from_file(policy)
+            if "human_review" in pol.actions() and audit is None:
+                msg = (
+                    f"policy {pol.name!r} can send answers to human review, which needs a review queue: "
+                    "pass --store (a SQLite file or a postgresql:// URL) and decide with 'logtoku-guard review serve --store'"
+                )
+                raise ConfigurationError(msg)
         if profile is not None:
             from logtoku_guard.cli._common import read_profile
             from logtoku_guard.embedded import EMBEDDED_MODEL
@@ -123,15 +160,21 @@ def serve(
             from logtoku_guard.calibration import load_profile_for
 
             prof = load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
+        if pol is not None:  # a policy the server cannot apply (human_review without --store...) fails before serving
+            from logtoku_guard.decider import Decider
+
+            Decider(pol, prof, store=audit)
         settings = ServerSettings(
             api_key=api_key,
             max_body_bytes=max_body_bytes,
-            limits=Limits(max_tokens=max_tokens, default_max_tokens=min(256, max_tokens), k=backend.k),
+            limits=limits,
             model_names=(served_name,) if served_name else (),
         )
     except Exception as exc:
         if sock is not None:
             sock.close()
+        if audit is not None:
+            audit.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(f"serving {backend.model_name!r} on {url(host, port)} (K={backend.k}, max batch {backend.max_batch})", err=True)
@@ -142,6 +185,7 @@ def serve(
         allow_remote=allow_remote,
         policy=pol,
         profile=prof,
+        store=audit,
         settings=settings,
         graceful_timeout=graceful_timeout,
         sock=sock,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,10 @@ def test_a_negative_prefix_cache_is_refused_before_loading_a_model() -> None:
         (["--graceful-timeout", "inf"], "got inf"),
         (["--api-key", ""], "--api-key is empty"),
         (["--api-key", " secret"], "--api-key must be printable ASCII without spaces"),
+        (["--store", "audit.db"], "--store records the guard's decisions: give a --policy too"),
+        (["--logprobs-mode", "logits"], "--logprobs-mode must be one of raw_logprobs, raw_logits, got 'logits'"),
     ],
-    ids=["port-70000", "port-negative", "graceful-nan", "graceful-inf", "api-key-empty", "api-key-space"],
+    ids=["port-70000", "port-negative", "graceful-nan", "graceful-inf", "api-key-empty", "api-key-space", "store-alone", "mode"],
 )
 def test_bad_settings_exit_2_before_any_url_or_model(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(app(), [*args, "--model", "/nonexistent/model"])
@@ -73,3 +76,19 @@ def test_a_profile_that_is_not_a_profile_is_refused_without_echoing_its_content(
     result = CliRunner().invoke(app(), ["--profile", str(secret), "--model", "/nonexistent/model"])
     assert result.exit_code == 2, result.output
     assert "is not a model profile" in result.output and "root:x" not in result.output and "Traceback" not in result.output
+
+
+def test_an_empty_api_key_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LOGTOKU_GUARD_API_KEY=""`` must not start an open server (click reads an empty variable as unset)."""
+    monkeypatch.setenv("LOGTOKU_GUARD_API_KEY", "")
+    result = CliRunner().invoke(app(), ["--model", "/nonexistent/model"])
+    assert result.exit_code == 2 and "LOGTOKU_GUARD_API_KEY is set but empty" in result.output, result.output
+
+
+def test_a_human_review_policy_without_a_store_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    policy = tmp_path / "p.json"
+    rule = {"name": "r", "when": {"stat": "reliability", "op": "<", "value": 0.0}, "action": "human_review"}
+    policy.write_text(json.dumps({"name": "review", "rules": [rule]}))
+    result = CliRunner().invoke(app(), ["--policy", str(policy), "--model", "/nonexistent/model"])
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and "needs a review queue: pass --store" in flat and "/nonexistent/model" not in flat, flat

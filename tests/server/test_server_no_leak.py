@@ -144,3 +144,55 @@ def test_a_delivered_draft_comes_with_its_logprobs_and_scores(action: str) -> No
                 assert any(c.get("logprobs") for e in events for c in e["choices"])
             used = [e["usage"] for e in events if e.get("usage")]
             assert used[-1]["completion_tokens"] == len(DRAFT)
+
+
+def test_a_served_human_review_from_request_to_released_answer(tmp_path: Path) -> None:
+    """The README's served review: the answer is withheld with a review id; ``logtoku-guard review
+    approve`` on the same store decides it; the long poll returns the released (edited) answer."""
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app as cli
+
+    db = tmp_path / "audit.db"
+    with AuditStore(db) as store, BackgroundServer(build_app(scripted(), policy=policy("human_review"), store=store)) as srv:
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16}
+        answer = httpx.post(srv.base_url + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+        review_id = answer["logtoku_guard"]["review_id"]
+        assert answer["finish_reason"] == "content_filter" and isinstance(review_id, int)
+        url = f"{srv.base_url}/logtoku/reviews/{review_id}"
+        pending = httpx.get(url, timeout=30)
+        assert pending.status_code == 200 and pending.json()["status"] == "pending" and pending.json()["answer"] is None
+        for word in SECRET:
+            assert word not in pending.content  # nothing of the draft before a reviewer approves it
+        polled: list[Any] = []
+        poller = threading.Thread(target=lambda: polled.append(httpx.get(url, params={"wait": 30}, timeout=60)))
+        started = time.monotonic()
+        poller.start()
+        time.sleep(0.5)
+        res = CliRunner().invoke(
+            cli, ["review", "approve", str(review_id), "-r", "alice", "--answer", "Nobody: it is invented.", "--store", str(db)]
+        )
+        assert res.exit_code == 0, res.output
+        poller.join(60)
+        verdict = polled[0].json()
+        assert time.monotonic() - started < 20  # released by the verdict, not by the wait running out
+        assert verdict == {
+            **verdict,
+            "status": "approved",
+            "decided": True,
+            "answer": "Nobody: it is invented.",
+            "edited": True,
+            "reviewer": "alice",
+        }
+        assert httpx.get(f"{srv.base_url}/logtoku/reviews/{'9' * 5000}", timeout=30).status_code == 404
+        assert httpx.get(f"{srv.base_url}/logtoku/reviews/999999", timeout=30).status_code == 404
+        assert httpx.get(url, params={"wait": "inf"}, timeout=30).status_code == 400
+
+
+def test_reviews_need_a_store() -> None:
+    with BackgroundServer(build_app(scripted())) as srv:
+        r = httpx.get(f"{srv.base_url}/logtoku/reviews/1", timeout=30)
+    assert r.status_code == 404 and "--store" in r.json()["error"]["message"]
