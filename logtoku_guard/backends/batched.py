@@ -102,6 +102,16 @@ class BatchedBackend:
     def max_batch(self) -> int:
         return self._batcher.max_batch
 
+    @property
+    def requests_waiting(self) -> int:
+        """Requests queued for the running batch (the server's queue-depth metric)."""
+        return self._batcher.waiting
+
+    @property
+    def running_rows(self) -> int:
+        """Rows being decoded in the running batch now (the server's batch-size metric)."""
+        return self._batcher.running_rows
+
     # -- public API -------------------------------------------------------------------
     def render(self, prompt: Prompt, system: str | None = None) -> str:
         """The exact text fed to the model (chat template applied)."""

@@ -135,6 +135,18 @@ class Batcher:
         self.largest = 0
         """Most rows seen at once in one batch."""
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued, not yet in the running batch."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def running_rows(self) -> int:
+        """Rows in the running batch now (0 when idle)."""
+        with self._cond:
+            return self._rows(self._running) if self._busy else 0
+
     def submit(self, job: Job) -> Future[list[Generation]]:
         """Queue ``job``; its future completes when its rows end."""
         if self._busy and not self._collected:

@@ -14,6 +14,7 @@ route (``GET /health``, ``/docs`` and ``/openapi.json`` stay open).
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -39,9 +40,16 @@ class ServerSettings:
     max_body_bytes: int = 1_000_000
     limits: wire.Limits = field(default_factory=wire.Limits)
     model_names: tuple[str, ...] = ()
+    metrics: str = "auth"
+    """``GET /metrics`` (Prometheus): ``auth`` behind the API key like ``/v1``, ``open``, or ``off``."""
 
     def __post_init__(self) -> None:
         check_api_key(self.api_key)
+        from logtoku_guard.server.metrics import METRICS_MODES
+
+        if self.metrics not in METRICS_MODES:
+            msg = f"--metrics must be one of {', '.join(METRICS_MODES)}, got {self.metrics!r}"
+            raise ConfigurationError(msg)
 
 
 def check_api_key(key: str | None) -> str | None:
@@ -66,6 +74,32 @@ def check_api_key(key: str | None) -> str | None:
         )
         raise ConfigurationError(msg)
     return key
+
+
+def require_metrics_extra() -> None:
+    """Raise :class:`MissingDependencyError` unless prometheus-client is installed (``/metrics``)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        msg = "GET /metrics needs prometheus-client (the 'serve' extra): pip install 'logtoku-guard[serve]', or --metrics off"
+        raise MissingDependencyError(msg) from exc
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """Where one request's outcome is counted (nothing without metrics)."""
+
+    metrics: Any
+    endpoint: str
+    started: float
+
+    def answered(self, answer: Answer) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(self.endpoint, answer.generation, answer.guard_result, time.perf_counter() - self.started)
+
+    def refused(self, status: int, guard_result: Any = None) -> None:
+        if self.metrics is not None:
+            self.metrics.refused(self.endpoint, status, time.perf_counter() - self.started, guard_result)
 
 
 def require_serve_extra() -> None:
@@ -117,6 +151,12 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     mode = limits.logprobs_mode
     names: Sequence[str] = settings.model_names or (backend.model_name,)
     text_of = _token_text(backend)
+    metrics = None
+    if settings.metrics != "off":
+        require_metrics_extra()
+        from logtoku_guard.server.metrics import ServerMetrics
+
+        metrics = ServerMetrics(engine.runner, backend)
     app = FastAPI(
         title="logtoku-guard",
         summary="OpenAI-compatible API (log-probabilities, or vLLM's raw logits), plus LogTokU scores and guard decisions.",
@@ -133,7 +173,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
-        if settings.api_key is not None and request.url.path.startswith("/v1"):
+        guarded_path = request.url.path.startswith("/v1") or (request.url.path == "/metrics" and settings.metrics == "auth")
+        if settings.api_key is not None and guarded_path:
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), settings.api_key.encode()):
@@ -142,6 +183,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         return await call_next(request)
 
     async def handle(req: wire.AnyRequest) -> Any:
+        started = time.perf_counter()
+        endpoint = "chat" if isinstance(req, proto.ChatCompletionRequest) else "completions"
         try:
             wire.check_model(req.model, names)
             options = wire.decoding_options(req, limits)
@@ -154,15 +197,19 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 messages = wire.chat_messages(req)
             if req.stream:
                 return ClosingStreamingResponse(
-                    _sse(engine, req, messages, options, names[0], text_of, plan, mode),
+                    _sse(engine, req, messages, options, names[0], text_of, plan, mode, _Tally(metrics, endpoint, started)),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
             answer = await engine.answer(messages, options)
         except wire.RequestError as exc:
+            _Tally(metrics, endpoint, started).refused(exc.status)
             return error(exc)
         except LogTokUError as exc:
-            return _library_error(exc, error)
+            response = _library_error(exc, error)
+            _Tally(metrics, endpoint, started).refused(response.status_code, getattr(exc, "result", None))
+            return response
+        _Tally(metrics, endpoint, started).answered(answer)
         sent = _answer_tokens(backend, answer)
         if isinstance(req, proto.ChatCompletionRequest):
             out = tools.reply(plan, answer.text, answer.generation) if sent is None else tools.Reply(answer.text)
@@ -187,6 +234,13 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    if metrics is not None:
+
+        @app.get("/metrics", include_in_schema=False)
+        async def prometheus() -> Any:
+            body, content_type = metrics.exposition()
+            return Response(body, media_type=content_type)
 
     @app.get("/v1/models", response_model=proto.ModelList, responses=_ERRORS)
     async def models() -> Any:
@@ -217,6 +271,9 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = proto.describe_errors(exc.errors())
+        endpoint = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(request.url.path)
+        if endpoint is not None:
+            _Tally(metrics, endpoint, time.perf_counter()).refused(400)
         return error(wire.RequestError(400, message, param=param))
 
     @app.exception_handler(HTTPException)
@@ -365,6 +422,7 @@ async def _sse(
     text_of: wire.TokenText,
     plan: tools.ToolPlan = tools.NO_TOOLS,
     mode: wire.LogprobsMode = "raw_logprobs",
+    tally: _Tally | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """Server-sent events: one chunk per token, a final chunk with the extras, ``data: [DONE]``.
 
@@ -404,17 +462,23 @@ async def _sse(
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500
         if status == 500:
             logger.error("generation failed: %s", exc, exc_info=exc)
+        if tally is not None:
+            tally.refused(status, exc.result if isinstance(exc, GuardRejectedError) else None)
         yield _data(wire.error_body(str(exc), status, extra=extra))
         yield b"data: [DONE]\n\n"
         return
     except Exception as exc:  # the status line is sent: the client learns of the failure in the stream
         logger.error("generation failed: %s", exc, exc_info=exc)
+        if tally is not None:
+            tally.refused(500)
         yield _data(wire.error_body(f"generation failed: {exc.__class__.__name__}: {exc}", 500))
         yield b"data: [DONE]\n\n"
         return
     if answer is None:  # the generation ended without a result: cannot happen unless cancelled
         return
     g = answer.generation
+    if tally is not None:
+        tally.answered(answer)
     sent = _answer_tokens(engine.backend, answer)
     out = tools.reply(plan, answer.text, g) if sent is None else tools.Reply(answer.text)
     replaced = guarded and answer.text != g.text

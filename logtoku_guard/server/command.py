@@ -77,6 +77,10 @@ def serve(
             "(vLLM's opt-in, for clients that read raw logits there). The logtoku extension has the raw logits either way.",
         ),
     ] = "raw_logprobs",
+    metrics: Annotated[
+        str,
+        typer.Option(help="GET /metrics (Prometheus): auth (behind --api-key like /v1, the default), open (no key), or off."),
+    ] = "auth",
 ) -> None:
     """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
@@ -113,6 +117,11 @@ def serve(
             raise ConfigurationError(msg)
         mode: Any = logprobs_mode  # checked by Limits
         limits = Limits(max_tokens=max_tokens, default_max_tokens=min(256, max_tokens), logprobs_mode=mode)
+        from logtoku_guard.server.metrics import METRICS_MODES
+
+        if metrics not in METRICS_MODES:
+            msg = f"--metrics must be one of {', '.join(METRICS_MODES)}, got {metrics!r}"
+            raise ConfigurationError(msg)
         if store is not None and policy is None:
             msg = "--store records the guard's decisions: give a --policy too (without one nothing is guarded or recorded)"
             raise ConfigurationError(msg)
@@ -169,6 +178,7 @@ def serve(
             max_body_bytes=max_body_bytes,
             limits=limits,
             model_names=(served_name,) if served_name else (),
+            metrics=metrics,
         )
     except Exception as exc:
         if sock is not None:
