@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from typing_extensions import TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
+from typing_extensions import NotRequired, TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
 
 from logtoku_guard.uncertainty import QuadrantThresholds, quadrant_of, quadrant_shares
 
@@ -74,6 +74,7 @@ __all__ = [
     "ThresholdsPayload",
     "TimingsPayload",
     "TokenPayload",
+    "ToolCallDecisionPayload",
     "attempt_payload",
     "check_payload",
     "decision_attributes",
@@ -231,6 +232,19 @@ class ResultPayload(TypedDict):
     timings: dict[str, float]
 
 
+class ToolCallDecisionPayload(TypedDict):
+    """What a served policy's ``tool_calls`` rules decided for one call of the answer (``run``,
+    ``human_review`` with its ``review_id``, ``reask``, ``refuse``); ``attempt``: which answer made it."""
+
+    id: str
+    name: str
+    action: str
+    rule: str | None
+    reason: str
+    review_id: int | None
+    attempt: int
+
+
 class ServedDecisionPayload(TypedDict):
     """The guard's decision as a client of ``logtoku-guard serve`` sees it (``choices[].logtoku_guard``,
     and ``error.logtoku_guard`` of a ``raise``).
@@ -257,6 +271,7 @@ class ServedDecisionPayload(TypedDict):
     stats: dict[str, float | None]
     timings: dict[str, float]
     generated_tokens: int
+    tool_calls: NotRequired[list[ToolCallDecisionPayload]]
 
 
 # -- builders ----------------------------------------------------------------------------------

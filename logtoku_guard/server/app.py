@@ -24,7 +24,7 @@ from typing import Any
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError, short_repr
-from logtoku_guard.server import tools, wire
+from logtoku_guard.server import gate, tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits
 from logtoku_guard.server.engine import Answer, Engine
 from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
@@ -201,7 +201,11 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
-            answer = await engine.answer(messages, options)
+            if isinstance(req, proto.ChatCompletionRequest):
+                gated = await gate.answer_gated(engine, plan, messages, options)
+                answer = gated.answer
+            else:
+                answer = await engine.answer(messages, options)
         except wire.RequestError as exc:
             _Tally(metrics, endpoint, started).refused(exc.status)
             return error(exc)
@@ -210,9 +214,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             _Tally(metrics, endpoint, started).refused(response.status_code, getattr(exc, "result", None))
             return response
         _Tally(metrics, endpoint, started).answered(answer)
-        sent = _answer_tokens(backend, answer)
         if isinstance(req, proto.ChatCompletionRequest):
-            out = tools.reply(plan, answer.text, answer.generation) if sent is None else tools.Reply(answer.text)
+            out, held = gated.reply, gated.withheld_calls
             body: Any = wire.chat_response(
                 req,
                 answer.generation,
@@ -223,9 +226,12 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 tool_calls=out.tool_calls,
                 tool_scores=out.scores if out.tool_calls else None,
                 mode=mode,
-                answer_tokens=sent,
+                answer_tokens=_answer_tokens(backend, answer, out.content if held else None),
+                held=held,
+                decision_extra=gate.gated_extra(gated),
             )
         else:
+            sent = _answer_tokens(backend, answer)
             body = wire.completion_response(
                 req, answer.generation, answer.text, names[0], text_of, answer.guard_result, mode=mode, answer_tokens=sent
             )
@@ -355,13 +361,15 @@ def _verdict(item: Any) -> proto.ReviewVerdict:
     )
 
 
-def _answer_tokens(backend: Any, answer: Answer) -> int | None:
-    """``None`` when the client gets the draft; else the token count of the answer it gets instead
-    (the backend's tokenizer; 0 for a backend without one), for ``usage``."""
-    if not wire.withheld(answer.guard_result):
+def _answer_tokens(backend: Any, answer: Answer, replaced: str | None = None) -> int | None:
+    """``None`` when the client gets the draft; else the token count of the text it gets instead (the
+    guard's message, or ``replaced``: the content left once the ``tool_calls`` rules held a call back),
+    counted with the backend's tokenizer (0 for a backend without one), for ``usage``."""
+    if not wire.withheld(answer.guard_result) and replaced is None:
         return None
+    text = answer.text if wire.withheld(answer.guard_result) else replaced or ""
     count = getattr(backend, "count_tokens", None)
-    return int(count(answer.text)) if callable(count) else 0
+    return int(count(text)) if callable(count) and text else 0
 
 
 def _library_error(exc: LogTokUError, error: Any) -> Any:
@@ -441,8 +449,12 @@ async def _sse(
     offset = 0
     answer: Answer | None = None
     guarded = engine.policy is not None
+    gated: gate.GatedAnswer | None = None
     try:
-        if guarded:
+        if guarded and chat:
+            gated = await gate.answer_gated(engine, plan, messages, options)
+            answer = gated.answer
+        elif guarded:
             answer = await engine.answer(messages, options)
         else:
             async with aclosing(engine.stream(messages, options)) as items:
@@ -479,17 +491,21 @@ async def _sse(
     g = answer.generation
     if tally is not None:
         tally.answered(answer)
-    sent = _answer_tokens(engine.backend, answer)
-    out = tools.reply(plan, answer.text, g) if sent is None else tools.Reply(answer.text)
-    replaced = guarded and answer.text != g.text
+    held = gated is not None and gated.withheld_calls
+    if gated is not None:
+        out = gated.reply
+    else:
+        out = tools.reply(plan, answer.text, g) if not wire.withheld(answer.guard_result) else tools.Reply(answer.text)
+    sent = _answer_tokens(engine.backend, answer, out.content if held else None)
+    replaced = guarded and (answer.text != g.text or held)
     if guarded and not replaced:  # the guard passed the draft: its tokens, as an unguarded stream sends them
         for t in g.tokens:
             chunk = _token_chunk(req, cid, created, model, t, offset, text_of, prose, mode)
             if chunk:
                 yield chunk
             offset += len(t.text)
-    if replaced:  # the guard replaced the answer (warn/abstain/review): one chunk with its text
-        text = answer.text if not out.tool_calls else out.content
+    if replaced:  # the guard replaced the answer (warn/abstain/review, a call held back): one chunk with its text
+        text = out.content if chat else answer.text
         if text or not chat:
             yield _data(
                 wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=text))
@@ -502,7 +518,17 @@ async def _sse(
         yield _data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(tool_calls=tools.call_deltas(out.tool_calls))))
     scores = out.scores if out.tool_calls else None
     final: proto.ChatCompletionChunk | proto.CompletionChunk = (
-        wire.chat_chunk(cid, created, model, proto.DeltaMessage(), finish=g, guard_result=answer.guard_result, tool_scores=scores)
+        wire.chat_chunk(
+            cid,
+            created,
+            model,
+            proto.DeltaMessage(),
+            finish=g,
+            guard_result=answer.guard_result,
+            tool_scores=scores,
+            held=held,
+            decision_extra=gate.gated_extra(gated) if gated is not None else None,
+        )
         if chat
         else wire.completion_chunk(cid, created, model, "", finish=g, guard_result=answer.guard_result)
     )

@@ -135,7 +135,7 @@ def serve(
             from logtoku_guard.policy import Policy
 
             pol = Policy.from_file(policy)
-            if "human_review" in pol.actions() and audit is None:
+            if "human_review" in pol.actions() | pol.tool_calls.actions() and audit is None:
                 msg = (
                     f"policy {pol.name!r} can send answers to human review, which needs a review queue: "
                     "pass --store (a SQLite file or a postgresql:// URL) and decide with 'logtoku-guard review serve --store'"

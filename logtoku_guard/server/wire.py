@@ -244,20 +244,28 @@ def _finish(g: Generation) -> str:
 
 
 def usage(g: Generation, guard_result: Any = None, answer_tokens: int | None = None) -> proto.Usage:
-    """Token counts of what the client gets: the generation's, or (withheld) ``answer_tokens``, the answer sent."""
-    n = (answer_tokens or 0) if withheld(guard_result) else len(g.tokens)
+    """Token counts of what the client gets: the generation's, or ``answer_tokens`` (the answer sent)
+    when it is not the generation (a withheld draft or call)."""
+    n = answer_tokens if answer_tokens is not None else len(g.tokens)
     return proto.Usage(prompt_tokens=g.prompt_tokens, completion_tokens=n, total_tokens=g.prompt_tokens + n)
 
 
 def choice_extras(
-    g: Generation, guard_result: Any = None, tool_scores: Sequence[Any] | None = None, *, prompt_scores: bool = False
+    g: Generation,
+    guard_result: Any = None,
+    tool_scores: Sequence[Any] | None = None,
+    *,
+    prompt_scores: bool = False,
+    held: bool = False,
+    decision_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The per-choice extensions: ``logtoku`` summary (and, when the answer called tools, each call's
     per-argument scores in ``logtoku.tool_calls``; with ``prompt_scores``, the question's tokens scored at
     the prefill in ``logtoku.prompt_scores``, what a remote guard needs) and, with a policy,
-    ``logtoku_guard``. A withheld answer has no ``logtoku``: it would describe the draft."""
+    ``logtoku_guard`` (plus ``decision_extra``: each tool call's decision). A withheld answer, or one
+    whose call was ``held`` back by the ``tool_calls`` rules, has no ``logtoku``: it would describe the draft."""
     out: dict[str, Any] = {}
-    if not withheld(guard_result):
+    if not (withheld(guard_result) or held):
         summary: dict[str, Any] = dict(summary_payload(g))
         if tool_scores is not None:
             summary["tool_calls"] = list(tool_scores)
@@ -265,14 +273,14 @@ def choice_extras(
             summary["prompt_scores"] = [logtoku_extra(t) for t in g.prompt_scores]
         out["logtoku"] = summary
     if guard_result is not None:
-        out["logtoku_guard"] = served_decision_payload(guard_result)
+        out["logtoku_guard"] = {**served_decision_payload(guard_result), **(decision_extra or {})}
     return out
 
 
-def tool_finish(g: Generation, called: bool, guard_result: Any = None) -> str:
-    """The finish reason: ``content_filter`` when the guard withheld the draft, ``tool_calls`` when the
-    answer ended with a call, else the generation's."""
-    if withheld(guard_result):
+def tool_finish(g: Generation, called: bool, guard_result: Any = None, held: bool = False) -> str:
+    """The finish reason: ``content_filter`` when the guard withheld the draft (or ``held`` back a call),
+    ``tool_calls`` when the answer ended with a call, else the generation's."""
+    if withheld(guard_result) or held:
         return "content_filter"
     return "tool_calls" if called and g.finish_reason == "stop" else _finish(g)
 
@@ -289,11 +297,14 @@ def chat_response(
     tool_scores: Sequence[Any] | None = None,
     mode: LogprobsMode = "raw_logprobs",
     answer_tokens: int | None = None,
+    held: bool = False,
+    decision_extra: Mapping[str, Any] | None = None,
 ) -> proto.ChatCompletionResponse:
     """A whole ``chat.completion`` body (``answer`` None: only ``tool_calls``; ``answer_tokens``: the
-    answer's token count, for ``usage`` when the guard withheld the draft)."""
+    answer's token count, for ``usage`` when the guard withheld the draft; ``held``: the ``tool_calls``
+    rules held a call back, so nothing token-level of the draft may be sent)."""
     n_top = req.top_logprobs or 0
-    hidden = withheld(guard_result)
+    hidden = withheld(guard_result) or held
     logprobs = (
         proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of, mode) for t in g.tokens])
         if req.logprobs and not hidden
@@ -303,9 +314,9 @@ def chat_response(
         index=0,
         message=proto.AssistantMessage(role="assistant", content=answer, tool_calls=list(tool_calls)),
         logprobs=logprobs,
-        finish_reason=tool_finish(g, bool(tool_calls), guard_result),
+        finish_reason=tool_finish(g, bool(tool_calls), guard_result, held),
         stop_reason=None if hidden else g.stop_sequence,
-        **choice_extras(g, guard_result, tool_scores, prompt_scores=True),
+        **choice_extras(g, guard_result, tool_scores, prompt_scores=True, held=held, decision_extra=decision_extra),
     )
     return proto.ChatCompletionResponse(
         id=new_id("chatcmpl"),
@@ -327,6 +338,8 @@ def chat_chunk(
     finish: Generation | None = None,
     guard_result: Any = None,
     tool_scores: Sequence[Any] | None = None,
+    held: bool = False,
+    decision_extra: Mapping[str, Any] | None = None,
 ) -> proto.ChatCompletionChunk:
     """One ``chat.completion.chunk`` (the last one, ``finish`` given, has the finish reason and extras;
     ``tool_scores`` given: the answer called tools)."""
@@ -336,9 +349,9 @@ def chat_chunk(
             index=0,
             delta=delta,
             logprobs=logprobs,
-            finish_reason=tool_finish(finish, tool_scores is not None, guard_result),
-            stop_reason=None if withheld(guard_result) else finish.stop_sequence,
-            **choice_extras(finish, guard_result, tool_scores, prompt_scores=True),
+            finish_reason=tool_finish(finish, tool_scores is not None, guard_result, held),
+            stop_reason=None if withheld(guard_result) or held else finish.stop_sequence,
+            **choice_extras(finish, guard_result, tool_scores, prompt_scores=True, held=held, decision_extra=decision_extra),
         )
     return proto.ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model, choices=[choice])
 

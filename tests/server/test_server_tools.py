@@ -292,3 +292,83 @@ def test_the_embedded_model_calls_a_tool_and_answers_json(embedded_backend: Any)
     arguments = _check_call(r.json()["choices"][0], ("transfer",))
     assert arguments["amount"] >= 0
     assert isinstance(json.loads(j.json()["choices"][0]["message"]["content"])["city"], str)
+
+
+# -- the policy's tool_calls rules on served calls ---------------------------------------------------
+def _tool_policy(action: str, **reask: Any) -> Any:
+    from logtoku_guard.policy import Policy
+
+    unsure = {"tool": "transfer", "argument": "amount", "stat": "max_eu", "op": ">", "value": 0.3}
+    section: dict[str, Any] = {"rules": [{"name": "unsure-amount", "when": unsure, "action": action}]}
+    if reask:
+        section["reask"] = reask
+    return Policy.from_dict({"name": f"tools-{action}", "rules": [], "tool_calls": section})
+
+
+def _call_gone(choice: dict[str, Any], raw: bytes) -> None:
+    assert choice["message"]["tool_calls"] == [] and choice["finish_reason"] == "content_filter"
+    assert "logtoku" not in choice and choice.get("logprobs") is None
+    assert b"Bob" not in raw and b'"amount"' not in raw  # nothing of the held call's arguments
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_refused_call_is_withheld_with_the_policys_message(stream: bool) -> None:
+    policy = _tool_policy("refuse")
+    with BackgroundServer(build_app(_scripted(), policy=policy)) as srv:
+        r = _post(srv, tools=[TRANSFER], logprobs=True, stream=stream)
+    if stream:
+        events = _events(r.text)
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        choice = {**events[-1]["choices"][0], "message": {"tool_calls": [], "content": content}}
+        assert not any(e["choices"] and e["choices"][0]["delta"].get("tool_calls") for e in events)
+        assert not any(e["choices"] and e["choices"][0].get("logprobs") for e in events)
+    else:
+        choice = r.json()["choices"][0]
+    _call_gone(choice, r.content)
+    (decided,) = choice["logtoku_guard"]["tool_calls"]
+    assert decided["action"] == "refuse" and decided["rule"] == "unsure-amount" and decided["name"] == "transfer"
+    assert (
+        choice["message"]["content"].startswith("Let me check.") and "was refused and did not run" in choice["message"]["content"]
+    )
+
+
+def test_a_call_for_review_is_recorded_and_released_by_the_reviewer(tmp_path: Any) -> None:
+    from logtoku_guard.audit import AuditStore
+
+    with (
+        AuditStore(tmp_path / "a.db") as store,
+        BackgroundServer(build_app(_scripted(), policy=_tool_policy("human_review"), store=store)) as srv,
+    ):
+        r = _post(srv, tools=[TRANSFER])
+        choice = r.json()["choices"][0]
+        _call_gone(choice, r.content)
+        (decided,) = choice["logtoku_guard"]["tool_calls"]
+        review_id = decided["review_id"]
+        assert decided["action"] == "human_review" and f"review id {review_id}" in choice["message"]["content"]
+        store.approve(review_id, "alice", edited_answer='{"amount": 4, "to": "Bob"}')
+        verdict = httpx.get(f"{srv.base_url}/logtoku/reviews/{review_id}", timeout=30).json()
+    assert verdict["status"] == "approved" and json.loads(verdict["answer"]) == {"amount": 4, "to": "Bob"}
+
+
+def test_a_reasked_call_is_asked_again_then_falls_back() -> None:
+    asked: list[Any] = []
+
+    def script(messages: Any) -> ScriptedAnswer:
+        asked.append(messages)
+        return ScriptedAnswer(CALL_PIECES, [[9.0, 1.0]] * 7 + [[2.0, 1.9]] + [[9.0, 1.0]] * (len(CALL_PIECES) - 8))
+
+    policy = _tool_policy("reask", max_attempts=1, fallback="refuse")
+    with BackgroundServer(build_app(ScriptedBackend(script), policy=policy)) as srv:
+        choice = _post(srv, tools=[TRANSFER]).json()["choices"][0]
+    assert len(asked) == 2  # the first answer, then once more after the re-ask
+    assert "you were unsure of its arguments" in asked[1][-1].content  # the model was told why
+    actions = [(d["attempt"], d["action"]) for d in choice["logtoku_guard"]["tool_calls"]]
+    assert actions == [(1, "reask"), (2, "refuse")] and choice["message"]["tool_calls"] == []
+
+
+def test_a_sure_call_runs() -> None:
+    sure = ScriptedBackend(lambda m: ScriptedAnswer(CALL_PIECES, [[9.0, 1.0]] * len(CALL_PIECES)))
+    with BackgroundServer(build_app(sure, policy=_tool_policy("refuse"))) as srv:
+        choice = _post(srv, tools=[TRANSFER]).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "transfer"
+    assert [d["action"] for d in choice["logtoku_guard"]["tool_calls"]] == ["run"]

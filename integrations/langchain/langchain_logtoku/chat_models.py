@@ -67,6 +67,12 @@ from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, va
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20
 """The default ``max_logprobs``: raw top logits kept per token for ``top_logprobs`` (vLLM's default)."""
+DEFAULT_MAX_STRING_LENGTH = 128
+"""The default ``max_string_length`` under a grammar: a small model loops inside a string value (the
+135M model, greedy: ``"I'm a cat, I'm a cat, ..."``) until ``max_tokens`` cuts the JSON open; a cap
+closes the string so the object ends, and 128 characters (about 30-40 tokens) leaves the default
+``max_tokens=256`` room for a call or an object of a few such strings. The schema's own ``maxLength``
+always applies; ``max_string_length=None`` lifts the cap."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,8 @@ class ChatLogTokU(BaseChatModel):
         logtoku_profile: the model's calibration profile, for token quadrants; ``"auto"``
             (default) loads the saved profile of this model when there is one, ``None`` never.
         max_string_length: under a grammar (tool calls, structured output), the most characters of a
-            string value the schema leaves unbounded (its own ``maxLength`` applies); None: unbounded.
+            string value the schema leaves unbounded (its own ``maxLength`` applies); default 128, so
+            that an answer under the defaults ends well-formed; None: unbounded.
         streaming: stream by default inside chains (LangChain's standard flag).
         timeout, max_retries, api_key: accepted for compatibility with LangChain's standard
             chat-model parameters; a local model makes no network calls, so they have no effect.
@@ -140,7 +147,7 @@ class ChatLogTokU(BaseChatModel):
     max_logprobs: int = MAX_TOP_LOGPROBS
     disable_streaming: bool | Literal["tool_calling"] = "tool_calling"
     logtoku_profile: ModelProfile | Literal["auto"] | None = Field(default="auto", exclude=True, repr=False)
-    max_string_length: int | None = Field(default=None, ge=1)
+    max_string_length: int | None = Field(default=DEFAULT_MAX_STRING_LENGTH, ge=1)
     streaming: bool = False
     timeout: float | None = None
     max_retries: int | None = None

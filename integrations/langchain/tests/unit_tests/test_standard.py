@@ -127,6 +127,15 @@ class TestChatLogTokUIntegration(_Capabilities, ChatModelIntegrationTests):
         return {"backend": self._backend, "max_tokens": 96, "max_string_length": 48}
 
 
+class TestChatLogTokUIntegrationDefaults(TestChatLogTokUIntegration):
+    """The same suite with ChatLogTokU's defaults (max_tokens=256, max_string_length=128): what a user
+    calling ``with_structured_output`` or ``bind_tools`` without settings gets must parse too."""
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"backend": self._backend}
+
+
 # -- what the 135M model itself cannot do -----------------------------------------------------
 # Tool calls and structured output are decoded under a grammar (langchain_logtoku._structured),
 # in SmolLM2's trained tool-call format, with every string the schema leaves unbounded capped at
