@@ -8,6 +8,8 @@ Hierarchy (every class is exported from ``logtoku_guard``)::
     │   │   └── PromptTooLongError        prompt does not fit the model's context window
     │   ├── PolicyError                   a policy (dict, YAML, JSON) that does not validate
     │   ├── DatasetUnavailableError       an evaluation dataset file is not where it should be
+    │   ├── GrammarError                  a request's constraint (schema, tools) failed its own row while
+    │   │                                 decoding (a grammar limit reached): that request alone fails
     │   └── LogProbsNotLogitsError        a remote server sends log-probabilities, not raw logits
     ├── UsageError                        the API used out of order (``.result`` of an unfinished stream, ...)
     ├── GuardRejectedError                the policy's ``raise`` action; carries the GuardResult
@@ -115,6 +117,14 @@ class PolicyError(ConfigurationError):
 
 class DatasetUnavailableError(ConfigurationError):
     """A dataset file is not where it should be (the message names the path and the fix)."""
+
+
+class GrammarError(ConfigurationError):
+    """A row's grammar failed while decoding (a resource limit of the grammar engine, a rejected token).
+
+    Raised for that row's request alone: the other rows of a batch go on. The cause is the
+    request's constraint (a schema or tools the engine cannot follow), so the server answers 400.
+    """
 
 
 class UsageError(LogTokUError):

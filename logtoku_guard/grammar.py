@@ -41,7 +41,7 @@ from logtoku_guard.constraints import (
     bounded_schema,
     tool_call_schema,
 )
-from logtoku_guard.errors import ConfigurationError, MissingDependencyError
+from logtoku_guard.errors import ConfigurationError, GrammarError, MissingDependencyError, short_repr
 
 __all__ = ["GrammarEngine", "RowGrammar", "allowed_tokens", "grammar_text", "require_llguidance"]
 
@@ -75,6 +75,25 @@ def grammar_text(constraint: Constraint, *, after_open: bool = False) -> str:
     body = f"{_lark_string(CALL_LIST_OPEN)} call {_lark_string(CALL_LIST_CLOSE + TOOL_CALL_CLOSE)}"
     start = body if after_open else f"{_lark_string(TOOL_CALL_OPEN)} {body}"
     return f"start: {start}\ncall: %json {json.dumps(schema)}"
+
+
+GRAMMAR_LIMITS = {
+    "max_items_in_row": 2_000,
+    "step_max_items": 50_000,
+    "step_lexer_fuel": 200_000,
+    "initial_lexer_fuel": 1_000_000,
+    "max_lexer_states": 100_000,
+    "max_grammar_size": 200_000,
+}
+"""llguidance's resource limits for every request's grammar, set here rather than left to its
+defaults: a compile beyond them is a 400 before decoding; a step beyond them (an ambiguous
+schema whose parse explodes) fails that request's row alone (:class:`GrammarError`). A step's
+cost is bounded (about 4 ms of items, 15 ms of lexer fuel), so no request's grammar can stall a batch."""
+
+
+def grammar_limits() -> Any:
+    llguidance = require_llguidance()
+    return llguidance.LLParserLimits(**GRAMMAR_LIMITS)
 
 
 class GrammarEngine:
@@ -115,9 +134,10 @@ class GrammarEngine:
         return cls(tokenizer, model.n_vocab)
 
     def matcher(self, grammar: str) -> Any:
-        """A fresh llguidance matcher of ``grammar``; a :class:`ConfigurationError` when it does not compile."""
+        """A fresh llguidance matcher of ``grammar`` under :data:`GRAMMAR_LIMITS`; a
+        :class:`ConfigurationError` when it does not compile."""
         llguidance = require_llguidance()
-        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=grammar_limits())
         if m.is_error():
             msg = f"the constraint cannot be compiled into a grammar: {m.get_error()}"
             raise ConfigurationError(msg)
@@ -146,6 +166,7 @@ class RowGrammar:
         self.constraint = constraint
         self.text = b""  # the row's bytes while waiting for the opening tag
         self.broken = False
+        self.failure: str | None = None  # why the grammar failed mid-decoding (that row alone fails)
 
     @property
     def active(self) -> bool:
@@ -153,20 +174,39 @@ class RowGrammar:
         return self.matcher is not None and not self.broken
 
     def fill(self, bitmask: np.ndarray) -> None:
-        """Write this step's allowed tokens into ``bitmask``, a C-contiguous int32 row of ``ceil(vocab / 32)`` words."""
+        """Write this step's allowed tokens into ``bitmask``, a C-contiguous int32 row of ``ceil(vocab / 32)`` words.
+
+        A grammar that fails here (a resource limit) allows every token this step and fails its own
+        row at :meth:`advance`: the other rows of the batch are masked as usual."""
         import llguidance.numpy
 
-        llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask[None, :] if bitmask.ndim == 1 else bitmask)
+        row = bitmask[None, :] if bitmask.ndim == 1 else bitmask
+        try:
+            llguidance.numpy.fill_next_token_bitmask(self.matcher, row)
+        except Exception as exc:  # noqa: BLE001 - the engine's own error, turned into this row's GrammarError
+            self.failure = f"{type(exc).__name__}: {exc}"
+            row[:] = -1
+            return
+        if self.matcher.is_error():
+            self.failure = str(self.matcher.get_error())
+            row[:] = -1
 
     def advance(self, token_id: int) -> bool:
-        """Take the chosen token; True when the grammar is complete (the row ends)."""
+        """Take the chosen token; True when the grammar is complete (the row ends).
+
+        Raises :class:`GrammarError` (this row's request alone) when the grammar failed."""
         if self.broken:
             return False
-        if self.matcher is None:
+        if self.failure is None and self.matcher is None:
             return self._wait_for_call(token_id)
-        if not self.matcher.consume_token(int(token_id)):
-            msg = f"internal error: the grammar rejected token {token_id} that its mask allowed: {self.matcher.get_error()}"
-            raise RuntimeError(msg)
+        if self.failure is None and not self.matcher.consume_token(int(token_id)):
+            self.failure = str(self.matcher.get_error())
+        if self.failure is not None:
+            msg = (
+                f"the request's constraint failed while decoding ({short_repr(self.failure, 300)}); "
+                "simplify the schema or tools (no recursive $ref, fewer alternatives) and ask again"
+            )
+            raise GrammarError(msg)
         return bool(self.matcher.is_stopped())
 
     def _wait_for_call(self, token_id: int) -> bool:

@@ -69,6 +69,68 @@ def _depth(value: Any) -> int:
     return 0
 
 
+def _refs(node: Any, path: tuple[str, ...]) -> Any:
+    """Every ``$ref`` string under ``node`` as ``(its location, its target)``."""
+    if isinstance(node, Mapping):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield path, ref
+        for key, value in node.items():
+            yield from _refs(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _refs(value, (*path, str(i)))
+
+
+def _pointer(ref: str) -> tuple[str, ...] | None:
+    """A local JSON pointer (``#``, ``#/$defs/a``) as its path; None for any other reference."""
+    if ref == "#":
+        return ()
+    if not ref.startswith("#/"):
+        return None
+    return tuple(part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/"))
+
+
+def _resolve(schema: Any, path: tuple[str, ...]) -> Any:
+    node = schema
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def recursive_ref(schema: dict[str, Any]) -> str | None:
+    """The first ``$ref`` that makes ``schema`` recursive (or is not a local pointer to a part of it), else None.
+
+    A recursive schema has no bound on the JSON it describes, so no grammar compiled from it has a
+    bound on its work per token: a request's schema must not be one (the served grammar limits)."""
+    checked: set[tuple[str, ...]] = set()
+
+    def visit(target: tuple[str, ...], chain: tuple[tuple[str, ...], ...]) -> str | None:
+        if target in chain:
+            return "#/" + "/".join(target) if target else "#"
+        if target in checked:
+            return None
+        node = _resolve(schema, target)
+        if node is None:
+            return "#/" + "/".join(target)
+        for location, ref in _refs(node, target):
+            pointer = _pointer(ref)
+            if pointer is None or location[: len(pointer)] == pointer:  # remote, or pointing to its own ancestor
+                return ref
+            found = visit(pointer, (*chain, target))
+            if found is not None:
+                return found
+        checked.add(target)
+        return None
+
+    return visit((), ())
+
+
 def _check_schema(schema: dict[str, Any], where: str, param: str) -> None:
     text = json.dumps(schema, ensure_ascii=False)
     if len(text) > MAX_SCHEMA_CHARS:
@@ -76,6 +138,13 @@ def _check_schema(schema: dict[str, Any], where: str, param: str) -> None:
         raise WireValueError(msg, param)
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         msg = f"{where} nests objects/arrays deeper than {MAX_SCHEMA_DEPTH} levels; send a flatter schema"
+        raise WireValueError(msg, param)
+    ref = recursive_ref(schema)
+    if ref is not None:
+        msg = (
+            f"{where} has the $ref {short_repr(ref)}, which makes it recursive (or points outside it): its JSON and its "
+            "grammar would be unbounded; inline the definition to a fixed depth"
+        )
         raise WireValueError(msg, param)
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
-from logtoku_guard.errors import NonFiniteLogitsError
+from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
 from logtoku_guard.types import FinishReason, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
 
@@ -450,7 +450,15 @@ class StepRecorder:
                 alt_ids=tuple(top_ids[b]) if self.width > self.k else (),
             )
             row.held.append(token)
-            complete = row.grammar is not None and row.grammar.advance(token_id)  # True: the grammar ends the row
+            try:
+                complete = row.grammar is not None and row.grammar.advance(token_id)  # True: the grammar ends the row
+            except GrammarError as exc:  # this row's constraint failed: its request alone ends, with the error
+                if self.on_row_done is None:
+                    raise
+                row.error = exc
+                self._close(b, row, None)
+                done.append(True)
+                continue
             self._release(b, row)
             if complete and not row.done:
                 self._close(b, row, "stop")
