@@ -183,7 +183,7 @@ class RowGrammar:
         row = bitmask[None, :] if bitmask.ndim == 1 else bitmask
         try:
             llguidance.numpy.fill_next_token_bitmask(self.matcher, row)
-        except Exception as exc:  # noqa: BLE001 - the engine's own error, turned into this row's GrammarError
+        except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             row[:] = -1
             return

@@ -142,8 +142,9 @@ def _check_schema(schema: dict[str, Any], where: str, param: str) -> None:
     ref = recursive_ref(schema)
     if ref is not None:
         msg = (
-            f"{where} has the $ref {short_repr(ref)}, which makes it recursive (or points outside it): its JSON and its "
-            "grammar would be unbounded; inline the definition to a fixed depth"
+            f"{where} has the $ref {short_repr(ref)}, which is recursive or does not point to a part of the schema: "
+            "a recursive schema's JSON and grammar are unbounded; use local $refs (#/$defs/...) without cycles, "
+            "or inline the definition to a fixed depth"
         )
         raise WireValueError(msg, param)
 

@@ -14,22 +14,24 @@ route (``GET /health``, ``/docs`` and ``/openapi.json`` stay open).
 import json
 import logging
 import secrets
+import threading
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError, short_repr
 from logtoku_guard.server import gate, tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits
-from logtoku_guard.server.engine import Answer, Engine
+from logtoku_guard.server.engine import Answer, ClientGone, Engine
 from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,43 @@ def check_api_key(key: str | None) -> str | None:
         )
         raise ConfigurationError(msg)
     return key
+
+
+DISCONNECT_POLL_S = 0.1
+"""Pause between two reads of a request's connection that brought something other than its disconnect."""
+
+
+async def _while_connected(request: Any, work: Callable[[threading.Event], Awaitable[T]]) -> T:
+    """``await work(cancel)`` while watching the client: when it goes away, ``cancel`` is set (the
+    generation stops at its next step) and :class:`ClientGone` is raised. Exceptions of ``work`` pass as they are."""
+    import anyio
+
+    cancel = threading.Event()
+    outcome: list[Any] = []
+
+    async def run(scope: Any) -> None:
+        try:
+            outcome.append(("ok", await work(cancel)))
+        except Exception as exc:
+            outcome.append(("error", exc))
+        scope.cancel()
+
+    async def watch(scope: Any) -> None:
+        # The body has been read: the connection's next message is the client's disconnect.
+        while (await request.receive()).get("type") != "http.disconnect":
+            await anyio.sleep(DISCONNECT_POLL_S)
+        cancel.set()
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        await run(tg.cancel_scope)
+    if not outcome:
+        raise ClientGone
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def require_metrics_extra() -> None:
@@ -182,7 +221,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                 return error(wire.RequestError(401, msg))
         return await call_next(request)
 
-    async def handle(req: wire.AnyRequest) -> Any:
+    async def handle(req: wire.AnyRequest, request: Request) -> Any:
         started = time.perf_counter()
         endpoint = "chat" if isinstance(req, proto.ChatCompletionRequest) else "completions"
         try:
@@ -202,10 +241,13 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
             if isinstance(req, proto.ChatCompletionRequest):
-                gated = await gate.answer_gated(engine, plan, messages, options)
+                gated = await _while_connected(request, lambda cancel: gate.answer_gated(engine, plan, messages, options, cancel))
                 answer = gated.answer
             else:
-                answer = await engine.answer(messages, options)
+                answer = await _while_connected(request, lambda cancel: engine.answer(messages, options, cancel))
+        except ClientGone:
+            _Tally(metrics, endpoint, started).refused(499)
+            return Response(status_code=499)  # nobody reads it: the client went away
         except wire.RequestError as exc:
             _Tally(metrics, endpoint, started).refused(exc.status)
             return error(exc)
@@ -254,15 +296,15 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         return Response(_json(wire.models_response(names)), media_type="application/json")
 
     @app.post("/v1/chat/completions", response_model=proto.ChatCompletionResponse, responses=_ERRORS)
-    async def chat_completions(body: proto.ChatCompletionRequest) -> Any:
+    async def chat_completions(body: proto.ChatCompletionRequest, request: Request) -> Any:
         """A chat answer with log-probabilities and LogTokU scores per token; ``stream: true`` answers as
         server-sent events of :class:`ChatCompletionChunk` ending with ``data: [DONE]``."""
-        return await handle(body)
+        return await handle(body, request)
 
     @app.post("/v1/completions", response_model=proto.CompletionResponse, responses=_ERRORS)
-    async def completions(body: proto.CompletionRequest) -> Any:
+    async def completions(body: proto.CompletionRequest, request: Request) -> Any:
         """A completion of one prompt (the legacy API); ``stream: true`` answers as server-sent events."""
-        return await handle(body)
+        return await handle(body, request)
 
     @app.get("/v1/logtoku/reviews/{review_id}", response_model=proto.ReviewVerdict, responses=_ERRORS)
     async def review(review_id: str, wait: float = 0.0) -> Any:
@@ -466,6 +508,10 @@ async def _sse(
                     if chunk:
                         yield chunk
                     offset += len(item.text)
+    except ClientGone:  # the client went away while a guard asked for another answer: nothing to send
+        if tally is not None:
+            tally.refused(499)
+        return
     except LogTokUError as exc:
         from logtoku_guard.payloads import served_decision_payload
         from logtoku_guard.results import GuardRejectedError

@@ -69,10 +69,12 @@ class ThreadRunner:
         return self.workers - self._slots.value
 
     async def run(self, fn: Callable[[Backend], T]) -> T:
+        """``fn(backend)`` in a worker thread. Cancelling the caller (a client gone) abandons the thread
+        at once: ``fn`` must then stop by itself (the engine's calls watch a cancel event)."""
         import anyio.to_thread
 
         async with self.slot():
-            return await anyio.to_thread.run_sync(fn, self.backend)
+            return await anyio.to_thread.run_sync(fn, self.backend, abandon_on_cancel=True)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -82,6 +84,36 @@ class ThreadRunner:
             yield
         finally:
             self._slots.release()
+
+
+class ClientGone(Exception):
+    """The request's client went away: its generation was stopped (nothing is sent)."""
+
+
+class CancellableBackend:
+    """``backend`` whose :meth:`generate` streams and stops at the next decoding step once ``cancel`` is set.
+
+    The server's calls go through it, so a client that goes away frees its row (guarded or not):
+    a generation already running ends ``"cancelled"``; one asked for after that (a guard's retry)
+    raises :class:`ClientGone` before it starts. Everything else is the backend's own.
+    """
+
+    def __init__(self, backend: Backend, cancel: threading.Event) -> None:
+        self._backend = backend
+        self._cancel = cancel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def generate(self, prompt: Any, options: DecodingOptions | None = None, **kwargs: Any) -> Generation:
+        if self._cancel.is_set():
+            raise ClientGone
+        stream = self._backend.stream(prompt, options, **kwargs)
+        with stream:
+            for _ in stream:
+                if self._cancel.is_set():
+                    break
+        return stream.generation
 
 
 @dataclass(frozen=True)
@@ -121,12 +153,22 @@ class Engine:
 
         return Guard(backend or self.backend, self.policy, profile=self.profile, store=self.store, options=options)
 
-    async def answer(self, messages: list[ChatMessage], options: DecodingOptions) -> Answer:
-        """Generate (and guard) one answer; raises the guard's ``GuardRejectedError`` for ``raise``."""
-        if self.policy is None:
-            g = await self.runner.run(lambda b: b.generate(messages, options))
-            return Answer(g, g.text)
-        result = await self.runner.run(lambda b: self._guard(options, b).run(messages))
+    async def answer(
+        self, messages: list[ChatMessage], options: DecodingOptions, cancel: threading.Event | None = None
+    ) -> Answer:
+        """Generate (and guard) one answer; raises the guard's ``GuardRejectedError`` for ``raise``.
+
+        ``cancel`` set (the client went away), or this call cancelled, stops the generation at its next
+        decoding step (:class:`CancellableBackend`)."""
+        stop = cancel if cancel is not None else threading.Event()
+        try:
+            if self.policy is None:
+                g = await self.runner.run(lambda b: CancellableBackend(b, stop).generate(messages, options))
+                return Answer(g, g.text)
+            result = await self.runner.run(lambda b: self._guard(options, CancellableBackend(b, stop)).run(messages))
+        except BaseException:
+            stop.set()  # cancelled (client gone) or failed: the worker thread stops at its next step
+            raise
         return Answer(result.generation, result.answer, result)
 
     async def stream(self, messages: list[ChatMessage], options: DecodingOptions) -> AsyncGenerator[TokenScore | Answer, None]:

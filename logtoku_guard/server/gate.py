@@ -21,6 +21,7 @@ LangChain middleware (:mod:`logtoku_guard.tool_gate`); this module only drives t
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,11 +56,16 @@ class GatedAnswer:
 
 
 async def answer_gated(
-    engine: Engine, plan: tools.ToolPlan, messages: list[ChatMessage], options: DecodingOptions
+    engine: Engine,
+    plan: tools.ToolPlan,
+    messages: list[ChatMessage],
+    options: DecodingOptions,
+    cancel: threading.Event | None = None,
 ) -> GatedAnswer:
-    """The guard's answer with the policy's ``tool_calls`` rules applied to its calls (re-asking as they say)."""
+    """The guard's answer with the policy's ``tool_calls`` rules applied to its calls (re-asking as they say);
+    ``cancel``: as :meth:`Engine.answer`'s."""
     policy: Policy | None = engine.policy
-    answer = await engine.answer(messages, options)
+    answer = await engine.answer(messages, options, cancel)
     reply = _reply(plan, answer)
     rules = policy.tool_calls if policy is not None else None
     if rules is None or not rules.gates or not reply.tool_calls:
@@ -72,7 +78,7 @@ async def answer_gated(
         if any(d.action == "reask" for d in decisions):
             decided += [_payload(c, d, None, attempt + 1) for c, d in zip(scored, decisions)]
             turns = _reasked(turns, reply, scored, decisions, policy)  # type: ignore[arg-type]
-            answer = await engine.answer(turns, options)
+            answer = await engine.answer(turns, options, cancel)
             reply = _reply(plan, answer)
             if not reply.tool_calls:  # the model answered without the tool this time
                 return GatedAnswer(answer, reply, decided)

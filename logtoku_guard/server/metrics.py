@@ -5,7 +5,8 @@ apps in one process, as in the tests, never share counters). What is measured:
 
 ==========================================  =============================================================
 ``logtoku:requests_total``                  answered requests by ``endpoint`` (chat, completions) and
-                                            ``outcome`` (ok, client_error, guard_rejected, server_error)
+                                            ``outcome`` (ok, client_error, guard_rejected, server_error,
+                                            client_gone: the client left and its generation was stopped)
 ``logtoku:prompt_tokens_total``             prompt tokens of the answered requests
 ``logtoku:generation_tokens_total``         tokens the model generated, every guard attempt included
 ``logtoku:guard_decisions_total``           the guard's decisions by ``action`` and ``rule`` (``-``: none fired)
@@ -93,7 +94,12 @@ class ServerMetrics:
 
     def refused(self, endpoint: str, status: int, seconds: float, guard_result: Any = None) -> None:
         """Count a request answered with an error (``status``); a guard's ``raise`` is ``guard_rejected``."""
-        outcome = "guard_rejected" if guard_result is not None else "client_error" if status < 500 else "server_error"
+        if guard_result is not None:
+            outcome = "guard_rejected"
+        elif status == 499:  # nginx's code for a client that closed the request: its generation was stopped
+            outcome = "client_gone"
+        else:
+            outcome = "client_error" if status < 500 else "server_error"
         self.requests.labels(endpoint, outcome).inc()
         self.latency.observe(seconds)
         if guard_result is not None:

@@ -59,7 +59,9 @@ def tiny(tiny_tokenizer: Any) -> Any:
 
     from logtoku_guard.backends.transformers import TransformersBackend
 
-    return TransformersBackend("tiny", model_obj=make_model(tiny_tokenizer, max_positions=1024), tokenizer=tiny_tokenizer, max_batch=4)
+    return TransformersBackend(
+        "tiny", model_obj=make_model(tiny_tokenizer, max_positions=1024), tokenizer=tiny_tokenizer, max_batch=4
+    )
 
 
 def llamacpp() -> Any:
@@ -73,12 +75,16 @@ def llamacpp() -> Any:
 
 
 @pytest.mark.parametrize("kind", ["transformers", "llamacpp"])
-def test_an_attacker_row_fails_alone_and_the_victims_answer_as_alone(kind: str, tiny_tokenizer: Any, exploding_grammar: None) -> None:
+def test_an_attacker_row_fails_alone_and_the_victims_answer_as_alone(
+    kind: str, tiny_tokenizer: Any, exploding_grammar: None
+) -> None:
     backend = tiny(tiny_tokenizer) if kind == "transformers" else llamacpp()
     body = {"max_tokens": 24, "temperature": 0}
     with BackgroundServer(build_app(backend)) as srv:
         url = srv.base_url + "/chat/completions"
-        alone = [httpx.post(url, json={**body, "messages": [{"role": "user", "content": q}]}, timeout=120).json() for q in VICTIMS]
+        alone = [
+            httpx.post(url, json={**body, "messages": [{"role": "user", "content": q}]}, timeout=120).json() for q in VICTIMS
+        ]
         results: dict[str, Any] = {}
 
         def send(name: str, payload: dict[str, Any]) -> None:
@@ -87,7 +93,13 @@ def test_an_attacker_row_fails_alone_and_the_victims_answer_as_alone(kind: str, 
         threads = [
             threading.Thread(target=send, args=(q, {**body, "messages": [{"role": "user", "content": q}]})) for q in VICTIMS
         ]
-        attack = {**body, "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}], "tools": [ATTACKER], "tool_choice": "required"}
+        attack = {
+            **body,
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [ATTACKER],
+            "tool_choice": "required",
+        }
         threads.append(threading.Thread(target=send, args=("attacker", attack)))
         for t in threads:
             t.start()

@@ -262,7 +262,11 @@ def test_a_backend_that_cannot_constrain_refuses_before_streaming(body: dict[str
 
 
 def test_a_schema_the_grammar_cannot_compile_is_a_400(tiny_server: Any) -> None:
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nope"}}}
+    dangling = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/nope"}}}
+    r = _post(tiny_server, response_format=dangling, max_tokens=5)
+    assert r.status_code == 400 and "does not point to a part of the schema" in r.json()["error"]["message"]
+    lookbehind = {"type": "string", "pattern": "(?<=a)b"}  # a regex the grammar engine does not support
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": lookbehind}}
     r = _post(tiny_server, response_format=fmt, max_tokens=5)
     assert r.status_code == 400 and "cannot be compiled into a grammar" in r.json()["error"]["message"]
     events = _events(_post(tiny_server, response_format=fmt, max_tokens=5, stream=True).text)
