@@ -61,6 +61,34 @@ _REQUEST = ConfigDict(strict=True, extra="ignore")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def json_depth(raw: bytes, stop_above: int | None = None) -> int:
+    """How deep ``raw`` nests JSON arrays and objects (brackets inside strings do not count).
+
+    Counting stops once the depth passes ``stop_above``. For text that is not valid JSON the
+    count is an upper bound up to the first error, all a parser would read.
+    """
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    depth = deepest = 0
+    for b in brackets:
+        if b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if stop_above is not None and deepest > stop_above:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+MAX_ARGUMENT_DEPTH = 64
+"""Deepest nesting of a tool call's ``arguments`` JSON read from a request's history."""
+
+
 def _depth(value: Any) -> int:
     if isinstance(value, Mapping):
         return 1 + max((_depth(v) for v in value.values()), default=0)
@@ -269,8 +297,13 @@ class ToolCall(BaseModel):
 
     @property
     def parsed_arguments(self) -> Any:
-        """``function.arguments`` read as JSON (raises ``ValueError`` when it is not JSON)."""
-        return json.loads(self.function.arguments)
+        """``function.arguments`` read as JSON (raises ``ValueError`` when it is not JSON, or nests
+        deeper than :data:`MAX_ARGUMENT_DEPTH`: the parser recurses per level)."""
+        text = self.function.arguments
+        if json_depth(text.encode("utf-8", "surrogatepass"), MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            msg = f"the arguments nest JSON deeper than {MAX_ARGUMENT_DEPTH} levels"
+            raise ValueError(msg)
+        return json.loads(text)
 
 
 class FunctionCallDelta(BaseModel):

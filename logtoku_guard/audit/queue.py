@@ -18,9 +18,25 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from logtoku_guard.audit.records import _OPEN, AuditRecord, ReviewItem, ReviewStatus, _check_text, _utcnow
+from logtoku_guard.audit.records import (
+    _OPEN,
+    MAX_REVIEW_ID,
+    AuditRecord,
+    ReviewItem,
+    ReviewStatus,
+    _check_text,
+    _check_verdict_text,
+    _utcnow,
+)
 from logtoku_guard.audit.schema import _item_select, _records, _reviews, _row_to_item, _UTCDateTime
-from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, UnknownTraceError
+from logtoku_guard.errors import (
+    AuditStoreError,
+    ConfigurationError,
+    ReviewStateError,
+    UnknownReviewItemError,
+    UnknownTraceError,
+    short_repr,
+)
 
 __all__ = ["ReviewHints", "ReviewQueue"]
 
@@ -99,6 +115,16 @@ class ReviewQueue:
         conn.execute(sa.update(_records).where(_records.c.trace_id == trace_id).values(review_id=item_id))
         return item_id
 
+    def _known(self, item_id: int) -> int:
+        """``item_id`` when an item could have it (1 to 2**31 - 1, the column's range); otherwise no item has it.
+
+        Checked before any query: PostgreSQL refuses an integer out of its column's range with an
+        error that is not a missing item, and a store must never call that "unreachable"."""
+        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 1 <= item_id <= MAX_REVIEW_ID:
+            msg = f"no review item with id {short_repr(item_id)} in the audit store at {self._where}; {self.review_hints.list_open}"
+            raise UnknownReviewItemError(msg)
+        return item_id
+
     def _load_item(self, conn: Connection, item_id: int) -> ReviewItem:
         row = conn.execute(_item_select.where(_reviews.c.id == item_id)).mappings().one_or_none()
         if row is None:
@@ -136,6 +162,7 @@ class ReviewQueue:
 
     def review_item(self, item_id: int) -> ReviewItem:
         """The review item with this id; :class:`UnknownReviewItemError` if none."""
+        item_id = self._known(item_id)
         with self._transaction("read", write=False) as conn:
             return self._load_item(conn, self._check_id(item_id))
 
@@ -155,8 +182,9 @@ class ReviewQueue:
         (and not expired, see ``claim_ttl``) or already decided raises :class:`ReviewStateError`.
         ``os_user``: the operating-system account making the claim, stored beside the name.
         """
+        item_id = self._known(item_id)
         item_id = self._check_id(item_id)
-        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        reviewer = _check_verdict_text(reviewer, "reviewer", empty_ok=False)
         os_user = _check_os_user(os_user)
         now = _utcnow()
         with self._transaction("claim a review in", write=True) as conn:
@@ -176,8 +204,9 @@ class ReviewQueue:
         Only its claimer may release it, or anyone with ``force`` (e.g. for a reviewer who left).
         An item that is not claimed raises :class:`ReviewStateError`.
         """
+        item_id = self._known(item_id)
         item_id = self._check_id(item_id)
-        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        reviewer = _check_verdict_text(reviewer, "reviewer", empty_ok=False)
         mine = sa.true() if force else _reviews.c.claimed_by == reviewer
         with self._transaction("release a review in", write=True) as conn:
             changed = conn.execute(
@@ -211,15 +240,17 @@ class ReviewQueue:
         Allowed on a pending item (an implicit claim), on one claimed by ``reviewer``, or on one
         whose claim expired. ``os_user``: the operating-system account, stored beside the name.
         """
+        item_id = self._known(item_id)
         if edited_answer is not None:
-            _check_text(edited_answer, "edited_answer", empty_ok=False)
+            _check_verdict_text(edited_answer, "edited_answer", empty_ok=False)
         if note is not None:
-            _check_text(note, "note")
+            _check_verdict_text(note, "note")
         return self._decide(item_id, reviewer, "approved", edited_answer, note, os_user)
 
     def reject(self, item_id: int, reviewer: str, note: str, *, os_user: str | None = None) -> ReviewItem:
         """Reject an item; ``note`` (why) is required. Same claim rules as :meth:`approve`."""
-        note = _check_text(note, "a rejection note (say why the answer is rejected)", empty_ok=False)
+        item_id = self._known(item_id)
+        note = _check_verdict_text(note, "a rejection note (say why the answer is rejected)", empty_ok=False)
         return self._decide(item_id, reviewer, "rejected", None, note, os_user)
 
     def _decide(
@@ -232,7 +263,7 @@ class ReviewQueue:
         os_user: str | None,
     ) -> ReviewItem:
         item_id = self._check_id(item_id)
-        reviewer = _check_text(reviewer, "reviewer", empty_ok=False)
+        reviewer = _check_verdict_text(reviewer, "reviewer", empty_ok=False)
         os_user = _check_os_user(os_user)
         now = _utcnow()
         verb = "approve" if status == "approved" else "reject"

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.tool_scores import score_tool_calls
 
@@ -107,9 +107,19 @@ def _json_safe(value: Any, name: str) -> Any:
 def _check_text(value: Any, name: str, *, empty_ok: bool = True) -> str:
     if not isinstance(value, str) or (not empty_ok and not value.strip()):
         kind = "a string" if empty_ok else "a non-empty string"
-        msg = f"{name} must be {kind}, got {value!r}"
+        msg = f"{name} must be {kind}, got {short_repr(value)}"
         raise ConfigurationError(msg)
     return value
+
+
+def _check_verdict_text(value: Any, name: str, *, empty_ok: bool = True) -> str:
+    """A reviewer's text (name, note, edited answer): :func:`_check_text`, and no NUL character, which
+    PostgreSQL's text cannot hold: a person's input is refused as such, never reported as an unreachable store."""
+    text = _check_text(value, name, empty_ok=empty_ok)
+    if "\x00" in text:
+        msg = f"{name} contains a NUL character (\\x00), which the audit store cannot keep; remove it"
+        raise ConfigurationError(msg)
+    return text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +275,10 @@ class AuditRecord:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["created_at"] = self.created_at.isoformat()
         return out
+
+
+MAX_REVIEW_ID = 2**31 - 1
+"""The largest review item id (the column is a 32-bit integer on PostgreSQL and SQLite alike)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from logtoku_guard.audit.records import MAX_REVIEW_ID
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.store import AuditStore
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
@@ -238,7 +239,13 @@ class ReviewApp:
 
     @staticmethod
     def _item_id(request: Request) -> int:
-        return int(request.path_params["item_id"])
+        """The path's item id, bounded before anything parses or queries it (no item has any other)."""
+        text = str(request.path_params["item_id"])
+        if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_REVIEW_ID))) or not 1 <= int(text) <= MAX_REVIEW_ID:
+            shown = text if len(text) <= 64 else text[:61] + "..."
+            msg = f"no review item with id {shown}; ids are whole numbers from 1 to {MAX_REVIEW_ID}"
+            raise UnknownReviewItemError(msg)
+        return int(text)
 
     # -- pages
 
@@ -352,8 +359,9 @@ def create_app(store: AuditStore, admin_token: str) -> Starlette:
     routes = [
         route("/login", "login", ["POST"]),
         route("/", "queue", ["GET"]),
-        route("/items/{item_id:int}", "item", ["GET"]),
-        *(route(f"/items/{{item_id:int}}/{verb}", verb, ["POST"]) for verb in ("claim", "approve", "reject", "release")),
+        # {item_id} as text: Starlette's int converter fails (500) on an id of thousands of digits
+        route("/items/{item_id}", "item", ["GET"]),
+        *(route(f"/items/{{item_id}}/{verb}", verb, ["POST"]) for verb in ("claim", "approve", "reject", "release")),
         route("/reviewers", "reviewers", ["GET", "POST"]),
         route("/logout", "logout", ["POST"]),
         Route("/static/review.css", css, methods=["GET"]),

@@ -11,10 +11,10 @@ client that hangs up).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from logtoku_guard.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
 from logtoku_guard.server.wire import RequestError
 
 Scope = MutableMapping[str, Any]
@@ -29,30 +29,6 @@ which recurses per level, runs into the interpreter's recursion limit (1000 fram
 handler. An OpenAI request needs about 5 levels."""
 
 TOO_DEEP = "the request body nests JSON arrays/objects too deeply to read; send a flat OpenAI request body"
-
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
-
-
-def json_depth(raw: bytes, stop_above: int | None = None) -> int:
-    """How deep ``raw`` nests JSON arrays and objects (brackets inside strings do not count).
-
-    Counting stops once the depth passes ``stop_above``. For text that is not valid JSON the
-    count is an upper bound up to the first error, all a parser would read.
-    """
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
-    depth = deepest = 0
-    for b in brackets:
-        if b in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if stop_above is not None and deepest > stop_above:
-                    break
-        else:
-            depth -= 1
-    return deepest
-
 
 class BodyLimits:
     """ASGI middleware: refuse a POST/PUT/PATCH body over ``max_bytes`` (413) or nested deeper than ``max_depth`` (400)."""

@@ -192,3 +192,33 @@ def test_reviewer_registries_opened_at_once_on_a_new_database_all_succeed(postgr
         for t in threads:
             t.join()
         assert outcomes == ["ok"] * 6
+
+
+def test_an_id_past_the_columns_range_is_no_item_not_an_unreachable_store(store: AuditStore) -> None:
+    """F7: PostgreSQL refuses 2147483648 for an integer column; the store must say "no such item"."""
+    from logtoku_guard.errors import UnknownReviewItemError
+
+    for item_id in (2**31, 2**63 - 1, 0, -5):
+        with pytest.raises(UnknownReviewItemError, match=f"no review item with id {item_id}"):
+            store.review_item(item_id)
+        with pytest.raises(UnknownReviewItemError):
+            store.claim(item_id, "alice")
+        with pytest.raises(UnknownReviewItemError):
+            store.approve(item_id, "alice")
+
+
+def test_a_nul_in_a_note_or_an_edit_is_refused_as_bad_input(store: AuditStore) -> None:
+    """F7: a NUL byte in a reviewer's note or edited answer is a ConfigurationError (the page's 400), not "unreachable"."""
+    from logtoku_guard.audit import AuditRecord
+    from logtoku_guard.errors import ConfigurationError
+
+    rec = AuditRecord(
+        model="m", policy_name="p", policy_version="1", prompt="q", answer="a", action="human_review",
+        reason="r", rule=None, reliability=None, tokens=[], stats={},
+    )  # fmt: skip
+    item = store.record_for_review(rec)
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.approve(item.id, "alice", edited_answer="fine\x00not")
+    with pytest.raises(ConfigurationError, match="NUL"):
+        store.reject(item.id, "alice", note="why\x00")
+    assert store.review_item(item.id).status == "pending"  # nothing was changed

@@ -177,6 +177,23 @@ def test_completion_streaming(client: Any) -> None:
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
         ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, 400, "stop"),
         ({"messages": [{"role": "user", "content": "x" * 30_000}]}, 413, "limit"),
+        (  # F3: arguments nested 2000 deep in the history: a 400, never a RecursionError's 500
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 2000 + "]" * 2000}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                ]
+            },
+            400,
+            "function.arguments must be a JSON object",
+        ),
     ],
 )
 def test_bad_requests_get_4xx_with_a_message(client: Any, body: Any, status: int, needle: str) -> None:
