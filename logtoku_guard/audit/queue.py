@@ -121,7 +121,8 @@ class ReviewQueue:
         Checked before any query: PostgreSQL refuses an integer out of its column's range with an
         error that is not a missing item, and a store must never call that "unreachable"."""
         if isinstance(item_id, bool) or not isinstance(item_id, int) or not 1 <= item_id <= MAX_REVIEW_ID:
-            msg = f"no review item with id {short_repr(item_id)} in the audit store at {self._where}; {self.review_hints.list_open}"
+            where = f"in the audit store at {self._where}"
+            msg = f"no review item with id {short_repr(item_id)} {where}; {self.review_hints.list_open}"
             raise UnknownReviewItemError(msg)
         return item_id
 

@@ -241,7 +241,8 @@ class ReviewApp:
     def _item_id(request: Request) -> int:
         """The path's item id, bounded before anything parses or queries it (no item has any other)."""
         text = str(request.path_params["item_id"])
-        if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_REVIEW_ID))) or not 1 <= int(text) <= MAX_REVIEW_ID:
+        digits = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_REVIEW_ID))
+        if not digits or not 1 <= int(text) <= MAX_REVIEW_ID:
             shown = text if len(text) <= 64 else text[:61] + "..."
             msg = f"no review item with id {shown}; ids are whole numbers from 1 to {MAX_REVIEW_ID}"
             raise UnknownReviewItemError(msg)
