@@ -14,6 +14,9 @@ from pathlib import Path
 
 from logtoku_guard.errors import ConfigurationError
 
+MAX_CONTEXT_BYTES = 50_000_000
+"""Largest context file read (``ask --context-file``); a larger corpus belongs in a real retriever."""
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -46,20 +49,13 @@ class KeywordRetriever:
     def from_file(cls, path: str | Path, k: int = 4) -> KeywordRetriever:
         """Passages separated by blank lines in a UTF-8 text file (a missing, unreadable or non-UTF-8
         file raises :class:`ConfigurationError` naming it and the fix)."""
+        from logtoku_guard.files import read_bounded_text
+
         p = Path(path)
-        if not p.is_file():
-            what = "is a folder" if p.is_dir() else "does not exist"
-            msg = f"context file {str(p)!r} {what}; give a text file with passages separated by blank lines"
+        if not p.exists():
+            msg = f"context file {str(p)!r} does not exist; give a text file with passages separated by blank lines"
             raise ConfigurationError(msg)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            byte = f"byte {exc.object[exc.start]:#04x} at byte {exc.start}"
-            msg = f"context file {str(p)!r} is not UTF-8 text ({byte}); save it as UTF-8"
-            raise ConfigurationError(msg) from exc
-        except OSError as exc:
-            msg = f"context file {str(p)!r} cannot be read ({exc.strerror}); check its permissions"
-            raise ConfigurationError(msg) from exc
+        text = read_bounded_text(p, MAX_CONTEXT_BYTES, "context file")
         return cls([x.strip() for x in re.split(r"\n\s*\n", text)], k=k)
 
     def retrieve(self, query: str) -> list[str]:

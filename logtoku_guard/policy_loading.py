@@ -161,28 +161,17 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
 
 
 def read_policy_file(path: str | Path) -> Any:
-    """The parsed content of a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds."""
+    """The parsed content of a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds
+    (a regular file only: a named pipe or a device is refused before anything is read)."""
+    from logtoku_guard.errors import ConfigurationError
+    from logtoku_guard.files import read_bounded_text
+
     p = Path(path)
     source = f"policy file {str(p)!r}"
     try:
-        size = p.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            msg = f"{source} is {size} bytes, over the {MAX_POLICY_BYTES}-byte limit for policy files; is it the right file?"
-            raise PolicyError(msg)
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_POLICY_BYTES + 1)
-    except OSError as exc:
-        msg = f"cannot read {source}: {exc.strerror or exc}; check the path"
-        raise PolicyError(msg) from exc
-    if len(raw) > MAX_POLICY_BYTES:  # grew since stat, or not a regular file
-        msg = f"{source} is over the {MAX_POLICY_BYTES}-byte limit for policy files; is it the right file?"
-        raise PolicyError(msg)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = (
-            f"{source} is not valid UTF-8: byte {short_repr(raw[exc.start : exc.start + 1])} at offset {exc.start} "
-            f"({exc.reason}); save the file as UTF-8"
-        )
-        raise PolicyError(msg) from exc
+        text = read_bounded_text(p, MAX_POLICY_BYTES, "policy file")
+    except PolicyError:
+        raise
+    except ConfigurationError as exc:
+        raise PolicyError(str(exc)) from exc
     return parse_policy_text(text, "YAML" if p.suffix.lower() in (".yaml", ".yml") else "JSON", source)

@@ -35,12 +35,10 @@ from logtoku_guard.errors import (
     ReviewStateError,
     UnknownReviewItemError,
     UnknownTraceError,
-    short_repr,
 )
 
 __all__ = ["ReviewHints", "ReviewQueue"]
 
-MAX_ITEM_ID = 2**63 - 1
 """The largest review item id any store can hold (a signed 64-bit integer column)."""
 
 
@@ -83,10 +81,12 @@ class ReviewQueue:
         if isinstance(item_id, bool) or not isinstance(item_id, int):
             msg = f"a review item id must be an integer, got {item_id!r}; ids come from ReviewItem.id"
             raise ConfigurationError(msg)
-        if not -MAX_ITEM_ID - 1 <= item_id <= MAX_ITEM_ID:  # no database column holds it: no such item
+        if not 1 <= item_id <= MAX_REVIEW_ID:
+            # No item can have it (the id column is 32 bits): checked before any query, since PostgreSQL refuses an
+            # integer out of its column's range with an error that is not a missing item, never "unreachable".
             msg = (
-                f"no review item with id {item_id} in the audit store at {self._where}: ids are at most {MAX_ITEM_ID}; "
-                f"{self.review_hints.list_open}"
+                f"no review item with id {item_id} in the audit store at {self._where}: ids are whole numbers from 1 "
+                f"to {MAX_REVIEW_ID}; {self.review_hints.list_open}"
             )
             raise UnknownReviewItemError(msg)
         return item_id
@@ -113,17 +113,6 @@ class ReviewQueue:
             msg = f"the database returned no id for the new review item of trace {trace_id} (got {item_id!r})"
             raise AuditStoreError(msg)
         conn.execute(sa.update(_records).where(_records.c.trace_id == trace_id).values(review_id=item_id))
-        return item_id
-
-    def _known(self, item_id: int) -> int:
-        """``item_id`` when an item could have it (1 to 2**31 - 1, the column's range); otherwise no item has it.
-
-        Checked before any query: PostgreSQL refuses an integer out of its column's range with an
-        error that is not a missing item, and a store must never call that "unreachable"."""
-        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 1 <= item_id <= MAX_REVIEW_ID:
-            where = f"in the audit store at {self._where}"
-            msg = f"no review item with id {short_repr(item_id)} {where}; {self.review_hints.list_open}"
-            raise UnknownReviewItemError(msg)
         return item_id
 
     def _load_item(self, conn: Connection, item_id: int) -> ReviewItem:
@@ -163,7 +152,6 @@ class ReviewQueue:
 
     def review_item(self, item_id: int) -> ReviewItem:
         """The review item with this id; :class:`UnknownReviewItemError` if none."""
-        item_id = self._known(item_id)
         with self._transaction("read", write=False) as conn:
             return self._load_item(conn, self._check_id(item_id))
 
@@ -183,7 +171,6 @@ class ReviewQueue:
         (and not expired, see ``claim_ttl``) or already decided raises :class:`ReviewStateError`.
         ``os_user``: the operating-system account making the claim, stored beside the name.
         """
-        item_id = self._known(item_id)
         item_id = self._check_id(item_id)
         reviewer = _check_verdict_text(reviewer, "reviewer", empty_ok=False)
         os_user = _check_os_user(os_user)
@@ -205,7 +192,6 @@ class ReviewQueue:
         Only its claimer may release it, or anyone with ``force`` (e.g. for a reviewer who left).
         An item that is not claimed raises :class:`ReviewStateError`.
         """
-        item_id = self._known(item_id)
         item_id = self._check_id(item_id)
         reviewer = _check_verdict_text(reviewer, "reviewer", empty_ok=False)
         mine = sa.true() if force else _reviews.c.claimed_by == reviewer
@@ -241,7 +227,6 @@ class ReviewQueue:
         Allowed on a pending item (an implicit claim), on one claimed by ``reviewer``, or on one
         whose claim expired. ``os_user``: the operating-system account, stored beside the name.
         """
-        item_id = self._known(item_id)
         if edited_answer is not None:
             _check_verdict_text(edited_answer, "edited_answer", empty_ok=False)
         if note is not None:
@@ -250,7 +235,6 @@ class ReviewQueue:
 
     def reject(self, item_id: int, reviewer: str, note: str, *, os_user: str | None = None) -> ReviewItem:
         """Reject an item; ``note`` (why) is required. Same claim rules as :meth:`approve`."""
-        item_id = self._known(item_id)
         note = _check_verdict_text(note, "a rejection note (say why the answer is rejected)", empty_ok=False)
         return self._decide(item_id, reviewer, "rejected", None, note, os_user)
 

@@ -28,16 +28,16 @@ from logtoku_guard.types import DecodingOptions
 __all__ = ["fit_on_labels", "read_labels", "shipped_guard", "shipped_guard_path"]
 
 DATA_DIR = Path(__file__).parent / "data"
+MAX_LABELS_BYTES = 100_000_000
+"""Largest labels file read (about a million labelled questions)."""
 
 
 def read_labels(path: str | os.PathLike[str]) -> list[tuple[str, bool]]:
     """``(question, correct)`` pairs from a JSONL file; a malformed line raises, naming it."""
+    from logtoku_guard.files import read_bounded_text
+
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        msg = f"cannot read the labels file {str(p)!r}: {exc}"
-        raise ConfigurationError(msg) from exc
+    lines = read_bounded_text(p, MAX_LABELS_BYTES, "the labels file").splitlines()
     out: list[tuple[str, bool]] = []
     for i, line, obj in json_lines(p, lines, 'each line must be {"question": ..., "correct": true|false}'):
         q, c = (obj.get("question"), obj.get("correct")) if isinstance(obj, dict) else (None, None)

@@ -134,7 +134,7 @@ def test_an_id_past_64_bits_is_no_such_item_not_a_traceback(store: str, command:
     res = invoke("review", *command, "--store", store)
     assert res.exit_code == 2, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
-    assert f"no review item with id {TOO_BIG}" in res.output and "ids are at most 9223372036854775807" in res.output
+    assert f"no review item with id {TOO_BIG}" in res.output and "ids are whole numbers from 1 to 2147483647" in res.output
     assert "`logtoku-guard review list`" in res.output and "Traceback" not in res.output
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,33 @@ def test_from_file_splits_on_blank_lines(tmp_path: Path) -> None:
 def test_from_file_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
     bad = tmp_path / "kb.txt"
     bad.write_bytes(b"caf\xe9 au lait\n")
-    with pytest.raises(ConfigurationError, match=r"kb.txt' is not UTF-8 text \(byte 0xe9 at byte 3\); save it as UTF-8"):
+    with pytest.raises(
+        ConfigurationError, match=r"kb.txt' is not valid UTF-8: byte b'\\xe9' at offset 3 .*save the file as UTF-8"
+    ):
         KeywordRetriever.from_file(bad)
-    with pytest.raises(ConfigurationError, match="is a folder; give a text file"):
+    with pytest.raises(ConfigurationError, match="is a folder, not a file; give a regular file"):
         KeywordRetriever.from_file(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_named_pipe_or_a_device_is_refused_before_any_read(tmp_path: Path, kind: str) -> None:
+    """F15/F16: reading a FIFO blocked forever, /dev/zero grew without end; both are refused at once."""
+    import os
+
+    from logtoku_guard.calibration.guard_fit import read_labels
+    from logtoku_guard.errors import PolicyError
+    from logtoku_guard.policy_loading import read_policy_file
+
+    if kind == "fifo":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)
+        expected = "is a named pipe (FIFO), not a file"
+    else:
+        path = Path("/dev/zero")
+        expected = "is a device, not a file"
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        KeywordRetriever.from_file(path)
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        read_labels(path)
+    with pytest.raises(PolicyError, match=re.escape(expected)):
+        read_policy_file(path)
