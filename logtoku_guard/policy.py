@@ -37,7 +37,6 @@ actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.t
 from __future__ import annotations
 
 import re
-import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from logtoku_guard.conditions import (
 from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
 from logtoku_guard.stats import ResponseStats
+from logtoku_guard.templates import check_template
 from logtoku_guard.tool_gate.policy import ToolCallPolicy
 
 if TYPE_CHECKING:
@@ -128,12 +128,11 @@ class RetrieveSettings(StrictModel):
     @field_validator("context_template")
     @classmethod
     def _placeholders(cls, v: str) -> str:
-        fields = _format_fields(v, "context_template")
+        check_template(v, {"context", "question"}, "context_template", context="c", question="q")
         for name in ("context", "question"):
-            if name not in fields:
+            if "{" + name + "}" not in v:
                 msg = f"context_template must contain {{{name}}}, got {short_repr(v)}"
                 raise ValueError(msg)
-        _only_fields(v, fields, {"context", "question"}, "context_template", context="c", question="q")
         return v
 
     def prompt(self, question: str, passages: Sequence[str]) -> str:
@@ -155,33 +154,7 @@ class ReviewSettings(StrictModel):
     @field_validator("message")
     @classmethod
     def _review_id_only(cls, v: str) -> str:
-        _only_fields(v, _format_fields(v, "human_review.message"), {"review_id"}, "human_review.message", review_id=1)
-        return v
-
-
-def _format_fields(template: str, what: str) -> set[str]:
-    """The replacement fields of a ``str.format`` template (raises ValueError on bad syntax)."""
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as exc:
-        msg = f"{what} is not a valid format string ({exc}; write literal braces as {{{{ and }}}}), got {short_repr(template)}"
-        raise ValueError(msg) from None
-
-
-def _only_fields(template: str, fields: set[str], allowed: set[str], what: str, **example: Any) -> None:
-    extra = sorted(fields - allowed)
-    if extra:
-        names = ", ".join("{" + n + "}" for n in sorted(allowed))
-        msg = (
-            f"{what} may only use {names}, found {short_repr(extra)} in {short_repr(template)}; "
-            "write literal braces as {{ and }}"
-        )
-        raise ValueError(msg)
-    try:
-        template.format(**example)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        msg = f"{what} cannot be filled in ({exc.__class__.__name__}: {exc}), got {short_repr(template)}"
-        raise ValueError(msg) from None
+        return check_template(v, {"review_id"}, "human_review.message", review_id=1)
 
 
 class QuadrantSettings(StrictModel):

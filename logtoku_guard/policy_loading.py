@@ -103,6 +103,12 @@ def _bounded_loader(source: str) -> type:
                         continue
                     key = key_node.value
                     line = key_node.start_mark.line + 1
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        msg = (
+                            f"{source}: YAML merge keys (<<, line {line}) are not allowed in policy files: like a key "
+                            "given twice, they silently pick one value; write the keys out in full"
+                        )
+                        raise PolicyError(msg)
                     if key in seen:
                         msg = (
                             f"{source}: the key {short_repr(key)} is given twice in one mapping (lines {seen[key]} and "
@@ -147,6 +153,9 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
         except yaml.YAMLError as exc:
             msg = f"{source} is not valid YAML: {str(exc)[:500]}"
             raise PolicyError(msg) from exc
+        except ValueError as exc:  # an integer past Python's 4300-digit limit for reading one
+            msg = f"{source} holds a number Python cannot read ({str(exc)[:200]}); a threshold needs a few digits"
+            raise PolicyError(msg) from exc
     else:
         try:
             data = json.loads(text, object_pairs_hook=_no_duplicate_keys(source))
@@ -155,6 +164,9 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
             raise PolicyError(msg) from exc
         except RecursionError as exc:
             msg = f"{source} is nested more than {MAX_POLICY_DEPTH} levels deep; flatten the conditions"
+            raise PolicyError(msg) from exc
+        except ValueError as exc:  # an integer past Python's 4300-digit limit for reading one
+            msg = f"{source} holds a number Python cannot read ({str(exc)[:200]}); a threshold needs a few digits"
             raise PolicyError(msg) from exc
     check_bounds(data, source)
     return data

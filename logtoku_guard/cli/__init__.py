@@ -13,6 +13,7 @@ so ``logtoku-guard --help`` starts fast.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Annotated
 
 import typer
@@ -68,5 +69,25 @@ def main() -> None:
     distributions register (:mod:`logtoku_guard.cli.plugins`). The groups are added here, not
     when this package is imported: a plugin imports this package for its shared options, and
     importing the plugin first must not load it again half-initialised."""
+    bad = undecodable_argument(sys.argv[1:])
+    if bad is not None:
+        err.print(bad, markup=False, highlight=False)
+        raise SystemExit(2)
     add_plugins(app)
     app()
+
+
+def undecodable_argument(argv: list[str]) -> str | None:
+    """An error naming the first argument that is not valid UTF-8 (Python keeps its bytes as lone
+    surrogates, which every later write of it would fail on), or None."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            shown = arg.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+            raw = arg[exc.start : exc.start + 1].encode("utf-8", "surrogateescape")
+            return (
+                f"error: argument {i} ({shown[:80]!r}) is not valid UTF-8 (byte {raw!r} at character {exc.start}); "
+                "pass it as UTF-8 text"
+            )
+    return None

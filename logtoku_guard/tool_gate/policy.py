@@ -25,7 +25,6 @@ than the answer rules; it shares the policy's ``undefined`` mode, name and versi
 
 from __future__ import annotations
 
-import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,26 +34,13 @@ from pydantic import Field, field_validator, model_validator
 
 from logtoku_guard.conditions import StrictModel
 from logtoku_guard.errors import short_repr
+from logtoku_guard.templates import check_template
 from logtoku_guard.tool_gate.conditions import ArgumentCheck, ToolCondition
 from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 __all__ = ["ReaskSettings", "RefuseSettings", "ToolAction", "ToolCallPolicy", "ToolDecision", "ToolRule"]
 
 ToolAction = Literal["run", "human_review", "reask", "refuse"]
-
-
-def _template(v: str, allowed: set[str], what: str) -> str:
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(v) if name is not None}
-    except ValueError as exc:
-        msg = f"{what} is not a valid format string ({exc}; write literal braces as {{{{ and }}}}), got {short_repr(v)}"
-        raise ValueError(msg) from None
-    extra = sorted(fields - allowed)
-    if extra:
-        names = ", ".join("{" + n + "}" for n in sorted(allowed))
-        msg = f"{what} may only use {names}, found {short_repr(extra)} in {short_repr(v)}; write literal braces as {{{{ and }}}}"
-        raise ValueError(msg)
-    return v
 
 
 class ToolRule(StrictModel):
@@ -80,7 +66,7 @@ class ReaskSettings(StrictModel):
     @field_validator("message")
     @classmethod
     def _fields(cls, v: str) -> str:
-        return _template(v, {"tool", "reason"}, "tool_calls.reask.message")
+        return check_template(v, {"tool", "reason"}, "tool_calls.reask.message", tool="t", reason="r")
 
 
 class RefuseSettings(StrictModel):
@@ -91,7 +77,7 @@ class RefuseSettings(StrictModel):
     @field_validator("message")
     @classmethod
     def _fields(cls, v: str) -> str:
-        return _template(v, {"tool", "reason"}, "tool_calls.refuse.message")
+        return check_template(v, {"tool", "reason"}, "tool_calls.refuse.message", tool="t", reason="r")
 
 
 @dataclass(frozen=True)

@@ -252,3 +252,26 @@ def test_device_with_the_llamacpp_backend_is_refused_before_loading() -> None:
 def test_serve_refuses_an_unknown_backend() -> None:
     pytest.importorskip("fastapi")
     fails("serve", "--port", "0", "--backend", "vllm", expect=("--backend", "'vllm'"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [b"ask", b"hi", b"--store", b"\xff\xfe"],
+        [b"review", b"list", b"--store", b"\xff\xfe"],
+        [b"review", b"claim", b"1", b"-r", b"al\xffice"],
+        [b"review", b"approve", b"1", b"-r", b"alice", b"--answer", b"\xc3\x28"],
+        [b"review", b"reject", b"1", b"-r", b"alice", b"--note", b"why\xfe"],
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_a_clear_error(args: list[bytes], tmp_path: Any) -> None:
+    """F17: Python keeps undecodable argv bytes as lone surrogates; writing them anywhere raised UnicodeEncodeError."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LOGTOKU_GUARD_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable.encode(), b"-m", b"logtoku_guard.cli", *args], capture_output=True, env=env, timeout=120
+    )
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2 and "is not valid UTF-8" in err and "Traceback" not in err, err

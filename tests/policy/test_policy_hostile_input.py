@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import re
 import typing
 from pathlib import Path
@@ -124,7 +125,13 @@ def test_the_duplicate_rule_check_is_linear() -> None:
         ("human_review", {"message": "review {review_id"}, "not a valid format string"),
         ("human_review", {"message": "review {}"}, "may only use {review_id}"),
         ("human_review", {"message": "review {review_id.real}"}, "may only use {review_id}"),
-        ("human_review", {"message": "review {review_id:q}"}, "cannot be filled in"),
+        ("human_review", {"message": "review {review_id:q}"}, "use {review_id} bare"),
+        # F11: a width is a memory bomb (1 GB at load; MemoryError at 4e10): widths are capped at 64
+        ("human_review", {"message": "review {review_id:>999999999}"}, "a width and a precision of at most 64"),
+        ("human_review", {"message": "review {review_id:>40000000000}"}, "a width and a precision of at most 64"),
+        ("human_review", {"message": "review {review_id:{review_id}}"}, "nothing nested"),
+        ("tool_calls", {"refuse": {"message": "{tool:>1000000000}"}}, "a width and a precision of at most 64"),
+        ("tool_calls", {"reask": {"message": "{reason:^99999999} {tool}"}}, "a width and a precision of at most 64"),
         ("retrieve", {"context_template": "{context} {question} {lang}"}, "may only use {context}, {question}"),
         ("retrieve", {"context_template": "{context}"}, "must contain {question}"),
         ("retrieve", {"context_template": "{context} {question} }"}, "not a valid format string"),
@@ -307,3 +314,21 @@ def test_a_long_validation_message_is_cut_after_whole_items(items: list[str]) ->
         shown = re.findall(r"'([^']*)'", kept)
         assert shown == items[: len(shown)]
         assert tail == (f" and {len(items) - len(shown)} more" if len(shown) < len(items) else "")
+
+
+def test_a_yaml_merge_key_is_refused_like_a_duplicate_key(tmp_path: pathlib.Path) -> None:
+    """F9: ``<<: {default_action: pass}`` beside ``default_action: abstain`` would silently pick one."""
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ndefault_action: abstain\n<<: {default_action: pass}\n")
+    with pytest.raises(PolicyError, match="merge keys"):
+        Policy.from_file(path)
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_number_of_thousands_of_digits_is_a_policy_error_not_a_traceback(tmp_path: pathlib.Path, suffix: str) -> None:
+    """F10: Python refuses to read an integer of more than 4300 digits (a ValueError, not a YAML or JSON error)."""
+    rule = '{"name": "r", "when": {"stat": "reliability", "op": "<", "value": ' + "9" * 5000 + '}, "action": "abstain"}'
+    path = tmp_path / f"p{suffix}"
+    path.write_text('{"name": "p", "rules": [' + rule + "]}")
+    with pytest.raises(PolicyError, match="digits"):
+        Policy.from_file(path)
