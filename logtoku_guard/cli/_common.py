@@ -73,16 +73,26 @@ def fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-# C0 controls but newline and tab, DEL, C1 controls, and invisible formatting characters that can
-# hide or reorder text (zero-width, bidirectional overrides and isolates, the BOM).
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+# C0 controls but newline and tab, DEL, C1 controls, and invisible characters that can hide or
+# reorder text: zero-width, bidirectional marks, overrides and isolates, the BOM, the soft hyphen,
+# the combining grapheme joiner, the Hangul and Khmer fillers, the Mongolian vowel separator, and the
+# tag characters (U+E0000-U+E007F, which can spell a whole hidden sentence: "IGNORE PREVIOUS ...").
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u2069\u3164\ufeff\uffa0\U000e0000-\U000e007f]"
+)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def safe_text(value: object, style: str = "") -> Text:
     """``value`` as a Rich :class:`Text` that is safe to print: no markup is interpreted
     (``[link=...]``, ``[/x]`` stay literal) and control and invisible characters are shown as
     escapes (ESC as ``\\x1b``, U+202E as ``\\u202e``). Use it for every stored or user-given text."""
-    text = _UNSAFE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
+    text = _UNSAFE.sub(lambda m: _escape(m[0]), str(value))
     return Text(text, style=style)
 
 

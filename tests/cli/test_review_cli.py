@@ -42,6 +42,8 @@ def test_review_list_and_show_print_injected_text_literally(store: str) -> None:
     res = invoke("review", "list", "--store", store)
     assert res.exit_code == 0, res.output
     assert "\x1b" not in res.output and "\r" not in res.output and "\u202e" not in res.output
+    hidden = [chr(0xE0049), "\u00ad", "\u061c", "\u3164", "\u180e", "\u115f"]
+    assert not any(ch in res.output for ch in hidden) and "\\U000e0049" in res.output  # shown as escapes
     for text in INJECTIONS.values():
         assert _visible(text)[:60] in res.output
     assert "[/x]" in res.output and "[link=https://evil.example]" in res.output and "\\x1b[2J" in res.output
