@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
@@ -332,3 +332,55 @@ def test_a_number_of_thousands_of_digits_is_a_policy_error_not_a_traceback(tmp_p
     path.write_text('{"name": "p", "rules": [' + rule + "]}")
     with pytest.raises(PolicyError, match="digits"):
         Policy.from_file(path)
+
+
+# -- fuzz: the classes of issue 33 (templates, merge keys, huge numbers) stay closed ------------------
+_TEMPLATE_PARTS = st.sampled_from(
+    [
+        "review ",
+        "{review_id}",
+        "{review_id:>999999999}",
+        "{review_id:04d}",
+        "{review_id!r}",
+        "{",
+        "}",
+        "{{",
+        "{x}",
+        "{review_id:{review_id}}",
+    ]
+)
+_YAML_VALUES = st.one_of(
+    st.integers(),
+    st.builds(lambda n: int("9" * n), st.integers(1, 3000)),
+    st.sampled_from(["__BIG_4301__", "__BIG_5000__"]),  # written unquoted: past Python's 4300-digit limit
+    st.text(max_size=20),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    template=st.lists(_TEMPLATE_PARTS, max_size=5).map("".join),
+    merge=st.booleans(),
+    value=_YAML_VALUES,
+)
+def test_fuzzed_policy_files_load_or_raise_a_policy_error(
+    tmp_path_factory: pytest.TempPathFactory, template: str, merge: bool, value: typing.Any
+) -> None:
+    import yaml
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    rule = {"name": "r", "when": {"stat": "reliability", "op": "<", "value": value}, "action": "human_review"}
+    text = yaml.safe_dump({"name": "p", "rules": [rule], "human_review": {"message": template}}, width=10**6)
+    for n in (4301, 5000):
+        text = text.replace(f"__BIG_{n}__", "9" * n)
+    if merge:
+        text += "<<: {default_action: pass}\n"
+    path = folder / "p.yaml"
+    path.write_text(text)
+    try:
+        policy = Policy.from_file(path)
+    except PolicyError as exc:
+        assert len(str(exc)) < 5000
+        return
+    assert not merge
+    policy.human_review.message.format(review_id=12345)  # a loaded template is cheap to fill

@@ -210,3 +210,61 @@ def test_fuzzed_bodies_never_get_a_500(client: Any, chat: bool) -> None:
         check_answer(post(client, path, raw))
 
     check()
+
+
+# -- tools, response formats and tool history (issue 33: F1, F3) --------------------------------
+schema_keys = st.sampled_from(
+    ["type", "properties", "items", "required", "$ref", "$defs", "anyOf", "enum", "maxLength", "pattern"]
+)
+schemas = st.recursive(
+    st.one_of(
+        st.sampled_from([{"type": "string"}, {"type": "integer"}, {"$ref": "#"}, {"$ref": "#/$defs/a"}, {"$ref": "http://x/y"}]),
+        values,
+    ),
+    lambda inner: st.dictionaries(schema_keys, inner, max_size=4) | st.lists(inner, max_size=3),
+    max_leaves=10,
+)
+arguments = st.one_of(
+    texts,
+    st.builds(lambda n: "[" * n + "]" * n, st.sampled_from([10, 70, 900, 2000, 20_000])),
+    st.builds(lambda n: '{"a": ' * n + "1" + "}" * n, st.sampled_from([3, 70, 1500])),
+    st.just('{"amount": 5}'),
+)
+
+
+@st.composite
+def tool_bodies(draw: st.DrawFn) -> bytes:
+    """A chat body with hostile tools, tool_choice, response_format and tool-call history."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    if draw(st.booleans()):
+        params = draw(st.just({"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}) | schemas)
+        body["tools"] = [
+            {"type": "function", "function": {"name": draw(st.sampled_from(["t", "f_1", ""]) | texts), "parameters": params}}
+        ]
+        body["tool_choice"] = draw(
+            st.sampled_from(["auto", "required", "none", {"type": "function", "function": {"name": "t"}}]) | values
+        )
+    if draw(st.booleans()):
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": draw(schemas)}}
+    if draw(st.booleans()):
+        call = {"id": "c1", "type": "function", "function": {"name": "t", "arguments": draw(arguments)}}
+        body["messages"] = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": draw(texts)},
+        ]
+    return json.dumps(body).encode()
+
+
+def test_fuzzed_tool_bodies_never_get_a_500(client: Any) -> None:
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(raw=tool_bodies())
+    @example(raw=json.dumps({
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "t", "parameters": {
+            "type": "object", "properties": {"child": {"$ref": "#"}, "v": {"type": "integer"}}, "required": ["child"]}}}],
+    }).encode())  # fmt: skip
+    def check(raw: bytes) -> None:
+        check_answer(post(client, "/chat/completions", raw))
+
+    check()
