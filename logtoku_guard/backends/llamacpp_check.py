@@ -180,9 +180,12 @@ def smoke_decode(model: Path, *, n_threads: int, build: Build | None = None, tim
     """
     build = build or installed_build()
     command = [sys.executable, "-m", "logtoku_guard.backends.llamacpp_check", "--child", str(model), "--threads", str(n_threads)]
+    # The child imports what this process imports, wherever it found it (a checkout on sys.path, not installed).
+    paths = [p for p in (os.environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         msg = (
             f"the llama.cpp smoke decode of {str(model)!r} did not finish in {timeout_s:g} s "
