@@ -40,6 +40,7 @@ __all__ = [
     "CALL_BLOCK",
     "CALL_LIST_CLOSE",
     "CALL_LIST_OPEN",
+    "DEFAULT_MAX_STRING_LENGTH",
     "JSON_STYLE",
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
@@ -51,6 +52,13 @@ __all__ = [
     "refuse_constraint",
     "tool_call_schema",
 ]
+
+DEFAULT_MAX_STRING_LENGTH = 128
+"""The ``max_string_length`` a chat model uses under a grammar unless told otherwise (LangChain's
+``ChatLogTokU``): a small model loops inside a string value (the 135M model, greedy: ``"I'm a cat,
+I'm a cat, ..."``) until ``max_tokens`` cuts the JSON open; a cap closes the string so the object
+ends, and 128 characters (about 30-40 tokens) leaves the default ``max_tokens=256`` room for a call
+or an object of a few such strings. The schema's own ``maxLength`` always applies; None lifts it."""
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"

@@ -358,3 +358,17 @@ def test_the_distributions_build_and_import_in_a_fresh_venv() -> None:
     for name in [*(name for name, _ in DISTRIBUTIONS.values()), "logtoku-guard-eval"]:
         assert f"{name} 0.1.0:" in out.stdout, out.stdout
     assert "no integration modules" in out.stdout
+
+
+def test_the_server_and_the_review_page_never_import_the_cli() -> None:
+    """The CLI builds on the server (``serve``) and the review page (``review serve``), never the other way
+    round: shared helpers (``safe_text``) live below all three."""
+    for type_checking in (False, True):
+        graph = _graph(type_checking=type_checking)
+        upward = {
+            module: sorted(m for m in imports if m == "logtoku_guard.cli" or m.startswith("logtoku_guard.cli."))
+            for module, imports in graph.items()
+            if module.startswith(("logtoku_guard.server", "logtoku_guard.review_web"))
+        }
+        assert not {m: found for m, found in upward.items() if found}, upward
+    assert any(m.startswith("logtoku_guard.server") for m in graph["logtoku_guard.cli.serve"])  # the check sees edges

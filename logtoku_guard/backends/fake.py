@@ -5,7 +5,7 @@ are computed by the real maths. ``logprob`` and ``entropy`` are taken from the s
 the scripted logits only (the chosen token is the largest), an approximation a real vocab
 would refine; everything else behaves like a real backend (stop strings, max_new_tokens,
 streaming, batching). Stop strings cut an answer with the very functions the transformers
-backend's step recorder uses (:func:`~logtoku_guard.backends.recorder.truncate_at_stop`).
+backend's step recorder uses (:func:`~logtoku_guard.backends.stop_strings.truncate_at_stop`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.backends.recorder import truncate_at_stop
+from logtoku_guard.backends.stop_strings import truncate_at_stop
 from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages

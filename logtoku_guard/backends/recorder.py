@@ -19,14 +19,12 @@ whatever its size, because the output head's product just before has evicted the
 scoring therefore runs as few tensor operations as it can (about ten per step) and does the
 per-row arithmetic on Python floats after a few ``tolist`` (``benchmarks/bench_scoring.py``).
 
-Stop strings (:func:`truncate_at_stop`, :func:`releasable`) are plain functions on
-:class:`~logtoku_guard.types.TokenScore` lists, shared with the scripted backend so both cut
-an answer the same way. No torch import at module level.
+Stop strings are cut by :mod:`~logtoku_guard.backends.stop_strings` (shared with the scripted
+backend, so both cut an answer the same way). No torch import at module level.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -35,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
+from logtoku_guard.backends.stop_strings import releasable, truncate_at_stop
 from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
 from logtoku_guard.types import FinishReason, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
@@ -43,66 +42,6 @@ if TYPE_CHECKING:
     import torch
 
 
-# -- stop strings --------------------------------------------------------------------------------
-def find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop string in ``text`` as ``(character offset, stop string)``, or None.
-
-    Two stop strings starting at the same offset: the one that sorts first wins.
-    """
-    return min(((text.find(s), s) for s in stop if s in text), default=None)
-
-
-def cut_tokens(tokens: Sequence[TokenScore], cut: int) -> list[TokenScore]:
-    """The tokens whose text starts before character ``cut``; the one across it is truncated.
-
-    A truncated token keeps its scores (its ``text`` only is shortened).
-    """
-    kept: list[TokenScore] = []
-    offset = 0
-    for t in tokens:
-        if offset >= cut:
-            break
-        end = offset + len(t.text)
-        kept.append(t if end <= cut else dataclasses.replace(t, text=t.text[: cut - offset]))
-        offset = end
-    return kept
-
-
-def truncate_at_stop(tokens: Sequence[TokenScore], stop: Sequence[str]) -> tuple[list[TokenScore], str | None]:
-    """``tokens`` cut before the earliest stop string, and that stop string (None: none found)."""
-    match = find_stop("".join(t.text for t in tokens), stop)
-    if match is None:
-        return list(tokens), None
-    cut, seq = match
-    return cut_tokens(tokens, cut), seq
-
-
-def releasable(tokens: Sequence[TokenScore], stop: Sequence[str]) -> int:
-    """How many leading ``tokens`` can no longer be part of a stop string (with no match in them).
-
-    The text that ends the tokens and begins some stop string is held back: a later token may
-    complete the stop string.
-    """
-    text = "".join(t.text for t in tokens)
-    safe = len(text) - max((_overlap(text, s) for s in stop), default=0)
-    n, offset = 0, 0
-    for t in tokens:
-        offset += len(t.text)
-        if offset > safe:
-            break
-        n += 1
-    return n
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
-
-
-# -- per-step recording ----------------------------------------------------------------------------
 def digamma(x: float) -> float:
     """The digamma function for ``x > 0`` (recurrence up to 6, then the asymptotic series; ~1e-13)."""
     shift = 0.0
@@ -427,11 +366,7 @@ class StepRecorder:
                 done.append(True)
                 continue
             if not all(map(math.isfinite, values[b][: self.k])):
-                error = NonFiniteLogitsError(len(row.tokens) + len(row.held), b, values[b][: self.k])
-                if self.on_row_done is None:
-                    raise error
-                row.error = error
-                self._close(b, row, None)
+                self._fail(b, row, NonFiniteLogitsError(len(row.tokens) + len(row.held), b, values[b][: self.k]))
                 done.append(True)
                 continue
             piece = row.detokenizer.step(self.tokenizer, token_id)
@@ -453,10 +388,7 @@ class StepRecorder:
             try:
                 complete = row.grammar is not None and row.grammar.advance(token_id)  # True: the grammar ends the row
             except GrammarError as exc:  # this row's constraint failed: its request alone ends, with the error
-                if self.on_row_done is None:
-                    raise
-                row.error = exc
-                self._close(b, row, None)
+                self._fail(b, row, exc)
                 done.append(True)
                 continue
             self._release(b, row)
@@ -492,6 +424,13 @@ class StepRecorder:
             if self.on_token is not None:
                 self.on_token(b, t)
         del row.held[:n]
+
+    def _fail(self, b: int, row: Row, error: Exception) -> None:
+        """End row ``b`` alone with ``error`` (its job's future gets it); raised when rows are not reported one by one."""
+        if self.on_row_done is None:
+            raise error
+        row.error = error
+        self._close(b, row, None)
 
     def _close(self, b: int, row: Row, reason: FinishReason | None) -> None:
         if row.error is None:

@@ -2,7 +2,7 @@
 
 ``_common`` (consoles, shared options, errors, model and profile loading, rendering),
 ``score``, ``guard`` (``calibrate``, ``ask``), ``review`` and ``audit``; ``serve`` comes from
-:mod:`logtoku_guard.server.command`; ``eval`` (benchmarks) from the evaluation harness, a
+:mod:`logtoku_guard.cli.serve`; ``eval`` (benchmarks) from the evaluation harness, a
 separate distribution found through an entry point (:mod:`~logtoku_guard.cli.plugins`), built on
 the public helpers of :mod:`~logtoku_guard.cli.toolkit`.
 This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
@@ -24,7 +24,7 @@ from logtoku_guard.cli.guard import run_calibration
 from logtoku_guard.cli.plugins import add_plugins
 from logtoku_guard.cli.review_serve import add_reviewer
 from logtoku_guard.cli.review_serve import serve as review_serve
-from logtoku_guard.server.command import serve as serve_command
+from logtoku_guard.cli.serve import serve as serve_command
 
 __all__ = [
     "app",

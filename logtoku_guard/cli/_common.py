@@ -28,6 +28,7 @@ from rich.text import Text
 
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.safe_text import safe_text as safe_text  # re-exported: the CLI's toolkit hands it to plugins
 from logtoku_guard.types import Generation
 from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds
 
@@ -71,29 +72,6 @@ def fail(exc: Exception) -> typer.Exit:
     """
     err.print(Text("error: ", style="bold red") + safe_text(str(exc)), highlight=False)
     return typer.Exit(2)
-
-
-# C0 controls but newline and tab, DEL, C1 controls, and invisible characters that can hide or
-# reorder text: zero-width, bidirectional marks, overrides and isolates, the BOM, the soft hyphen,
-# the combining grapheme joiner, the Hangul and Khmer fillers, the Mongolian vowel separator, and the
-# tag characters (U+E0000-U+E007F, which can spell a whole hidden sentence: "IGNORE PREVIOUS ...").
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f\u202a-\u202e"
-    "\u2060-\u2064\u2066-\u2069\u3164\ufeff\uffa0\U000e0000-\U000e007f]"
-)
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def safe_text(value: object, style: str = "") -> Text:
-    """``value`` as a Rich :class:`Text` that is safe to print: no markup is interpreted
-    (``[link=...]``, ``[/x]`` stay literal) and control and invisible characters are shown as
-    escapes (ESC as ``\\x1b``, U+202E as ``\\u202e``). Use it for every stored or user-given text."""
-    text = _UNSAFE.sub(lambda m: _escape(m[0]), str(value))
-    return Text(text, style=style)
 
 
 _TERMINAL_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

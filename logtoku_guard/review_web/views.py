@@ -17,7 +17,7 @@ from typing import Any
 from markupsafe import Markup
 
 from logtoku_guard.audit.records import AuditRecord, ReviewItem
-from logtoku_guard.cli._common import safe_text
+from logtoku_guard.safe_text import safe_text
 from logtoku_guard.tool_gate.review import arguments_json
 from logtoku_guard.uncertainty import Quadrant
 
@@ -71,7 +71,7 @@ class FormValue(str):
 def visible(value: Any) -> Any:
     """What the page prints for ``value`` (every ``{{ ... }}`` goes through it): text with its control
     and invisible characters shown as escapes, exactly as the CLI prints them
-    (:func:`~logtoku_guard.cli._common.safe_text`: U+202E as ``\\u202e``, a zero-width space as
+    (:func:`~logtoku_guard.safe_text.safe_text`: U+202E as ``\\u202e``, a zero-width space as
     ``\\u200b``), so a stored question cannot reorder or hide what a reviewer reads.
     :class:`FormValue` and markup are left as they are; autoescaping happens after."""
     if isinstance(value, str) and not isinstance(value, (FormValue, Markup)):

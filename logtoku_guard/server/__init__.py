@@ -1,12 +1,14 @@
-"""An OpenAI-compatible HTTP server (``logtoku-guard serve``), vLLM's wire format with raw logits.
+"""An OpenAI-compatible HTTP server (``logtoku-guard serve``): OpenAI's wire format, LogTokU extensions.
 
 Layout: the bodies are the pydantic models of :mod:`logtoku_guard.openai_protocol`;
 :mod:`~logtoku_guard.server.wire` (the server's limits, response bodies; no web framework),
 :mod:`~logtoku_guard.server.body` (size and JSON depth limits before parsing),
 :mod:`~logtoku_guard.server.engine` (generation and guarding off the event loop; the
 :class:`Runner` seam a batcher replaces), :mod:`~logtoku_guard.server.app` (the FastAPI app),
-:mod:`~logtoku_guard.server.run` (uvicorn: :func:`run_server`, :class:`BackgroundServer`) and
-:mod:`~logtoku_guard.server.command` (the ``serve`` command).
+:mod:`~logtoku_guard.server.run` (uvicorn: :func:`run_server`, :class:`BackgroundServer`),
+:mod:`~logtoku_guard.server.gate` (the policy's ``tool_calls`` rules on served calls) and
+:mod:`~logtoku_guard.server.metrics` (``GET /metrics``). The ``serve`` command is the CLI's
+(:mod:`logtoku_guard.cli.serve`): the server never imports the CLI.
 
 Needs the ``serve`` extra (``pip install 'logtoku-guard[serve]'``): FastAPI and uvicorn. They
 are imported only when an app is built, so this package imports without them.

@@ -12,7 +12,7 @@ the next decoding step and each returns as soon as its own answer ends. Everythi
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -211,3 +211,40 @@ def _close_quietly(stream: TokenStream) -> None:
         stream.close()
     except Exception:  # the generation's own error was already raised to the request (or the client left)
         logging.getLogger(__name__).debug("error while closing an abandoned stream", exc_info=True)
+
+
+DISCONNECT_POLL_S = 0.1
+"""Pause between two reads of a request's connection that brought something other than its disconnect."""
+
+
+async def while_connected(request: Any, work: Callable[[threading.Event], Awaitable[T]]) -> T:
+    """``await work(cancel)`` while watching the client: when it goes away, ``cancel`` is set (the
+    generation stops at its next step) and :class:`ClientGone` is raised. Exceptions of ``work`` pass as they are."""
+    import anyio
+
+    cancel = threading.Event()
+    outcome: list[Any] = []
+
+    async def run(scope: Any) -> None:
+        try:
+            outcome.append(("ok", await work(cancel)))
+        except Exception as exc:
+            outcome.append(("error", exc))
+        scope.cancel()
+
+    async def watch(scope: Any) -> None:
+        # The body has been read: the connection's next message is the client's disconnect.
+        while (await request.receive()).get("type") != "http.disconnect":
+            await anyio.sleep(DISCONNECT_POLL_S)
+        cancel.set()
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        await run(tg.cancel_scope)
+    if not outcome:
+        raise ClientGone
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value

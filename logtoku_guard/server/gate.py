@@ -88,8 +88,8 @@ async def answer_gated(
         import anyio.to_thread
 
         # the review queue is written in a worker thread (a database call)
-        settle = functools.partial(_settle, engine, answer, reply, scored, decisions, decided, attempt + 1, messages)
-        return await anyio.to_thread.run_sync(settle)
+        apply = functools.partial(_apply_decisions, engine, answer, reply, scored, decisions, decided, attempt + 1, messages)
+        return await anyio.to_thread.run_sync(apply)
     msg = "internal error: the re-ask loop ended without a decision"  # decide_turn turns reask into its fallback
     raise RuntimeError(msg)
 
@@ -128,7 +128,7 @@ def _reasked(
     return out
 
 
-def _settle(
+def _apply_decisions(
     engine: Engine,
     answer: Answer,
     reply: tools.Reply,

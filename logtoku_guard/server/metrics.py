@@ -27,9 +27,13 @@ comes with the ``serve`` extra.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["METRICS_MODES", "ServerMetrics"]
+from logtoku_guard.errors import MissingDependencyError
+
+__all__ = ["METRICS_MODES", "ServerMetrics", "Tally", "require_metrics_extra"]
 
 METRICS_MODES = ("auth", "open", "off")
 """``GET /metrics`` behind the API key (default), open to anyone who reaches the port, or not served."""
@@ -110,3 +114,29 @@ class ServerMetrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def require_metrics_extra() -> None:
+    """Raise :class:`MissingDependencyError` unless prometheus-client is installed (``/metrics``)."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        msg = "GET /metrics needs prometheus-client (the 'serve' extra): pip install 'logtoku-guard[serve]', or --metrics off"
+        raise MissingDependencyError(msg) from exc
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Where one request's outcome is counted (nothing without metrics)."""
+
+    metrics: Any
+    endpoint: str
+    started: float
+
+    def answered(self, answer: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(self.endpoint, answer.generation, answer.guard_result, time.perf_counter() - self.started)
+
+    def refused(self, status: int, guard_result: Any = None) -> None:
+        if self.metrics is not None:
+            self.metrics.refused(self.endpoint, status, time.perf_counter() - self.started, guard_result)

@@ -243,6 +243,17 @@ def _finish(g: Generation) -> str:
     return "abort" if g.finish_reason == "cancelled" else g.finish_reason
 
 
+def answer_tokens(backend: Any, guard_result: Any, text: str, replaced: str | None = None) -> int | None:
+    """``None`` when the client gets the draft; else the token count of the text it gets instead (the
+    guard's message ``text``, or ``replaced``: the content left once the ``tool_calls`` rules held a call
+    back), counted with the backend's tokenizer (0 for a backend without one), for ``usage``."""
+    if not withheld(guard_result) and replaced is None:
+        return None
+    sent = text if withheld(guard_result) else replaced or ""
+    count = getattr(backend, "count_tokens", None)
+    return int(count(sent)) if callable(count) and sent else 0
+
+
 def usage(g: Generation, guard_result: Any = None, answer_tokens: int | None = None) -> proto.Usage:
     """Token counts of what the client gets: the generation's, or ``answer_tokens`` (the answer sent)
     when it is not the generation (a withheld draft or call)."""

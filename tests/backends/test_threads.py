@@ -70,6 +70,6 @@ def test_the_serve_command_takes_threads() -> None:
     pytest.importorskip("typer")
     import inspect
 
-    from logtoku_guard.server.command import serve
+    from logtoku_guard.cli.serve import serve
 
     assert "threads" in inspect.signature(serve).parameters

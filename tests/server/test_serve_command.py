@@ -10,7 +10,7 @@ import pytest
 typer = pytest.importorskip("typer")
 from typer.testing import CliRunner  # noqa: E402
 
-from logtoku_guard.server.command import serve  # noqa: E402
+from logtoku_guard.cli.serve import serve  # noqa: E402
 
 
 def app() -> typer.Typer:

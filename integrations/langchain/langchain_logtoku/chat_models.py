@@ -57,6 +57,7 @@ from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.constraints import DEFAULT_MAX_STRING_LENGTH
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import active_captures
@@ -65,14 +66,7 @@ from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
 
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
-MAX_TOP_LOGPROBS = 20
-"""The default ``max_logprobs``: raw top logits kept per token for ``top_logprobs`` (vLLM's default)."""
-DEFAULT_MAX_STRING_LENGTH = 128
-"""The default ``max_string_length`` under a grammar: a small model loops inside a string value (the
-135M model, greedy: ``"I'm a cat, I'm a cat, ..."``) until ``max_tokens`` cuts the JSON open; a cap
-closes the string so the object ends, and 128 characters (about 30-40 tokens) leaves the default
-``max_tokens=256`` room for a call or an object of a few such strings. The schema's own ``maxLength``
-always applies; ``max_string_length=None`` lifts the cap."""
+MAX_TOP_LOGPROBS = 20  # the default max_logprobs: raw top logits kept per token for top_logprobs (vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -113,9 +107,8 @@ class ChatLogTokU(BaseChatModel):
             (default 20); separate from K (``top_k``), which alone drives AU/EU.
         logtoku_profile: the model's calibration profile, for token quadrants; ``"auto"``
             (default) loads the saved profile of this model when there is one, ``None`` never.
-        max_string_length: under a grammar (tool calls, structured output), the most characters of a
-            string value the schema leaves unbounded (its own ``maxLength`` applies); default 128, so
-            that an answer under the defaults ends well-formed; None: unbounded.
+        max_string_length: under a grammar (tool calls, structured output), the most characters of a string the
+            schema leaves unbounded (default 128: the answer ends well-formed; None: unbounded).
         streaming: stream by default inside chains (LangChain's standard flag).
         timeout, max_retries, api_key: accepted for compatibility with LangChain's standard
             chat-model parameters; a local model makes no network calls, so they have no effect.

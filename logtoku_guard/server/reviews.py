@@ -1,0 +1,73 @@
+"""``GET /v1/logtoku/reviews/{id}``: a served answer sent to human review, its verdict and released answer.
+
+The id is bounded before anything parses it (an id of thousands of digits names no item), the
+``wait`` long poll runs in a worker thread on the store's own wait, and a store failure is a 503
+(never the item's fault). The withheld draft is sent only once a reviewer approved it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from logtoku_guard import openai_protocol as proto
+from logtoku_guard.errors import short_repr
+from logtoku_guard.server import wire
+
+if TYPE_CHECKING:
+    from logtoku_guard.server.engine import Engine
+
+__all__ = ["MAX_REVIEW_WAIT_S", "review_item", "verdict"]
+
+logger = logging.getLogger(__name__)
+
+MAX_REVIEW_WAIT_S = 60.0
+"""Longest ``wait`` of ``GET /v1/logtoku/reviews/{id}`` (a long poll; ask again after it)."""
+_MAX_ID_DIGITS = 18  # below 2**63: an id of more digits names no item (and is never parsed as one)
+
+
+async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
+    """The review item ``review_id`` of ``engine``'s store, after up to ``wait`` seconds for a verdict."""
+    import math
+
+    import anyio.to_thread
+
+    from logtoku_guard.errors import AuditStoreError, ReviewTimeoutError, UnknownReviewItemError
+
+    store = engine.store
+    if store is None or not hasattr(store, "review_item"):
+        msg = "this server keeps no review queue: start it with --store (a SQLite file or a PostgreSQL URL) and a policy"
+        raise wire.RequestError(404, msg)
+    if not (math.isfinite(wait) and 0 <= wait <= MAX_REVIEW_WAIT_S):
+        msg = f"wait={wait!r} must be a number of seconds from 0 to {MAX_REVIEW_WAIT_S:g} (ask again for a longer wait)"
+        raise wire.RequestError(400, msg, param="wait")
+    if not (review_id.isascii() and review_id.isdigit() and len(review_id) <= _MAX_ID_DIGITS):
+        raise wire.RequestError(404, f"no review item {short_repr(review_id)}: ids are the review_id of a served answer")
+    item_id = int(review_id)
+    try:
+        item = await anyio.to_thread.run_sync(store.review_item, item_id)
+        if wait > 0 and not item.decided:
+            try:
+                item = await anyio.to_thread.run_sync(lambda: store.wait_for_decision(item_id, timeout=wait))
+            except ReviewTimeoutError as exc:
+                item = exc.item
+    except UnknownReviewItemError:
+        raise wire.RequestError(404, f"no review item {item_id} in this server's store") from None
+    except AuditStoreError as exc:
+        logger.error("review %s: the audit store failed: %s", item_id, exc)
+        raise wire.RequestError(503, "the audit store is unreachable; try again later") from exc
+    return item
+
+
+def verdict(item: Any) -> proto.ReviewVerdict:
+    return proto.ReviewVerdict(
+        id=item.id,
+        trace_id=item.trace_id,
+        status=item.status,
+        decided=item.decided,
+        answer=item.final_answer,
+        edited=item.status == "approved" and item.edited_answer is not None,
+        reviewer=item.reviewer,
+        note=item.note,
+        decided_at=item.decided_at.isoformat() if item.decided_at else None,
+    )
