@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
 
 if TYPE_CHECKING:
@@ -52,6 +52,15 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+def refuse_non_number(v: Any) -> Any:
+    """A threshold as written: a boolean or a string is refused, never read as a number (``true`` is not 1,
+    ``"0.3"`` is not 0.3); anything else goes on to the field's own validation."""
+    if isinstance(v, (bool, str)):
+        msg = f"a threshold is a number such as 0.3 (or {{quantile: q}} where allowed), got {short_repr(v)}; write it unquoted"
+        raise ValueError(msg)
+    return v
+
+
 class Quantile(StrictModel):
     """A threshold placed at quantile ``quantile`` of the model profile's distribution of the stat."""
 
@@ -71,6 +80,11 @@ class Compare(StrictModel):
     fallback_value: Optional[Union[float, Quantile]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
     """The threshold of ``fallback`` when it differs from ``value`` (e.g. an absolute ``guard_score``
     probability falling back to a quantile of ``reliability``); default: ``value``."""
+
+    @field_validator("value", "fallback_value", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        return refuse_non_number(v)
 
     @field_validator("value", "fallback_value")
     @classmethod

@@ -18,6 +18,7 @@ parsed, with a :class:`~logtoku_guard.errors.PolicyError` naming the file and th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,14 @@ def _bounded_loader(source: str) -> type:
                     seen[key] = line
             return super().construct_mapping(node, deep)
 
+    # Integers are decimal only: YAML 1.1 would read 0x10 as 16, 1:30 as 90 and 010 as 8, silently; left as
+    # strings, such a threshold is refused by the policy's validation with its text.
+    int_tag = "tag:yaml.org,2002:int"
+    BoundedSafeLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != int_tag]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    BoundedSafeLoader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
     return BoundedSafeLoader
 
 

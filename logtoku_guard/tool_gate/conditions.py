@@ -20,7 +20,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from logtoku_guard.conditions import OPS, Op, StrictModel, combinator_kind
+from logtoku_guard.conditions import OPS, Op, StrictModel, combinator_kind, refuse_non_number
 from logtoku_guard.tool_gate.scores import ArgumentStat, ScoredToolCall
 
 __all__ = ["ArgumentCheck", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolCondition", "ToolNotOf"]
@@ -66,7 +66,7 @@ class ArgumentCompare(StrictModel):
                 "per-argument quantiles; write a number, e.g. value: 0.3"
             )
             raise ValueError(msg)
-        return v
+        return refuse_non_number(v)
 
     @field_validator("value")
     @classmethod

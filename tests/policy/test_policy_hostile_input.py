@@ -384,3 +384,18 @@ def test_fuzzed_policy_files_load_or_raise_a_policy_error(
         return
     assert not merge
     policy.human_review.message.format(review_id=12345)  # a loaded template is cheap to fill
+
+
+@pytest.mark.parametrize("raw", ["true", '"0.3"', "0x10", "1:30", "010"])
+@pytest.mark.parametrize("section", ["rules", "tool_calls"])
+def test_a_threshold_that_is_not_written_as_a_number_is_refused(tmp_path: pathlib.Path, raw: str, section: str) -> None:
+    """true, "0.3", 0x10 (YAML 1.1: 16) and 1:30 (YAML 1.1: 90) were quietly read as numbers."""
+    if section == "rules":
+        text = f"name: p\nrules:\n  - name: r\n    when: {{stat: reliability, op: '<', value: {raw}}}\n    action: abstain\n"
+    else:
+        when = f"{{tool: t, argument: a, stat: max_eu, op: '>', value: {raw}}}"
+        text = f"name: p\ntool_calls:\n  rules:\n    - name: r\n      when: {when}\n      action: refuse\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError, match="a threshold is a number"):
+        Policy.from_file(path)
