@@ -18,6 +18,7 @@ from logtoku_guard.cli import app
 
 runner = CliRunner()
 OLD = datetime.now(timezone.utc) - timedelta(days=10)
+N = len(INJECTIONS)  # old passed records, one per injection; then 3 reviewed (pending, claimed, decided) and 1 recent
 
 
 def invoke(*args: str) -> Any:
@@ -58,13 +59,13 @@ def test_export_refuses_the_store_itself_and_existing_files(store: str, tmp_path
     res = invoke("audit", "export", store, "--force", "--store", store)
     assert res.exit_code == 2 and "file of the audit store itself" in res.output
     with AuditStore(store) as audit:
-        assert audit.count() == 10
+        assert audit.count() == N + 4
     out = tmp_path / "out.jsonl"
     out.write_text("old")
     res = invoke("audit", "export", str(out), "--store", store)
     assert res.exit_code == 2 and "exists" in res.output and "--force" in res.output and out.read_text() == "old"
     res = invoke("audit", "export", str(out), "--force", "--store", store)
-    assert res.exit_code == 0 and len(out.read_text().splitlines()) == 10
+    assert res.exit_code == 0 and len(out.read_text().splitlines()) == N + 4
 
 
 @pytest.mark.parametrize("where", ["missing/out.jsonl", "."])
@@ -110,12 +111,12 @@ def test_an_empty_store_file_is_an_error_not_a_new_store(tmp_path: Path) -> None
 def test_purge_keeps_undecided_reviews_and_dry_run_deletes_nothing(store: str) -> None:
     res = invoke("audit", "purge", "--days", "1", "--dry-run", "--store", store)
     assert res.exit_code == 0, res.output
-    assert "7 record(s)" in res.output and "would be removed" in res.output and "approved 1" in res.output
+    assert f"{N + 1} record(s)" in res.output and "would be removed" in res.output and "approved 1" in res.output
     assert "2 old record(s) kept" in res.output and "nothing was deleted" in res.output
     with AuditStore(store) as audit:
-        assert audit.count() == 10
+        assert audit.count() == N + 4
     res = invoke("audit", "purge", "--days", "0", "--store", store)
-    assert res.exit_code == 0 and "8 record(s)" in res.output and "2 old record(s) kept" in res.output
+    assert res.exit_code == 0 and f"{N + 2} record(s)" in res.output and "2 old record(s) kept" in res.output
     with AuditStore(store) as audit:
         assert sorted(i.record.prompt for i in audit.pending(include_claimed=True)) == ["claimed one", "pending one"]
     res = invoke("audit", "purge", "--days", "0", "--include-undecided", "--store", store)
