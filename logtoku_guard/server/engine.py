@@ -15,11 +15,16 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from logtoku_guard.backends.base import Backend, TokenStream
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.records import RecordSink
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.policy import Policy
 
 T = TypeVar("T")
 
@@ -136,13 +141,23 @@ class Engine:
             thresholds, audit/human review).
     """
 
-    def __init__(self, runner: Runner, *, policy: Any = None, profile: Any = None, store: Any = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        policy: Policy | None = None,
+        profile: ModelProfile | None = None,
+        store: RecordSink | None = None,
+    ) -> None:
         self.runner = runner
         self.policy = policy
         self.profile = profile
         self.store = store
         if policy is not None:
             self._guard(DecodingOptions())  # validate policy/profile/store at start-up, not per request
+            if "human_review" in policy.tool_calls.actions() and store is None:
+                msg = f"policy {policy.name!r} can send tool calls to human review, which needs store=AuditStore(...)"
+                raise ConfigurationError(msg)
 
     @property
     def backend(self) -> Backend:

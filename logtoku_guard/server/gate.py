@@ -158,6 +158,7 @@ def _apply_decisions(
                 policy_name=policy.name,
                 policy_version=policy.version,
             )
+            assert engine.store is not None  # the engine refuses a tool human_review policy without a store
             review_id = engine.store.record_for_review(record).id
             notes.append(
                 f"The call to {call.name} waits for human review (review id {review_id}); "

@@ -8,16 +8,26 @@ The id is bounded before anything parses it (an id of thousands of digits names 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import short_repr
 from logtoku_guard.server import wire
 
 if TYPE_CHECKING:
+    from logtoku_guard.audit.records import ReviewItem
     from logtoku_guard.server.engine import Engine
 
-__all__ = ["MAX_REVIEW_WAIT_S", "review_item", "verdict"]
+__all__ = ["MAX_REVIEW_WAIT_S", "ReviewQueue", "review_item", "verdict"]
+
+
+@runtime_checkable
+class ReviewQueue(Protocol):
+    """What the endpoint reads of the server's store (:class:`~logtoku_guard.audit.AuditStore` is one)."""
+
+    def review_item(self, item_id: int) -> ReviewItem: ...
+
+    def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem: ...
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +45,7 @@ async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
     from logtoku_guard.errors import AuditStoreError, ReviewTimeoutError, UnknownReviewItemError
 
     store = engine.store
-    if store is None or not hasattr(store, "review_item"):
+    if not isinstance(store, ReviewQueue):
         msg = "this server keeps no review queue: start it with --store (a SQLite file or a PostgreSQL URL) and a policy"
         raise wire.RequestError(404, msg)
     if not (math.isfinite(wait) and 0 <= wait <= MAX_REVIEW_WAIT_S):

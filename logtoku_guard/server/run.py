@@ -14,12 +14,18 @@ import math
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.server.app import ServerSettings, create_app
 from logtoku_guard.server.engine import Engine, ThreadRunner
 from logtoku_guard.sockets import bind_socket
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.records import RecordSink
+    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.policy import Policy
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -59,11 +65,11 @@ def url(host: str, port: int) -> str:
 
 
 def build_app(
-    backend: Any,
+    backend: Backend,
     *,
-    policy: Any = None,
-    profile: Any = None,
-    store: Any = None,
+    policy: Policy | None = None,
+    profile: ModelProfile | None = None,
+    store: RecordSink | None = None,
     settings: ServerSettings | None = None,
     workers: int | None = None,
 ) -> Any:
@@ -88,14 +94,14 @@ def _config(app: Any, host: str, port: int, graceful_timeout: float, log_level: 
 
 
 def run_server(
-    backend: Any,
+    backend: Backend,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
     allow_remote: bool = False,
-    policy: Any = None,
-    profile: Any = None,
-    store: Any = None,
+    policy: Policy | None = None,
+    profile: ModelProfile | None = None,
+    store: RecordSink | None = None,
     settings: ServerSettings | None = None,
     graceful_timeout: float = 30.0,
     log_level: str = "info",
