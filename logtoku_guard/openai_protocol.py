@@ -185,7 +185,9 @@ class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation, oldest turn first.")
-    logprobs: StrictBool | None = Field(default=False, description="Return each token's raw top logits in logprobs.content.")
+    logprobs: StrictBool | None = Field(
+        default=False, description="Return each token's log-probability and its top_logprobs alternatives in logprobs.content."
+    )
     top_logprobs: StrictInt | None = Field(default=None, ge=0, description="Alternatives per token (at most 20).")
     tools: list[tw.ToolParam] | None = Field(default=None, description=f"Functions the model may call (at most {tw.MAX_TOOLS}).")
     tool_choice: tw.ToolChoice | None = Field(
