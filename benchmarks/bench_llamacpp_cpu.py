@@ -33,8 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+
+from bench_threads import competitor  # the same CPU-bound neighbour as the torch thread benchmark
 
 QUESTION = "Who founded the Velmora Institute of Marine Acoustics, and in which year was it established?"
 
@@ -62,21 +62,6 @@ info = " ".join(bytes(lib.llama_print_system_info()).decode("utf-8", "replace").
 rates = {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": n_new / (t2 - t1)}
 print(json.dumps({**rates, "build": installed_build().describe(), "info": info}))
 """
-
-
-@contextmanager
-def competitor(on: bool) -> Iterator[None]:
-    """A CPU-bound subprocess spinning for the duration of the block (when ``on``)."""
-    if not on:
-        yield
-        return
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def load() -> str:

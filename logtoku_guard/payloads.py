@@ -64,6 +64,7 @@ __all__ = [
     "AttemptPayload",
     "AttributeValue",
     "CheckPayload",
+    "DecisionCorePayload",
     "DecisionPayload",
     "GenerationPayload",
     "PolicyPayload",
@@ -78,6 +79,7 @@ __all__ = [
     "attempt_payload",
     "check_payload",
     "decision_attributes",
+    "decision_core_payload",
     "decision_payload",
     "generation_payload",
     "json_float",
@@ -204,17 +206,13 @@ class PolicyPayload(TypedDict):
     version: str
 
 
-class ResultPayload(TypedDict):
-    """A guarded answer: ``logtoku-guard ask --json``, LangChain's ``response_metadata["logtoku_guard"]``
-    and LlamaIndex's ``metadata["logtoku"]`` all hold this (adapters may add their own keys).
+class DecisionCorePayload(TypedDict):
+    """What every form of a guarded answer's decision holds (:class:`ResultPayload`, :class:`ServedDecisionPayload`).
 
-    ``answer``: what the user gets; ``draft``: the model's last answer before the action;
     ``route``: every attempt's own decision, in order (``["retrieve", "pass"]`` when retrieval
     rescued the answer); ``rule``/``reason``/``checks``/``stats``: the final decision's.
     """
 
-    answer: str
-    draft: str
     action: str
     rule: str | None
     reason: str
@@ -228,8 +226,20 @@ class ResultPayload(TypedDict):
     policy: PolicyPayload
     checks: list[CheckPayload]
     stats: dict[str, float | None]
-    tokens: list[TokenPayload]
     timings: dict[str, float]
+
+
+class ResultPayload(DecisionCorePayload):
+    """A guarded answer: ``logtoku-guard ask --json``, LangChain's ``response_metadata["logtoku_guard"]``
+    and LlamaIndex's ``metadata["logtoku"]`` all hold this (adapters may add their own keys).
+
+    ``answer``: what the user gets; ``draft``: the model's last answer before the action; ``tokens``:
+    the final generation's tokens.
+    """
+
+    answer: str
+    draft: str
+    tokens: list[TokenPayload]
 
 
 class ToolCallDecisionPayload(TypedDict):
@@ -245,31 +255,18 @@ class ToolCallDecisionPayload(TypedDict):
     attempt: int
 
 
-class ServedDecisionPayload(TypedDict):
+class ServedDecisionPayload(DecisionCorePayload):
     """The guard's decision as a client of ``logtoku-guard serve`` sees it (``choices[].logtoku_guard``,
     and ``error.logtoku_guard`` of a ``raise``).
 
     A :class:`ResultPayload` without what would leak a withheld draft: no ``draft``, no
     ``tokens``, no ``answer`` (the response's content is the answer). ``withheld``: the model's
     draft was not delivered (abstain, human review, raise); ``generated_tokens``: what every
-    attempt generated, the guard's own cost beyond the answer's (``usage`` counts the answer).
+    attempt generated, the guard's own cost beyond the answer's (``usage`` counts the answer);
+    ``tool_calls``: what the policy's ``tool_calls`` rules decided for each call.
     """
 
-    action: str
     withheld: bool
-    rule: str | None
-    reason: str
-    reliability: float | None
-    attempts: int
-    route: list[AttemptPayload]
-    review_id: int | None
-    trace_id: str
-    stopped_early: bool
-    model: str
-    policy: PolicyPayload
-    checks: list[CheckPayload]
-    stats: dict[str, float | None]
-    timings: dict[str, float]
     generated_tokens: int
     tool_calls: NotRequired[list[ToolCallDecisionPayload]]
 
@@ -375,37 +372,11 @@ def attempt_payload(number: int, attempt: Attempt) -> AttemptPayload:
     )
 
 
-def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = None) -> ResultPayload:
-    """A guarded answer with its decision, route and the final generation's tokens."""
-    g = result.generation
+def decision_core_payload(result: GuardResult) -> DecisionCorePayload:
+    """The fields every form of ``result``'s decision shares (:class:`DecisionCorePayload`)."""
     d = result.decision
-    return ResultPayload(
-        answer=result.answer,
-        draft=g.text,
+    return DecisionCorePayload(
         action=result.action,
-        rule=d.rule,
-        reason=d.reason,
-        reliability=json_float(g.score.reliability),
-        attempts=len(result.attempts),
-        route=[attempt_payload(i, a) for i, a in enumerate(result.attempts, 1)],
-        review_id=result.review_id,
-        trace_id=result.trace_id,
-        stopped_early=result.stopped_early,
-        model=g.model,
-        policy=PolicyPayload(name=result.policy_name, version=result.policy_version),
-        checks=[check_payload(c) for c in d.checks],
-        stats=stats_payload(d.stats),
-        tokens=[token_payload(t, thresholds) for t in g.tokens],
-        timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
-    )
-
-
-def served_decision_payload(result: GuardResult) -> ServedDecisionPayload:
-    """:func:`result_payload` less the draft and its tokens: what a served response may carry."""
-    d = result.decision
-    return ServedDecisionPayload(
-        action=result.action,
-        withheld=result.withheld,
         rule=d.rule,
         reason=d.reason,
         reliability=json_float(result.generation.score.reliability),
@@ -419,6 +390,25 @@ def served_decision_payload(result: GuardResult) -> ServedDecisionPayload:
         checks=[check_payload(c) for c in d.checks],
         stats=stats_payload(d.stats),
         timings={k: float(v) for k, v in dataclasses.asdict(result.timings).items()},
+    )
+
+
+def result_payload(result: GuardResult, thresholds: QuadrantThresholds | None = None) -> ResultPayload:
+    """A guarded answer with its decision, route and the final generation's tokens."""
+    g = result.generation
+    return ResultPayload(
+        answer=result.answer,
+        draft=g.text,
+        **decision_core_payload(result),
+        tokens=[token_payload(t, thresholds) for t in g.tokens],
+    )
+
+
+def served_decision_payload(result: GuardResult) -> ServedDecisionPayload:
+    """:func:`result_payload` less the draft and its tokens: what a served response may carry."""
+    return ServedDecisionPayload(
+        **decision_core_payload(result),
+        withheld=result.withheld,
         generated_tokens=sum(len(a.generation.tokens) for a in result.attempts),
     )
 

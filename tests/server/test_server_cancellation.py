@@ -9,7 +9,6 @@ No timing is asserted: the evidence is the cancelled generation's token count.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any
@@ -19,32 +18,12 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from support.postgres import in_ci  # noqa: E402
+from support.served import llamacpp_served, tiny_served  # noqa: E402
 
 from logtoku_guard.policy import Policy  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 
 LONG = 1000  # within the server's default max_tokens limit (1024)
-
-
-def tiny(tiny_tokenizer: Any) -> Any:
-    from support.tiny import make_model
-
-    from logtoku_guard.backends.transformers import TransformersBackend
-
-    return TransformersBackend(
-        "tiny", model_obj=make_model(tiny_tokenizer, max_positions=2048), tokenizer=tiny_tokenizer, max_batch=1
-    )
-
-
-def llamacpp() -> Any:
-    if importlib.util.find_spec("llama_cpp") is None:
-        if in_ci():
-            pytest.fail("llama-cpp-python is not installed: scripts/install.sh --dev must install it under CI")
-        pytest.skip("llama-cpp-python is not installed")
-    from logtoku_guard.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend("embedded", n_threads=1, n_ctx=2048, max_batch=1)
 
 
 class Recorded:
@@ -97,7 +76,9 @@ GUARD = Policy.from_dict(
 @pytest.mark.parametrize("kind", ["transformers", "llamacpp"])
 @pytest.mark.parametrize("guarded", [False, True], ids=["unguarded", "guarded"])
 def test_a_client_that_hangs_up_stops_its_generation(kind: str, guarded: bool, tiny_tokenizer: Any) -> None:
-    backend = tiny(tiny_tokenizer) if kind == "transformers" else llamacpp()
+    backend = (
+        tiny_served(tiny_tokenizer, max_positions=2048, max_batch=1) if kind == "transformers" else llamacpp_served(max_batch=1)
+    )
     record = Recorded(backend)
     cases = [
         ("/chat/completions", {"messages": [{"role": "user", "content": "Tell me a long story."}]}, False),

@@ -10,7 +10,6 @@ request (its tool's name) reaches a victim.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any
@@ -21,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 
-from support.postgres import in_ci  # noqa: E402
+from support.served import llamacpp_served, tiny_served  # noqa: E402
 
 from logtoku_guard import grammar  # noqa: E402
 from logtoku_guard.constraints import ToolCalls  # noqa: E402
@@ -54,31 +53,11 @@ def exploding_grammar(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(grammar.RowGrammar, "fill", fill)
 
 
-def tiny(tiny_tokenizer: Any) -> Any:
-    from support.tiny import make_model
-
-    from logtoku_guard.backends.transformers import TransformersBackend
-
-    return TransformersBackend(
-        "tiny", model_obj=make_model(tiny_tokenizer, max_positions=1024), tokenizer=tiny_tokenizer, max_batch=4
-    )
-
-
-def llamacpp() -> Any:
-    if importlib.util.find_spec("llama_cpp") is None:
-        if in_ci():
-            pytest.fail("llama-cpp-python is not installed: scripts/install.sh --dev must install it under CI")
-        pytest.skip("llama-cpp-python is not installed")
-    from logtoku_guard.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend("embedded", n_threads=1, n_ctx=2048, max_batch=4)
-
-
 @pytest.mark.parametrize("kind", ["transformers", "llamacpp"])
 def test_an_attacker_row_fails_alone_and_the_victims_answer_as_alone(
     kind: str, tiny_tokenizer: Any, exploding_grammar: None
 ) -> None:
-    backend = tiny(tiny_tokenizer) if kind == "transformers" else llamacpp()
+    backend = tiny_served(tiny_tokenizer) if kind == "transformers" else llamacpp_served()
     body = {"max_tokens": 24, "temperature": 0}
     with BackgroundServer(build_app(backend)) as srv:
         url = srv.base_url + "/chat/completions"
@@ -133,7 +112,7 @@ def test_a_schema_that_cannot_be_bounded_is_refused_before_decoding(tiny_tokeniz
         },
     }
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "tools": [recursive], "tool_choice": "required"}
-    with BackgroundServer(build_app(tiny(tiny_tokenizer))) as srv:
+    with BackgroundServer(build_app(tiny_served(tiny_tokenizer))) as srv:
         r = httpx.post(srv.base_url + "/chat/completions", json=body, timeout=60)
         ok = httpx.post(srv.base_url + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60)
     assert r.status_code == 400 and "recursive" in r.json()["error"]["message"] and r.json()["error"]["param"] == "tools"
