@@ -281,6 +281,19 @@ MAX_REVIEW_ID = 2**31 - 1
 """The largest review item id (the column is a 32-bit integer on PostgreSQL and SQLite alike)."""
 
 
+def parse_review_id(text: str) -> int:
+    """A review item id given as text (a URL path), bounded before Python parses it: anything but
+    1 to :data:`MAX_REVIEW_ID` in ASCII digits names no item (:class:`UnknownReviewItemError`)."""
+    from logtoku_guard.errors import UnknownReviewItemError
+
+    digits = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_REVIEW_ID))
+    if not digits or not 1 <= int(text) <= MAX_REVIEW_ID:
+        shown = text if len(text) <= 64 else text[:61] + "..."
+        msg = f"no review item with id {shown}; ids are whole numbers from 1 to {MAX_REVIEW_ID}"
+        raise UnknownReviewItemError(msg)
+    return int(text)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReviewItem:
     """One answer waiting for (or given) a human verdict.

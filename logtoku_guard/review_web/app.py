@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from logtoku_guard.audit.records import MAX_REVIEW_ID
+from logtoku_guard.audit.records import parse_review_id
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.store import AuditStore
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
@@ -240,13 +240,7 @@ class ReviewApp:
     @staticmethod
     def _item_id(request: Request) -> int:
         """The path's item id, bounded before anything parses or queries it (no item has any other)."""
-        text = str(request.path_params["item_id"])
-        digits = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_REVIEW_ID))
-        if not digits or not 1 <= int(text) <= MAX_REVIEW_ID:
-            shown = text if len(text) <= 64 else text[:61] + "..."
-            msg = f"no review item with id {shown}; ids are whole numbers from 1 to {MAX_REVIEW_ID}"
-            raise UnknownReviewItemError(msg)
-        return int(text)
+        return parse_review_id(str(request.path_params["item_id"]))
 
     # -- pages
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from logtoku_guard.policy import Policy
     from logtoku_guard.server.engine import Answer, Engine
 
-__all__ = ["GatedAnswer", "GatedCallPayload", "answer_gated", "gated_extra"]
+__all__ = ["GatedAnswer", "GatedCallPayload", "answer_gated", "gated_extra", "reply_of"]
 
 
 GatedCallPayload = ToolCallDecisionPayload
@@ -66,7 +66,7 @@ async def answer_gated(
     ``cancel``: as :meth:`Engine.answer`'s."""
     policy: Policy | None = engine.policy
     answer = await engine.answer(messages, options, cancel)
-    reply = _reply(plan, answer)
+    reply = reply_of(plan, answer)
     rules = policy.tool_calls if policy is not None else None
     if rules is None or not rules.gates or not reply.tool_calls:
         return GatedAnswer(answer, reply)
@@ -79,7 +79,7 @@ async def answer_gated(
             decided += [_payload(c, d, None, attempt + 1) for c, d in zip(scored, decisions)]
             turns = _reasked(turns, reply, scored, decisions, policy)  # type: ignore[arg-type]
             answer = await engine.answer(turns, options, cancel)
-            reply = _reply(plan, answer)
+            reply = reply_of(plan, answer)
             if not reply.tool_calls:  # the model answered without the tool this time
                 return GatedAnswer(answer, reply, decided)
             continue
@@ -94,7 +94,8 @@ async def answer_gated(
     raise RuntimeError(msg)
 
 
-def _reply(plan: tools.ToolPlan, answer: Answer) -> tools.Reply:
+def reply_of(plan: tools.ToolPlan, answer: Answer) -> tools.Reply:
+    """``answer`` as content and tool calls; a withheld answer is its message alone (no call is read from a draft)."""
     if answer.guard_result is not None and answer.guard_result.withheld:
         return tools.Reply(answer.text)
     return tools.reply(plan, answer.text, answer.generation)

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_guard import openai_protocol as proto
-from logtoku_guard.errors import short_repr
+from logtoku_guard.audit.records import parse_review_id
 from logtoku_guard.server import wire
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 MAX_REVIEW_WAIT_S = 60.0
 """Longest ``wait`` of ``GET /v1/logtoku/reviews/{id}`` (a long poll; ask again after it)."""
-_MAX_ID_DIGITS = 18  # below 2**63: an id of more digits names no item (and is never parsed as one)
 
 
 async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
@@ -51,9 +50,10 @@ async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
     if not (math.isfinite(wait) and 0 <= wait <= MAX_REVIEW_WAIT_S):
         msg = f"wait={wait!r} must be a number of seconds from 0 to {MAX_REVIEW_WAIT_S:g} (ask again for a longer wait)"
         raise wire.RequestError(400, msg, param="wait")
-    if not (review_id.isascii() and review_id.isdigit() and len(review_id) <= _MAX_ID_DIGITS):
-        raise wire.RequestError(404, f"no review item {short_repr(review_id)}: ids are the review_id of a served answer")
-    item_id = int(review_id)
+    try:
+        item_id = parse_review_id(review_id)
+    except UnknownReviewItemError as exc:
+        raise wire.RequestError(404, str(exc)) from None
     try:
         item = await anyio.to_thread.run_sync(store.review_item, item_id)
         if wait > 0 and not item.decided:

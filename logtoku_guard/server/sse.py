@@ -112,10 +112,7 @@ async def events(
     if tally is not None:
         tally.answered(answer)
     held = gated is not None and gated.withheld_calls
-    if gated is not None:
-        out = gated.reply
-    else:
-        out = tools.reply(plan, answer.text, g) if not wire.withheld(answer.guard_result) else tools.Reply(answer.text)
+    out = gated.reply if gated is not None else gate.reply_of(plan, answer)
     sent = wire.answer_tokens(engine.backend, answer.guard_result, answer.text, out.content if held else None)
     replaced = guarded and (answer.text != g.text or held)
     if guarded and not replaced:  # the guard passed the draft: its tokens, as an unguarded stream sends them
