@@ -297,7 +297,10 @@ class JobRows:
             row.job.on_token(row.index, token)
 
     def _on_row_done(self, b: int, state: Any) -> None:
-        row = self.live[b]
+        self._complete(self.live[b], state)
+
+    def _complete(self, row: Any, state: Any) -> None:
+        """``row`` ended with ``state``: its Generation (or error) goes to its job."""
         job = row.job
         if job.future.done():
             return

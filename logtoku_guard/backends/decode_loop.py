@@ -13,7 +13,9 @@
    a cached prefix, the chat template and system prompt, prefill only the rest of their
    tokens on top of its keys and values: :mod:`~logtoku_guard.backends.prefix_cache`) and
    their KV cache is merged into the running one (the shorter side left-padded with masked
-   zeros, then concatenated on the batch axis);
+   zeros, then concatenated on the batch axis); a prompt longer than ``prefill_chunk`` is fed
+   a chunk per step instead and joins with its last chunk
+   (:mod:`~logtoku_guard.backends.chunked_prefill`), so it cannot stall the live rows;
 3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
    logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
    stop strings, streaming, each row's end), then through the logits processors to the next
@@ -37,12 +39,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job, JobRows
+from logtoku_guard.backends.chunked_prefill import StagedRow, plan
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
+from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper, row_processors, sampling_warpers
 from logtoku_guard.backends.prompt_scoring import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
@@ -111,89 +115,6 @@ class LiveRow:
     history: list[int] = field(default_factory=list)  # prompt + generated ids, kept only with processors
 
 
-def _pad_left(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-    """``t`` with ``n`` zeros prepended along ``dim``."""
-    import torch
-
-    if n == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = n
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class KVBatch:
-    """The running batch's model state: ``mask`` ``(rows, columns)`` long (1 = a real token,
-    left padding), ``last`` ``(rows,)`` the token each row feeds next, ``cache`` the model's.
-
-    Padding sits on the left of each row, and also between a cached prompt prefix and the rest
-    of a shorter prompt (rows prefilled on a prefix: :mod:`~logtoku_guard.backends.prefix_cache`).
-    Positions are counted from the mask (a row's real tokens so far), so merging and cutting
-    work on whole columns wherever the padding lies.
-    """
-
-    def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None
-        self.last: torch.Tensor | None = None
-        self.cache: Any = None
-        self.mergeable = True
-
-    def __len__(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[0])
-
-    def extend(self, mask: torch.Tensor, cache: Any) -> None:
-        """Append rows (their mask and prefilled cache) after the live ones; the shorter side is left-padded."""
-        import torch
-
-        if self.cache is None or self.mask is None:
-            self.mask, self.cache = mask, cache
-            self.mergeable = _mergeable(cache)
-            return
-        if not (self.mergeable and _mergeable(cache)):
-            msg = "internal error: rows joined a batch whose cache cannot be merged"
-            raise RuntimeError(msg)
-        mine, theirs = self.mask.shape[1], mask.shape[1]
-        width = max(mine, theirs)
-        self.mask = torch.cat([_pad_left(self.mask, width - mine, 1), _pad_left(mask, width - theirs, 1)])
-        for ours, new in zip(self.cache.layers, cache.layers, strict=True):
-            ours.keys = torch.cat([_pad_left(ours.keys, width - mine, 2), _pad_left(new.keys, width - theirs, 2)])
-            ours.values = torch.cat([_pad_left(ours.values, width - mine, 2), _pad_left(new.values, width - theirs, 2)])
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in this order); cut the columns that only padding fills."""
-        import torch
-
-        if self.mask is None or self.last is None:
-            return
-        if not rows:
-            self.mask = self.last = self.cache = None
-            return
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.mask.device)
-        self.mask, self.last = self.mask[index], self.last[index]
-        self.cache.batch_select_indices(index)
-        used = self.mask.any(dim=0)
-        if not self.mergeable or bool(used.all()):
-            return
-        cols = used.nonzero().squeeze(1)
-        first, count = int(cols[0]), len(cols)
-        if int(cols[-1]) - first + 1 == count:  # only leading columns to cut: views, no copy
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-            return
-        self.mask = self.mask[:, cols]
-        for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, cols], layer.values[:, :, cols]
-
-
-def _mergeable(cache: Any) -> bool:
-    """A cache of plain full-attention ``DynamicLayer`` s (its tensors can be padded and concatenated)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers: list[Any] = list(getattr(cache, "layers", None) or [])
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
-
-
 class DecodeLoop(JobRows):
     """Runs one continuous batch: the initial jobs, and those that join it, until every row has ended.
 
@@ -207,6 +128,8 @@ class DecodeLoop(JobRows):
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
         prefix_cache: the backend's store of prompt-prefix KV caches (None: every prompt is
             prefilled whole).
+        prefill_chunk: prompt tokens a long prompt feeds per step, between the live rows'
+            decoding steps (:mod:`~logtoku_guard.backends.chunked_prefill`; None: prefilled whole).
     """
 
     def __init__(
@@ -218,6 +141,7 @@ class DecodeLoop(JobRows):
         take_joiners: Callable[[int], list[Job]],
         finish: Callable[[LiveRow], Generation],
         prefix_cache: PrefixCache | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
         import inspect
 
@@ -227,6 +151,9 @@ class DecodeLoop(JobRows):
         self.take_joiners = take_joiners
         self.finish = finish
         self.prefix_cache = prefix_cache
+        # chunks run through the decoder alone (no output head): a model without one is prefilled whole
+        self.prefill_chunk = prefill_chunk if callable(getattr(model, "get_decoder", None)) else None
+        self.staged: list[StagedRow] = []  # long prompts being prefilled a chunk per step, oldest first
         self.pad = int(tokenizer.pad_token_id)
         self.device = model.device
         self.batch = KVBatch()
@@ -248,18 +175,19 @@ class DecodeLoop(JobRows):
                 torch.cuda.manual_seed_all(self.options.seed)
         joining = list(jobs)
         with torch.inference_mode():
-            while self.live or joining:
+            while self.live or joining or self.staged:
                 parts = [self._decode()] if self.live else []
                 fed = [self.batch.last] if self.live and self.batch.last is not None else []
-                joined = self._prefill(joining) if joining else None
-                if joined is not None:
-                    parts.append(joined[0])
-                    fed.append(joined[1])
+                for joined in (self._prefill(joining) if joining else None, self._advance()):
+                    if joined is not None:
+                        parts.append(joined[0])
+                        fed.append(joined[1])
                 if parts:
                     logits = parts[0] if len(parts) == 1 else torch.cat(parts)
                     self._choose(logits, fed[0] if len(fed) == 1 else torch.cat(fed))
                     self._leave()
-                joining = self.take_joiners(len(self.live)) if self.batch.mergeable or not self.live else []
+                rows = len(self.live) + len(self.staged)
+                joining = self.take_joiners(rows) if self.batch.mergeable or not (self.live or self.staged) else []
 
     def _decode(self) -> torch.Tensor:
         """One forward pass over the live rows' last tokens; their ``(rows, vocab)`` logits."""
@@ -293,11 +221,13 @@ class DecodeLoop(JobRows):
         """
         import torch
 
+        whole, longer = plan([((job, i, p), len(p.ids)) for job in jobs for i, p in enumerate(job.rows)], self.prefill_chunk)
+        now = time.perf_counter()
+        self.staged.extend(StagedRow(job, i, p, now) for job, i, p in longer)
         groups: dict[tuple[int, ...], list[tuple[Job, int, PreparedRow]]] = {}
-        for job in jobs:
-            for i, p in enumerate(job.rows):
-                n = prefix_length(p.span) if self.prefix_cache is not None else 0
-                groups.setdefault(tuple(p.ids[:n]), []).append((job, i, p))
+        for job, i, p in whole:
+            n = prefix_length(p.span) if self.prefix_cache is not None else 0
+            groups.setdefault(tuple(p.ids[:n]), []).append((job, i, p))
         parts = [part for key, rows in groups.items() if (part := self._prefill_group(key, rows)) is not None]
         if not parts:
             return None
@@ -305,29 +235,61 @@ class DecodeLoop(JobRows):
             return parts[0]
         return torch.cat([logits for logits, _ in parts]), torch.cat([last for _, last in parts])
 
+    def _advance(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Feed the oldest staged (long) prompt its next chunk (:mod:`~logtoku_guard.backends.chunked_prefill`);
+        when the rest fits in one, prefill it into the batch: its first-token logits and last token."""
+        while self.staged and self.staged[0].gone:
+            self._drop(self.staged.pop(0))
+        if not self.staged or not (self.batch.mergeable or not self.live):
+            return None
+        row, chunk = self.staged[0], self.prefill_chunk or 0
+        if row.rest > chunk:
+            try:
+                row.feed(self.model, chunk, self.scoring.k, self.scoring.evidence)
+            except Exception as exc:  # handed to this request; the running rows go on
+                self.staged.pop(0)
+                if not row.job.future.done():
+                    row.job.future.set_exception(exc)
+            return None
+        self.staged.pop(0)
+        return self._prefill_group((), [(row.job, row.index, row.prepared)], row)
+
+    def _drop(self, row: StagedRow) -> None:
+        """A staged row whose request went: a cancelled one ends ``"cancelled"`` with no tokens."""
+        if not row.job.future.done():
+            state = Row(stop=row.job.options.stop, limit=row.prepared.limit, cancel=row.job.cancel)
+            state.done, state.finish_reason = True, "cancelled"
+            self._complete(LiveRow(row.job, row.index, row.prepared, state, row.start, tuple(row.scores)), state)
+
     def _prefill_group(
-        self, key: tuple[int, ...], rows: list[tuple[Job, int, PreparedRow]]
+        self, key: tuple[int, ...], rows: list[tuple[Job, int, PreparedRow]], staged: StagedRow | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Prefill ``rows``, whose prompts all begin with the tokens ``key``, in one forward."""
+        """Prefill ``rows``, whose prompts all begin with the tokens ``key``, in one forward (or
+        the rest of the ``staged`` row's prompt, on top of the chunks in its own cache)."""
         import torch
         from transformers import DynamicCache
 
-        start = time.perf_counter()
+        start = time.perf_counter() if staged is None else staged.start
         try:
             prefix = self._prefix(key) if key else None
-            n = len(key) if prefix is not None else 0
+            n = len(key) if prefix is not None else (staged.fed if staged is not None else 0)
             rest = [p.ids[n:] for _, _, p in rows]
             longest = max(len(r) for r in rest)
             ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest], dtype=torch.long).to(self.device)
             own = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rest], dtype=torch.long).to(self.device)
             positions = (own.cumsum(dim=-1) - 1 + n).masked_fill(own == 0, 0)  # as generate() derives them
-            mask, past = own, None
-            if prefix is not None:
+            mask, past = own, staged.cache if staged is not None else None
+            if n:
                 mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
+            if prefix is not None:
                 past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
-            # each span moves right by the row's padding and left by the n tokens the prefix cache holds
+            # each span moves right by the row's padding and left by the n tokens already cached
+            # (a staged row's earlier chunks scored the question tokens up to position n)
             spans = shift_spans(
-                [(p.span if p.score_prompt else None, longest - len(r) - n) for (_, _, p), r in zip(rows, rest, strict=True)]
+                [
+                    (p.span.part(n + 1) if p.score_prompt and p.span is not None else None, longest - len(r) - n)
+                    for (_, _, p), r in zip(rows, rest, strict=True)
+                ]
             )
             score, k, evidence = any(span is not None for span in spans), self.scoring.k, self.scoring.evidence
             keep = kept_positions(spans, longest) if score and self.keep_last else None
@@ -358,7 +320,8 @@ class DecodeLoop(JobRows):
         self.batch.extend(mask, returned_cache(out))
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
-            row = LiveRow(job, i, p, state, start, prompt_scores[b])
+            before = tuple(staged.scores) if staged is not None else ()  # scored by its earlier chunks
+            row = LiveRow(job, i, p, state, start, before + tuple(prompt_scores[b]))
             if self.has_row_processors:
                 row.processors = row_processors(self.config, p.ids, p.limit, self.device)
                 row.history = list(p.ids)
@@ -388,7 +351,7 @@ class DecodeLoop(JobRows):
                 use_cache=True,
             )
             cache = returned_cache(out)
-            if not _mergeable(cache):
+            if not mergeable(cache):
                 self.prefix_cache = None  # sliding-window or hybrid cache: whole prompts from now on
                 return None
             layers = tuple((layer.keys, layer.values) for layer in cache.layers)

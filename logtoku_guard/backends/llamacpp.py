@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
@@ -102,6 +103,9 @@ class LlamaCppBackend(BatchedBackend):
         top_n: number of least reliable tokens averaged into the response reliability.
         max_logprobs: raw top logits kept per token for OpenAI-style ``top_logprobs`` (at least K).
         max_batch: most rows decoded together (llama.cpp sequences); 1 runs requests one at a time.
+        prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
+            stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
+            default 256); 0 feeds every prompt whole at once.
         model_name: the name recorded on generations and used to find profiles (default: the
             model's name followed by ``@llamacpp``).
         verbose: let llama.cpp print its log (None: ``$LOGTOKU_GUARD_VERBOSE``, default off).
@@ -118,6 +122,7 @@ class LlamaCppBackend(BatchedBackend):
         top_n: int = DEFAULT_TOP_N,
         max_logprobs: int = 20,
         max_batch: int = DEFAULT_MAX_BATCH,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         model_name: str | None = None,
         verbose: bool | None = None,
     ) -> None:
@@ -137,6 +142,7 @@ class LlamaCppBackend(BatchedBackend):
             msg = f"max_logprobs must be a non-negative integer (raw top logits kept per token), got {max_logprobs!r}"
             raise ConfigurationError(msg)
         self._n_threads = default_n_threads(n_threads)
+        self._prefill_chunk = check_prefill_chunk(prefill_chunk)
         path, default_name = resolve_gguf(model)
         # Before llama.cpp's libraries enter this process: a build this CPU cannot run is a
         # BackendError naming the signal and the rebuild, not the end of the process (llamacpp_check).
@@ -187,6 +193,11 @@ class LlamaCppBackend(BatchedBackend):
     @property
     def vocab_size(self) -> int:
         return self._model.n_vocab
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """Prompt tokens a long prompt feeds per decoding step (None: prompts are fed whole)."""
+        return self._prefill_chunk
 
     @property
     def n_threads(self) -> int:
@@ -249,5 +260,6 @@ class LlamaCppBackend(BatchedBackend):
                 self._batcher.take_joiners,
                 self._generation,
                 2 * self._batcher.max_batch,  # as many again for ended rows whose cells are not freed yet
+                self._prefill_chunk,
             )
             loop.run(jobs)

@@ -9,8 +9,10 @@
    sequence) in one ``llama_decode`` (:data:`DECODE_ROWS` rows at most per call);
 2. **prefill**: the prompt of each row admitted since the last step, alone in its own
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
-   tokens (its prompt-side scores, :func:`~logtoku_guard.backends.prompt_scoring.score_kept`)
-   and at its last position (its first answer token). Rows never share a call with other
+   tokens (its prompt-side scores, scored call by call) and at its last position (its first
+   answer token); a prompt longer than ``prefill_chunk`` feeds one chunk per step, after the
+   shorter ones, so it cannot stall the live rows (:mod:`~logtoku_guard.backends.chunked_prefill`).
+   Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
    merging them saved only a call's fixed cost (``benchmarks/README.md``). Answers equal each
    one's alone bit for bit while the cells in use stay under 256 (past that, a row whose cells
@@ -31,10 +33,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job, JobRows
+from logtoku_guard.backends.chunked_prefill import plan
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
@@ -68,7 +71,6 @@ class Sequence:
     pos: int = 0  # tokens of this sequence in the KV cache
     last: int = -1  # the token fed at the next decode step
     state: Row | None = None  # set when its first answer token's logits are read
-    prompt_logits: list[np.ndarray] = field(default_factory=list)
     prompt_scores: tuple[TokenScore, ...] = ()
     first_token_s: float | None = None
 
@@ -96,6 +98,8 @@ class LlamaDecodeLoop(JobRows):
         take_joiners: the batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`.
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
         max_rows: sequences available (the context's ``n_seq_max``).
+        prefill_chunk: prompt tokens a long prompt feeds per step
+            (:mod:`~logtoku_guard.backends.chunked_prefill`; None: every prompt whole).
     """
 
     def __init__(
@@ -107,8 +111,10 @@ class LlamaDecodeLoop(JobRows):
         take_joiners: Callable[[int], list[Job]],
         finish: Callable[[Sequence], Generation],
         max_rows: int,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.scoring = scoring
         self.options = options
         self.take_joiners = take_joiners
@@ -181,29 +187,33 @@ class LlamaDecodeLoop(JobRows):
                 s.pos += 1
                 self.model.logits_into(i, step[lo + i])
         n = len(live)
-        for s in list(self.admitted):
-            if self._prefill(s, step[n]):
+        whole, longer = plan([(s, len(s.prepared.ids) - s.fed) for s in self.admitted], self.prefill_chunk)
+        for s in [*whole, *longer[:1]]:  # short prompts whole, then one chunk of the oldest long one
+            if self._prefill(s, step[n], None if s in whole else self.prefill_chunk):
                 n += 1
         if n:
             self._choose(step[:n])
 
-    def _prefill(self, s: Sequence, first: np.ndarray) -> bool:
-        """Feed ``s``'s prompt, alone in its ``llama_decode`` calls (at most :data:`OUTPUT_BUDGET`
-        logits rows each); copy the question's logits aside and its first token's into ``first``.
+    def _prefill(self, s: Sequence, first: np.ndarray, budget: int | None) -> bool:
+        """Feed ``s``'s prompt (its next ``budget`` tokens; None: all the rest), alone in its
+        ``llama_decode`` calls (at most :data:`OUTPUT_BUDGET` logits rows each), scoring the question
+        tokens each call predicts; once the prompt is in, copy its first token's logits into ``first``.
 
         A row's prompt is never batched with other sequences' tokens: llama.cpp's CPU attention
         gives different logits (up to ~1.0 on the embedded model) once a ubatch mixing sequences
         reaches 32 tokens (ggml-org/llama.cpp#24962), and each answer must not depend on its
-        neighbours. Returns False when the row failed (its request gets the error).
+        neighbours. Returns True when the row joined the batch, False while its prompt is still
+        being fed or when it failed (its request gets the error).
         """
         import numpy as np
 
         ids = s.prepared.ids
+        end = len(ids) if budget is None else min(len(ids), s.fed + budget)
         try:
-            while s.fed < len(ids):
+            while s.fed < end:
                 entries: list[tuple[int, int, int, bool]] = []
                 outputs = 0
-                while s.fed < len(ids) and len(entries) < self.model.n_batch:
+                while s.fed < end and len(entries) < self.model.n_batch:
                     p = s.fed
                     logits = p == len(ids) - 1 or p in s.kept
                     if logits and outputs >= OUTPUT_BUDGET:
@@ -212,15 +222,16 @@ class LlamaDecodeLoop(JobRows):
                     entries.append((ids[p], p, s.seq, logits))
                     s.fed += 1
                 self.model.decode(entries)
+                question: list[np.ndarray] = []
                 for i, (_, p, _, logits) in enumerate(entries):
-                    if not logits:
-                        continue
-                    if p in s.kept:
-                        buf = np.empty(self.model.n_vocab, dtype=np.float32)
-                        self.model.logits_into(i, buf)
-                        s.prompt_logits.append(buf)
-                    else:
+                    if logits and p in s.kept:
+                        question.append(np.empty(self.model.n_vocab, dtype=np.float32))
+                        self.model.logits_into(i, question[-1])
+                    elif logits:
                         self.model.logits_into(i, first)
+                self._score_question(s, [p for _, p, _, logits in entries if logits and p in s.kept], question)
+            if s.fed < len(ids):
+                return False
             s.pos = len(ids)
             self._join(s)
         except Exception as exc:  # handed to this request; the running rows go on
@@ -231,16 +242,20 @@ class LlamaDecodeLoop(JobRows):
             return False
         return True
 
-    def _join(self, s: Sequence) -> None:
-        """``s``'s prompt is in the KV cache: score its question and give it a recorder row."""
+    def _score_question(self, s: Sequence, positions: list[int], logits: list[np.ndarray]) -> None:
+        """Score the question tokens predicted by the prompt ``positions`` (consecutive) whose ``logits``
+        one call gave: scored at once, so a long question never holds ``tokens x vocabulary`` floats."""
         import numpy as np
 
-        self.admitted.remove(s)
         span = s.prepared.span
-        if s.kept and span is not None:
-            logits = np.stack(s.prompt_logits)
-            s.prompt_scores = prompt_scores(logits, s.prepared.ids, span, self.scoring.k, self.scoring.evidence)
-        s.prompt_logits = []
+        part = span.part(positions[0] + 1, positions[-1] + 2) if positions and span is not None else None
+        if part is not None:
+            scores = prompt_scores(np.stack(logits), s.prepared.ids, part, self.scoring.k, self.scoring.evidence)
+            s.prompt_scores = (*s.prompt_scores, *scores)
+
+    def _join(self, s: Sequence) -> None:
+        """``s``'s prompt is in the KV cache: it gets a recorder row."""
+        self.admitted.remove(s)
         s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel, grammar=s.prepared.grammar)
         self.live.append(s)
         self.recorder.rows.append(s.state)
@@ -279,9 +294,13 @@ class LlamaDecodeLoop(JobRows):
         different logits (up to ~0.5 on the embedded model) from those they get alone.
         """
         keep = [b for b, s in enumerate(self.live) if not (s.state is not None and s.state.done) and not s.job.future.done()]
-        gone = [s for s in self.admitted if s.job.future.done()]
+        gone = [s for s in self.admitted if s.job.future.done() or (s.job.cancel is not None and s.job.cancel.is_set())]
         for s in gone:
             self.admitted.remove(s)
+            if not s.job.future.done():  # cancelled while its prompt was being fed: no tokens
+                s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel)
+                s.state.done, s.state.finish_reason = True, "cancelled"
+                self._complete(s, s.state)
         if len(keep) == len(self.live) and not gone:
             return
         kept = set(keep)

@@ -70,9 +70,7 @@ class LlamaModel:
         verbose: let llama.cpp print its loading log.
     """
 
-    def __init__(
-        self, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, n_ubatch: int = 512, verbose: bool = False
-    ) -> None:
+    def __init__(self, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, n_ubatch: int = 512, verbose: bool = False) -> None:
         import numpy as np
 
         self.lib = lib = import_llama_cpp(verbose)

@@ -125,7 +125,7 @@ def prompt_scores(
         target = int(ids[first + j])
         out.append(
             TokenScore(
-                index=first + j - span.start,
+                index=span.first_index + first + j - span.start,
                 id=target,
                 text=span.texts[first + j - span.start],
                 top_logits=tuple(values[j]),

@@ -53,6 +53,19 @@ class QuestionSpan:
     start: int
     end: int
     texts: tuple[str, ...]
+    first_index: int = 0
+    """The question-token index of ``start`` (0 unless the span is a :meth:`part`)."""
+
+    def part(self, start: int, end: int | None = None) -> QuestionSpan | None:
+        """The tokens of this span at positions ``[start, end)`` (None when there are none), each
+        keeping its question-token index: what one chunk of a prompt prefilled in parts scores."""
+        lo, hi = max(start, self.start), self.end if end is None else min(end, self.end)
+        if lo >= hi:
+            return None
+        if (lo, hi) == (self.start, self.end):
+            return self
+        cut = lo - self.start
+        return QuestionSpan(lo, hi, self.texts[cut : cut + hi - lo], self.first_index + cut)
 
 
 def question_span(rendered: str, question: str, offsets: Sequence[tuple[int, int]], mask: Sequence[int]) -> QuestionSpan | None:
@@ -129,12 +142,21 @@ class PromptCapture:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _score_row(self, hidden: torch.Tensor, ids: torch.Tensor, span: QuestionSpan) -> tuple[TokenScore, ...]:
-        first = max(span.start, 1)  # position 0 has no prediction
+    def score_part(self, hidden: torch.Tensor, offset: int, row: int = 0) -> tuple[TokenScore, ...]:
+        """Row ``row``'s question tokens predicted by ``hidden``, the final hidden states ``(n, d)`` of
+        its prompt positions ``offset .. offset + n - 1`` (one chunk of a prompt prefilled in parts:
+        the token at ``offset + n`` is scored here, by the chunk's last position)."""
+        span = self.spans[row]
+        return () if span is None else self._score_row(hidden, self.input_ids[row], span, offset)
+
+    def _score_row(self, hidden: torch.Tensor, ids: torch.Tensor, span: QuestionSpan, offset: int = 0) -> tuple[TokenScore, ...]:
+        first = max(span.start, 1, offset + 1)  # position 0 has no prediction
+        end = min(span.end, offset + hidden.shape[0] + 1)
         out: list[TokenScore] = []
-        for lo in range(first, span.end, CHUNK):
-            hi = min(lo + CHUNK, span.end)
-            out.extend(_score(self.logits(hidden[lo - 1 : hi - 1]), ids[lo:hi], span, lo, self.k, self.evidence))
+        for lo in range(first, end, CHUNK):
+            hi = min(lo + CHUNK, end)
+            logits = self.logits(hidden[lo - 1 - offset : hi - 1 - offset])
+            out.extend(_score(logits, ids[lo:hi], span, lo, self.k, self.evidence))
         return tuple(out)
 
 
@@ -151,7 +173,7 @@ def _score(
     rows = zip(target.tolist(), values.tolist(), top_ids.tolist(), au.tolist(), eu.tolist(), logprob.tolist(), entropy.tolist())
     return [
         TokenScore(
-            index=lo + j - span.start,
+            index=span.first_index + lo + j - span.start,
             id=int(tid),
             text=span.texts[lo + j - span.start],
             top_logits=tuple(v),

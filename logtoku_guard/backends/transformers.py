@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from logtoku_guard.backends.decode_loop import DecodeLoop, PreparedRow, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
@@ -123,6 +124,9 @@ class TransformersBackend(BatchedBackend):
         prefix_cache_mb: MiB of prompt-prefix KV caches kept (the chat template's opening and
             the system prompt, prefilled once and reused by every prompt that begins with them:
             :mod:`logtoku_guard.backends.prefix_cache`); 0 prefills every prompt whole.
+        prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
+            stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
+            default 256); 0 prefills every prompt whole at once.
         verbose: let transformers print its progress bars and warnings while loading and
             generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
             :mod:`logtoku_guard.backends.quiet`).
@@ -145,6 +149,7 @@ class TransformersBackend(BatchedBackend):
         max_batch: int = DEFAULT_MAX_BATCH,
         threads: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         verbose: bool | None = None,
     ) -> None:
         validate_k(k)
@@ -154,6 +159,7 @@ class TransformersBackend(BatchedBackend):
             msg = f"prefix_cache_mb must be a whole number of MiB >= 0 (0 disables prefix caching), got {prefix_cache_mb!r}"
             raise ConfigurationError(msg)
         self._prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
+        self._prefill_chunk = check_prefill_chunk(prefill_chunk)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             msg = f"max_batch must be a whole number >= 1, got {max_batch!r}"
             raise ConfigurationError(msg)
@@ -217,6 +223,11 @@ class TransformersBackend(BatchedBackend):
     def prefix_cache(self) -> PrefixCache | None:
         """The store of prompt-prefix KV caches (None: disabled with ``prefix_cache_mb=0``)."""
         return self._prefix_cache
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """Prompt tokens a long prompt feeds per decoding step (None: prompts are prefilled whole)."""
+        return self._prefill_chunk
 
     @property
     def threads(self) -> int | None:
@@ -284,6 +295,7 @@ class TransformersBackend(BatchedBackend):
                 self._batcher.take_joiners,
                 self._generation,
                 self._prefix_cache,
+                self._prefill_chunk,
             )
             loop.run(jobs)
 

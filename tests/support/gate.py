@@ -3,6 +3,7 @@
 - :class:`Gate`: a forward pre-hook on the model; while :meth:`Gate.held` is open the worker
   waits inside its next forward pass, so requests submitted meanwhile stay queued, and on
   release they all join the running batch at the same step boundary.
+- :class:`CallGate`: the same on any method (llama.cpp's ``decode``).
 - :class:`Forwards`: records the shape of every forward pass (rows, new tokens, mask width,
   rows in the KV cache), to see rows join and leave.
 """
@@ -42,6 +43,22 @@ class Gate:
             yield
         finally:
             self._open.set()
+
+
+class CallGate(Gate):
+    """A :class:`Gate` on a method of any object (``llama.cpp``'s ``decode``): held, the worker waits in its next call."""
+
+    def __init__(self, owner: Any, name: str) -> None:  # noqa: D107 - no model hook: the method is wrapped
+        self._open = threading.Event()
+        self._open.set()
+        self.paused = threading.Event()
+        real = getattr(owner, name)
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            self._hook(owner, args)
+            return real(*args, **kwargs)
+
+        setattr(owner, name, gated)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""Chunked prefill: a long prompt enters the KV cache a chunk per step, so it cannot stall the rows beside it.
+
+Without it, a prompt that joins a running batch is prefilled whole between two decoding steps:
+one 7.7k-token prompt held a 10-token request beside it for 100 s on the embedded model (2 vCPUs,
+``benchmarks/bench_fairness.py``). Both decode loops
+(:mod:`~logtoku_guard.backends.decode_loop`, :mod:`~logtoku_guard.backends.llamacpp_loop`) now
+follow one schedule, vLLM's chunked prefill with short prompts first (its
+``max_long_partial_prefills=1``). Each step:
+
+1. decodes one token of every live row;
+2. prefills whole every newly admitted prompt that has at most ``chunk`` tokens left;
+3. feeds the next ``chunk`` tokens of the oldest longer prompt (:func:`plan`).
+
+A long prompt whose rest fits in one chunk is prefilled as a short one and joins the batch with its
+first answer token. Each chunk scores the question tokens that its positions predict
+(:meth:`~logtoku_guard.backends.prompt_scoring.PromptCapture.score_part`), so a prompt's
+question scores and first token equal those of one whole prefill (float differences of another
+matrix shape, ~1e-6). ``chunk=None`` prefills every prompt whole (the old behaviour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
+from logtoku_guard.backends.prompt_scoring import PromptCapture
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.types import TokenScore
+from logtoku_guard.uncertainty import EvidenceMode
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.decode_loop import PreparedRow
+
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "StagedRow", "check_prefill_chunk", "plan"]
+
+DEFAULT_PREFILL_CHUNK = 256
+"""Prompt tokens a long prompt feeds per step by default (see ``benchmarks/bench_fairness.py`` for
+the trade-off measured: smaller chunks let short requests through sooner, at a small cost to the long one)."""
+MIN_PREFILL_CHUNK = 128
+"""The smallest chunk accepted. On llama.cpp, chunks of 128 tokens or more gave a long prompt the
+same logits as one whole prefill (max difference 0.0 at 128, 256, 384 and 512 on a 1.1k-token
+prompt), while chunks of 32 and 64 changed them (log p by up to 0.5: ggml takes another matrix
+path for short ubatches); below 128, a step's fixed cost also dominates."""
+
+T = TypeVar("T")
+
+
+def check_prefill_chunk(value: object) -> int | None:
+    """``value`` as a chunk size: a whole number of tokens >= :data:`MIN_PREFILL_CHUNK`, or
+    ``None``/``0`` to prefill every prompt whole."""
+    if value is None or (type(value) is int and value == 0):
+        return None
+    if type(value) is not int or value < MIN_PREFILL_CHUNK:
+        msg = (
+            f"prefill_chunk must be a whole number of tokens >= {MIN_PREFILL_CHUNK} "
+            f"(or 0 to prefill every prompt whole), got {value!r}"
+        )
+        raise ConfigurationError(msg)
+    return value
+
+
+def plan(rest: Sequence[tuple[T, int]], chunk: int | None) -> tuple[list[T], list[T]]:
+    """Split waiting rows into those to prefill whole this step (their ``rest`` of prompt tokens fits
+    in one chunk, or chunking is off) and the longer ones, which feed one chunk a step, oldest first.
+
+    ``rest`` lists each waiting row with its prompt tokens not yet fed, oldest first.
+    """
+    whole = [row for row, n in rest if chunk is None or n <= chunk]
+    longer = [row for row, n in rest if chunk is not None and n > chunk]
+    return whole, longer
+
+
+@dataclass(eq=False)
+class StagedRow:
+    """A long prompt of the transformers loop being prefilled in chunks, on its own KV cache.
+
+    ``fed``: prompt tokens in ``cache`` so far; ``scores``: its question tokens scored so far;
+    ``start``: ``perf_counter()`` when it was admitted (its first-token time counts from there).
+    """
+
+    job: Job
+    index: int
+    prepared: PreparedRow
+    start: float
+    fed: int = 0
+    cache: Any = None
+    scores: list[TokenScore] = field(default_factory=list)
+    capture: PromptCapture | None = None
+
+    @property
+    def rest(self) -> int:
+        """Prompt tokens not fed yet."""
+        return len(self.prepared.ids) - self.fed
+
+    @property
+    def gone(self) -> bool:
+        """Its request already completed (failed) or was cancelled: nothing more to prefill."""
+        return self.job.future.done() or (self.job.cancel is not None and self.job.cancel.is_set())
+
+    def feed(self, model: Any, n: int, k: int, evidence: EvidenceMode) -> None:
+        """Run the next ``n`` prompt tokens through ``model``'s decoder (no output head but for the
+        question's positions) on top of this row's cache, scoring the question tokens they predict."""
+        import torch
+
+        decoder = model.get_decoder()
+        device = model.device
+        ids = self.prepared.ids
+        if self.capture is None and self.prepared.score_prompt and self.prepared.span is not None:
+            full = torch.tensor([ids], dtype=torch.long)
+            self.capture = PromptCapture(model.get_output_embeddings(), model.config, full, [self.prepared.span], k, evidence)
+        a, b = self.fed, self.fed + n
+        past = {cache_arg(decoder): self.cache} if self.cache is not None else {}
+        out = decoder(
+            input_ids=torch.tensor([ids[a:b]], dtype=torch.long, device=device),
+            attention_mask=torch.ones((1, b), dtype=torch.long, device=device),
+            position_ids=torch.arange(a, b, device=device)[None],
+            use_cache=True,
+            **past,
+        )
+        self.cache = returned_cache(out)
+        if self.capture is not None:
+            self.scores.extend(self.capture.score_part(out.last_hidden_state[0], a))
+        self.fed = b

@@ -1,0 +1,180 @@
+"""Chunked prefill in TransformersBackend: a long prompt is fed a chunk per step beside the live rows.
+
+A prompt fed in chunks must give the tokens, AU/EU and question scores of one whole prefill
+(1e-4); a short request that arrives while a long prompt is being fed must finish before the long
+one answers (with ``prefill_chunk=0`` it waits for the whole prefill: the same test, inverted,
+shows the test can fail); a cancelled or failing long prompt ends alone. The order is made
+deterministic by holding the worker inside a chunk (:class:`support.gate.Gate` on the decoder),
+not by timing.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from support.gate import Gate
+from support.joins import queued
+from support.same import assert_same, wait_until
+from support.tiny import make_model
+
+from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK, check_prefill_chunk, plan
+from logtoku_guard.backends.prompt_scoring import QuestionSpan
+from logtoku_guard.backends.transformers import TransformersBackend
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.types import DecodingOptions
+
+CHUNK = MIN_PREFILL_CHUNK
+LONG = "Retrieval augmented generation adds context before answering a question. " * 30
+
+
+def backend_for(model: Any, tokenizer: Any, chunk: int, **kwargs: Any) -> TransformersBackend:
+    return TransformersBackend("tiny", model_obj=model, tokenizer=tokenizer, prefill_chunk=chunk, **kwargs)
+
+
+class Chunks:
+    """The decoder's forward passes that feed exactly one chunk (a staged prompt's)."""
+
+    def __init__(self, model: Any) -> None:
+        self.sizes: list[int] = []
+        model.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self.sizes.append(int(kwargs["input_ids"].shape[1]))
+
+    @property
+    def fed(self) -> int:
+        return sum(1 for n in self.sizes if n == CHUNK)
+
+
+class Ended:
+    """The prompt lengths of the rows as they end, in the worker thread (their order is the schedule's)."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
+        self.order: list[int] = []
+        real = backend._generation
+
+        def record(row: Any) -> Any:
+            g = real(row)
+            self.order.append(g.prompt_tokens)
+            return g
+
+        backend._generation = record  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("prefix_cache_mb", [64, 0], ids=["prefix cache", "no prefix cache"])
+def test_a_prompt_fed_in_chunks_equals_one_whole_prefill(tiny_tokenizer: Any, prefix_cache_mb: int) -> None:
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    chunks = Chunks(model)
+    whole = backend_for(model, tiny_tokenizer, 0, prefix_cache_mb=prefix_cache_mb)
+    chunked = backend_for(model, tiny_tokenizer, CHUNK, prefix_cache_mb=prefix_cache_mb)
+    options = DecodingOptions(max_new_tokens=8)
+    a = whole.generate(LONG, options)
+    assert chunks.fed == 0
+    b = chunked.generate(LONG, options)
+    assert a.prompt_tokens > 4 * CHUNK
+    assert chunks.fed == -(-a.prompt_tokens // CHUNK) - 1  # every chunk but the last, which joins the batch
+    assert_same(a, b)
+    # the question's scores cross every chunk boundary: the same indices and texts, in order
+    assert [(t.index, t.text) for t in b.prompt_scores] == [(t.index, t.text) for t in a.prompt_scores]
+    assert len(b.prompt_scores) > 4 * CHUNK
+    short = chunked.generate("Hi", options)  # a prompt within one chunk is prefilled whole
+    assert chunks.fed == -(-a.prompt_tokens // CHUNK) - 1 and short.prompt_scores
+
+
+@pytest.mark.parametrize("chunk", [CHUNK, 0], ids=["chunked", "whole (the failure this fixes)"])
+def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(tiny_tokenizer: Any, chunk: int) -> None:
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    backend = backend_for(model, tiny_tokenizer, chunk)
+    gate = Gate(model.model)
+    ended = Ended(backend)
+    alone = backend.generate("Hi", DecodingOptions(max_new_tokens=3))
+    n_long = backend.count_tokens(backend.render(LONG))
+    ended.order.clear()
+    results: dict[str, Any] = {}
+    long = threading.Thread(target=lambda: results.update(long=backend.generate(LONG, DecodingOptions(max_new_tokens=1))))
+    long.start()
+    with gate.held():  # the worker waits inside the long prompt's first chunk (or its whole prefill)
+        short = threading.Thread(target=lambda: results.update(short=backend.generate("Hi", DecodingOptions(max_new_tokens=3))))
+        short.start()
+        wait_until(lambda: queued(backend) == 1, "the short request to queue")
+    long.join(60)
+    short.join(60)
+    assert_same(alone, results["short"])
+    expected = [alone.prompt_tokens, n_long] if chunk else [n_long, alone.prompt_tokens]
+    assert ended.order == expected
+
+
+def test_a_long_prompt_cancelled_while_fed_ends_at_once(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    backend = backend_for(model, tiny_tokenizer, CHUNK)
+    gate, chunks = Gate(model.model), Chunks(model)
+    stream = backend.stream(LONG, DecodingOptions(max_new_tokens=50))
+    with gate.held():
+        stream._cancel()  # the client went away during the first chunk (close() would wait for the end)
+        fed = len(chunks.sizes)
+    stream.close()
+    g = stream.generation
+    assert g.finish_reason == "cancelled" and g.tokens == ()
+    assert len(chunks.sizes) == fed + 1  # the chunk held when it was cancelled, none after it
+    assert backend.generate("Hi", DecodingOptions(max_new_tokens=3)).finish_reason == "length"
+
+
+def test_a_chunk_that_fails_fails_its_request_alone(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    backend = backend_for(model, tiny_tokenizer, CHUNK)
+    running = "Count from one to ten, slowly, and then stop counting"
+    options = DecodingOptions(max_new_tokens=30)
+    alone = backend.generate(running, options)
+    failed = []
+
+    def fail_second_chunk(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs["input_ids"].shape[1] == CHUNK and not failed and kwargs.get("position_ids") is not None:
+            if int(kwargs["position_ids"][0, 0]) == CHUNK:
+                failed.append(True)
+                raise RuntimeError("chunk failed on purpose")
+
+    model.model.register_forward_pre_hook(fail_second_chunk, with_kwargs=True)
+    gate = Gate(model.model)
+    results: dict[str, Any] = {}
+
+    def run_long() -> None:
+        try:
+            backend.generate(LONG, DecodingOptions(max_new_tokens=4))
+        except RuntimeError as exc:
+            results["long"] = exc
+
+    stream = backend.stream(running, options)
+    tokens = iter(stream)
+    head = [next(tokens) for _ in range(2)]
+    with gate.held():
+        long = threading.Thread(target=run_long)
+        long.start()
+        wait_until(lambda: queued(backend) == 1, "the long request to queue")
+    rest = list(tokens)
+    long.join(60)
+    assert "on purpose" in str(results["long"]) and failed
+    assert [t.id for t in head + rest] == [t.id for t in alone.tokens]
+    assert_same(alone, stream.generation)
+
+
+@pytest.mark.parametrize("value", [8, MIN_PREFILL_CHUNK - 1, -1, True, 256.0, "256"])
+def test_a_bad_chunk_size_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"prefill_chunk must be a whole number of tokens >= 128.*got"):
+        check_prefill_chunk(value)
+    assert check_prefill_chunk(0) is None and check_prefill_chunk(None) is None and check_prefill_chunk(512) == 512
+
+
+def test_the_plan_prefills_short_prompts_whole_and_long_ones_oldest_first() -> None:
+    whole, longer = plan([("a", 900), ("b", 12), ("c", 300), ("d", 128)], 128)
+    assert whole == ["b", "d"] and longer == ["a", "c"]
+    assert plan([("a", 900), ("b", 12)], None) == (["a", "b"], [])
+
+
+def test_a_span_part_keeps_each_tokens_question_index() -> None:
+    span = QuestionSpan(10, 15, ("a", "b", "c", "d", "e"))
+    part = span.part(12, 14)
+    assert part == QuestionSpan(12, 14, ("c", "d"), 2)
+    assert part.part(13) == QuestionSpan(13, 14, ("d",), 3)
+    assert span.part(0) is span and span.part(15) is None and span.part(3, 10) is None
