@@ -124,7 +124,7 @@ def main() -> None:
                 flush=True,
             )
         else:
-            print(f"{args.backend} chunk {label}: long prompt {r['long_s']:.1f} s; no short request finished beside it", flush=True)
+            print(f"{args.backend} chunk {label}: long prompt {r['long_s']:.1f} s; no short request beside it", flush=True)
     base = next((r for c, r in rows if c == 0 and r["short"]), None)
     for chunk, r in rows:
         if base is not None and chunk != 0 and r["short"]:

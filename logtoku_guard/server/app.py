@@ -320,5 +320,3 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (422, "Refused by the guard's policy (raise action); the decision is in error.logtoku_guard"),
     )
 }
-
-

@@ -30,6 +30,7 @@ handler. An OpenAI request needs about 5 levels."""
 
 TOO_DEEP = "the request body nests JSON arrays/objects too deeply to read; send a flat OpenAI request body"
 
+
 class BodyLimits:
     """ASGI middleware: refuse a POST/PUT/PATCH body over ``max_bytes`` (413) or nested deeper than ``max_depth`` (400)."""
 

@@ -29,6 +29,7 @@ class ReviewQueue(Protocol):
 
     def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem: ...
 
+
 logger = logging.getLogger(__name__)
 
 MAX_REVIEW_WAIT_S = 60.0

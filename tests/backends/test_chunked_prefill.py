@@ -130,10 +130,10 @@ def test_a_chunk_that_fails_fails_its_request_alone(tiny_tokenizer: Any) -> None
     failed = []
 
     def fail_second_chunk(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        if kwargs["input_ids"].shape[1] == CHUNK and not failed and kwargs.get("position_ids") is not None:
-            if int(kwargs["position_ids"][0, 0]) == CHUNK:
-                failed.append(True)
-                raise RuntimeError("chunk failed on purpose")
+        positions = kwargs.get("position_ids")
+        if kwargs["input_ids"].shape[1] == CHUNK and not failed and positions is not None and int(positions[0, 0]) == CHUNK:
+            failed.append(True)
+            raise RuntimeError("chunk failed on purpose")
 
     model.model.register_forward_pre_hook(fail_second_chunk, with_kwargs=True)
     gate = Gate(model.model)

@@ -48,7 +48,7 @@ class Gate:
 class CallGate(Gate):
     """A :class:`Gate` on a method of any object (``llama.cpp``'s ``decode``): held, the worker waits in its next call."""
 
-    def __init__(self, owner: Any, name: str) -> None:  # noqa: D107 - no model hook: the method is wrapped
+    def __init__(self, owner: Any, name: str) -> None:
         self._open = threading.Event()
         self._open.set()
         self.paused = threading.Event()
