@@ -9,7 +9,12 @@ follow one schedule, vLLM's chunked prefill with short prompts first (its
 
 1. decodes one token of every live row;
 2. prefills whole every newly admitted prompt that has at most ``chunk`` tokens left;
-3. feeds the next ``chunk`` tokens of the oldest longer prompt (:func:`plan`).
+3. feeds the next ``chunk`` tokens of the oldest longer prompt (:func:`plan`), when its turn has
+   come (:class:`FairShare`): while rows are decoding, a chunk runs only once they have had as
+   much time since the last chunk as that chunk took. On a CPU a chunk deep in a long prompt takes
+   seconds (256 tokens at position 7k: ~4 s on the embedded model), so one chunk per decoding
+   step would still hold a short answer for seconds per token; sharing time evenly bounds its
+   wait by one chunk, and slows the long prompt at most 2x, only while others decode.
 
 A long prompt whose rest fits in one chunk is prefilled as a short one and joins the batch with its
 first answer token. Each chunk scores the question tokens that its positions predict
@@ -34,16 +39,18 @@ from logtoku_guard.uncertainty import EvidenceMode
 if TYPE_CHECKING:
     from logtoku_guard.backends.decode_loop import PreparedRow
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "StagedRow", "check_prefill_chunk", "plan"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "FairShare", "StagedRow", "check_prefill_chunk", "plan"]
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompt tokens a long prompt feeds per step by default (see ``benchmarks/bench_fairness.py`` for
 the trade-off measured: smaller chunks let short requests through sooner, at a small cost to the long one)."""
 MIN_PREFILL_CHUNK = 128
-"""The smallest chunk accepted. On llama.cpp, chunks of 128 tokens or more gave a long prompt the
-same logits as one whole prefill (max difference 0.0 at 128, 256, 384 and 512 on a 1.1k-token
-prompt), while chunks of 32 and 64 changed them (log p by up to 0.5: ggml takes another matrix
-path for short ubatches); below 128, a step's fixed cost also dominates."""
+"""The smallest chunk accepted. On llama.cpp a chunk boundary is a ubatch boundary: chunks of 32
+or 64 tokens moved a long prompt's log p by up to 0.5 from one whole prefill (ggml computes short
+ubatches another way), chunks of 128 to 512 by 0.17 at most (0.0 on 635- and 1115-token prompts,
+0.03 and 0.17 on 815-token ones: the rounding any change of ``n_ubatch`` gives). Below 128, a step's fixed
+cost also dominates. A prompt of at most one chunk is prefilled exactly as before."""
+
 
 T = TypeVar("T")
 
@@ -71,6 +78,27 @@ def plan(rest: Sequence[tuple[T, int]], chunk: int | None) -> tuple[list[T], lis
     whole = [row for row, n in rest if chunk is None or n <= chunk]
     longer = [row for row, n in rest if chunk is not None and n > chunk]
     return whole, longer
+
+
+class FairShare:
+    """Whose turn it is: the decoding rows' or the oldest long prompt's next chunk.
+
+    Time, not tokens, is shared, and only *when* a chunk runs depends on it: the chunks themselves
+    (their boundaries, hence every logit) are the same whatever runs beside them.
+    """
+
+    def __init__(self) -> None:
+        self.owed = 0.0  # seconds of decoding the live rows are owed before the next chunk
+
+    def chunk_may_run(self, decoding: bool) -> bool:
+        """Whether a chunk may run now (always when no row is decoding: nobody waits for it)."""
+        return not decoding or self.owed <= 0.0
+
+    def chunk_ran(self, seconds: float) -> None:
+        self.owed = seconds
+
+    def decoded(self, seconds: float) -> None:
+        self.owed -= seconds
 
 
 @dataclass(eq=False)

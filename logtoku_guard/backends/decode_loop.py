@@ -14,7 +14,7 @@
    tokens on top of its keys and values: :mod:`~logtoku_guard.backends.prefix_cache`) and
    their KV cache is merged into the running one (the shorter side left-padded with masked
    zeros, then concatenated on the batch axis); a prompt longer than ``prefill_chunk`` is fed
-   a chunk per step instead and joins with its last chunk
+   a chunk at a time instead, taking turns with the decoding rows, and joins with its last chunk
    (:mod:`~logtoku_guard.backends.chunked_prefill`), so it cannot stall the live rows;
 3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
    logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job, JobRows
-from logtoku_guard.backends.chunked_prefill import StagedRow, plan
+from logtoku_guard.backends.chunked_prefill import FairShare, StagedRow, plan
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
@@ -154,6 +154,7 @@ class DecodeLoop(JobRows):
         # chunks run through the decoder alone (no output head): a model without one is prefilled whole
         self.prefill_chunk = prefill_chunk if callable(getattr(model, "get_decoder", None)) else None
         self.staged: list[StagedRow] = []  # long prompts being prefilled a chunk per step, oldest first
+        self.share = FairShare()
         self.pad = int(tokenizer.pad_token_id)
         self.device = model.device
         self.batch = KVBatch()
@@ -176,16 +177,24 @@ class DecodeLoop(JobRows):
         joining = list(jobs)
         with torch.inference_mode():
             while self.live or joining or self.staged:
+                started = time.perf_counter()
                 parts = [self._decode()] if self.live else []
                 fed = [self.batch.last] if self.live and self.batch.last is not None else []
-                for joined in (self._prefill(joining) if joining else None, self._advance()):
-                    if joined is not None:
-                        parts.append(joined[0])
-                        fed.append(joined[1])
+                joined = [self._prefill(joining) if joining else None]
+                if self.staged and self.share.chunk_may_run(bool(self.live)):
+                    chunk_start = time.perf_counter()
+                    joined.append(self._advance())
+                    self.share.chunk_ran(time.perf_counter() - chunk_start)
+                    started += time.perf_counter() - chunk_start  # the chunk's own time is not decoding
+                for part in joined:
+                    if part is not None:
+                        parts.append(part[0])
+                        fed.append(part[1])
                 if parts:
                     logits = parts[0] if len(parts) == 1 else torch.cat(parts)
                     self._choose(logits, fed[0] if len(fed) == 1 else torch.cat(fed))
                     self._leave()
+                self.share.decoded(time.perf_counter() - started)
                 rows = len(self.live) + len(self.staged)
                 joining = self.take_joiners(rows) if self.batch.mergeable or not (self.live or self.staged) else []
 

@@ -10,8 +10,9 @@
 2. **prefill**: the prompt of each row admitted since the last step, alone in its own
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
    tokens (its prompt-side scores, scored call by call) and at its last position (its first
-   answer token); a prompt longer than ``prefill_chunk`` feeds one chunk per step, after the
-   shorter ones, so it cannot stall the live rows (:mod:`~logtoku_guard.backends.chunked_prefill`).
+   answer token); a prompt longer than ``prefill_chunk`` feeds one chunk at a time, after the
+   shorter ones, taking turns with the live rows, so it cannot stall them
+   (:mod:`~logtoku_guard.backends.chunked_prefill`).
    Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
    merging them saved only a call's fixed cost (``benchmarks/README.md``). Answers equal each
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job, JobRows
-from logtoku_guard.backends.chunked_prefill import plan
+from logtoku_guard.backends.chunked_prefill import FairShare, plan
 from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
@@ -115,6 +116,7 @@ class LlamaDecodeLoop(JobRows):
     ) -> None:
         self.model = model
         self.prefill_chunk = prefill_chunk
+        self.share = FairShare()
         self.scoring = scoring
         self.options = options
         self.take_joiners = take_joiners
@@ -177,6 +179,7 @@ class LlamaDecodeLoop(JobRows):
         """Decode the live rows' next tokens, prefill the admitted rows, then choose every row's next token."""
         import numpy as np
 
+        started = time.perf_counter()
         vocab = self.model.n_vocab
         live = list(self.live)
         step = np.empty((len(live) + len(self.admitted), vocab), dtype=np.float32)
@@ -188,11 +191,19 @@ class LlamaDecodeLoop(JobRows):
                 self.model.logits_into(i, step[lo + i])
         n = len(live)
         whole, longer = plan([(s, len(s.prepared.ids) - s.fed) for s in self.admitted], self.prefill_chunk)
-        for s in [*whole, *longer[:1]]:  # short prompts whole, then one chunk of the oldest long one
-            if self._prefill(s, step[n], None if s in whole else self.prefill_chunk):
+        for s in whole:
+            if self._prefill(s, step[n], None):
                 n += 1
+        chunk_s = 0.0
+        if longer and self.share.chunk_may_run(bool(live)):  # then one chunk of the oldest long prompt
+            chunk_start = time.perf_counter()
+            if self._prefill(longer[0], step[n], self.prefill_chunk):
+                n += 1
+            chunk_s = time.perf_counter() - chunk_start
+            self.share.chunk_ran(chunk_s)
         if n:
             self._choose(step[:n])
+        self.share.decoded(time.perf_counter() - started - chunk_s)
 
     def _prefill(self, s: Sequence, first: np.ndarray, budget: int | None) -> bool:
         """Feed ``s``'s prompt (its next ``budget`` tokens; None: all the rest), alone in its

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, MIN_PREFILL_CHUNK
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N
 
@@ -42,6 +43,13 @@ def serve(
         int,
         typer.Option(help="MiB of prompt-prefix KV caches kept (chat template + system prompt prefilled once; 0: off)."),
     ] = DEFAULT_PREFIX_CACHE_MB,
+    prefill_chunk: Annotated[
+        int,
+        typer.Option(
+            help="Prompt tokens a longer prompt feeds per decoding step, so it cannot stall short requests "
+            f"(>= {MIN_PREFILL_CHUNK}; 0: prefill every prompt whole)."
+        ),
+    ] = DEFAULT_PREFILL_CHUNK,
     policy: Annotated[Path | None, typer.Option(help="Guard every answer with this policy (YAML or JSON).")] = None,
     profile: Annotated[Path | None, typer.Option(help="Model profile JSON, for a policy with quantile thresholds.")] = None,
     top_k: Annotated[
@@ -112,6 +120,9 @@ def serve(
         if prefix_cache_mb < 0:
             msg = f"--prefix-cache-mb must be >= 0 (0 disables prefix caching), got {prefix_cache_mb}"
             raise ConfigurationError(msg)
+        if prefill_chunk != 0 and prefill_chunk < MIN_PREFILL_CHUNK:
+            msg = f"--prefill-chunk must be at least {MIN_PREFILL_CHUNK} tokens (0: prefill prompts whole), got {prefill_chunk}"
+            raise ConfigurationError(msg)
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
@@ -150,7 +161,9 @@ def serve(
         if backend_name == "llamacpp":
             from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
-            backend = LlamaCppBackend(model, k=top_k, top_n=top_n, max_batch=max_batch, n_threads=threads or None)
+            backend = LlamaCppBackend(
+                model, k=top_k, top_n=top_n, max_batch=max_batch, n_threads=threads or None, prefill_chunk=prefill_chunk
+            )
         else:
             from logtoku_guard.backends.transformers import TransformersBackend
 
@@ -164,6 +177,7 @@ def serve(
                 max_batch=max_batch,
                 threads=threads,
                 prefix_cache_mb=prefix_cache_mb,
+                prefill_chunk=prefill_chunk,
             )
         if pol is not None and prof is None and pol.uses_quantiles():
             from logtoku_guard.calibration import load_profile_for

@@ -19,7 +19,7 @@ from support.joins import queued
 from support.same import assert_same, wait_until
 from support.tiny import make_model
 
-from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK, check_prefill_chunk, plan
+from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK, FairShare, check_prefill_chunk, plan
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.transformers import TransformersBackend
 from logtoku_guard.errors import ConfigurationError
@@ -178,3 +178,14 @@ def test_a_span_part_keeps_each_tokens_question_index() -> None:
     assert part == QuestionSpan(12, 14, ("c", "d"), 2)
     assert part.part(13) == QuestionSpan(13, 14, ("d",), 3)
     assert span.part(0) is span and span.part(15) is None and span.part(3, 10) is None
+
+
+def test_a_chunk_waits_until_the_decoding_rows_have_had_as_much_time() -> None:
+    share = FairShare()
+    assert share.chunk_may_run(decoding=True)  # nobody owed anything yet
+    share.chunk_ran(2.0)
+    assert share.chunk_may_run(decoding=False)  # nobody decoding: nobody waits for the chunk
+    share.decoded(1.5)
+    assert not share.chunk_may_run(decoding=True)
+    share.decoded(0.5)
+    assert share.chunk_may_run(decoding=True)

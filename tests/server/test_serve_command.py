@@ -22,7 +22,7 @@ def app() -> typer.Typer:
 def test_help_lists_the_options() -> None:
     out = CliRunner().invoke(app(), ["--help"]).output
     options = ("--host", "--port", "--model", "--api-key", "--max-batch", "--policy", "--allow-remote", "--top-k")
-    for option in (*options, "--prefix-cache-mb"):
+    for option in (*options, "--prefix-cache-mb", "--prefill-chunk"):
         assert option in out
 
 
@@ -47,8 +47,19 @@ def test_a_negative_prefix_cache_is_refused_before_loading_a_model() -> None:
         (["--api-key", " secret"], "--api-key must be printable ASCII without spaces"),
         (["--store", "audit.db"], "--store records the guard's decisions: give a --policy too"),
         (["--logprobs-mode", "logits"], "--logprobs-mode must be one of raw_logprobs, raw_logits, got 'logits'"),
+        (["--prefill-chunk", "64"], "--prefill-chunk must be at least 128 tokens (0: prefill prompts whole), got 64"),
     ],
-    ids=["port-70000", "port-negative", "graceful-nan", "graceful-inf", "api-key-empty", "api-key-space", "store-alone", "mode"],
+    ids=[
+        "port-70000",
+        "port-negative",
+        "graceful-nan",
+        "graceful-inf",
+        "api-key-empty",
+        "api-key-space",
+        "store-alone",
+        "mode",
+        "prefill-chunk",
+    ],
 )
 def test_bad_settings_exit_2_before_any_url_or_model(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(app(), [*args, "--model", "/nonexistent/model"])
