@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.decider import Decider
-from logtoku_guard.guard_io import BackendIO, question_of
+from logtoku_guard.guard_io import BackendIO
 from logtoku_guard.guard_steps import Progress, StepIO, guard_steps, run_traced
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.telemetry import GuardTelemetry
-from logtoku_guard.types import DecodingOptions, Prompt, to_messages
+from logtoku_guard.types import DecodingOptions, Prompt, question_of, to_messages
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink

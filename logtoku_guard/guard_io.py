@@ -22,12 +22,7 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend
     from logtoku_guard.policy import Policy, RetrieveSettings
 
-__all__ = ["BackendIO", "question_of", "retrieve_passages"]
-
-
-def question_of(messages: Sequence[ChatMessage]) -> str:
-    """The question of a guarded prompt: its last user turn."""
-    return [m.content for m in messages if m.role == "user"][-1]
+__all__ = ["BackendIO", "retrieve_passages"]
 
 
 def retrieve_passages(retriever: RetrieverLike | None, request: Retrieve, settings: RetrieveSettings) -> Retrieved:

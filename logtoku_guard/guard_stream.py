@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard_io import BackendIO, question_of
+from logtoku_guard.guard_io import BackendIO
 from logtoku_guard.guard_steps import Answer, Progress, guard_steps, run_traced
 from logtoku_guard.telemetry import Guarded
-from logtoku_guard.types import ChatMessage, TokenScore
+from logtoku_guard.types import ChatMessage, TokenScore, question_of
 
 if TYPE_CHECKING:
     from logtoku_guard.decider import Decider

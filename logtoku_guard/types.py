@@ -92,6 +92,15 @@ def to_messages(prompt: Prompt, system: str | None = None) -> list[ChatMessage]:
     return messages
 
 
+def question_of(messages: Sequence[ChatMessage]) -> str:
+    """The question of a prompt: its last user turn; with no user turn, its last message's text
+    ("" for no messages). The one definition every backend, guard and adapter reads."""
+    for m in reversed(messages):
+        if m.role == "user":
+            return m.content
+    return messages[-1].content if messages else ""
+
+
 def _check_unicode(text: object, what: str) -> None:
     """Reject a lone surrogate (not encodable as UTF-8) in ``text``, naming its position."""
     if not isinstance(text, str):

@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
-from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, to_messages
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, question_of, to_messages
 
 if TYPE_CHECKING:
-    from logtoku_guard.backends.batching import Batcher
-    from logtoku_guard.backends.decode_loop import PreparedRow
+    from logtoku_guard.backends.batching import Batcher, PreparedRow
     from logtoku_guard.uncertainty import EvidenceMode
 
-__all__ = ["BatchedBackend", "fit_new_tokens", "question_of"]
+__all__ = ["BatchedBackend", "fit_new_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +50,6 @@ def fit_new_tokens(n_prompt: int, max_new_tokens: int, context: int | None) -> i
         )
         return context - n_prompt
     return max_new_tokens
-
-
-def question_of(messages: Sequence[ChatMessage]) -> str:
-    """The user's question in ``messages``: the last user turn (else the last message)."""
-    users = [m.content for m in messages if m.role == "user"]
-    return users[-1] if users else messages[-1].content
 
 
 class BatchedBackend:

@@ -35,11 +35,14 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
-__all__ = ["DEFAULT_MAX_BATCH", "Batcher", "Job"]
+if TYPE_CHECKING:
+    from logtoku_guard.backends.prompt_scoring import QuestionSpan
+
+__all__ = ["DEFAULT_MAX_BATCH", "Batcher", "Job", "PreparedRow"]
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_WINDOW_S = 0.02
@@ -65,9 +68,21 @@ def _stop_workers() -> None:
         batcher.close(EXIT_JOIN_S)
 
 
+@dataclass(frozen=True)
+class PreparedRow:
+    """One prompt ready to batch: its turns, prompt token ids and token limit."""
+
+    messages: list[ChatMessage]
+    ids: list[int]
+    limit: int  # its max_new_tokens, clamped to the context window
+    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
+    score_prompt: bool = True  # score the question's tokens at prefill (Generation.prompt_scores)
+    grammar: Any = None  # the row's RowGrammar under a constraint (logtoku_guard.grammar; None: free text)
+
+
 @dataclass(eq=False)
 class Job:
-    """One request: ``rows`` prompts (prepared by the backend) generated with ``options``.
+    """One request: ``rows`` prompts (each a :class:`PreparedRow`) generated with ``options``.
 
     ``on_token(row, token)`` streams each released token; ``cancel`` ends the job's rows after
     the current step. ``future`` gets the list of generations (one per row) or the error.

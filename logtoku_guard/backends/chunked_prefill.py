@@ -27,17 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from logtoku_guard.backends.batching import Job
+from logtoku_guard.backends.batching import Job, PreparedRow
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.prompt_scoring import PromptCapture
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import TokenScore
 from logtoku_guard.uncertainty import EvidenceMode
-
-if TYPE_CHECKING:
-    from logtoku_guard.backends.decode_loop import PreparedRow
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "FairShare", "StagedRow", "check_prefill_chunk", "plan"]
 

@@ -43,33 +43,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batching import Job, JobRows
+from logtoku_guard.backends.batching import Job, JobRows, PreparedRow
 from logtoku_guard.backends.chunked_prefill import FairShare, StagedRow, plan
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper, row_processors, sampling_warpers
-from logtoku_guard.backends.prompt_scoring import QuestionSpan, for_batch, kept_positions, score_kept, shift_spans
+from logtoku_guard.backends.prompt_scoring import for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
-from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
+from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import EvidenceMode
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DecodeLoop", "KVBatch", "LiveRow", "PreparedRow", "Scoring"]
-
-
-@dataclass(frozen=True)
-class PreparedRow:
-    """One prompt ready to batch: its turns, prompt token ids and token limit."""
-
-    messages: list[ChatMessage]
-    ids: list[int]
-    limit: int  # its max_new_tokens, clamped to the context window
-    span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
-    score_prompt: bool = True  # score the question's tokens at prefill (Generation.prompt_scores)
-    grammar: Any = None  # the row's RowGrammar under a constraint (logtoku_guard.grammar; None: free text)
+__all__ = ["DecodeLoop", "KVBatch", "LiveRow", "Scoring"]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,16 @@ from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.stop_strings import truncate_at_stop
 from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, TokenScore, to_messages
+from logtoku_guard.types import (
+    ChatMessage,
+    DecodingOptions,
+    FinishReason,
+    Generation,
+    Prompt,
+    TokenScore,
+    question_of,
+    to_messages,
+)
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
@@ -152,9 +161,7 @@ class ScriptedBackend:
             finish = "stop"
         return Generation(
             model=self._name,
-            prompt=[m.content for m in messages if m.role == "user"][-1]
-            if any(m.role == "user" for m in messages)
-            else messages[-1].content,
+            prompt=question_of(messages),
             text="".join(t.text for t in tokens),
             tokens=tuple(tokens),
             finish_reason=finish,

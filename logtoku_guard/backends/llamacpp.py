@@ -31,15 +31,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
-from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
+from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
-from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
+from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.types import ChatMessage, DecodingOptions
+from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,

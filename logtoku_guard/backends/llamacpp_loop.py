@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from logtoku_guard.backends.batching import Job, JobRows
+from logtoku_guard.backends.batching import Job, JobRows, PreparedRow
 from logtoku_guard.backends.chunked_prefill import FairShare, plan
-from logtoku_guard.backends.decode_loop import PreparedRow, Scoring
+from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
@@ -195,7 +195,7 @@ class LlamaDecodeLoop(JobRows):
             if self._prefill(s, step[n], None):
                 n += 1
         chunk_s = 0.0
-        if longer and self.share.chunk_may_run(bool(live)):  # then one chunk of the oldest long prompt
+        if longer and self.share.chunk_may_run(bool(self.live)):  # rows that just joined count as decoding
             chunk_start = time.perf_counter()
             if self._prefill(longer[0], step[n], self.prefill_chunk):
                 n += 1

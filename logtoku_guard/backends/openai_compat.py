@@ -45,7 +45,17 @@ from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
-from logtoku_guard.types import ChatMessage, DecodingOptions, FinishReason, Generation, Prompt, Timings, TokenScore, to_messages
+from logtoku_guard.types import (
+    ChatMessage,
+    DecodingOptions,
+    FinishReason,
+    Generation,
+    Prompt,
+    Timings,
+    TokenScore,
+    question_of,
+    to_messages,
+)
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
 
 __all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend"]
@@ -413,10 +423,9 @@ class OpenAICompatibleBackend:
         prompt_scores: tuple[TokenScore, ...] = (),
     ) -> Generation:
         reason: FinishReason = "length" if finish == "length" else "cancelled" if finish == "abort" else "stop"
-        users = [m.content for m in messages if m.role == "user"]
         return Generation(
             model=self._model,
-            prompt=users[-1] if users else messages[-1].content,
+            prompt=question_of(messages),
             text=text,
             tokens=tuple(tokens),
             finish_reason=reason,

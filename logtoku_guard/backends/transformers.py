@@ -29,10 +29,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens, question_of
-from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job
+from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
+from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
-from logtoku_guard.backends.decode_loop import DecodeLoop, PreparedRow, Scoring
+from logtoku_guard.backends.decode_loop import DecodeLoop, Scoring
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.processors import check_generation_config
@@ -40,10 +40,7 @@ from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.types import (
-    ChatMessage,
-    DecodingOptions,
-)
+from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 from logtoku_guard.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,

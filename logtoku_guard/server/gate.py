@@ -29,7 +29,7 @@ from logtoku_guard.payloads import ToolCallDecisionPayload
 from logtoku_guard.server import tools
 from logtoku_guard.tool_calls import add_tool_result, render_tool_calls, render_tool_result
 from logtoku_guard.tool_gate import ScoredToolCall, ToolDecision, parse_tool_call_scores
-from logtoku_guard.types import ChatMessage, DecodingOptions
+from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 
 if TYPE_CHECKING:
     from logtoku_guard.policy import Policy
@@ -145,7 +145,7 @@ def _apply_decisions(
     policy = engine.policy
     assert policy is not None  # only called under a policy
     kept, notes = [], []
-    question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+    question = question_of(messages)
     for call, wire_call, decision in zip(scored, reply.tool_calls, decisions):
         review_id = None
         if decision.action == "run":

@@ -55,7 +55,7 @@ from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import ChatMessage as CoreMessage
-from logtoku_guard.types import to_messages
+from logtoku_guard.types import question_of, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
 
 StreamMode = Literal["buffer", "retract"]
@@ -216,7 +216,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
 
     # -- the decision ----------------------------------------------------------------------------
     def _decision(self, result: GuardResult, prompt: _Prompt, thresholds: QuadrantThresholds | None) -> GuardPayload:
-        question = prompt.question or [m.content for m in prompt.messages if m.role == "user"][-1]
+        question = prompt.question or question_of(prompt.messages)
         return GuardPayload(
             **result_payload(result, thresholds),
             question=question,
