@@ -4,7 +4,9 @@ statistics (:meth:`Compare.evaluate`, recording a :class:`Check` per comparison)
 quantile thresholds against a model profile, and says which statistics it reads, whether it
 uses a quantile, and whether it is monotone (can fire on a prefix of the answer).
 
-Thresholds are absolute numbers or ``{quantile: q}`` of the model's profile; a comparison may
+Thresholds are absolute numbers, ``{quantile: q}`` of the model's profile, or, for ``guard_score <``,
+a risk target on the profile's fitted guard (``{coverage: 0.85, confidence: 0.9}`` or
+``{selective_risk: 0.2, confidence: 0.9}``: :class:`Risk`, :mod:`logtoku_guard.calibration.risk`); a comparison may
 name a ``fallback`` statistic (with its own ``fallback_value``) used when its own is
 unavailable. Undefined statistics (NaN) count as the least reliable value unless the policy
 says ``undefined: never_fires`` (see :mod:`logtoku_guard.policy`).
@@ -36,9 +38,11 @@ __all__ = [
     "NotOf",
     "Op",
     "Quantile",
+    "Risk",
     "StrictModel",
     "combinator_kind",
     "describe_checks",
+    "resolve_threshold",
 ]
 
 Op = Literal[">", ">=", "<", "<="]
@@ -67,6 +71,39 @@ class Quantile(StrictModel):
     quantile: float = Field(ge=0.0, le=1.0)
 
 
+class Risk(StrictModel):
+    """A ``guard_score`` threshold chosen for a stated risk, with a finite-sample guarantee on the
+    profile guard's labelled out-of-fold scores (:func:`~logtoku_guard.calibration.risk.choose_threshold`).
+
+    Exactly one target: ``coverage`` (at least this share of correct answers pass) or
+    ``selective_risk`` (at most this share of passed answers are wrong), at ``confidence``.
+    """
+
+    coverage: Optional[float] = Field(default=None, gt=0.0, lt=1.0)  # noqa: UP045 - pydantic field on 3.10
+    selective_risk: Optional[float] = Field(default=None, gt=0.0, lt=1.0)  # noqa: UP045 - pydantic field on 3.10
+    confidence: float = Field(default=0.9, gt=0.0, lt=1.0)
+
+    @field_validator("coverage", "selective_risk", "confidence", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        return refuse_non_number(v)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Risk:
+        if (self.coverage is None) == (self.selective_risk is None):
+            msg = "a risk threshold states one target: {coverage: 0.85, confidence: 0.9} or {selective_risk: 0.2, ...}"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def kind(self) -> Literal["coverage", "selective_risk"]:
+        return "coverage" if self.coverage is not None else "selective_risk"
+
+    @property
+    def target(self) -> float:
+        return self.coverage if self.coverage is not None else float(self.selective_risk or 0.0)
+
+
 class Compare(StrictModel):
     """``stat op value``. ``fallback``: the statistic compared instead when ``stat`` is
     unavailable (its profile grid is missing or all NaN for a quantile threshold, its value NaN
@@ -75,7 +112,7 @@ class Compare(StrictModel):
 
     stat: StatName
     op: Op
-    value: Union[float, Quantile]  # noqa: UP007 - pydantic union
+    value: Union[float, Quantile, Risk]  # noqa: UP007 - pydantic union
     fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
     fallback_value: Optional[Union[float, Quantile]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
     """The threshold of ``fallback`` when it differs from ``value`` (e.g. an absolute ``guard_score``
@@ -95,13 +132,23 @@ class Compare(StrictModel):
         return v
 
     @model_validator(mode="after")
+    def _risk_on_guard_score(self) -> Compare:
+        if isinstance(self.value, Risk) and (self.stat != "guard_score" or self.op not in ("<", "<=")):
+            msg = (
+                f"a risk threshold ({self.value.kind}) sets when guard_score flags an answer: write "
+                f"'stat: guard_score, op: \"<\"', not 'stat: {self.stat}, op: \"{self.op}\"'"
+            )
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
     def _fallback_value_needs_a_fallback(self) -> Compare:
         if self.fallback_value is not None and self.fallback is None:
             msg = f"fallback_value {self.fallback_value!r} is given without a fallback statistic; add fallback: <stat>"
             raise ValueError(msg)
         return self
 
-    def threshold_of(self, stat: str) -> float | Quantile:
+    def threshold_of(self, stat: str) -> float | Quantile | Risk:
         """The threshold compared with ``stat`` (``value``, or ``fallback_value`` for the fallback)."""
         if stat != self.stat and self.fallback_value is not None:
             return self.fallback_value
@@ -114,8 +161,8 @@ class Compare(StrictModel):
             found.add(self.fallback)
 
     def has_quantile(self) -> bool:
-        """Whether a threshold is a quantile of the profile."""
-        return isinstance(self.value, Quantile) or isinstance(self.fallback_value, Quantile)
+        """Whether a threshold comes from the profile (a quantile, or a risk target on its guard)."""
+        return isinstance(self.value, (Quantile, Risk)) or isinstance(self.fallback_value, Quantile)
 
     def is_monotone(self) -> bool:
         """Whether, once true on a prefix of an answer, it stays true (an ``early_stop`` condition)."""
@@ -123,18 +170,16 @@ class Compare(StrictModel):
 
     def check_quantiles(self, profile: ModelProfile | None) -> None:
         """Raise :class:`ConfigurationError` when a quantile threshold cannot be placed on ``profile``."""
-        usable = (
-            self.fallback is None or not isinstance(self.value, Quantile) or (profile is not None and profile.has_stat(self.stat))
-        )
-        _threshold(self, profile, self.stat if usable else self.fallback)
+        usable = self.fallback is None or not isinstance(self.value, (Quantile, Risk)) or _profiled(self, profile)
+        resolve_threshold(self, profile, self.stat if usable else self.fallback)
         if self.fallback is not None and isinstance(self.fallback_value, Quantile):  # the fallback may be needed per answer
-            _threshold(self, profile, self.fallback)
+            resolve_threshold(self, profile, self.fallback)
 
     def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
         """Compare on ``stats``, appending the :class:`Check` to ``checks``; an undefined value is
         the least reliable one unless ``undefined`` is ``"never_fires"``."""
         stat = _stat_used(self, stats, profile)
-        threshold, q = _threshold(self, profile, stat)
+        threshold, q, guarantee = resolve_threshold(self, profile, stat)
         observed = stats.get(stat)
         why = stats.undefined_reason(stat) if math.isnan(observed) else None
         if undefined == "never_fires":
@@ -142,7 +187,7 @@ class Compare(StrictModel):
         else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
             value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
             ok = OPS[self.op](value, threshold)
-        checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why))
+        checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why, guarantee))
         return ok
 
 
@@ -262,9 +307,13 @@ class Check:
     passed: bool
     quantile: float | None = None
     undefined: str | None = None
+    guarantee: str | None = None
+    """For a risk threshold: its target, the bound achieved and the data behind it."""
 
     def describe(self) -> str:
         where = f" (q{self.quantile:g} of the profile)" if self.quantile is not None else ""
+        if self.guarantee is not None:  # the target and its bound, without the data behind them
+            where = f" (chosen so that it {self.guarantee.split('; ', 1)[0]})"
         if self.undefined is not None or self.observed is None:
             return f"{self.stat} {self.op} {self.threshold:.4g}{where}: undefined: {self.undefined}"
         return f"{self.stat} {self.observed:.4g} {self.op} {self.threshold:.4g}{where}"
@@ -274,16 +323,28 @@ def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -
     """``c.stat``, or ``c.fallback`` when ``c.stat`` is unavailable (see :class:`Compare`)."""
     if c.fallback is None:
         return c.stat
-    if isinstance(c.value, Quantile):
-        available = profile is not None and profile.has_stat(c.stat)
-    else:
-        available = math.isfinite(stats.get(c.stat))
+    available = _profiled(c, profile) if isinstance(c.value, (Quantile, Risk)) else math.isfinite(stats.get(c.stat))
     return c.stat if available else c.fallback
 
 
-def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None) -> tuple[float, float | None]:
+def _profiled(c: Compare, profile: ModelProfile | None) -> bool:
+    """Whether ``profile`` can place ``c``'s own threshold: the stat's grid for a quantile, a guard
+    with labelled reference scores for a risk target."""
+    if profile is None:
+        return False
+    if isinstance(c.value, Risk):
+        return profile.guard is not None and all(profile.guard.labelled_scores())
+    return profile.has_stat(c.stat)
+
+
+def resolve_threshold(
+    c: Compare, profile: ModelProfile | None, stat: str | None = None
+) -> tuple[float, float | None, str | None]:
+    """The threshold compared with ``stat``, its profile quantile (if one) and its risk guarantee (if one)."""
     stat = stat or c.stat
     target = c.threshold_of(stat)
+    if isinstance(target, Risk):
+        return _risk_threshold(target, profile)
     if isinstance(target, Quantile):
         if profile is None:
             msg = (
@@ -295,8 +356,26 @@ def _threshold(c: Compare, profile: ModelProfile | None, stat: str | None = None
         if not math.isfinite(value):  # a validated profile never has one
             msg = f"the profile's {stat!r} grid is not finite at q{target.quantile:g}; re-run `logtoku-guard calibrate`"
             raise ConfigurationError(msg)
-        return value, target.quantile
-    return float(target), None
+        return value, target.quantile, None
+    return float(target), None, None
+
+
+def _risk_threshold(target: Risk, profile: ModelProfile | None) -> tuple[float, None, str]:
+    from logtoku_guard.calibration.risk import choose_threshold
+
+    guard = profile.guard if profile is not None else None
+    correct, wrong = guard.labelled_scores() if guard is not None else ([], [])
+    if not correct or not wrong:
+        msg = (
+            f"a {target.kind} threshold is chosen on the profile's fitted guard and its labelled out-of-fold scores, "
+            "and this profile has none; run `logtoku-guard calibrate --labels FILE` (or give a fallback)"
+        )
+        raise ConfigurationError(msg)
+    chosen = choose_threshold(correct, wrong, target.kind, target.target, target.confidence)
+    if not chosen.met:
+        msg = f"the profile's labelled answers cannot support this target: {chosen.describe()}"
+        raise ConfigurationError(msg)
+    return chosen.threshold, None, chosen.describe()
 
 
 def describe_checks(checks: list[Check]) -> str:

@@ -94,6 +94,19 @@ class GuardModel(BaseModel):
     reference_scores: dict[str, list[float]] = {}
     """Out-of-fold guard scores of the fit data by group (e.g. ``real-correct``, ``plausible``; or
     ``correct``/``incorrect``), so :meth:`expected_flag_rates` can say what a threshold flags."""
+    reference_labels: dict[str, bool] = {}
+    """Whether each reference group's answers were right (True) or wrong (False); a group of
+    mixed labels is left out. With it, a threshold can be chosen for a stated risk
+    (:mod:`logtoku_guard.calibration.risk`)."""
+
+    def labelled_scores(self) -> tuple[list[float], list[float]]:
+        """The out-of-fold scores of the right answers and of the wrong ones (empty without labels)."""
+        correct: list[float] = []
+        wrong: list[float] = []
+        for group, scores in self.reference_scores.items():
+            if group in self.reference_labels:
+                (correct if self.reference_labels[group] else wrong).extend(scores)
+        return correct, wrong
 
     def expected_flag_rates(self, threshold: float) -> dict[str, float]:
         """Share of each reference group that a rule ``guard_score < threshold`` flags (empty without references)."""
@@ -261,10 +274,12 @@ def fit_guard(
     oof = _cross_validate(x, y, l2, folds, seed, weights) if folds >= 2 else None
     cv = auroc(oof, y.astype(bool)) if oof is not None else None
     reference: dict[str, list[float]] = {}
+    seen: dict[str, set[bool]] = {}
     if oof is not None:
         names = list(groups) if groups is not None else ["correct" if v else "incorrect" for v in y]
-        for name, v in zip(names, oof.tolist()):
+        for name, v, label in zip(names, oof.tolist(), y.tolist()):
             reference.setdefault(name, []).append(round(float(v), 5))
+            seen.setdefault(name, set()).add(bool(label))
     rel = np.array([r.reliability for r in rows])
     n_log = np.log1p(np.array([r.n_tokens for r in rows]))
     ok = np.isfinite(rel) & np.isfinite(n_log)
@@ -290,6 +305,7 @@ def fit_guard(
         max_tokens=max_tokens,
         balanced_groups=weights is not None,
         reference_scores=reference,
+        reference_labels={name: labels.pop() for name, labels in seen.items() if len(labels) == 1},
     )
 
 

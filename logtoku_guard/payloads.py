@@ -176,6 +176,8 @@ class CheckPayload(TypedDict):
     passed: bool
     quantile: float | None
     undefined: str | None
+    guarantee: str | None
+    """A risk threshold's target, the bound achieved and the data behind it (None: a plain or quantile threshold)."""
 
 
 class DecisionPayload(TypedDict):
@@ -344,6 +346,7 @@ def check_payload(check: Check) -> CheckPayload:
         passed=check.passed,
         quantile=check.quantile,
         undefined=check.undefined,
+        guarantee=check.guarantee,
     )
 
 

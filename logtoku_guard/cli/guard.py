@@ -109,7 +109,7 @@ def calibrate(
 def expected_flag_lines(profile: ModelProfile) -> list[str]:
     """For each rule of the default policy on ``guard_score``: its threshold (and where that lies in
     this profile) and the share of each group of the guard's fit data it flags (out of fold)."""
-    from logtoku_guard.conditions import Compare, Quantile
+    from logtoku_guard.conditions import Compare, resolve_threshold
     from logtoku_guard.policy import default_policy
 
     lines = []
@@ -118,7 +118,7 @@ def expected_flag_lines(profile: ModelProfile) -> list[str]:
         c = rule.when
         if guard is None or not isinstance(c, Compare) or c.stat != "guard_score":
             continue
-        t = profile.quantile("guard_score", c.value.quantile) if isinstance(c.value, Quantile) else float(c.value)
+        t = resolve_threshold(c, profile)[0]
         rates = guard.expected_flag_rates(t)
         where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in sorted(rates.items())) or "no reference scores in this guard"
         lines.append(
@@ -250,12 +250,15 @@ def ask(
 
 def _thresholds(policy: Any) -> str:
     """The policy's top-level comparisons (``guard_score < 0.2474``), for an answer no rule flagged."""
-    from logtoku_guard.conditions import Compare
+    from logtoku_guard.conditions import Compare, Quantile
 
-    shown = [
-        f"{r.name}: {r.when.stat} {r.when.op} "
-        + (f"{r.when.value}" if isinstance(r.when.value, float) else f"quantile {r.when.value.quantile:g} of the profile")
-        for r in policy.rules
-        if isinstance(r.when, Compare)
-    ]
+    def shown_value(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value}"
+        if isinstance(value, Quantile):
+            return f"quantile {value.quantile:g} of the profile"
+        return f"the threshold for {value.kind} {value.target:g} at confidence {value.confidence:g}"
+
+    rules = [r for r in policy.rules if isinstance(r.when, Compare)]
+    shown = [f"{r.name}: {r.when.stat} {r.when.op} {shown_value(r.when.value)}" for r in rules]
     return "; ".join(shown) or "its rules compare no single statistic"

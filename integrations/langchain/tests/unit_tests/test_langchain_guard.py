@@ -171,6 +171,7 @@ def test_warn_appends_the_disclaimer() -> None:
             "passed": True,
             "quantile": None,
             "undefined": None,
+            "guarantee": None,
         },
     ]
 
