@@ -275,44 +275,50 @@ class Decision:
     stats: ResponseStats
 
 
-DEFAULT_GUARD_THRESHOLD = 0.2474
-"""The default policy flags an answer whose ``guard_score`` (its predicted probability of being
-right) is below this.
+DEFAULT_COVERAGE = 0.80
+DEFAULT_CONFIDENCE = 0.90
+"""The default policy's guarantee: it flags answers whose ``guard_score`` (the predicted probability
+that the answer is right) is below the threshold that passes at least :data:`DEFAULT_COVERAGE` of
+correct answers, with confidence :data:`DEFAULT_CONFIDENCE`, chosen on the profile guard's labelled
+out-of-fold scores (:mod:`logtoku_guard.calibration.risk`).
 
-Chosen by ``logtoku-guard eval traffic`` on the tune half of the realistic-traffic benchmark
-(right and wrong answers to real questions, plausible and syllable-name fabrications): the
-highest guard score that still passes 85% of the correct answers to real questions, out of
-fold. On the test half it passed 83.9% [76.8, 90.2] of correct answers and flagged 73.3%
-[66.5, 79.5] of wrong ones, 96.9% [93.8, 99.4] of plausible and 97.4% [94.0, 100] of
-syllable-name fabrications (RESULTS.md section 8). Being a probability, it keeps its meaning
-for a guard fit on another model's labelled answers (``calibrate --labels``)."""
+For the embedded model's shipped guard (the tune half of the realistic-traffic benchmark: 107
+correct answers to real questions, out of fold) that threshold is 0.2468 (coverage lower bound
+80.7%, 86.0% observed). The rule it replaces, 0.2474, was the highest score that passed 85% of
+those answers, with no bound; on the test half it passed 83.9% [76.8, 90.2] of correct answers
+and flagged 73.3% [66.5, 79.5] of wrong ones, 96.9% [93.8, 99.4] of plausible and 97.4% [94.0,
+100] of syllable-name fabrications (RESULTS.md section 8). The guarantee is about answers like
+the calibration answers; a guard fit on another model's labels (``calibrate --labels``) gets its
+own threshold for the same statement, and too few labelled correct answers (fewer than 11 at
+these settings) cannot support it: the policy then says so instead of guessing."""
 
 DEFAULT_FLAG_QUANTILE = 0.796
-"""Where :data:`DEFAULT_GUARD_THRESHOLD` lies in the embedded model's calibration profile; the
-default policy flags below this quantile of ``reliability`` when a profile has no fitted guard."""
+"""Where the default threshold lies in the embedded model's calibration profile; the default
+policy flags below this quantile of ``reliability`` when a profile has no fitted guard with
+labelled reference scores."""
 
 
 def default_policy() -> Policy:
     """The calibrated default: flag (retrieve, then abstain) an answer whose ``guard_score`` is below
-    :data:`DEFAULT_GUARD_THRESHOLD`; every other answer passes.
+    the threshold that passes at least :data:`DEFAULT_COVERAGE` of correct answers with confidence
+    :data:`DEFAULT_CONFIDENCE`; every other answer passes.
 
     ``guard_score`` (:mod:`logtoku_guard.guard_score`) is the profile's learned combination of
     answer and prompt-side statistics, the predicted probability that the answer is right
     (higher = more reliable). Flagged answers go to retrieval, then abstention when still
     uncertain or without a retriever. A profile without a fitted guard (an older version, a
-    model with no shipped fit and no ``--labels``) flags below quantile
+    model with no shipped fit and no ``--labels``, a guard saved without labelled reference scores) flags below quantile
     :data:`DEFAULT_FLAG_QUANTILE` of ``reliability`` instead (``fallback``), a much weaker signal.
     """
-    t, q = DEFAULT_GUARD_THRESHOLD, DEFAULT_FLAG_QUANTILE
+    c, conf, q = DEFAULT_COVERAGE, DEFAULT_CONFIDENCE, DEFAULT_FLAG_QUANTILE
     return Policy.from_dict(
         {
             "name": "default",
-            "version": "3",
+            "version": "4",
             "description": (
-                f"retrieve (then abstain) when guard_score, the answer's predicted probability of being right, is below {t:g}: "
-                "on the realistic-traffic benchmark's test half this passed 84% of correct answers to real questions and "
-                f"flagged 73% of wrong ones and 97% of invented-entity questions (below quantile {q:g} of reliability when "
-                "the profile has no fitted guard score)"
+                "retrieve (then abstain) when guard_score, the answer's predicted probability of being right, is below the "
+                f"threshold that passes at least {c:.0%} of correct answers with {conf:.0%} confidence on the profile's "
+                f"labelled calibration answers (below quantile {q:g} of reliability when the profile has no fitted guard score)"
             ),
             "rules": [
                 {
@@ -320,12 +326,11 @@ def default_policy() -> Policy:
                     "when": {
                         "stat": "guard_score",
                         "op": "<",
-                        "value": t,
+                        "value": {"coverage": c, "confidence": conf},
                         "fallback": "reliability",
                         "fallback_value": {"quantile": q},
                     },
                     "action": "retrieve",
-                    "reason": f"the answer's predicted probability of being right is below {t:g}",
                 },
             ],
             "default_action": "pass",

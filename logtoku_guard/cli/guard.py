@@ -13,7 +13,7 @@ from rich.text import Text
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.errors import LogTokUError
+from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.payloads import result_payload
 from logtoku_guard.types import DecodingOptions, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, validate_k
@@ -118,7 +118,13 @@ def expected_flag_lines(profile: ModelProfile) -> list[str]:
         c = rule.when
         if guard is None or not isinstance(c, Compare) or c.stat != "guard_score":
             continue
-        t = resolve_threshold(c, profile)[0]
+        try:
+            t, _, guarantee = resolve_threshold(c, profile)
+        except ConfigurationError as exc:  # e.g. too few labelled correct answers for its coverage target
+            lines.append(f"default policy: its guard_score threshold cannot be placed on this profile: {exc}")
+            continue
+        if guarantee is not None:
+            lines.append(f"default policy threshold: {guarantee}")
         rates = guard.expected_flag_rates(t)
         where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in sorted(rates.items())) or "no reference scores in this guard"
         lines.append(

@@ -323,7 +323,7 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
 
     monkeypatch.setattr(_common, "load_backend", scripted_loader(answer))
     labels = tmp_path / "my[bold]labels.jsonl"  # a file name is shown as written, never as console markup
-    rows = [{"question": f"{'good' if i % 2 else 'odd'} question {i}?", "correct": bool(i % 2)} for i in range(20)]
+    rows = [{"question": f"{'good' if i % 2 else 'odd'} question {i}?", "correct": bool(i % 2)} for i in range(30)]
     labels.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(r["question"] for r in rows) + "\n", encoding="utf-8")
@@ -331,7 +331,8 @@ def test_calibrate_with_labels_prints_what_the_default_threshold_flags(
     res = invoke("calibrate", "--model", "fake", "--labels", str(labels), "--prompts", str(prompts), "--out", str(out))
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("default policy: retrieve when guard_score <"))
-    assert "guard_score < 0.2474" in line and "correct 0%" in line and "incorrect 100%" in line, line
+    assert "correct 0%" in line and "incorrect 100%" in line, line
+    assert "default policy threshold: passes at least 80% of correct answers at 90% confidence: guaranteed" in res.output
     guard = ModelProfile.load(out).guard
     assert guard is not None and set(guard.reference_scores) == {"correct", "incorrect"}
     assert "guard score: logistic regression on labels my[bold]labels.jsonl" in res.output

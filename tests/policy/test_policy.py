@@ -138,18 +138,33 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 
 
 def test_default_policy_is_calibrated() -> None:
-    """One rule: guard_score below an absolute probability, else (no fitted guard) a reliability
-    quantile of the profile; retrieve, then abstain."""
-    from logtoku_guard.conditions import Compare, Quantile
-    from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, DEFAULT_GUARD_THRESHOLD
+    """One rule: guard_score below the threshold that passes a stated share of correct answers with a
+    stated confidence, else (no fitted guard) a reliability quantile of the profile; retrieve, then abstain."""
+    from logtoku_guard.conditions import Compare, Quantile, Risk
+    from logtoku_guard.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE, DEFAULT_FLAG_QUANTILE
 
     p = default_policy()
-    assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "3"
+    assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "4"
     (rule,) = p.rules
     c = rule.when
-    assert isinstance(c, Compare) and (c.stat, c.value, c.fallback) == ("guard_score", DEFAULT_GUARD_THRESHOLD, "reliability")
+    assert isinstance(c, Compare) and (c.stat, c.fallback) == ("guard_score", "reliability")
+    assert c.value == Risk(coverage=DEFAULT_COVERAGE, confidence=DEFAULT_CONFIDENCE)
     assert c.fallback_value == Quantile(quantile=DEFAULT_FLAG_QUANTILE)
-    assert f"{DEFAULT_GUARD_THRESHOLD:g}" in p.description
+    assert "passes at least 80% of correct answers with 90% confidence" in p.description
+
+
+def test_the_default_threshold_on_the_embedded_guard_is_its_stated_guarantee() -> None:
+    """On the shipped guard of the embedded model the statement gives 0.2468 (the bare 0.2474 it
+    replaced passed 85% out of fold, with no bound)."""
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.calibration.profiles import shipped_profile_path
+    from logtoku_guard.conditions import resolve_threshold
+
+    profile = ModelProfile.load(shipped_profile_path("smollm2-135m-instruct"))
+    (rule,) = default_policy().rules
+    threshold, _, guarantee = resolve_threshold(rule.when, profile)  # type: ignore[arg-type]
+    assert threshold == pytest.approx(0.2468, abs=5e-5)
+    assert guarantee is not None and "guaranteed lower bound 80.7%" in guarantee and "107 correct" in guarantee
 
 
 def test_a_fallback_can_have_its_own_threshold() -> None:
