@@ -27,7 +27,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from logtoku_guard.stats import ResponseStats
     from logtoku_guard.types import Generation
 
-__all__ = ["FEATURES", "GuardModel", "auroc", "feature_matrix", "fit_guard", "ranking_arrays", "with_guard_score"]
+__all__ = ["FEATURES", "GuardModel", "StatsLike", "auroc", "feature_matrix", "fit_guard", "ranking_arrays", "with_guard_score"]
 
 FEATURES: tuple[str, ...] = (
     "reliability",
@@ -131,12 +131,25 @@ class GuardModel(BaseModel):
         return f"logistic regression on {', '.join(self.datasets)} (n={self.n}, {cv}): {terms}"
 
 
-def _value(stats: ResponseStats, name: str) -> float:
+class StatsLike(Protocol):
+    """What a fit reads of one answer: each statistic by name, its reliability and its length
+    (a :class:`~logtoku_guard.stats.ResponseStats`, or the statistics an audit record kept)."""
+
+    def get(self, name: str) -> float: ...
+
+    @property
+    def reliability(self) -> float: ...
+
+    @property
+    def n_tokens(self) -> float: ...
+
+
+def _value(stats: StatsLike, name: str) -> float:
     v = stats.get(name)
     return math.log1p(v) if name == "n_tokens" and math.isfinite(v) else v
 
 
-def feature_matrix(rows: Sequence[ResponseStats], features: Sequence[str] = FEATURES) -> np.ndarray:
+def feature_matrix(rows: Sequence[StatsLike], features: Sequence[str] = FEATURES) -> np.ndarray:
     """``(n, len(features))`` raw feature values (NaN kept)."""
     import numpy as np
 
@@ -224,7 +237,7 @@ def _predict_arrays(x: np.ndarray, w: np.ndarray, means: np.ndarray, stds: np.nd
 
 
 def fit_guard(
-    rows: Sequence[ResponseStats],
+    rows: Sequence[StatsLike],
     labels: Sequence[bool],
     datasets: Sequence[str],
     *,

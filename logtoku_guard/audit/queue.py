@@ -19,6 +19,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
 from logtoku_guard.audit.records import (
+    _DECIDED,
     _OPEN,
     MAX_REVIEW_ID,
     AuditRecord,
@@ -147,6 +148,18 @@ class ReviewQueue:
             raise ConfigurationError(msg)
         statuses = _OPEN if include_claimed else ("pending",)
         stmt = _item_select.where(_reviews.c.status.in_(statuses)).order_by(_reviews.c.created_at, _reviews.c.id).limit(limit)
+        with self._transaction("read", write=False) as conn:
+            return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
+
+    def decided(self, *, since: datetime | None = None) -> list[ReviewItem]:
+        """Decided items (approved or rejected), oldest decision first; ``since``: decided at or after it (UTC)."""
+        if since is not None and since.tzinfo is None:
+            msg = f"since must be a timezone-aware datetime (UTC), got {since!r}"
+            raise ConfigurationError(msg)
+        stmt = _item_select.where(_reviews.c.status.in_(_DECIDED))
+        if since is not None:
+            stmt = stmt.where(_reviews.c.decided_at >= since)
+        stmt = stmt.order_by(_reviews.c.decided_at, _reviews.c.id)
         with self._transaction("read", write=False) as conn:
             return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
 

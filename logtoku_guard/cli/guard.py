@@ -59,13 +59,25 @@ def calibrate(
         Path | None,
         typer.Option(help="JSONL of {question, correct: bool}: fit the guard score on your own labelled answers."),
     ] = None,
+    labels_from_store: Annotated[
+        str | None,
+        typer.Option(
+            help="Audit store (SQLite path or database URL) whose review verdicts refit the guard: approved = right, "
+            "rejected or edited = wrong; the refit replaces the current guard only if not worse out of fold."
+        ),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="With --labels-from-store: only verdicts given at or after this ISO date/time (UTC).")
+    ] = None,
+    min_labels: Annotated[int, typer.Option(help="With --labels-from-store: fewest verdicts a refit accepts.")] = 30,
     backend_name: BackendOpt = "transformers",
 ) -> None:
     """Profile a model over a calibration set so policies can use quantile thresholds.
 
-    The profile also holds the guard score: fitted on ``--labels`` when given, else the
-    project's shipped fit for the embedded model (none for other models: ``guard_score`` is
-    then unavailable and the default policy uses reliability).
+    The profile also holds the guard score: fitted on ``--labels`` when given, refit on the
+    reviewers' verdicts of ``--labels-from-store`` (kept only if not worse than the current
+    guard on those answers), else the project's shipped fit for the embedded model (none for
+    other models: ``guard_score`` is then unavailable and the default policy uses reliability).
     """
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
     from logtoku_guard.calibration.guard_fit import fit_on_labels, read_labels, shipped_guard
@@ -78,11 +90,14 @@ def calibrate(
         _common.check_profile_out(out_path, force)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         labelled = read_labels(labels) if labels is not None else None
+        reviews = _review_store(labels, labels_from_store, since, min_labels)  # checked before the model loads
         guard: GuardModel | None
         backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, backend=backend_name)
         opts = DecodingOptions(max_new_tokens=max_new_tokens)
         if labels is not None and labelled is not None:
             guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")
+        elif reviews is not None:
+            guard = _refit_on_reviews(backend, cache_dir, *reviews, min_labels)
         else:
             guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
         source = str(prompts or f"default ({n} questions)")
@@ -104,6 +119,61 @@ def calibrate(
     else:
         _common.out.print("guard score: unavailable (no labels and no shipped fit); policies fall back to reliability")
     _common.out.print(f"profile written to {path}", highlight=False, markup=False)
+
+
+def _review_store(labels: Path | None, url: str | None, since: str | None, min_labels: int) -> tuple[Any, Any] | None:
+    """The audit store of ``--labels-from-store`` and the ``--since`` time, checked (None without the option)."""
+    from datetime import datetime, timezone
+
+    if url is None:
+        if since is not None:
+            msg = "--since filters the verdicts of --labels-from-store; give the store too"
+            raise ConfigurationError(msg)
+        return None
+    if labels is not None:
+        msg = "give --labels (a JSONL file) or --labels-from-store (reviewers' verdicts), not both"
+        raise ConfigurationError(msg)
+    if min_labels < 10:
+        msg = f"--min-labels must be at least 10 (a guard fit on fewer is noise), got {min_labels}"
+        raise ConfigurationError(msg)
+    when = None
+    if since is not None:
+        try:
+            when = datetime.fromisoformat(since)
+        except ValueError:
+            msg = f"--since must be an ISO date or date and time such as 2026-11-01 or 2026-11-01T09:30, got {since!r}"
+            raise ConfigurationError(msg) from None
+        when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    store = _common.open_store(url, read_only=True)
+    try:
+        decided = len(store.decided(since=when))
+        if decided < min_labels:
+            window = f" since {since}" if since else ""
+            msg = f"the store holds {decided} review verdicts{window}; a refit needs at least {min_labels}"
+            raise ConfigurationError(msg)
+    except BaseException:
+        store.close()
+        raise
+    return store, when
+
+
+def _refit_on_reviews(backend: Any, cache_dir: Path | None, store: Any, since: Any, min_labels: int) -> GuardModel | None:
+    """Refit the guard on the store's verdicts for this model; print before and after; the guard to keep."""
+    from logtoku_guard.calibration import find_profile_for
+    from logtoku_guard.calibration.guard_fit import shipped_guard
+    from logtoku_guard.calibration.review_labels import refit_on_reviews, reviewer_labels
+
+    found = find_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
+    current = found[0].guard if found is not None and found[0].guard is not None else None
+    current = current or shipped_guard(backend.model_name, backend.k, backend.evidence)
+    try:
+        labels = reviewer_labels(store, backend.model_name, since=since)
+    finally:
+        store.close()
+    refit = refit_on_reviews(current, labels, min_labels=min_labels)
+    for line in refit.lines():
+        _common.out.print(line, highlight=False, markup=False)
+    return refit.guard if refit.replace else current
 
 
 def expected_flag_lines(profile: ModelProfile) -> list[str]:
