@@ -32,12 +32,12 @@ from logtoku_guard.review_web import create_app
 def invoke(*args: str) -> Any:
     return CliRunner().invoke(app, list(args))
 
+
 TOKEN = "admin-token-for-the-refit-test-0123456789"
 SURE = ScriptedAnswer(["Paris", " is", " the", " capital", "."], [[14.0, 2.0, 1.0]] * 5)
 SHAKY = ScriptedAnswer(["Some", " town", " maybe", "."], [[1.3, 1.2, 1.1], [1.1, 1.0, 0.9], [1.0, 1.0, 0.9], [0.9, 0.8, 0.7]])
-REVIEW_ALL = Policy.from_dict(
-    {"name": "review-all", "rules": [{"name": "all", "when": {"stat": "n_tokens", "op": ">=", "value": 0}, "action": "human_review"}]}
-)
+ALWAYS = {"stat": "n_tokens", "op": ">=", "value": 0}
+REVIEW_ALL = Policy.from_dict({"name": "review-all", "rules": [{"name": "all", "when": ALWAYS, "action": "human_review"}]})
 
 
 def answer(messages: Any) -> ScriptedAnswer:
@@ -101,13 +101,10 @@ def test_verdicts_in_the_review_page_refit_the_guard_and_the_next_ask_uses_its_t
     assert profile.guard is not None and profile.guard.datasets == ["reviewer labels"]
     assert profile.guard.reference_labels == {"correct": True, "incorrect": False}
 
-    after = invoke("ask", "odd question 101?", "--model", "fake", "--profile", str(profile_path), "--store", str(tmp_path / "c.db"))
+    asked = ("ask", "odd question 101?", "--model", "fake", "--profile", str(profile_path), "--store", str(tmp_path / "c.db"))
+    after = invoke(*asked)
     assert after.exit_code == 0, after.output
-    data = json.loads(
-        invoke(
-            "ask", "odd question 101?", "--model", "fake", "--profile", str(profile_path), "--store", str(tmp_path / "c.db"), "--json"
-        ).stdout
-    )
+    data = json.loads(invoke(*asked, "--json").stdout)
     (check,) = data["checks"]
     assert check["stat"] == "guard_score" and check["passed"] is True  # a shaky answer is now flagged by the refit guard
     assert "passes at least 80% of correct answers at 90% confidence" in check["guarantee"]
