@@ -20,7 +20,7 @@ Two halves of equal size, made so that neither is cherry-picked:
   the model plays no part in this half.
 
 Both halves are split into ``tune`` and ``test`` (stratified by kind and category, seeded).
-Output: ``evaluation/logtoku_eval/data/fabricated.jsonl`` (read by
+Output: ``logtoku_guard/calibration/data/fabricated.jsonl`` (read by
 ``logtoku_eval.fabricated.load_fabricated``). The same seed and filter file give
 the same bytes.
 """
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FACTS_FILE = HERE / "known_facts.tsv"
 FILTER_FILE = HERE / "known_filter.jsonl"
-OUT_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "fabricated.jsonl"
+OUT_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "fabricated.jsonl"
 MIN_PER_KIND = 150
 MAX_NEW_TOKENS = 32
 BATCH_SIZE = 16

@@ -21,7 +21,7 @@ Two groups, written before any model answer was seen (the model plays no part he
 The syllable-soup fabrications are not copied: the eval reads ``fabricated.jsonl`` for them.
 Both groups are split into ``tune`` and ``test`` (half each, stratified by group and category,
 seeded); a known fact that ``fabricated.jsonl`` also asks keeps that file's split.
-Output: ``evaluation/logtoku_eval/data/traffic.jsonl`` (read by
+Output: ``logtoku_guard/calibration/data/traffic.jsonl`` (read by
 ``logtoku_eval.traffic.load_traffic``). The same seed, data and calibration set
 give the same bytes.
 """
@@ -43,10 +43,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-OUT_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "traffic.jsonl"
+OUT_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "traffic.jsonl"
 CALIBRATION_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "calibration_questions.jsonl"
 FABRICATED_SCRIPT = ROOT / "benchmarks" / "fabricated" / "make_questions.py"
-FABRICATED_FILE = ROOT / "evaluation" / "logtoku_eval" / "data" / "fabricated.jsonl"
+FABRICATED_FILE = ROOT / "logtoku_guard" / "calibration" / "data" / "fabricated.jsonl"
 STOP_LIST_FILE = HERE / "stop_list.txt"
 PER_CATEGORY = 40
 N_NQ = 200

@@ -1,6 +1,6 @@
 """The known-vs-fabricated benchmark: questions the embedded model knows vs questions about invented things.
 
-Shipped with the package (``evaluation/data/fabricated.jsonl``) and made by
+Shipped with the core package (``logtoku_guard/calibration/data/fabricated.jsonl``) and made by
 ``benchmarks/fabricated/make_questions.py`` (its README says how): half **known** questions
 (famous facts the embedded SmolLM2-135M-Instruct answered correctly, as judged by the
 ``nq-match`` judge, every candidate's outcome recorded in
@@ -67,7 +67,9 @@ class FabricatedItem:
 
 def default_path() -> Path:
     """The shipped benchmark file inside the installed package."""
-    return Path(__file__).resolve().parent / "data" / DATA_FILE
+    from logtoku_guard.calibration.profiles import SHIPPED_DIR
+
+    return SHIPPED_DIR / DATA_FILE
 
 
 def dataset_name(path: str | os.PathLike[str] | None = None) -> str:

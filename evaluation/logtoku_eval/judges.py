@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_eval.datasets import QAItem
+from logtoku_guard.calibration.self_labels import answer_matches
+from logtoku_guard.calibration.self_labels import normalize_answer as normalize_answer  # re-exported: the harness API
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
 
 if TYPE_CHECKING:
@@ -252,16 +253,6 @@ class EmbeddingJudge:
 
 
 # -- NQ-open match ------------------------------------------------------------------------------------
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD/NQ normalisation: lower case, no punctuation, no articles, single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
 class MatchJudge:
     """``nq-match``: normalised exact match, or a normalised gold answer inside the answer as whole words."""
 
@@ -270,14 +261,8 @@ class MatchJudge:
         return "nq-match"
 
     def judge(self, item: QAItem, answer: str) -> Verdict:
-        a = normalize_answer(answer)
-        if not a:
-            return Verdict(False, 0.0, float("nan"))
-        padded = f" {a} "
-        golds = [normalize_answer(g) for g in item.correct]
-        exact = any(a == g for g in golds if g)
-        contains = any(f" {g} " in padded for g in golds if g)
-        return Verdict(exact or contains, 1.0 if exact else (0.5 if contains else 0.0), float("nan"))
+        matches, exact = answer_matches(answer, item.correct)  # the core's, which calibrate --fit-guard uses
+        return Verdict(matches, 1.0 if exact else (0.5 if matches else 0.0), float("nan"))
 
     def judge_many(self, items: Sequence[QAItem], answers: Sequence[str]) -> list[Verdict]:
         _check_pairs(items, answers)

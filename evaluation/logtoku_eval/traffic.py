@@ -1,6 +1,7 @@
 """The traffic-like benchmark: plausible fabrications beside real questions of graded difficulty.
 
-Shipped with the package (``evaluation/data/traffic.jsonl``) and made by
+Shipped with the core package (``logtoku_guard/calibration/data/traffic.jsonl``: ``calibrate
+--fit-guard`` fits a guard on its tune half) and made by
 ``benchmarks/traffic/make_questions.py`` (its README says how), written before any model
 answer was seen:
 
@@ -72,7 +73,9 @@ class TrafficItem:
 
 def default_path() -> Path:
     """The shipped benchmark file inside the installed package."""
-    return Path(__file__).resolve().parent / "data" / DATA_FILE
+    from logtoku_guard.calibration.profiles import SHIPPED_DIR
+
+    return SHIPPED_DIR / DATA_FILE
 
 
 def dataset_name(path: str | os.PathLike[str] | None = None) -> str:

@@ -40,14 +40,13 @@ from typing import Any
 import numpy as np
 
 from logtoku_eval.cache import CachedGeneration
-from logtoku_eval.fabricated import load_fabricated
 from logtoku_eval.fabricated_eval import generation_from_cached
 from logtoku_eval.generate import SERVING
 from logtoku_eval.jsonout import write_json
-from logtoku_eval.judges import MatchJudge
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
+from logtoku_guard.calibration.self_labels import LabelledQuestion, labelled_questions, outcome_of
 from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
 
@@ -100,27 +99,18 @@ REPORTED_STATS = (
 )
 
 
-@dataclass(frozen=True)
-class TrafficQuestion:
-    """One benchmark question: its group (``real``, ``plausible`` or ``syllable``), half and references."""
-
-    id: str
-    group: str
-    category: str
-    split: str
-    question: str
-    answers: tuple[str, ...]
+TrafficQuestion = LabelledQuestion
+"""One benchmark question: its group (``real``, ``plausible`` or ``syllable``), half and references
+(the core's :class:`~logtoku_guard.calibration.self_labels.LabelledQuestion`)."""
 
 
 def traffic_questions(path: str | Path | None = None, fabricated_path: str | Path | None = None) -> list[TrafficQuestion]:
-    """The traffic benchmark's questions plus the syllable-name fabrications of ``fabricated.jsonl``."""
-    out = [TrafficQuestion(t.id, t.group, t.category, t.split, t.question, t.answers) for t in load_traffic(path)]
-    out += [
-        TrafficQuestion(f.id, "syllable", f.category, f.split, f.question, ())
-        for f in load_fabricated(path=fabricated_path)
-        if not f.is_known
-    ]
-    return out
+    """The traffic benchmark's questions plus the syllable-name fabrications of ``fabricated.jsonl``
+    (both halves), read as ``calibrate --fit-guard`` reads them."""
+    load_traffic(path)  # the benchmark's own checks of the traffic file (invented names, sources)
+    return labelled_questions(
+        "all", traffic=Path(path) if path is not None else None, fabricated=Path(fabricated_path) if fabricated_path else None
+    )
 
 
 @dataclass(frozen=True)
@@ -137,19 +127,9 @@ class TrafficAnswer:
 
 
 def judge_answers(pairs: Sequence[tuple[TrafficQuestion, CachedGeneration]]) -> list[TrafficAnswer]:
-    """The outcome of each answer: real questions judged by ``nq-match``; any answer about an invented thing is not correct."""
-    from logtoku_eval.datasets import QAItem
-
-    judge = MatchJudge()
-    out = []
-    for q, rec in pairs:
-        if q.group == "real":
-            ok = judge.judge(QAItem(q.id, q.question, q.answers), rec.answer).correct
-            outcome = "real-correct" if ok else "real-wrong"
-        else:
-            outcome = q.group
-        out.append(TrafficAnswer(q, rec, outcome))
-    return out
+    """The outcome of each answer (:func:`~logtoku_guard.calibration.self_labels.outcome_of`): real
+    questions judged by ``nq-match``; any answer about an invented thing is not correct."""
+    return [TrafficAnswer(q, rec, outcome_of(q, rec.answer)) for q, rec in pairs]
 
 
 def _stats(answers: Sequence[TrafficAnswer], model: str) -> list[ResponseStats]:

@@ -29,10 +29,11 @@ def items() -> list[FabricatedItem]:
     return load_fabricated("all")
 
 
-def test_shipped_file_is_inside_the_package():
+def test_shipped_file_is_inside_the_core_package():
+    """The core ships it: ``calibrate --fit-guard`` reads its invented-name questions."""
     path = default_path()
     assert path.is_file()
-    assert path.parent.parent == ROOT / "evaluation" / "logtoku_eval"
+    assert path.parent == ROOT / "logtoku_guard" / "calibration" / "data"
 
 
 def test_size_and_balanced_halves(items):

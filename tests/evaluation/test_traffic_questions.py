@@ -56,7 +56,7 @@ def _calibration_file(path: Path, nq_lines: list[int], extra_question: str) -> P
 
 # -- the shipped file -------------------------------------------------------------------------------------------
 def test_schema_and_sizes(items, raw, gen):
-    assert default_path().parent == ROOT / "evaluation" / "logtoku_eval" / "data"
+    assert default_path().parent == ROOT / "logtoku_guard" / "calibration" / "data"
     assert all(list(r) == list(gen.FIELDS) for r in raw)
     groups = Counter((it.group, it.category) for it in items)
     assert {c for g, c in groups if g == "plausible"} == set(gen.PLAUSIBLE_CATEGORIES)

@@ -1,0 +1,173 @@
+"""A guard for any model, with no labels from the user: shipped questions whose answers judge themselves.
+
+``logtoku-guard calibrate --fit-guard`` answers the *tune* half of the realistic-traffic
+questions that ship in ``data/`` with the model being calibrated, labels each answer without a
+person, and fits the guard on those labels (:func:`fit_self_labelled`):
+
+* **real** questions (famous facts and NQ-open dev questions) carry reference answers; an answer
+  is right when a reference appears in it (:func:`answer_matches`, the SQuAD/NQ normalisation:
+  lower case, no punctuation or articles, a reference as whole words);
+* **plausible** and **syllable** questions ask about invented people, institutes, treaties,
+  books... (named with ordinary words, or with syllable soup): no right answer exists, so every
+  answer to them is wrong by construction, whatever the model says.
+
+Each answer falls in one group, ``real-correct``, ``real-wrong``, ``plausible`` or ``syllable``;
+the guard is fit cross-fitted (5 folds) and keeps each group's out-of-fold scores and labels
+(:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`), from which a risk-stated
+threshold (:mod:`~logtoku_guard.calibration.risk`) and each group's expected flag rate follow.
+The shipped guard of the embedded model was fit this way (by ``logtoku-guard eval traffic``,
+which also reports the held-out *test* half). Licences: ``NOTICE-traffic`` beside the files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.types import DecodingOptions
+
+__all__ = [
+    "GROUPS",
+    "LabelledQuestion",
+    "answer_matches",
+    "fit_self_labelled",
+    "labelled_questions",
+    "normalize_answer",
+    "outcome_of",
+]
+
+DATA = Path(__file__).parent / "data"
+TRAFFIC_FILE = DATA / "traffic.jsonl"
+FABRICATED_FILE = DATA / "fabricated.jsonl"
+GROUPS = ("real-correct", "real-wrong", "plausible", "syllable")
+"""The outcome groups of a self-labelled answer; only ``real-correct`` is right."""
+SPLITS = ("tune", "test", "all")
+_FIX = "reinstall logtoku-guard (the shipped question files are damaged)"
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD/NQ normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def answer_matches(answer: str, references: Sequence[str]) -> tuple[bool, bool]:
+    """``(matches, exact)``: whether a normalised reference equals the normalised answer (``exact``)
+    or appears in it as whole words (NQ-open's ``nq-match``)."""
+    a = normalize_answer(answer)
+    if not a:
+        return False, False
+    golds = [g for g in (normalize_answer(r) for r in references) if g]
+    exact = any(a == g for g in golds)
+    return exact or any(f" {g} " in f" {a} " for g in golds), exact
+
+
+@dataclass(frozen=True)
+class LabelledQuestion:
+    """One shipped question: ``group`` ``real`` (``answers``: its references), ``plausible`` or
+    ``syllable`` (invented: no answer), its ``category`` and half (``split``: tune or test)."""
+
+    id: str
+    group: str
+    category: str
+    split: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def labelled_questions(
+    split: str = "tune", *, traffic: Path | None = None, fabricated: Path | None = None
+) -> list[LabelledQuestion]:
+    """The realistic-traffic questions of ``split`` (``tune``, ``test`` or ``all``) plus the
+    syllable-name fabrications, in file order (other files of the same formats may be given)."""
+    if split not in SPLITS:
+        msg = f"split must be one of {SPLITS}, got {split!r}; fit on 'tune', report on 'test'"
+        raise ConfigurationError(msg)
+    out = []
+    for where, obj in _records(traffic or TRAFFIC_FILE):
+        group = obj.get("group")
+        if group not in ("real", "plausible") or (group == "real") != bool(obj.get("answers")):
+            msg = f"{where}: a traffic question is 'real' with answers or 'plausible' without, got {group!r}; {_FIX}"
+            raise ConfigurationError(msg)
+        out.append(_question(obj, str(group), where))
+    for where, obj in _records(fabricated or FABRICATED_FILE):
+        if obj.get("kind") == "fabricated":  # its known facts are the traffic file's category 'known'
+            out.append(_question(obj, "syllable", where))
+    return [q for q in out if split in ("all", q.split)]
+
+
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    from logtoku_guard.files import read_bounded_text
+
+    out = []
+    for i, line in enumerate(read_bounded_text(path, 10_000_000, "a shipped question file").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            msg = f"{path}:{i}: not JSON ({exc.msg}); {_FIX}"
+            raise ConfigurationError(msg) from None
+        if not isinstance(obj, dict):
+            msg = f"{path}:{i}: not a JSON object; {_FIX}"
+            raise ConfigurationError(msg)
+        out.append((f"{path}:{i}", obj))
+    return out
+
+
+def _question(obj: dict[str, Any], group: str, where: str) -> LabelledQuestion:
+    texts = [obj.get(k) for k in ("id", "category", "split", "question")]
+    answers = obj.get("answers", [])
+    if not all(isinstance(t, str) and t.strip() for t in texts) or not isinstance(answers, list):
+        msg = f"{where}: needs id, category, split and question texts and a list of answers; {_FIX}"
+        raise ConfigurationError(msg)
+    if obj["split"] not in ("tune", "test") or not all(isinstance(a, str) for a in answers):
+        msg = f"{where}: split must be 'tune' or 'test' and answers texts, got {obj['split']!r}; {_FIX}"
+        raise ConfigurationError(msg)
+    return LabelledQuestion(obj["id"], group, obj["category"], obj["split"], obj["question"], tuple(answers))
+
+
+def outcome_of(question: LabelledQuestion, answer: str) -> str:
+    """The answer's group: ``real-correct`` / ``real-wrong`` for a real question, else its group (wrong by construction)."""
+    if question.group != "real":
+        return question.group
+    return "real-correct" if answer_matches(answer, question.answers)[0] else "real-wrong"
+
+
+def fit_self_labelled(
+    backend: Any,
+    options: DecodingOptions | None = None,
+    batch_size: int = 8,
+    on_batch: Callable[[int], None] | None = None,
+    questions: Sequence[LabelledQuestion] | None = None,
+    seed: int = 0,
+) -> tuple[Any, dict[str, int]]:
+    """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
+    its group and fit the guard; returns the guard and how many answers fell in each group."""
+    from logtoku_guard.guard_score import fit_guard
+    from logtoku_guard.stats import ResponseStats
+
+    qs = list(questions) if questions is not None else labelled_questions("tune")
+    opts = options or DecodingOptions(max_new_tokens=64)
+    rows, groups = [], []
+    for i in range(0, len(qs), batch_size):
+        chunk = qs[i : i + batch_size]
+        for q, g in zip(chunk, backend.batch([q.question for q in chunk], opts)):
+            rows.append(ResponseStats.from_generation(g))
+            groups.append(outcome_of(q, g.text))
+        if on_batch is not None:
+            on_batch(len(chunk))
+    counts = {g: groups.count(g) for g in GROUPS}
+    labels = [g == "real-correct" for g in groups]
+    source = "self-labelled tune questions" if questions is None else "self-labelled questions"
+    guard = fit_guard(rows, labels, [source], groups=groups, seed=seed, max_tokens=opts.max_new_tokens)
+    return guard, counts
