@@ -70,14 +70,24 @@ def calibrate(
         str | None, typer.Option(help="With --labels-from-store: only verdicts given at or after this ISO date/time (UTC).")
     ] = None,
     min_labels: Annotated[int, typer.Option(help="With --labels-from-store: fewest verdicts a refit accepts.")] = 30,
+    fit_guard: Annotated[
+        bool | None,
+        typer.Option(
+            "--fit-guard/--no-fit-guard",
+            help="Fit the guard with no labels from you: answer the ~550 shipped questions whose answers are judged "
+            "automatically (real ones with references, invented ones wrong by construction). Default: when no guard ships.",
+        ),
+    ] = None,
     backend_name: BackendOpt = "transformers",
 ) -> None:
     """Profile a model over a calibration set so policies can use quantile thresholds.
 
     The profile also holds the guard score: fitted on ``--labels`` when given, refit on the
     reviewers' verdicts of ``--labels-from-store`` (kept only if not worse than the current
-    guard on those answers), else the project's shipped fit for the embedded model (none for
-    other models: ``guard_score`` is then unavailable and the default policy uses reliability).
+    guard on those answers), else the project's shipped fit for the embedded model, else
+    (``--fit-guard``, the default for a model with no shipped fit) fit on the shipped questions
+    whose answers judge themselves; ``--no-fit-guard`` leaves it out (``guard_score`` is then
+    unavailable and the default policy uses reliability).
     """
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
     from logtoku_guard.calibration.guard_fit import fit_on_labels, read_labels, shipped_guard
@@ -89,6 +99,9 @@ def calibrate(
         _common.check_backend(backend_name, device, dtype)
         _common.check_profile_out(out_path, force)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
+        if fit_guard and (labels is not None or labels_from_store is not None):
+            msg = "--fit-guard fits on the shipped questions; --labels and --labels-from-store fit on yours: give one"
+            raise ConfigurationError(msg)
         labelled = read_labels(labels) if labels is not None else None
         reviews = _review_store(labels, labels_from_store, since, min_labels)  # checked before the model loads
         guard: GuardModel | None
@@ -100,6 +113,8 @@ def calibrate(
             guard = _refit_on_reviews(backend, cache_dir, *reviews, min_labels)
         else:
             guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
+            if fit_guard or (fit_guard is None and guard is None):
+                guard = _fit_self_labelled(backend, opts, batch_size)
         source = str(prompts or f"default ({n} questions)")
         profile = run_calibration(backend, questions, max_new_tokens, batch_size, source, guard)
         path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
@@ -117,8 +132,24 @@ def calibrate(
         for line in expected_flag_lines(profile):
             _common.out.print(line, highlight=False, markup=False)
     else:
-        _common.out.print("guard score: unavailable (no labels and no shipped fit); policies fall back to reliability")
+        _common.out.print("guard score: unavailable (--no-fit-guard and no labels); policies fall back to reliability")
     _common.out.print(f"profile written to {path}", highlight=False, markup=False)
+
+
+def _fit_self_labelled(backend: Any, opts: DecodingOptions, batch_size: int) -> GuardModel:
+    """Fit the guard on the shipped self-judging questions, with a progress bar; print the groups."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from logtoku_guard.calibration.self_labels import fit_self_labelled, labelled_questions
+
+    questions = labelled_questions("tune")
+    columns = (TextColumn("fitting the guard"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_common.err) as bar:
+        task = bar.add_task("fit", total=len(questions))
+        guard, counts = fit_self_labelled(backend, opts, batch_size, on_batch=lambda k: bar.advance(task, k))
+    shown = ", ".join(f"{g} {n}" for g, n in counts.items())
+    _common.out.print(f"guard fit on the shipped labelled questions (tune half), answers per group: {shown}", highlight=False)
+    return guard
 
 
 def _review_store(labels: Path | None, url: str | None, since: str | None, min_labels: int) -> tuple[Any, Any] | None:
@@ -195,14 +226,22 @@ def expected_flag_lines(profile: ModelProfile) -> list[str]:
             continue
         if guarantee is not None:
             lines.append(f"default policy threshold: {guarantee}")
-        rates = guard.expected_flag_rates(t)
-        where = ", ".join(f"{g} {100 * r:.0f}%" for g, r in sorted(rates.items())) or "no reference scores in this guard"
+        where = ", ".join(_flag_rate(g, scores, t) for g, scores in sorted(guard.reference_scores.items()) if scores)
         lines.append(
             f"default policy: {rule.action} when guard_score {c.op} {t:.4f} (quantile "
             f"{profile.percentile('guard_score', t):.3f} of this profile); expected flag rate per group of the "
-            f"guard's fit data (out of fold): {where}"
+            f"guard's fit data (out of fold, 95% Clopper-Pearson interval): {where or 'no reference scores in this guard'}"
         )
     return lines
+
+
+def _flag_rate(group: str, scores: list[float], threshold: float) -> str:
+    """``group 75% [68, 81]``: the share of ``scores`` below ``threshold`` (NaN counts as flagged) and its interval."""
+    from logtoku_guard.calibration.risk import clopper_pearson
+
+    flagged, n = sum(1 for v in scores if not v >= threshold), len(scores)
+    lo, hi = clopper_pearson(flagged, n, 0.025, "lower"), clopper_pearson(flagged, n, 0.025, "upper")
+    return f"{group} {100 * flagged / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]"
 
 
 def run_calibration(
