@@ -46,8 +46,8 @@ from logtoku_eval.jsonout import write_json
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
-from logtoku_guard.calibration.self_labels import LabelledQuestion, labelled_questions, outcome_of
-from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, fit_guard, with_guard_score
+from logtoku_guard.calibration.self_labels import LabelledQuestion, fit_on_outcomes, labelled_questions, outcome_of
+from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
 
 __all__ = [
@@ -289,18 +289,16 @@ def evaluate_traffic(
     tune = [a for a in answers if a.question.split == "tune"]
     test = [a for a in answers if a.question.split == "test"]
     tune_rows, test_rows = _stats(tune, model), _stats(test, model)
-    y_tune = np.array([a.correct for a in tune])
     outcomes = [a.outcome for a in tune]
     fits = {
-        name: fit_guard(
+        name: fit_on_outcomes(
             tune_rows,
-            y_tune.tolist(),
-            ["traffic-tune"],
+            outcomes,
+            source="traffic-tune",
             features=f,
             l2=l2,
             folds=folds,
             seed=seed,
-            groups=outcomes,
             balance_groups=balance_groups,
             max_tokens=SERVING.max_new_tokens,
         )

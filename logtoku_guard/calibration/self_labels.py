@@ -36,6 +36,7 @@ __all__ = [
     "GROUPS",
     "LabelledQuestion",
     "answer_matches",
+    "fit_on_outcomes",
     "fit_self_labelled",
     "labelled_questions",
     "normalize_answer",
@@ -153,7 +154,6 @@ def fit_self_labelled(
 ) -> tuple[Any, dict[str, int]]:
     """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
     its group and fit the guard; returns the guard and how many answers fell in each group."""
-    from logtoku_guard.guard_score import fit_guard
     from logtoku_guard.stats import ResponseStats
 
     qs = list(questions) if questions is not None else labelled_questions("tune")
@@ -167,7 +167,37 @@ def fit_self_labelled(
         if on_batch is not None:
             on_batch(len(chunk))
     counts = {g: groups.count(g) for g in GROUPS}
+    source = "traffic-tune" if questions is None else "self-labelled questions"
+    return fit_on_outcomes(rows, groups, source=source, seed=seed, max_tokens=opts.max_new_tokens), counts
+
+
+def fit_on_outcomes(
+    rows: Sequence[Any],
+    groups: Sequence[str],
+    *,
+    source: str,
+    features: Sequence[str] | None = None,
+    l2: float = 1.0,
+    folds: int = 5,
+    seed: int = 0,
+    balance_groups: bool = False,
+    max_tokens: int | None = None,
+) -> Any:
+    """The guard fit on answers labelled by their group (``real-correct`` right, every other wrong),
+    cross-fitted, each group's out-of-fold scores kept: the one fit of ``calibrate --fit-guard`` and
+    of the harness's ``eval traffic`` (which fit the shipped guard)."""
+    from logtoku_guard.guard_score import FEATURES, fit_guard
+
     labels = [g == "real-correct" for g in groups]
-    source = "self-labelled tune questions" if questions is None else "self-labelled questions"
-    guard = fit_guard(rows, labels, [source], groups=groups, seed=seed, max_tokens=opts.max_new_tokens)
-    return guard, counts
+    return fit_guard(
+        rows,
+        labels,
+        [source],
+        features=features or FEATURES,
+        l2=l2,
+        folds=folds,
+        seed=seed,
+        groups=list(groups),
+        balance_groups=balance_groups,
+        max_tokens=max_tokens,
+    )

@@ -72,7 +72,7 @@ def test_calibrate_fits_a_guard_for_a_model_without_one(tmp_path: Path, monkeypa
     line = text.split("default policy: retrieve when guard_score <", 1)[1].split("profile written", 1)[0]
     assert "95% Clopper-Pearson interval" in line and "syllable 100% [" in line, line
     guard = ModelProfile.load(out).guard
-    assert guard is not None and guard.datasets == ["self-labelled tune questions"]
+    assert guard is not None and guard.datasets == ["traffic-tune"]
     assert set(guard.reference_scores) <= set(GROUPS) and guard.reference_labels["real-correct"] is True
     assert guard.cv_auroc is not None and guard.cv_auroc > 0.95
 
