@@ -149,6 +149,10 @@ def _fit_self_labelled(backend: Any, opts: DecodingOptions, batch_size: int) -> 
         guard, counts = fit_self_labelled(backend, opts, batch_size, on_batch=lambda k: bar.advance(task, k))
     shown = ", ".join(f"{g} {n}" for g, n in counts.items())
     _common.out.print(f"guard fit on the shipped labelled questions (tune half), answers per group: {shown}", highlight=False)
+    real = counts["real-correct"] + counts["real-wrong"]
+    if real:  # what this model (and backend) gets right, beside what the guard flags
+        share = counts["real-correct"] / real
+        _common.out.print(f"accuracy on the real questions: {share:.1%} ({counts['real-correct']} of {real})", highlight=False)
     return guard
 
 

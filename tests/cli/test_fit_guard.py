@@ -69,6 +69,9 @@ def test_calibrate_fits_a_guard_for_a_model_without_one(tmp_path: Path, monkeypa
     text = " ".join(res.output.split())  # the console wraps long lines
     assert "guard fit on the shipped labelled questions (tune half), answers per group: real-correct" in text
     assert "default policy threshold: passes at least 80% of correct answers at 90% confidence: guaranteed" in text
+    n_real = sum(1 for q in TUNE if q.group == "real")
+    right = sum(1 for q in TUNE if q.group == "real" and hash(q.question) % 2 == 0)
+    assert f"accuracy on the real questions: {right / n_real:.1%} ({right} of {n_real})" in text
     line = text.split("default policy: retrieve when guard_score <", 1)[1].split("profile written", 1)[0]
     assert "95% Clopper-Pearson interval" in line and "syllable 100% [" in line, line
     guard = ModelProfile.load(out).guard
