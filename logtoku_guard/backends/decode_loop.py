@@ -57,7 +57,7 @@ from logtoku_guard.uncertainty import EvidenceMode
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DecodeLoop", "KVBatch", "LiveRow", "Scoring"]
+__all__ = ["DecodeLoop", "LiveRow", "Scoring"]
 
 
 @dataclass(frozen=True)

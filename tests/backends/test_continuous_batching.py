@@ -141,7 +141,7 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
     import torch
     from transformers import DynamicCache
 
-    from logtoku_guard.backends.decode_loop import KVBatch
+    from logtoku_guard.backends.kv_batch import KVBatch
 
     def cache(keys: torch.Tensor) -> Any:
         c = DynamicCache()
