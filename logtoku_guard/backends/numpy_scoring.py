@@ -5,7 +5,7 @@ raw float32 logits that llama.cpp hands over as memory (``(rows, vocab)`` numpy 
 :func:`top_k` (the same chunked search as :func:`~logtoku_guard.backends.recorder.top_k`),
 :func:`lse_entropy` (log-normaliser and softmax entropy, shifted by the row maximum),
 :func:`record` (a :class:`~logtoku_guard.backends.recorder.StepRecorder` step, whose AU/EU the
-recorder then computes with :func:`~logtoku_guard.backends.recorder.clamped_logtoku`, the
+recorder then computes with :func:`~logtoku_guard.uncertainty.clamped_logtoku`, the
 library's maths in float64 Python), :func:`prompt_scores` (the question's tokens scored from
 the prefill's logits, as :func:`~logtoku_guard.backends.prompt_scoring.score_kept` does) and
 :func:`sample` (temperature, dynamic temperature and top-p, as transformers' warpers do).
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
-from logtoku_guard.backends.recorder import TOP_K_CHUNK, StepRecorder, StepScores, clamped_logtoku
+from logtoku_guard.backends.recorder import TOP_K_CHUNK, StepRecorder, StepScores
 from logtoku_guard.types import DecodingOptions, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode
+from logtoku_guard.uncertainty import EvidenceMode, clamped_logtoku, token_logtoku
 
 if TYPE_CHECKING:
     import numpy as np
@@ -96,19 +96,6 @@ def record(recorder: StepRecorder, logits: np.ndarray) -> None:
     recorder.pending = StepScores(values, ids, None, None, logits, lse, entropy)
 
 
-def _logtoku(values: list[list[float]], evidence: EvidenceMode) -> tuple[list[float], list[float]]:
-    """AU and EU of each row of K logits: clamped in float64 Python, raw with the tensor maths."""
-    if evidence == "clamped":
-        pairs = [clamped_logtoku(v) for v in values]
-        return [a for a, _ in pairs], [e for _, e in pairs]
-    import torch
-
-    from logtoku_guard.uncertainty import logtoku
-
-    au, eu = logtoku(torch.tensor(values, dtype=torch.float32), evidence)
-    return au.tolist(), eu.tolist()
-
-
 def prompt_scores(
     logits: np.ndarray, ids: Sequence[int], span: QuestionSpan, k: int, evidence: EvidenceMode
 ) -> tuple[TokenScore, ...]:
@@ -118,7 +105,7 @@ def prompt_scores(
     if span.end <= first:
         return ()
     values, top_ids = top_k(logits, k)
-    au, eu = _logtoku(values, evidence)
+    au, eu = token_logtoku(values, evidence)
     lse, entropy = lse_entropy(logits, [v[0] for v in values])
     out = []
     for j in range(span.end - first):

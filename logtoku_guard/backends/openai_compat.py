@@ -275,16 +275,14 @@ class OpenAICompatibleBackend:
 
     def _tokens(self, entries: Sequence[proto.ChatTokenLogprob], start_index: int = 0, check: bool = True) -> list[TokenScore]:
         """TokenScores from ``logprobs.content`` entries (AU/EU recomputed from the raw top-K)."""
-        import torch
-
-        from logtoku_guard.uncertainty import logtoku
+        from logtoku_guard.uncertainty import token_logtoku
 
         if not entries:
             return []
         rows = [self._top_values(e) for e in entries]
         if check:
             self._refuse_logprobs([z for e, z in zip(entries, rows) if e.logtoku is None][:_CHECK_TOKENS])
-        au, eu = logtoku(torch.tensor(rows, dtype=torch.float64), self._evidence)
+        au, eu = token_logtoku(rows, self._evidence)
         out = []
         for j, (e, z) in enumerate(zip(entries, rows)):
             extra = e.logtoku  # only from logtoku-guard serve: ids and the true full-softmax values

@@ -36,40 +36,10 @@ from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
 from logtoku_guard.backends.stop_strings import releasable, truncate_at_stop
 from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
 from logtoku_guard.types import FinishReason, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
+from logtoku_guard.uncertainty import EvidenceMode, clamped_logtoku, logsumexp_entropy, logtoku
 
 if TYPE_CHECKING:
     import torch
-
-
-def digamma(x: float) -> float:
-    """The digamma function for ``x > 0`` (recurrence up to 6, then the asymptotic series; ~1e-13)."""
-    shift = 0.0
-    while x < 6.0:
-        shift -= 1.0 / x
-        x += 1.0
-    f = 1.0 / (x * x)
-    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
-    return shift + math.log(x) - 0.5 / x - series
-
-
-def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
-    """AU and EU of one token's top-K logits, clamped evidence, in float64 Python.
-
-    The same maths as :func:`~logtoku_guard.uncertainty.logtoku` (``"clamped"``) without a
-    dozen tiny tensor operations per step: for the K values of a token (K is small) plain
-    floats are several times cheaper. Non-finite values give NaN (the caller raises).
-    """
-    if not all(map(math.isfinite, values)):
-        return math.nan, math.nan
-    alpha = [v if v > 0.0 else 0.0 for v in values]
-    alpha0 = sum(alpha)
-    eu = len(values) / (alpha0 + len(values))
-    if alpha0 <= 0.0:
-        return 0.0, eu
-    psi0 = digamma(alpha0 + 1.0)
-    au = -sum((a / alpha0) * (digamma(a + 1.0) - psi0) for a in alpha if a > 0.0)
-    return max(au, 0.0), eu
 
 
 TOP_K_CHUNK = 64

@@ -516,8 +516,7 @@ def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
 def test_python_clamped_scores_equal_the_tensor_maths() -> None:
     import torch
 
-    from logtoku_guard.backends.recorder import clamped_logtoku
-    from logtoku_guard.uncertainty import logtoku
+    from logtoku_guard.uncertainty import clamped_logtoku, logtoku
 
     torch.manual_seed(1)
     rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])])
