@@ -27,10 +27,14 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.guard_score import GuardModel, StatsLike
 
 __all__ = [
     "GROUPS",
@@ -145,13 +149,13 @@ def outcome_of(question: LabelledQuestion, answer: str) -> str:
 
 
 def fit_self_labelled(
-    backend: Any,
+    backend: Backend,
     options: DecodingOptions | None = None,
     batch_size: int = 8,
     on_batch: Callable[[int], None] | None = None,
     questions: Sequence[LabelledQuestion] | None = None,
     seed: int = 0,
-) -> tuple[Any, dict[str, int]]:
+) -> tuple[GuardModel, dict[str, int]]:
     """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
     its group and fit the guard; returns the guard and how many answers fell in each group."""
     from logtoku_guard.stats import ResponseStats
@@ -172,7 +176,7 @@ def fit_self_labelled(
 
 
 def fit_on_outcomes(
-    rows: Sequence[Any],
+    rows: Sequence[StatsLike],
     groups: Sequence[str],
     *,
     source: str,
@@ -182,7 +186,7 @@ def fit_on_outcomes(
     seed: int = 0,
     balance_groups: bool = False,
     max_tokens: int | None = None,
-) -> Any:
+) -> GuardModel:
     """The guard fit on answers labelled by their group (``real-correct`` right, every other wrong),
     cross-fitted, each group's out-of-fold scores kept: the one fit of ``calibrate --fit-guard`` and
     of the harness's ``eval traffic`` (which fit the shipped guard)."""
