@@ -372,3 +372,31 @@ def test_the_server_and_the_review_page_never_import_the_cli() -> None:
         }
         assert not {m: found for m, found in upward.items() if found}, upward
     assert any(m.startswith("logtoku_guard.server") for m in graph["logtoku_guard.cli.serve"])  # the check sees edges
+
+
+def test_the_architecture_map_names_every_core_package_and_module_and_nothing_that_is_gone() -> None:
+    """docs/ARCHITECTURE.md stays true: each core subpackage and module is named in it (by its file
+    name), and each core path it names (``backends/``, ``server/app.py``...) exists."""
+    import re
+
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*(?:/[A-Za-z_][A-Za-z0-9_]*)*(?:\.py|/))`", doc))
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.name in ("__init__.py", "__main__.py") or "data" in rel.parts:
+            continue
+        if f"{rel.parent.name}/{rel.name}" not in named and rel.name not in named:
+            missing.append(str(rel))
+    for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()):
+        if f"{folder.name}/" not in named:
+            missing.append(f"{folder.name}/")
+    assert not missing, f"docs/ARCHITECTURE.md does not name: {missing}"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    folders = {str(Path(f).parent) + "/" for f in tracked}
+    gone = [
+        n
+        for n in named
+        if not any(f == n or f.endswith("/" + n) for f in tracked) and not any(d == n or d.endswith("/" + n) for d in folders)
+    ]
+    assert not gone, f"docs/ARCHITECTURE.md names paths that do not exist: {gone}"
