@@ -39,6 +39,7 @@ __all__ = [
     "Op",
     "Quantile",
     "Risk",
+    "RiskTargetWarning",
     "StrictModel",
     "combinator_kind",
     "describe_checks",
@@ -169,8 +170,12 @@ class Compare(StrictModel):
         return self.stat in MONOTONE_INCREASING and self.op in (">", ">=")
 
     def check_quantiles(self, profile: ModelProfile | None) -> None:
-        """Raise :class:`ConfigurationError` when a quantile threshold cannot be placed on ``profile``."""
+        """Raise :class:`ConfigurationError` when a quantile threshold cannot be placed on ``profile``
+        (a risk target the profile's labels cannot support, with a fallback: warn, naming the best
+        bound, and compare the fallback instead)."""
         usable = self.fallback is None or not isinstance(self.value, (Quantile, Risk)) or _profiled(self, profile)
+        if not usable and isinstance(self.value, Risk):
+            _warn_unsupported(self.value, profile, self.fallback)
         resolve_threshold(self, profile, self.stat if usable else self.fallback)
         if self.fallback is not None and isinstance(self.fallback_value, Quantile):  # the fallback may be needed per answer
             resolve_threshold(self, profile, self.fallback)
@@ -327,14 +332,43 @@ def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -
     return c.stat if available else c.fallback
 
 
+class RiskTargetWarning(UserWarning):
+    """A risk-stated threshold the profile's labelled answers cannot support: its rule compares its fallback instead."""
+
+
 def _profiled(c: Compare, profile: ModelProfile | None) -> bool:
     """Whether ``profile`` can place ``c``'s own threshold: the stat's grid for a quantile, a guard
-    with labelled reference scores for a risk target."""
+    whose labelled reference scores support the target for a risk target."""
     if profile is None:
         return False
     if isinstance(c.value, Risk):
-        return profile.guard is not None and all(profile.guard.labelled_scores())
+        chosen = _risk_choice(c.value, profile)
+        return chosen is not None and bool(chosen.met)
     return profile.has_stat(c.stat)
+
+
+def _risk_choice(target: Risk, profile: ModelProfile | None) -> Any:
+    """The :class:`~logtoku_guard.calibration.risk.RiskThreshold` of ``target`` on ``profile``'s guard
+    (None: no guard with labelled reference scores)."""
+    from logtoku_guard.calibration.risk import choose_threshold
+
+    guard = profile.guard if profile is not None else None
+    correct, wrong = guard.labelled_scores() if guard is not None else ([], [])
+    if not correct or not wrong:
+        return None
+    return choose_threshold(correct, wrong, target.kind, target.target, target.confidence)
+
+
+def _warn_unsupported(target: Risk, profile: ModelProfile | None, fallback: str | None) -> None:
+    import warnings
+
+    chosen = _risk_choice(target, profile)
+    why = f"its labelled answers cannot support it: {chosen.describe()}" if chosen is not None else "it has no labelled guard"
+    warnings.warn(
+        f"the profile cannot place the {target.kind} threshold on guard_score ({why}); the rule compares {fallback} instead",
+        RiskTargetWarning,
+        stacklevel=4,
+    )
 
 
 def resolve_threshold(
@@ -361,17 +395,13 @@ def resolve_threshold(
 
 
 def _risk_threshold(target: Risk, profile: ModelProfile | None) -> tuple[float, None, str]:
-    from logtoku_guard.calibration.risk import choose_threshold
-
-    guard = profile.guard if profile is not None else None
-    correct, wrong = guard.labelled_scores() if guard is not None else ([], [])
-    if not correct or not wrong:
+    chosen = _risk_choice(target, profile)
+    if chosen is None:
         msg = (
             f"a {target.kind} threshold is chosen on the profile's fitted guard and its labelled out-of-fold scores, "
             "and this profile has none; run `logtoku-guard calibrate --labels FILE` (or give a fallback)"
         )
         raise ConfigurationError(msg)
-    chosen = choose_threshold(correct, wrong, target.kind, target.target, target.confidence)
     if not chosen.met:
         msg = f"the profile's labelled answers cannot support this target: {chosen.describe()}"
         raise ConfigurationError(msg)

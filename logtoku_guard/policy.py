@@ -289,8 +289,10 @@ those answers, with no bound; on the test half it passed 83.9% [76.8, 90.2] of c
 and flagged 73.3% [66.5, 79.5] of wrong ones, 96.9% [93.8, 99.4] of plausible and 97.4% [94.0,
 100] of syllable-name fabrications (RESULTS.md section 8). The guarantee is about answers like
 the calibration answers; a guard fit on another model's labels (``calibrate --labels``) gets its
-own threshold for the same statement, and too few labelled correct answers (fewer than 11 at
-these settings) cannot support it: the policy then says so instead of guessing."""
+own threshold for the same statement; too few labelled correct answers (fewer than 11 at these
+settings) cannot support it, and the policy then says so (a
+:class:`~logtoku_guard.conditions.RiskTargetWarning` with the best bound it could give) and flags on
+its fallback, a quantile of ``reliability``, instead of guessing a guard-score threshold."""
 
 DEFAULT_FLAG_QUANTILE = 0.796
 """Where the default threshold lies in the embedded model's calibration profile; the default

@@ -2,7 +2,7 @@
 unescaped ``[llamacpp]`` is taken for a style tag and vanishes (``pip install 'logtoku-guard'``).
 
 The walk covers every command and option of ``logtoku-guard`` (the ``eval`` plugin's:
-``tests/evaluation/test_eval_help_texts.py``).
+``evaluation/tests/test_eval_help_texts.py``).
 """
 
 from __future__ import annotations

@@ -194,3 +194,29 @@ def test_a_risk_policy_loads_from_yaml_and_its_check_reaches_ask_json(tmp_path: 
     data = json.loads(json.dumps(result_payload(result)))
     assert "passes at least 90% of correct answers at 95% confidence" in data["checks"][0]["guarantee"]
     assert np.isfinite(data["checks"][0]["threshold"])
+
+
+def test_an_unsupported_target_with_a_fallback_warns_and_compares_the_fallback() -> None:
+    """The default policy's form: too few labelled correct answers for its coverage statement make
+    it say so (RiskTargetWarning, with the best bound) and flag on reliability's quantile instead."""
+    from logtoku_guard.conditions import RiskTargetWarning
+    from logtoku_guard.guard_score import GuardModel
+
+    profile, backend, guard = guarded_profile()
+    few = guard.model_copy(update={"reference_scores": {"real-correct": [0.9] * 5, "real-wrong": [0.1] * 5}})
+    assert isinstance(few, GuardModel)
+    small = profile.model_copy(update={"guard": few})
+    when = {
+        "stat": "guard_score",
+        "op": "<",
+        "value": {"coverage": 0.8, "confidence": 0.9},
+        "fallback": "reliability",
+        "fallback_value": {"quantile": 0.5},
+    }
+    policy = Policy.from_dict({"name": "p", "rules": [{"name": "low", "when": {"any": [when, ALWAYS]}, "action": "abstain"}]})
+    with pytest.warns(RiskTargetWarning, match=r"cannot support it: .*NOT met; best lower bound 63\.1%.*compares reliability"):
+        result = Guard(backend, policy=policy, profile=small).run("q2?")
+    assert result.decision.checks[0].stat == "reliability" and result.decision.checks[0].quantile == 0.5
+
+
+ALWAYS = {"stat": "n_tokens", "op": ">=", "value": 0}

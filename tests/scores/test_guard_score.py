@@ -1,5 +1,5 @@
 """Prompt-side scores, the learned guard score and its profile round-trip (no real model; the
-``eval fabricated`` benchmark is tested in tests/evaluation/test_fabricated_eval.py)."""
+``eval fabricated`` benchmark is tested in evaluation/tests/test_fabricated_eval.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A scripted stand-in for the CLI's model loading, for the core CLI's tests (``tests/cli``,
-which replace ``_common.load_backend``) and the evaluation harness's (``tests/evaluation``, which
+which replace ``_common.load_backend``) and the evaluation harness's (``evaluation/tests``, which
 replace the public ``logtoku_guard.cli.toolkit.load_backend`` the harness calls)."""
 
 from __future__ import annotations
