@@ -17,13 +17,16 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import GuardModel, fit_guard
 from logtoku_guard.jsonl import json_lines
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.base import Backend
 
 __all__ = ["fit_on_labels", "read_labels", "shipped_guard", "shipped_guard_path"]
 
@@ -52,7 +55,7 @@ def read_labels(path: str | os.PathLike[str]) -> list[tuple[str, bool]]:
 
 
 def fit_on_labels(
-    backend: Any,
+    backend: Backend,
     labelled: Sequence[tuple[str, bool]],
     options: DecodingOptions | None = None,
     batch_size: int = 8,

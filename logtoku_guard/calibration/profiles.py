@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,6 +35,9 @@ from logtoku_guard.guard_score import GuardModel, with_guard_score
 from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
 from logtoku_guard.uncertainty import QuadrantThresholds
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.base import Backend
 
 __all__ = [
     "GRID",
@@ -291,7 +294,7 @@ def build_profile(generations: Sequence[Generation], source: str, guard: GuardMo
 
 
 def calibrate(
-    backend: Any,
+    backend: Backend,
     prompts: Sequence[str],
     options: DecodingOptions | None = None,
     batch_size: int = 8,
