@@ -31,7 +31,7 @@ infinite value fires. Files are read within bounds (size, values, nesting, no
 YAML aliases: :mod:`logtoku_guard.policy_loading`).
 
 A ``tool_calls:`` section holds the rules for an agent's tool calls (per-argument statistics;
-actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.tool_gate.policy`.
+actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.tool_gate.call_policy`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.templates import check_template
-from logtoku_guard.tool_gate.policy import ToolCallPolicy
+from logtoku_guard.tool_gate.call_policy import ToolCallPolicy
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
@@ -179,7 +179,7 @@ class Policy(StrictModel):
     undefined: UndefinedMode = "least_reliable"
     tool_calls: ToolCallPolicy = ToolCallPolicy()
     """Rules for the tool calls of an agent's answers, applied before each tool runs
-    (:mod:`logtoku_guard.tool_gate.policy`; used by ``LogTokUMiddleware``)."""
+    (:mod:`logtoku_guard.tool_gate.call_policy`; used by ``LogTokUMiddleware``)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:

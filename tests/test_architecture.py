@@ -376,7 +376,7 @@ def test_the_server_and_the_review_page_never_import_the_cli() -> None:
 
 def test_the_architecture_map_names_every_core_package_and_module_and_nothing_that_is_gone() -> None:
     """docs/ARCHITECTURE.md stays true: each core subpackage and module is named in it (by its file
-    name), and each core path it names (``backends/``, ``server/app.py``...) exists."""
+    name), and each core path it names (``backends/``, ``server/routes.py``...) exists."""
     import re
 
     doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
@@ -400,3 +400,13 @@ def test_the_architecture_map_names_every_core_package_and_module_and_nothing_th
         if not any(f == n or f.endswith("/" + n) for f in tracked) and not any(d == n or d.endswith("/" + n) for d in folders)
     ]
     assert not gone, f"docs/ARCHITECTURE.md names paths that do not exist: {gone}"
+
+
+def test_no_two_core_modules_share_a_file_name() -> None:
+    """A reader (and a traceback) names a module by its file: each file name is one module in the core."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not repeated, f"module file names repeated inside logtoku_guard/: {repeated}"

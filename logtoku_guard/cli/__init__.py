@@ -18,9 +18,9 @@ from typing import Annotated
 
 import typer
 
-from logtoku_guard.cli import audit, guard, review, score
+from logtoku_guard.cli import audit, guard_commands, review_commands, score
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
-from logtoku_guard.cli.guard import run_calibration
+from logtoku_guard.cli.guard_commands import run_calibration
 from logtoku_guard.cli.plugins import add_plugins
 from logtoku_guard.cli.review_serve import add_reviewer
 from logtoku_guard.cli.review_serve import serve as review_serve
@@ -55,12 +55,12 @@ def _root(
 
 
 app.command()(score.score)
-app.command()(guard.calibrate)
-app.command()(guard.ask)
+app.command()(guard_commands.calibrate)
+app.command()(guard_commands.ask)
 app.command("serve")(serve_command)
-review.review_app.command("serve")(review_serve)
-review.review_app.command("add-reviewer")(add_reviewer)
-app.add_typer(review.review_app, name="review")
+review_commands.review_app.command("serve")(review_serve)
+review_commands.review_app.command("add-reviewer")(add_reviewer)
+app.add_typer(review_commands.review_app, name="review")
 app.add_typer(audit.audit_app, name="audit")
 
 

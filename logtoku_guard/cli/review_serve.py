@@ -1,6 +1,6 @@
 """``logtoku-guard review serve`` and ``logtoku-guard review add-reviewer`` (typer commands).
 
-Registered by :mod:`logtoku_guard.cli.review` as ``review_app.command("serve")(serve)`` and
+Registered by :mod:`logtoku_guard.cli.review_commands` as ``review_app.command("serve")(serve)`` and
 ``review_app.command("add-reviewer")(add_reviewer)``. Starlette, Jinja2 and uvicorn (the
 ``review`` extra) are imported only when ``serve`` runs.
 """
@@ -90,7 +90,7 @@ def serve(
     try:
         import uvicorn
 
-        from logtoku_guard.review_web.app import create_app
+        from logtoku_guard.review_web.site import create_app
     except ImportError as e:
         raise _common.fail(
             MissingDependencyError(f"the review page needs the review extra ({e}); pip install 'logtoku-guard[review]'")

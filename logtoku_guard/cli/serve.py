@@ -92,7 +92,7 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
-    from logtoku_guard.server.app import ServerSettings, check_api_key, require_serve_extra
+    from logtoku_guard.server.routes import ServerSettings, check_api_key, require_serve_extra
     from logtoku_guard.server.run import check_graceful_timeout, check_host, run_server, url
     from logtoku_guard.server.wire import Limits
     from logtoku_guard.sockets import bind_socket, check_port

@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from logtoku_guard.audit.records import AuditRecord, ReviewItem
 from logtoku_guard.safe_text import safe_text
-from logtoku_guard.tool_gate.review import arguments_json
+from logtoku_guard.tool_gate.call_review import arguments_json
 from logtoku_guard.uncertainty import Quadrant
 
 __all__ = [

@@ -4,7 +4,7 @@ Layout: the bodies are the pydantic models of :mod:`logtoku_guard.openai_protoco
 :mod:`~logtoku_guard.server.wire` (the server's limits, response bodies; no web framework),
 :mod:`~logtoku_guard.server.body` (size and JSON depth limits before parsing),
 :mod:`~logtoku_guard.server.engine` (generation and guarding off the event loop; the
-:class:`Runner` seam a batcher replaces), :mod:`~logtoku_guard.server.app` (the FastAPI app),
+:class:`Runner` seam a batcher replaces), :mod:`~logtoku_guard.server.routes` (the FastAPI app),
 :mod:`~logtoku_guard.server.run` (uvicorn: :func:`run_server`, :class:`BackgroundServer`),
 :mod:`~logtoku_guard.server.gate` (the policy's ``tool_calls`` rules on served calls) and
 :mod:`~logtoku_guard.server.metrics` (``GET /metrics``). The ``serve`` command is the CLI's
@@ -20,14 +20,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from logtoku_guard.server.app import ServerSettings, create_app
     from logtoku_guard.server.engine import Engine, Runner, ThreadRunner
+    from logtoku_guard.server.routes import ServerSettings, create_app
     from logtoku_guard.server.run import BackgroundServer, build_app, run_server
     from logtoku_guard.server.wire import Limits
 
 _LAZY = {
-    "ServerSettings": "logtoku_guard.server.app",
-    "create_app": "logtoku_guard.server.app",
+    "ServerSettings": "logtoku_guard.server.routes",
+    "create_app": "logtoku_guard.server.routes",
     "Engine": "logtoku_guard.server.engine",
     "Runner": "logtoku_guard.server.engine",
     "ThreadRunner": "logtoku_guard.server.engine",

@@ -6,7 +6,7 @@ from its per-argument scores, before the client sees it:
 
 - ``run``: the call is returned as usual;
 - ``human_review``: the call is withheld, recorded for review in the server's store (its ``answer``
-  is the call's arguments as JSON, :func:`~logtoku_guard.tool_gate.review.tool_call_record`), and
+  is the call's arguments as JSON, :func:`~logtoku_guard.tool_gate.call_review.tool_call_record`), and
   the content says so with the review id; ``GET /v1/logtoku/reviews/{id}`` returns the approved
   (or edited) arguments once a reviewer decides (``logtoku-guard review serve``);
 - ``refuse``: the call is withheld, the content is the policy's refusal message;
@@ -140,7 +140,7 @@ def _apply_decisions(
     messages: list[ChatMessage],
 ) -> GatedAnswer:
     """Keep the calls to run; record the ones for review; say why the others did not run."""
-    from logtoku_guard.tool_gate.review import tool_call_record
+    from logtoku_guard.tool_gate.call_review import tool_call_record
 
     policy = engine.policy
     assert policy is not None  # only called under a policy

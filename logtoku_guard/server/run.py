@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.server.app import ServerSettings, create_app
 from logtoku_guard.server.engine import Engine, ThreadRunner
+from logtoku_guard.server.routes import ServerSettings, create_app
 from logtoku_guard.sockets import bind_socket
 
 if TYPE_CHECKING:

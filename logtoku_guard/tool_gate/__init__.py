@@ -2,16 +2,16 @@
 action before the tool runs (run, human review, re-ask, refuse).
 
 Framework-free: :mod:`~logtoku_guard.tool_gate.scores` parses the scores a model writes beside
-its tool calls, :mod:`~logtoku_guard.tool_gate.policy` decides on one call, and
-:mod:`~logtoku_guard.tool_gate.review` builds the audit record of a gated call and reads a
+its tool calls, :mod:`~logtoku_guard.tool_gate.call_policy` decides on one call, and
+:mod:`~logtoku_guard.tool_gate.call_review` builds the audit record of a gated call and reads a
 reviewer's verdict back. The LangChain agent middleware applies them
 (``langchain_logtoku.LogTokUMiddleware``).
 """
 
 from __future__ import annotations
 
-from logtoku_guard.tool_gate.conditions import ArgumentCheck, ArgumentCompare
-from logtoku_guard.tool_gate.policy import ToolAction, ToolCallPolicy, ToolDecision, ToolRule
+from logtoku_guard.tool_gate.call_conditions import ArgumentCheck, ArgumentCompare
+from logtoku_guard.tool_gate.call_policy import ToolAction, ToolCallPolicy, ToolDecision, ToolRule
 from logtoku_guard.tool_gate.scores import ARGUMENT_STATS, ArgumentScore, ScoredToolCall, parse_tool_call_scores
 
 __all__ = [

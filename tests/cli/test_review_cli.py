@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.cli import app
-from logtoku_guard.cli.review import os_user
+from logtoku_guard.cli.review_commands import os_user
 
 runner = CliRunner()
 

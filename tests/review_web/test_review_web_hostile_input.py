@@ -17,8 +17,8 @@ from starlette.testclient import TestClient
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.review_web import create_app
-from logtoku_guard.review_web.app import LOGIN_COOKIE
 from logtoku_guard.review_web.auth import SESSION_COOKIE
+from logtoku_guard.review_web.site import LOGIN_COOKIE
 
 from .support import ADMIN_TOKEN, csrf_of, queue
 

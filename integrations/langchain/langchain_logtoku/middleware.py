@@ -35,7 +35,7 @@ field ``logtoku_guard``, the AIMessage's ``response_metadata["logtoku_guard"]``,
 Tool calls (the policy's ``tool_calls`` rules, :mod:`langchain_logtoku.tool_gate`): ``after_model``
 decides each call of the answer from its per-argument scores (re-asking the model at once);
 ``wrap_tool_call`` refuses a call or interrupts before it runs for review (resume with a
-:class:`~logtoku_guard.tool_gate.review.ToolReviewResponse`); other calls run.
+:class:`~logtoku_guard.tool_gate.call_review.ToolReviewResponse`); other calls run.
 
 Streaming: the model calls made inside the hook carry LangGraph's ``nostream`` tag, so in
 ``stream_mode="messages"`` no draft is streamed token by token; the final AIMessage reaches the

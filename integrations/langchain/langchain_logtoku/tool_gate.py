@@ -13,8 +13,8 @@ resume, so anything written before an ``interrupt()`` must live in an earlier no
   field ``logtoku_tool_gate``.
 - ``wrap_tool_call`` (in the tools node, per call): a refused call returns the refusal tool
   message and the tool does not run; a call under review ``interrupt()``s with a
-  :class:`~logtoku_guard.tool_gate.review.ToolReviewRequest` and is resumed with a
-  :class:`~logtoku_guard.tool_gate.review.ToolReviewResponse` (approve: the tool runs; edit: it
+  :class:`~logtoku_guard.tool_gate.call_review.ToolReviewRequest` and is resumed with a
+  :class:`~logtoku_guard.tool_gate.call_review.ToolReviewResponse` (approve: the tool runs; edit: it
   runs with the reviewer's arguments; reject: it does not, and the agent gets a tool message
   with the note). Other calls run untouched. Needs a checkpointer, as every interrupt does.
 """
@@ -34,8 +34,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_gate.policy import ToolDecision
-from logtoku_guard.tool_gate.review import ToolReviewRequest, ToolReviewResponse, review_request, tool_call_record
+from logtoku_guard.tool_gate.call_policy import ToolDecision
+from logtoku_guard.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request, tool_call_record
 from logtoku_guard.tool_gate.scores import ScoredToolCall, parse_tool_call_scores
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from logtoku_guard.conditions import StrictModel
 from logtoku_guard.errors import short_repr
 from logtoku_guard.templates import check_template
-from logtoku_guard.tool_gate.conditions import ArgumentCheck, ToolCondition
+from logtoku_guard.tool_gate.call_conditions import ArgumentCheck, ToolCondition
 from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 __all__ = ["ReaskSettings", "RefuseSettings", "ToolAction", "ToolCallPolicy", "ToolDecision", "ToolRule"]

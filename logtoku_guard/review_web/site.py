@@ -37,7 +37,7 @@ from logtoku_guard.audit.store import AuditStore
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
 from logtoku_guard.review_web import views
 from logtoku_guard.review_web.auth import SESSION_COOKIE, Session, SessionStore
-from logtoku_guard.review_web.queue import QueueFilter, list_queue
+from logtoku_guard.review_web.queue_page import QueueFilter, list_queue
 
 __all__ = ["create_app"]
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from logtoku_guard.audit.records import AuditRecord
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.tool_gate.policy import ToolDecision
+from logtoku_guard.tool_gate.call_policy import ToolDecision
 from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 if TYPE_CHECKING:
