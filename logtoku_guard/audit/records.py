@@ -343,6 +343,19 @@ class ReviewItem:
         return self.final_answer if self.status == "approved" else self.record.answer
 
 
+@dataclass(frozen=True)
+class DecisionRow:
+    """What drift statistics read of one record: when, which model and policy, the rule that fired
+    (None: none), the action, and the statistics the policy saw (``None`` = undefined)."""
+
+    created_at: datetime
+    model: str
+    policy: str
+    rule: str | None
+    action: str
+    stats: dict[str, float | None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PurgeSummary:
     """What a purge removed (or, with ``dry_run``, would remove).

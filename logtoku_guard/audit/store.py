@@ -50,7 +50,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from logtoku_guard.audit import _files
 from logtoku_guard.audit.queue import ReviewQueue
-from logtoku_guard.audit.records import _OPEN, AuditRecord, PurgeSummary, _utcnow
+from logtoku_guard.audit.records import _OPEN, AuditRecord, DecisionRow, PurgeSummary, _utcnow
 from logtoku_guard.audit.redact import RedactMode, Redactor, redact_record, redactor
 from logtoku_guard.audit.schema import (
     _ADDED_COLUMNS,
@@ -421,6 +421,17 @@ class AuditStore(ReviewQueue):
         stmt = _record_select.order_by(_records.c.created_at.desc(), _records.c.id.desc()).limit(n)
         with self._transaction("read", write=False) as conn:
             return [_row_to_record(m) for m in conn.execute(stmt).mappings()]
+
+    def decisions(self, since: datetime | None = None) -> list[DecisionRow]:
+        """Each record's time, model, policy, rule, action and statistics (no tokens), oldest first;
+        ``since``: at or after it (aware, UTC)."""
+        cols = [_records.c[c] for c in ("created_at", "model", "policy_name", "rule", "action", "stats")]
+        stmt = sa.select(*cols).order_by(_records.c.created_at, _records.c.id)
+        if since is not None:
+            stmt = stmt.where(_records.c.created_at >= since)
+        with self._transaction("read", write=False) as conn:
+            rows = conn.execute(stmt).all()
+        return [DecisionRow(t, m, p, r, a, dict(s) if isinstance(s, dict) else {}) for t, m, p, r, a, s in rows]
 
     def count(self) -> int:
         """Number of records in the store."""

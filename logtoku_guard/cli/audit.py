@@ -1,4 +1,4 @@
-"""``logtoku-guard audit ...``: the audit trail of guard decisions (tail, export, purge).
+"""``logtoku-guard audit ...``: the audit trail of guard decisions (tail, stats, export, purge).
 
 Stored texts are printed through :func:`~logtoku_guard.cli._common.safe_text` (no markup, control
 characters shown as escapes). ``export`` writes atomically and never onto the store itself;
@@ -17,7 +17,7 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
 from logtoku_guard.errors import ConfigurationError
 
-audit_app = typer.Typer(help="The audit trail of guard decisions: tail, export, purge.", no_args_is_help=True)
+audit_app = typer.Typer(help="The audit trail of guard decisions: tail, stats, export, purge.", no_args_is_help=True)
 
 
 @audit_app.command("tail")
@@ -61,6 +61,74 @@ def audit_tail(
             safe_text(r.prompt[:60]),
         )
     _common.out.print(table)
+
+
+@audit_app.command("stats")
+def audit_stats(
+    store: StoreOpt = None,
+    by: Annotated[str, typer.Option(help="Group by UTC 'day' or ISO 'week'.")] = "week",
+    since: Annotated[str | None, typer.Option(help="Only decisions at or after this ISO date/time (UTC).")] = None,
+    profile: Annotated[
+        Path | None, typer.Option(help="Profile whose expected flag rate each period is compared with (default: each model's).")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder of saved profiles.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object ({periods: [...]}) instead of a table.")] = False,
+) -> None:
+    """Flag rates (each rule's and in all) and guard_score / max_eu quantiles per day or week, against
+    the profile's expected flag rate; a period whose rate leaves its 95% interval is reported as drift."""
+    from datetime import datetime, timezone
+
+    from logtoku_guard.calibration import ModelProfile, find_profile_for
+    from logtoku_guard.calibration.drift import drift_report, expected_flag_rate
+
+    if by not in ("day", "week"):
+        raise _common.fail(ConfigurationError(f"--by must be 'day' or 'week', got {by!r}"))
+    when = None
+    if since is not None:
+        try:
+            when = datetime.fromisoformat(since)
+        except ValueError:
+            msg = f"--since must be an ISO date or date and time such as 2026-11-01 or 2026-11-01T09:30, got {since!r}"
+            raise _common.fail(ConfigurationError(msg)) from None
+        when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    try:
+        explicit = ModelProfile.load(profile) if profile is not None else None
+    except (OSError, ValueError) as exc:
+        msg = f"--profile {str(profile)!r} is not a model profile ({type(exc).__name__}); make one with `logtoku-guard calibrate`"
+        raise _common.fail(ConfigurationError(msg)) from exc
+    rows = _common.store_read(store, "decisions", when)
+    expected: dict[str, float | None] = {}
+
+    def expect(model: str) -> float | None:
+        if model not in expected:
+            found = explicit if explicit is not None else (find_profile_for(model, cache_dir=cache_dir) or (None,))[0]
+            expected[model] = expected_flag_rate(found)
+        return expected[model]
+
+    periods = drift_report(rows, by, expect)  # type: ignore[arg-type]
+    if as_json:
+        _common.print_json({"by": by, "periods": [p.as_json() for p in periods]})
+    else:
+        table = Table(title=f"{sum(p.n for p in periods)} decision(s) by {by}")
+        columns = ("period", "model", "answers", "flagged [95% CI]", "expected", "by rule", "guard_score q10/50/90", "max_eu q50")
+        for col in columns:
+            table.add_column(col)
+        for p in periods:
+            lo, hi = p.interval
+            table.add_row(
+                p.period,
+                safe_text(p.model),
+                str(p.n),
+                f"{100 * p.flag_rate:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
+                "-" if p.expected is None else f"{100 * p.expected:.0f}%",
+                safe_text(", ".join(f"{r} {100 * k / p.n:.0f}%" for r, k in sorted(p.by_rule.items())) or "-"),
+                "/".join("-" if v is None else f"{v:.3f}" for v in p.guard_score),
+                "-" if p.max_eu[1] is None else f"{p.max_eu[1]:.3f}",
+            )
+        _common.out.print(table)
+    for p in periods:
+        if (line := p.warning()) is not None:
+            _common.err.print(safe_text(line), highlight=False)
 
 
 @audit_app.command("export")
