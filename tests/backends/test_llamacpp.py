@@ -444,3 +444,27 @@ def test_a_long_prompt_fed_in_chunks_gets_the_scores_of_one_whole_prefill(backen
         assert [(t.index, t.id, t.text) for t in g.prompt_scores] == [(t.index, t.id, t.text) for t in whole.prompt_scores]
         for x, y in zip((*g.tokens, *g.prompt_scores), (*whole.tokens, *whole.prompt_scores)):
             assert x.logprob == pytest.approx(y.logprob, abs=0.25) and x.eu == pytest.approx(y.eu, abs=2e-3)
+
+
+def test_a_long_prompt_cancelled_while_fed_in_chunks_ends_at_once() -> None:
+    """The client goes away during the first chunk: no chunk is fed after it, the row ends
+    ``"cancelled"`` with no tokens, and the next request is answered."""
+    from support.gate import CallGate
+
+    b = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, prefill_chunk=128)
+    try:
+        calls: list[int] = []
+        real = b._model.decode
+        b._model.decode = lambda entries: (calls.append(len(entries)), real(entries))[1]  # type: ignore[method-assign]
+        gate = CallGate(b._model, "decode")
+        stream = b.stream("Retrieval augmented generation adds context. " * 60 + "Why?", DecodingOptions(max_new_tokens=40))
+        with gate.held():
+            stream._cancel()  # close() would wait for the end
+            fed = len(calls)
+        stream.close()
+        g = stream.generation
+        assert g.finish_reason == "cancelled" and g.tokens == ()
+        assert len(calls) == fed + 1  # the chunk held when it was cancelled, none after it
+        assert b.generate(QUESTION, GREEDY).text
+    finally:
+        b.close()
