@@ -1,8 +1,9 @@
-"""Chunked prefill: a long prompt enters the KV cache a chunk per step, so it cannot stall the rows beside it.
+"""Chunked prefill: a long prompt enters the KV cache a chunk at a time, so it cannot stall the rows beside it.
 
 Without it, a prompt that joins a running batch is prefilled whole between two decoding steps:
-one 7.7k-token prompt held a 10-token request beside it for 100 s on the embedded model (2 vCPUs,
-``benchmarks/bench_fairness.py``). Both decode loops
+one 7.5k-token prompt held every short request beside it for its whole prefill (127 s on
+transformers, 194 s on llama.cpp, embedded model, 2 busy vCPUs; ``benchmarks/bench_fairness.py``
+and benchmarks/README.md, "Fairness", for the figures with chunking). Both decode loops
 (:mod:`~logtoku_guard.backends.decode_loop`, :mod:`~logtoku_guard.backends.llamacpp_loop`) now
 follow one schedule, vLLM's chunked prefill with short prompts first (its
 ``max_long_partial_prefills=1``). Each step:
@@ -20,7 +21,8 @@ A long prompt whose rest fits in one chunk is prefilled as a short one and joins
 first answer token. Each chunk scores the question tokens that its positions predict
 (:meth:`~logtoku_guard.backends.prompt_scoring.PromptCapture.score_part`), so a prompt's
 question scores and first token equal those of one whole prefill (float differences of another
-matrix shape, ~1e-6). ``chunk=None`` prefills every prompt whole (the old behaviour).
+matrix shape, ~1e-6, on transformers; on llama.cpp the rounding of another ubatch split, see
+:data:`MIN_PREFILL_CHUNK`). ``chunk=None`` prefills every prompt whole (the old behaviour).
 """
 
 from __future__ import annotations
