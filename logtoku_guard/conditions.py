@@ -174,8 +174,8 @@ class Compare(StrictModel):
         (a risk target the profile's labels cannot support, with a fallback: warn, naming the best
         bound, and compare the fallback instead)."""
         usable = self.fallback is None or not isinstance(self.value, (Quantile, Risk)) or _profiled(self, profile)
-        if not usable and isinstance(self.value, Risk):
-            _warn_unsupported(self.value, profile, self.fallback)
+        if not usable and isinstance(self.value, Risk) and profile is not None and profile.guard is not None:
+            _warn_unsupported(self.value, profile, self.fallback)  # no guard at all: the documented fallback, silently
         resolve_threshold(self, profile, self.stat if usable else self.fallback)
         if self.fallback is not None and isinstance(self.fallback_value, Quantile):  # the fallback may be needed per answer
             resolve_threshold(self, profile, self.fallback)
@@ -363,7 +363,11 @@ def _warn_unsupported(target: Risk, profile: ModelProfile | None, fallback: str 
     import warnings
 
     chosen = _risk_choice(target, profile)
-    why = f"its labelled answers cannot support it: {chosen.describe()}" if chosen is not None else "it has no labelled guard"
+    why = (
+        f"its labelled answers cannot support it: {chosen.describe()}"
+        if chosen is not None
+        else "its guard keeps no labelled reference scores; re-run `logtoku-guard calibrate`"
+    )
     warnings.warn(
         f"the profile cannot place the {target.kind} threshold on guard_score ({why}); the rule compares {fallback} instead",
         RiskTargetWarning,

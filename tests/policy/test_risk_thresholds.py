@@ -158,7 +158,17 @@ def test_a_risk_threshold_needs_a_guard_with_labelled_scores() -> None:
             ],
         }
     )
-    Decider(policy, plain)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no guard at all: the documented fallback, without a warning
+        Decider(policy, plain)
+    from logtoku_guard.conditions import RiskTargetWarning
+
+    profile, _, guard = guarded_profile()
+    unlabelled = profile.model_copy(update={"guard": guard.model_copy(update={"reference_labels": {}})})
+    with pytest.warns(RiskTargetWarning, match="keeps no labelled reference scores; re-run `logtoku-guard calibrate`"):
+        Decider(policy, unlabelled)  # an older guard: the fallback, said aloud
 
 
 @pytest.mark.parametrize(
