@@ -235,6 +235,9 @@ class LlamaCppBackend(BatchedBackend):
             msg = "the rendered prompt has no tokens; pass a non-empty question"
             raise ConfigurationError(msg)
         offsets = self._tokenizer.offsets(text, ids)
+        bos = self._tokenizer.bos_token_id
+        if self._tokenizer.add_bos and ids[0] != bos:  # the model expects BOS first and its template wrote none
+            ids, offsets = [bos, *ids], [(0, 0), *offsets]
         span = question_span(text, question_of(messages), offsets, [1] * len(ids))
         limit = fit_new_tokens(len(ids), options.max_new_tokens, self._model.n_ctx)
         grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None

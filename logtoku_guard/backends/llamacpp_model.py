@@ -195,6 +195,9 @@ class LlamaTokenizer:
         lib = self._lib
         self.eos_token_id = int(lib.llama_vocab_eos(self._vocab))
         self.bos_token_id = int(lib.llama_vocab_bos(self._vocab))
+        self.add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab)) and self.bos_token_id >= 0
+        """Whether the model wants BOS before a prompt (its GGUF's ``tokenizer.ggml.add_bos_token``):
+        Gemma does (without it, it answers "??????"), SmolLM2 does not."""
         self.eog_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t))
         self._piece = lru_cache(maxsize=None)(self._piece_uncached)
 

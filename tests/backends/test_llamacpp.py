@@ -468,3 +468,23 @@ def test_a_long_prompt_cancelled_while_fed_in_chunks_ends_at_once() -> None:
         assert b.generate(QUESTION, GREEDY).text
     finally:
         b.close()
+
+
+def test_a_model_that_wants_bos_gets_it_once(backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma's GGUF asks for BOS (``tokenizer.ggml.add_bos_token``; without it Gemma 3 answers
+    "??????"); SmolLM2's does not. A prompt gets BOS first when its model wants it and its
+    template wrote none, and the question's token positions move with it."""
+    tok = backend._tokenizer
+    assert tok.add_bos is False  # the embedded model's GGUF
+    monkeypatch.setattr(backend, "_render", lambda messages: "Question: " + messages[-1].content)  # no template, no BOS
+    plain = backend._prepare(to_messages(QUESTION), GREEDY)
+    assert plain.ids[0] != tok.bos_token_id
+    monkeypatch.setattr(tok, "add_bos", True)
+    with_bos = backend._prepare(to_messages(QUESTION), GREEDY)
+    assert with_bos.ids == [tok.bos_token_id, *plain.ids]
+    assert plain.span is not None and with_bos.span is not None
+    moved = (with_bos.span.start - 1, with_bos.span.end - 1, with_bos.span.texts)
+    assert moved == (plain.span.start, plain.span.end, plain.span.texts)
+    bos_text = tok.token_text(tok.bos_token_id)
+    monkeypatch.setattr(backend, "_render", lambda messages: f"{bos_text}Question: Hi")
+    assert backend._prepare(to_messages("Hi"), GREEDY).ids.count(tok.bos_token_id) == 1  # the template wrote it: not twice
