@@ -27,6 +27,8 @@ from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, Respons
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.calibration.risk import RiskThreshold
+    from logtoku_guard.guard_score import GuardModel
 
 __all__ = [
     "OPS",
@@ -44,6 +46,7 @@ __all__ = [
     "combinator_kind",
     "describe_checks",
     "resolve_threshold",
+    "risk_threshold_for",
 ]
 
 Op = Literal[">", ">=", "<", "<="]
@@ -347,12 +350,16 @@ def _profiled(c: Compare, profile: ModelProfile | None) -> bool:
     return profile.has_stat(c.stat)
 
 
-def _risk_choice(target: Risk, profile: ModelProfile | None) -> Any:
-    """The :class:`~logtoku_guard.calibration.risk.RiskThreshold` of ``target`` on ``profile``'s guard
-    (None: no guard with labelled reference scores)."""
+def _risk_choice(target: Risk, profile: ModelProfile | None) -> RiskThreshold | None:
+    """:func:`risk_threshold_for` ``profile``'s guard."""
+    return risk_threshold_for(target, profile.guard if profile is not None else None)
+
+
+def risk_threshold_for(target: Risk, guard: GuardModel | None) -> RiskThreshold | None:
+    """The :class:`~logtoku_guard.calibration.risk.RiskThreshold` of ``target`` on ``guard``'s labelled
+    out-of-fold scores (None: no guard, or one without labelled reference scores)."""
     from logtoku_guard.calibration.risk import choose_threshold
 
-    guard = profile.guard if profile is not None else None
     correct, wrong = guard.labelled_scores() if guard is not None else ([], [])
     if not correct or not wrong:
         return None

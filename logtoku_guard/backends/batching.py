@@ -96,6 +96,11 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
     @property
+    def abandoned(self) -> bool:
+        """Its future already completed (a failed request) or its caller cancelled it: nothing more to generate."""
+        return self.future.done() or (self.cancel is not None and self.cancel.is_set())
+
+    @property
     def exclusive(self) -> bool:
         """Seeded sampling: reproducible only alone."""
         return self.options.sampling and self.options.seed is not None

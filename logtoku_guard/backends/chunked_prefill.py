@@ -122,11 +122,6 @@ class StagedRow:
         """Prompt tokens not fed yet."""
         return len(self.prepared.ids) - self.fed
 
-    @property
-    def gone(self) -> bool:
-        """Its request already completed (failed) or was cancelled: nothing more to prefill."""
-        return self.job.future.done() or (self.job.cancel is not None and self.job.cancel.is_set())
-
     def feed(self, model: Any, n: int, k: int, evidence: EvidenceMode) -> None:
         """Run the next ``n`` prompt tokens through ``model``'s decoder (no output head but for the
         question's positions) on top of this row's cache, scoring the question tokens they predict."""

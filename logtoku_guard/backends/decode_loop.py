@@ -235,7 +235,7 @@ class DecodeLoop(JobRows):
     def _advance(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Feed the oldest staged (long) prompt its next chunk (:mod:`~logtoku_guard.backends.chunked_prefill`);
         when the rest fits in one, prefill it into the batch: its first-token logits and last token."""
-        while self.staged and self.staged[0].gone:
+        while self.staged and self.staged[0].job.abandoned:
             self._drop(self.staged.pop(0))
         if not self.staged or not (self.batch.mergeable or not self.live):
             return None
@@ -254,8 +254,7 @@ class DecodeLoop(JobRows):
     def _drop(self, row: StagedRow) -> None:
         """A staged row whose request went: a cancelled one ends ``"cancelled"`` with no tokens."""
         if not row.job.future.done():
-            state = Row(stop=row.job.options.stop, limit=row.prepared.limit, cancel=row.job.cancel)
-            state.done, state.finish_reason = True, "cancelled"
+            state = Row.cancelled(row.job, row.prepared.limit)
             self._complete(LiveRow(row.job, row.index, row.prepared, state, row.start, tuple(row.scores)), state)
 
     def _prefill_group(

@@ -305,12 +305,11 @@ class LlamaDecodeLoop(JobRows):
         different logits (up to ~0.5 on the embedded model) from those they get alone.
         """
         keep = [b for b, s in enumerate(self.live) if not (s.state is not None and s.state.done) and not s.job.future.done()]
-        gone = [s for s in self.admitted if s.job.future.done() or (s.job.cancel is not None and s.job.cancel.is_set())]
+        gone = [s for s in self.admitted if s.job.abandoned]
         for s in gone:
             self.admitted.remove(s)
             if not s.job.future.done():  # cancelled while its prompt was being fed: no tokens
-                s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel)
-                s.state.done, s.state.finish_reason = True, "cancelled"
+                s.state = Row.cancelled(s.job, s.prepared.limit)
                 self._complete(s, s.state)
         if len(keep) == len(self.live) and not gone:
             return

@@ -187,6 +187,11 @@ class Row:
     error: BaseException | None = None
     grammar: Any = None
 
+    @classmethod
+    def cancelled(cls, job: Any, limit: int) -> Row:
+        """The end state of a ``job``'s row cancelled before its first token: no tokens, ``"cancelled"``."""
+        return cls(stop=job.options.stop, limit=limit, cancel=job.cancel, done=True, finish_reason="cancelled")
+
 
 class StepRecorder:
     """Forward hook + stopping criterion: one record per row per step, no vocab-sized history.

@@ -64,13 +64,11 @@ def fit_on_labels(
     seed: int = 0,
 ) -> GuardModel:
     """Answer each labelled question with ``backend`` and fit the guard score on the labels."""
+    from logtoku_guard.calibration.prompts import answer_in_batches
+
     opts = options or DecodingOptions(max_new_tokens=64)
-    rows: list[ResponseStats] = []
-    for i in range(0, len(labelled), batch_size):
-        chunk = [q for q, _ in labelled[i : i + batch_size]]
-        rows.extend(ResponseStats.from_generation(g) for g in backend.batch(chunk, opts))
-        if on_batch is not None:
-            on_batch(len(chunk))
+    answers = answer_in_batches(backend, [q for q, _ in labelled], opts, batch_size, on_batch)
+    rows = [ResponseStats.from_generation(g) for g in answers]
     return fit_guard(rows, [c for _, c in labelled], [source], seed=seed)
 
 

@@ -309,11 +309,7 @@ def calibrate(
     if not prompts:
         msg = "calibration needs at least one prompt"
         raise ConfigurationError(msg)
-    opts = options or DecodingOptions(max_new_tokens=64)
-    generations: list[Generation] = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = list(prompts[i : i + batch_size])
-        generations.extend(backend.batch(chunk, opts))
-        if on_batch is not None:
-            on_batch(len(chunk))
+    from logtoku_guard.calibration.prompts import answer_in_batches
+
+    generations = answer_in_batches(backend, prompts, options or DecodingOptions(max_new_tokens=64), batch_size, on_batch)
     return build_profile(generations, source, guard)

@@ -10,15 +10,22 @@ TruthfulQA's 817 and 100 over NQ-open's 3610 dev questions, each with its refere
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from logtoku_guard.errors import ConfigurationError, DatasetUnavailableError
 from logtoku_guard.jsonl import json_lines
 
+if TYPE_CHECKING:
+    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.types import DecodingOptions, Generation
+
 __all__ = [
     "CALIBRATION_QUESTIONS",
     "CalibrationQuestion",
+    "answer_in_batches",
     "default_calibration_prompts",
     "pick_calibration_questions",
     "read_prompts_file",
@@ -133,4 +140,23 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
             msg = f"{p}:{i}: each JSONL line needs a 'question' or 'prompt' field, got {line[:80]!r}"
             raise ConfigurationError(msg)
         out.append(str(obj.get("question", obj.get("prompt"))))
+    return out
+
+
+def answer_in_batches(
+    backend: Backend,
+    prompts: Sequence[str],
+    options: DecodingOptions,
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Generation]:
+    """``backend``'s answers to ``prompts``, ``batch_size`` per ``batch`` call, in order; ``on_batch(n)``
+    after each batch with the number of prompts it held (a progress bar). Every calibration and
+    guard fit answers its questions this way."""
+    out: list[Generation] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = list(prompts[i : i + batch_size])
+        out.extend(backend.batch(chunk, options))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return out

@@ -144,14 +144,11 @@ def refit_on_reviews(current: GuardModel | None, labels: Sequence[ReviewLabel], 
 
 def _default_threshold(guard: GuardModel) -> float | None:
     """Where the default policy's stated risk puts ``guard``'s threshold (None: its labels cannot support it)."""
-    from logtoku_guard.calibration.risk import choose_threshold
+    from logtoku_guard.conditions import Risk, risk_threshold_for
     from logtoku_guard.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE
 
-    correct, wrong = guard.labelled_scores()
-    if not correct or not wrong:
-        return None
-    chosen = choose_threshold(correct, wrong, "coverage", DEFAULT_COVERAGE, DEFAULT_CONFIDENCE)
-    return chosen.threshold if chosen.met else None
+    chosen = risk_threshold_for(Risk(coverage=DEFAULT_COVERAGE, confidence=DEFAULT_CONFIDENCE), guard)
+    return chosen.threshold if chosen is not None and chosen.met else None
 
 
 def _flag_rates(scores: Sequence[float], labels: Sequence[bool], threshold: float) -> dict[str, float]:

@@ -21,7 +21,6 @@ which also reports the held-out *test* half). Licences: ``NOTICE-traffic`` besid
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -112,16 +111,10 @@ def labelled_questions(
 
 def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     from logtoku_guard.files import read_bounded_text
+    from logtoku_guard.jsonl import json_lines
 
     out = []
-    for i, line in enumerate(read_bounded_text(path, 10_000_000, "a shipped question file").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            msg = f"{path}:{i}: not JSON ({exc.msg}); {_FIX}"
-            raise ConfigurationError(msg) from None
+    for i, _, obj in json_lines(path, read_bounded_text(path, 10_000_000, "a shipped question file").splitlines(), _FIX):
         if not isinstance(obj, dict):
             msg = f"{path}:{i}: not a JSON object; {_FIX}"
             raise ConfigurationError(msg)
@@ -158,18 +151,14 @@ def fit_self_labelled(
 ) -> tuple[GuardModel, dict[str, int]]:
     """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
     its group and fit the guard; returns the guard and how many answers fell in each group."""
+    from logtoku_guard.calibration.prompts import answer_in_batches
     from logtoku_guard.stats import ResponseStats
 
     qs = list(questions) if questions is not None else labelled_questions("tune")
     opts = options or DecodingOptions(max_new_tokens=64)
-    rows, groups = [], []
-    for i in range(0, len(qs), batch_size):
-        chunk = qs[i : i + batch_size]
-        for q, g in zip(chunk, backend.batch([q.question for q in chunk], opts)):
-            rows.append(ResponseStats.from_generation(g))
-            groups.append(outcome_of(q, g.text))
-        if on_batch is not None:
-            on_batch(len(chunk))
+    answers = answer_in_batches(backend, [q.question for q in qs], opts, batch_size, on_batch)
+    rows = [ResponseStats.from_generation(g) for g in answers]
+    groups = [outcome_of(q, g.text) for q, g in zip(qs, answers, strict=True)]
     counts = {g: groups.count(g) for g in GROUPS}
     source = "traffic-tune" if questions is None else "self-labelled questions"
     return fit_on_outcomes(rows, groups, source=source, seed=seed, max_tokens=opts.max_new_tokens), counts

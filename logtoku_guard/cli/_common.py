@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -370,6 +371,18 @@ def store_read(store: str | None, method: str, *args: Any, **kwargs: Any) -> Any
 
 
 # -- input checks before any model loads ---------------------------------------------------------
+def parse_since(since: str | None) -> datetime | None:
+    """``--since`` as an aware UTC datetime (a date or a date and time; no zone given: UTC), None when not given."""
+    if since is None:
+        return None
+    try:
+        when = datetime.fromisoformat(since)
+    except ValueError:
+        msg = f"--since must be an ISO date or date and time such as 2026-11-01 or 2026-11-01T09:30, got {since!r}"
+        raise ConfigurationError(msg) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
 def check_load_options(device: str, cache_dir: Path | None) -> None:
     """``--device`` is a device string and ``--cache-dir`` (when given) a usable folder; nothing is loaded or created.
 

@@ -76,21 +76,16 @@ def audit_stats(
 ) -> None:
     """Flag rates (each rule's and in all) and guard_score / max_eu quantiles per day or week, against
     the profile's expected flag rate; a period whose rate leaves its 95% interval is reported as drift."""
-    from datetime import datetime, timezone
 
     from logtoku_guard.calibration import ModelProfile, find_profile_for
     from logtoku_guard.calibration.drift import drift_report, expected_flag_rate
 
     if by not in ("day", "week"):
         raise _common.fail(ConfigurationError(f"--by must be 'day' or 'week', got {by!r}"))
-    when = None
-    if since is not None:
-        try:
-            when = datetime.fromisoformat(since)
-        except ValueError:
-            msg = f"--since must be an ISO date or date and time such as 2026-11-01 or 2026-11-01T09:30, got {since!r}"
-            raise _common.fail(ConfigurationError(msg)) from None
-        when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    try:
+        when = _common.parse_since(since)
+    except ConfigurationError as exc:
+        raise _common.fail(exc) from exc
     try:
         explicit = ModelProfile.load(profile) if profile is not None else None
     except (OSError, ValueError) as exc:

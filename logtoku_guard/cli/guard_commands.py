@@ -158,8 +158,6 @@ def _fit_self_labelled(backend: Any, opts: DecodingOptions, batch_size: int) -> 
 
 def _review_store(labels: Path | None, url: str | None, since: str | None, min_labels: int) -> tuple[Any, Any] | None:
     """The audit store of ``--labels-from-store`` and the ``--since`` time, checked (None without the option)."""
-    from datetime import datetime, timezone
-
     if url is None:
         if since is not None:
             msg = "--since filters the verdicts of --labels-from-store; give the store too"
@@ -171,14 +169,7 @@ def _review_store(labels: Path | None, url: str | None, since: str | None, min_l
     if min_labels < 10:
         msg = f"--min-labels must be at least 10 (a guard fit on fewer is noise), got {min_labels}"
         raise ConfigurationError(msg)
-    when = None
-    if since is not None:
-        try:
-            when = datetime.fromisoformat(since)
-        except ValueError:
-            msg = f"--since must be an ISO date or date and time such as 2026-11-01 or 2026-11-01T09:30, got {since!r}"
-            raise ConfigurationError(msg) from None
-        when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    when = _common.parse_since(since)
     store = _common.open_store(url, read_only=True)
     try:
         decided = len(store.decided(since=when))
