@@ -18,6 +18,12 @@ Two groups, written before any model answer was seen (the model plays no part he
   sample of :data:`N_NQ` NQ-open dev questions (category ``nq``: harder) that avoids the
   NQ-open questions of the shipped calibration set.
 
+* **restyled twins** of every real question, so that neither outcome owns a wording style: each
+  known fact asked again in NQ-open's style (all lower case: category ``known-lower``) and each
+  NQ-open question asked in the known facts' style (first letter upper case: ``nq-cased``),
+  with the same references and the same split as the question they restate (a fact is never
+  ``tune`` in one wording and ``test`` in the other).
+
 The syllable-soup fabrications are not copied: the eval reads ``fabricated.jsonl`` for them.
 Both groups are split into ``tune`` and ``test`` (half each, stratified by group and category,
 seeded); a known fact that ``fabricated.jsonl`` also asks keeps that file's split.
@@ -599,11 +605,41 @@ def assign_splits(records: list[dict[str, Any]], seed: int, fixed: dict[str, str
             r["split"] = "tune" if j < n_tune_free else "test"
 
 
+RESTYLED = {"known": "known-lower", "nq": "nq-cased"}
+"""category of a real question -> the category of its twin asked in the other style."""
+
+
+def restyle(question: str, category: str) -> str:
+    """``question`` in the other style: a known fact all in lower case (as NQ-open writes), an
+    NQ-open question with its first letter upper case (as the known facts are written)."""
+    if category == "known":
+        return question.lower()
+    if category == "nq":
+        return question[:1].upper() + question[1:]
+    msg = f"only real questions of category 'known' or 'nq' have a restyled twin, got {category!r}"
+    raise ValueError(msg)
+
+
+def restyled_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The twin of each real record of ``records`` (split ones), in their order: the question
+    restyled (:func:`restyle`), category :data:`RESTYLED`, id ``<id>-<lower|cased>``, same
+    references and split. A question that restyling leaves as it was (an NQ-open question that
+    starts with a digit) has no twin."""
+    out = []
+    for r in records:
+        if r["group"] != "real" or (question := restyle(r["question"], r["category"])) == r["question"]:
+            continue
+        category = RESTYLED[r["category"]]
+        out.append({**r, "id": f"{r['id']}-{category.split('-')[1]}", "category": category, "question": question})
+    return out
+
+
 def build(seed: int, nq_items: Sequence[Any], calibration: Calibration) -> list[dict[str, Any]]:
-    """The whole benchmark in file order (plausible, known, nq), split, with the fields of :data:`FIELDS`."""
+    """The whole benchmark in file order (plausible, known, nq, the restyled twins), split, with the fields of :data:`FIELDS`."""
     records = plausible_records(seed, load_stop_list(), known_pool_words()) + known_records()
     records += nq_records(nq_items, calibration, N_NQ, seed)
     assign_splits(records, seed, fabricated_splits())
+    records += restyled_records(records)
     return [{k: r[k] for k in FIELDS} for r in records]
 
 

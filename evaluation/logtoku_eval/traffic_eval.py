@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ from logtoku_eval.jsonout import write_json
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
+from logtoku_guard.calibration.risk import RiskThreshold
+from logtoku_guard.calibration.risk import choose_threshold as choose_risk_threshold
 from logtoku_guard.calibration.self_labels import LabelledQuestion, fit_on_outcomes, labelled_questions, outcome_of
 from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, with_guard_score
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
@@ -55,6 +57,9 @@ __all__ = [
     "CONTRASTS",
     "FEATURE_SETS",
     "OUTCOMES",
+    "RISK_TARGETS",
+    "STYLES",
+    "RiskCheck",
     "TrafficAnswer",
     "TrafficQuestion",
     "TrafficReport",
@@ -102,6 +107,11 @@ REPORTED_STATS = (
 TrafficQuestion = LabelledQuestion
 """One benchmark question: its group (``real``, ``plausible`` or ``syllable``), half and references
 (the core's :class:`~logtoku_guard.calibration.self_labels.LabelledQuestion`)."""
+
+STYLES = {"known": "cased", "nq-cased": "cased", "known-lower": "lower", "nq": "lower"}
+"""category of a real question -> its wording style: ``cased`` (first letter and names upper case,
+as the known facts are written) or ``lower`` (all lower case, as NQ-open writes); each real
+question is asked in both (:mod:`~logtoku_eval.traffic`), so neither outcome owns a style."""
 
 
 def traffic_questions(path: str | Path | None = None, fabricated_path: str | Path | None = None) -> list[TrafficQuestion]:
@@ -180,6 +190,57 @@ def _auroc_ci(scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int) ->
     return (iv.value, iv.low, iv.high)
 
 
+RISK_TARGETS: tuple[tuple[str, float, float], ...] = (
+    ("coverage", 0.8, 0.9),  # the default policy's (version 4)
+    ("coverage", 0.9, 0.9),
+    ("selective_risk", 0.4, 0.9),
+)
+"""(kind, target, confidence) of the stated-risk thresholds whose promise is checked on the test half."""
+
+
+@dataclass(frozen=True)
+class RiskCheck:
+    """A stated-risk threshold chosen on tune (``chosen``) and the test half's measure at it
+    (``test``: coverage of the correct answers, or the share of wrong among the passed ones)."""
+
+    chosen: RiskThreshold
+    test: Rate
+
+    @property
+    def holds(self) -> bool:
+        """The test half does not contradict the promise: the target lies on the promised side of
+        the test measure's 95% interval or inside it (a test half is a sample too)."""
+        if not self.chosen.met:
+            return False
+        if self.chosen.kind == "coverage":
+            return self.test.high >= self.chosen.target
+        return self.test.low <= self.chosen.target
+
+    def row(self) -> str:
+        c = self.chosen
+        what = f"{c.kind} {'>=' if c.kind == 'coverage' else '<='} {c.target:.0%} at {c.confidence:.0%}"
+        state = f"bound {100 * c.bound:.1f}% ({'met' if c.met else 'NOT met'})"
+        return f"| {what} | {state} | {c.threshold:.4f} | {self.test} | {'yes' if self.holds else 'no'} |"
+
+    def to_json(self) -> dict[str, Any]:
+        test = [self.test.value, self.test.low, self.test.high, self.test.n]
+        return {"chosen": asdict(self.chosen), "test": test, "holds": self.holds}
+
+
+def _risk_checks(guard: GuardModel, scores: np.ndarray, outcomes: np.ndarray, n_boot: int, seed: int) -> list[RiskCheck]:
+    correct_tune, wrong_tune = guard.labelled_scores()
+    if not correct_tune or not wrong_tune:
+        return []
+    checks = []
+    right = outcomes == "real-correct"
+    for kind, target, confidence in RISK_TARGETS:
+        chosen = choose_risk_threshold(correct_tune, wrong_tune, kind, target, confidence)  # type: ignore[arg-type]
+        passed = scores >= chosen.threshold
+        measured = _rate(passed[right], n_boot, seed) if kind == "coverage" else _rate(~right[passed], n_boot, seed)
+        checks.append(RiskCheck(chosen, measured))
+    return checks
+
+
 @dataclass(frozen=True)
 class TrafficReport:
     """What ``eval traffic`` measured (see the module docstring)."""
@@ -201,8 +262,14 @@ class TrafficReport:
     curve: list[tuple[float, float, float]]
     """(threshold, correct passed, wrong flagged) on the test half."""
     by_category: dict[str, Rate] = field(default_factory=dict)
-    """Test flag rate of the real answers per category (``known``, ``nq``) and outcome, e.g.
-    ``"real-wrong / known"``: the question styles differ, so each is reported on its own too."""
+    """Test flag rate of the real answers per category (``known``, ``known-lower``, ``nq``,
+    ``nq-cased``) and per wording style (``cased``, ``lower``: :data:`STYLES`) and outcome, e.g.
+    ``"real-wrong / known"`` or ``"real-wrong / style lower"``."""
+    by_style: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    risk_checks: list[RiskCheck] = field(default_factory=list)
+    """Each stated-risk target of :data:`RISK_TARGETS`, its threshold chosen on the tune half's
+    out-of-fold labels, and what the test half measured at that threshold."""
+    """Test AUROC [95% CI] of ``guard_score``, correct vs wrong real answers, within each wording style."""
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -222,6 +289,8 @@ class TrafficReport:
             "contrasts": {c: {s: list(v) for s, v in d.items()} for c, d in self.contrasts.items()},
             "curve": [list(p) for p in self.curve],
             "by_category": {k: [v.value, v.low, v.high, v.n] for k, v in self.by_category.items()},
+            "by_style_auroc": {k: list(v) for k, v in self.by_style.items()},
+            "risk_checks": [c.to_json() for c in self.risk_checks],
             "counts": self.counts,
         }
 
@@ -247,6 +316,9 @@ class TrafficReport:
             outcome, category = key.split(" / ")
             should = "pass" if outcome == "real-correct" else "flag"
             lines.append(f"| {outcome}, {category} questions only | {should} | | {rate} |")
+        if self.by_style:
+            cells = [f"{s} {100 * v[0]:.1f} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]" for s, v in self.by_style.items()]
+            lines += ["", "Test AUROC % [95% CI] of guard_score, correct vs wrong, within one wording style: " + "; ".join(cells)]
         lines += ["", "Test AUROC % [95% CI] per contrast (correct = positive):", ""]
         head = "| statistic | " + " | ".join(f"{a} vs {b}" for a, b in CONTRASTS) + " |"
         lines += [head, "|---|" + "---|" * len(CONTRASTS)]
@@ -256,6 +328,10 @@ class TrafficReport:
                 v = self.contrasts[f"{a} vs {b}"].get(stat)
                 cells.append("n/a" if v is None or math.isnan(v[0]) else f"{100 * v[0]:.1f} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]")
             lines.append(f"| {stat} | " + " | ".join(cells) + " |")
+        if self.risk_checks:
+            lines += ["", "Stated-risk thresholds (chosen on the tune half's out-of-fold labels) measured on the test half:", ""]
+            lines += ["| target | tune: guarantee | threshold | test % [95% CI] | holds |", "|---|---|---|---|---|"]
+            lines += [c.row() for c in self.risk_checks]
         lines += ["", f"Guard: {self.guard.describe()}"]
         return "\n".join(lines)
 
@@ -333,11 +409,20 @@ def evaluate_traffic(
         contrasts[f"{a} vs {b}"] = table
     curve = _trade_off(test_scores, test_outcomes)
     categories = np.array([a.question.category for a in test])
+    styles = np.array([STYLES.get(a.question.category, "") for a in test])
     by_category = {
         f"{o} / {c}": flag_rate(test_scores[(test_outcomes == o) & (categories == c)])
         for c in sorted({a.question.category for a in test if a.question.group == "real"})
         for o in ("real-correct", "real-wrong")
     }
+    by_style: dict[str, tuple[float, float, float]] = {}
+    for style in sorted(set(styles) - {""}):
+        for o in ("real-correct", "real-wrong"):
+            by_category[f"{o} / style {style}"] = flag_rate(test_scores[(test_outcomes == o) & (styles == style)])
+        keep = (styles == style) & np.isin(test_outcomes, ["real-correct", "real-wrong"])
+        labels = test_outcomes[keep] == "real-correct"
+        if labels.any() and (~labels).any():
+            by_style[style] = _auroc_ci(test_scores[keep], labels, n_boot, seed)
     counts = {
         half: {g: sum(1 for a in part if a.outcome == g) for g in OUTCOMES} for half, part in (("tune", tune), ("test", test))
     }
@@ -355,6 +440,8 @@ def evaluate_traffic(
         curve=curve,
         counts=counts,
         by_category=by_category,
+        by_style=by_style,
+        risk_checks=_risk_checks(guard, test_scores, test_outcomes, n_boot, seed),
     )
 
 

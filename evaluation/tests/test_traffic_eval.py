@@ -15,6 +15,8 @@ from logtoku_eval.cache import CachedGeneration, CachedToken
 from logtoku_eval.cli import eval_app
 from logtoku_eval.traffic_eval import (
     OUTCOMES,
+    RISK_TARGETS,
+    RiskCheck,
     TrafficQuestion,
     choose_threshold,
     evaluate_traffic,
@@ -47,7 +49,8 @@ def synthetic(n: int = 40) -> list[tuple[TrafficQuestion, CachedGeneration]]:
     pairs = []
     for i in range(n):
         split = "tune" if i % 2 == 0 else "test"
-        q = TrafficQuestion(f"r{i}", "real", "known", split, f"Who wrote book {i}?", (f"Author{i}",))
+        category = ("known", "known-lower", "nq", "nq-cased")[(i // 2) % 4]
+        q = TrafficQuestion(f"r{i}", "real", category, split, f"Who wrote book {i}?", (f"Author{i}",))
         right = i % 3 != 0
         answer = f"It was written by Author{i} Smith" if right else f"It was written by Someone{i} Else"
         pairs.append((q, record(q.id, q.question, answer, 7.0 + random.Random(i).uniform(-1, 1) if right else 1.5)))
@@ -83,11 +86,34 @@ def test_evaluate_fits_on_tune_and_reports_every_group_on_test() -> None:
     # the synthetic claims separate the groups: correct answers pass, the rest is flagged
     assert report.test_rates["real-correct"].value <= 0.3 and report.test_rates["plausible"].value >= 0.9
     assert 0.0 <= report.quantile <= 1.0 and report.curve
-    assert set(report.by_category) == {"real-correct / known", "real-wrong / known"}
+    categories = {"known", "known-lower", "nq", "nq-cased", "style cased", "style lower"}
+    assert set(report.by_category) == {f"{o} / {c}" for o in ("real-correct", "real-wrong") for c in categories}
+    cased = report.by_category["real-wrong / style cased"]
+    assert cased.n == report.by_category["real-wrong / known"].n + report.by_category["real-wrong / nq-cased"].n
+    assert set(report.by_style) == {"cased", "lower"} and all(v[0] > 0.8 for v in report.by_style.values())
+    # each stated-risk target chosen on tune, measured on test; the synthetic groups separate, so each promise holds
+    assert [(c.chosen.kind, c.chosen.target) for c in report.risk_checks] == [(k, t) for k, t, _ in RISK_TARGETS]
+    coverage = report.risk_checks[0]
+    correct = report.counts["test"]["real-correct"]
+    assert coverage.test.n == correct and coverage.chosen.met and coverage.holds
+    assert "| coverage >= 80% at 90% |" in report.to_markdown()
     assert report.contrasts["real-correct vs plausible"]["claim_min_logprob"][0] > 0.9
     md = report.to_markdown()
     assert "| plausible | flag |" in md and "claim_max_eu" in md
     json.dumps(report.to_json(), allow_nan=True)
+
+
+def test_a_risk_check_holds_only_when_the_test_half_does_not_contradict_it() -> None:
+    from logtoku_eval.traffic_eval import Rate
+    from logtoku_guard.calibration.risk import choose_threshold as choose_risk
+
+    chosen = choose_risk([0.5 + i / 400 for i in range(200)], [i / 400 for i in range(100)], "coverage", 0.8, 0.9)
+    assert chosen.met
+    assert RiskCheck(chosen, Rate(0.82, 0.76, 0.88, 100)).holds
+    assert RiskCheck(chosen, Rate(0.78, 0.70, 0.85, 100)).holds  # below the target, but inside its interval
+    assert not RiskCheck(chosen, Rate(0.70, 0.61, 0.79, 100)).holds  # the test half contradicts the promise
+    risk = choose_risk([0.5 + i / 400 for i in range(200)], [i / 400 for i in range(100)], "selective_risk", 0.2, 0.9)
+    assert RiskCheck(risk, Rate(0.1, 0.05, 0.15, 150)).holds and not RiskCheck(risk, Rate(0.3, 0.22, 0.38, 150)).holds
 
 
 def test_the_shipped_questions_hold_every_group_in_both_halves() -> None:

@@ -74,6 +74,25 @@ def test_schema_and_sizes(items, raw, gen):
     assert len({it.id for it in items}) == len({it.question for it in items}) == len(items)
 
 
+def test_every_real_question_is_asked_in_both_styles_with_its_references_and_split(items, gen):
+    by_id = {it.id: it for it in items}
+    twins = [it for it in items if it.category in gen.RESTYLED.values()]
+    originals = [it for it in items if it.category in gen.RESTYLED]
+    assert len(twins) == len(originals) - 1  # nq-670 starts with a digit: no cased form
+    for twin in twins:
+        original = by_id[twin.id.rsplit("-", 1)[0]]
+        assert twin.category == gen.RESTYLED[original.category] and twin.question != original.question
+        assert (twin.answers, twin.split, twin.source) == (original.answers, original.split, original.source)
+        if original.category == "known":
+            assert twin.question == original.question.lower()
+        else:
+            assert twin.question[0].isupper() and twin.question[1:] == original.question[1:]
+    assert gen.restyle("Who painted the Mona Lisa?", "known") == "who painted the mona lisa?"
+    assert gen.restyle("who sang thriller?", "nq") == "Who sang thriller?"
+    with pytest.raises(ValueError, match="'person'"):
+        gen.restyle("Who is Anna Holt?", "person")
+
+
 def test_no_invented_name_is_in_the_stop_list_or_used_twice(items, gen):
     stop = gen.load_stop_list()
     names = [name for it in items for name in it.invented]
@@ -116,11 +135,14 @@ def test_plausible_and_known_parts_rebuild_the_shipped_file(gen, raw):
     assert first != gen.plausible_records(1, stop, known)
     rebuilt = first + gen.known_records()
     shipped = [{k: v for k, v in r.items() if k != "split"} for r in raw if r["group"] == "plausible" or r["category"] == "known"]
+    twins = gen.restyled_records([r for r in raw if r["category"] in gen.RESTYLED])
+    assert twins == [r for r in raw if r["category"] in gen.RESTYLED.values()]
     assert [{k: r[k] for k in gen.FIELDS if k != "split"} for r in rebuilt] == shipped
 
 
 def test_splits_rebuild_the_shipped_ones(gen, raw):
-    records = [{k: v for k, v in r.items() if k != "split"} for r in raw]
+    records = [{k: v for k, v in r.items() if k != "split"} for r in raw if r["category"] not in gen.RESTYLED.values()]
+    raw = [r for r in raw if r["category"] not in gen.RESTYLED.values()]
     gen.assign_splits(records, 0, gen.fabricated_splits())
     assert [r["split"] for r in records] == [r["split"] for r in raw]
 
@@ -153,7 +175,8 @@ def test_main_gives_the_same_bytes_for_the_same_seed(gen, tmp_path):
     for out, seed in zip(outs, ("0", "0", "1")):
         gen.main(["--seed", seed, "--data-dir", str(data), "--calibration", str(cal), "--out", str(out)])
     assert outs[0].read_bytes() == outs[1].read_bytes() != outs[2].read_bytes()
-    assert len(load_traffic(outs[0])) == len(gen.PLAUSIBLE_CATEGORIES) * gen.PER_CATEGORY + len(gen.known_records()) + gen.N_NQ
+    real = len(gen.known_records()) + gen.N_NQ
+    assert len(load_traffic(outs[0])) == len(gen.PLAUSIBLE_CATEGORIES) * gen.PER_CATEGORY + 2 * real  # each real one twice
     with pytest.raises(SystemExit, match="no calibration set"):
         gen.main(["--data-dir", str(data), "--calibration", str(tmp_path / "none.jsonl"), "--out", str(outs[2])])
 
