@@ -13,7 +13,10 @@ summarises the model's EU and log-probability over the first :data:`CLAIM_WORDS`
   reliable.
 
 All NaN when the answer asserts nothing new (an empty answer, or one that only repeats the
-question). Everything comes from the answer's own token scores: no extra pass.
+question). And ``question_echo``: the share of the question's content words that the answer
+repeats (NaN when the question has none); an answer that does not address the question (another
+language, another subject) repeats none of it. Everything comes from the answer's own tokens and
+the question's text: no extra pass.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from logtoku_guard.types import TokenScore
 from logtoku_guard.uncertainty import word_scores
 
-__all__ = ["CLAIM_WORDS", "FUNCTION_WORDS", "ClaimStats", "ClaimWord", "claim_words"]
+__all__ = ["CLAIM_WORDS", "FUNCTION_WORDS", "ClaimStats", "ClaimWord", "claim_words", "question_echo"]
 
 CLAIM_WORDS = 8
 """How many of the answer's new content words are summarised (the main claim comes first)."""
@@ -78,20 +81,33 @@ def claim_words(tokens: Sequence[TokenScore], question: str, limit: int | None =
     return out
 
 
+def question_echo(tokens: Sequence[TokenScore], question: str) -> float:
+    """The share of ``question``'s content words (not :data:`FUNCTION_WORDS`) that the answer's words
+    repeat, 0 to 1; NaN when the question has no content word."""
+    asked = {k for w in question.split() if (k := _normal(w)) and k not in FUNCTION_WORDS}
+    if not asked:
+        return math.nan
+    said = {_normal(w) for w in "".join(t.text for t in tokens).split()}
+    return len(asked & said) / len(asked)
+
+
 @dataclass(frozen=True)
 class ClaimStats:
-    """Summary of the claim words' scores (NaN when the answer asserts no new content word)."""
+    """Summary of the claim words' scores (NaN when the answer asserts no new content word), and
+    how much of the question the answer repeats (:func:`question_echo`)."""
 
     claim_max_eu: float
     claim_mean_eu: float
     claim_min_logprob: float
     claim_mean_logprob: float
+    question_echo: float = math.nan
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[TokenScore], question: str) -> ClaimStats:
         words = claim_words(tokens, question)
+        echo = question_echo(tokens, question)
         if not words:
-            return cls(math.nan, math.nan, math.nan, math.nan)
+            return cls(math.nan, math.nan, math.nan, math.nan, echo)
         eu = [w.eu for w in words]
         lp = [w.logprob for w in words]
         nan_eu = any(math.isnan(v) for v in eu)
@@ -100,4 +116,5 @@ class ClaimStats:
             claim_mean_eu=math.nan if nan_eu else sum(eu) / len(eu),
             claim_min_logprob=min(lp),
             claim_mean_logprob=sum(lp) / len(lp),
+            question_echo=echo,
         )

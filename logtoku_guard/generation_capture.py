@@ -28,9 +28,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from logtoku_guard.types import Generation, TokenScore
+
+if TYPE_CHECKING:
+    from logtoku_guard.driver import Watch
 
 __all__ = ["GenerationCapture", "active_captures", "capture_generations", "captured_aiter", "captured_iter"]
 
@@ -46,7 +49,9 @@ class GenerationCapture:
     ``live_tokens``: the tokens of the generation being streamed now (cleared when a new
     generation starts), each with its AU/EU as soon as the backend produced it.
     ``cancel_stream()`` stops the generation being streamed (its ``finish_reason`` becomes
-    ``"cancelled"``); the stream then ends normally with what was generated.
+    ``"cancelled"``); the stream then ends normally with what was generated. ``watch``: the
+    driver's :class:`~logtoku_guard.driver.Watch` of the generation this capture is made for;
+    each token is reported to it, and the generation is stopped when it says so.
     """
 
     generations: list[Generation] = field(default_factory=list)
@@ -54,6 +59,7 @@ class GenerationCapture:
     _cancel: Callable[[], None] | None = field(default=None, repr=False)
     _finalizers: list[Callable[[], Generation]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    watch: Watch | None = None
 
     @property
     def last(self) -> Generation | None:
@@ -89,9 +95,11 @@ class GenerationCapture:
                 self._finalizers.append(finalize)
 
     def token(self, token: TokenScore) -> None:
-        """One streamed token of the generation in progress."""
+        """One streamed token of the generation in progress (stopped here when the watch says so)."""
         with self._lock:
             self.live_tokens.append(token)
+        if self.watch is not None and self.watch.token(token):
+            self.cancel_stream()
 
     def finished(self, generation: Generation) -> None:
         """The generation in progress has ended (normally, cancelled or abandoned)."""

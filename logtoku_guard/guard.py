@@ -9,8 +9,9 @@ Its public surface is what a user needs: :meth:`Guard.run` (and :meth:`~Guard.ar
 :meth:`Guard.stream`, and the attributes it was built from, with :attr:`Guard.decider` (the
 backend-free :class:`~logtoku_guard.decider.Decider`: ``decide`` an answer you already have,
 ``conclude`` a decision into a recorded result) and :attr:`Guard.quadrants`. The loop itself is
-:func:`~logtoku_guard.guard_steps.guard_steps` (written once, without I/O), driven here with
-:class:`~logtoku_guard.guard_io.BackendIO` (the backend and the retriever).
+:func:`~logtoku_guard.guard_steps.guard_steps` (written once, without I/O), driven by the one
+driver (:mod:`logtoku_guard.driver`, which also watches ``early_stop`` rules in :meth:`Guard.run`)
+with :class:`~logtoku_guard.guard_io.BackendIO` (the backend and the retriever).
 
 Failures stay contained: the retriever runs in a daemon worker thread and is given up after
 ``policy.retrieve.timeout_s`` (the stuck thread is abandoned, not killed: Python cannot stop
@@ -27,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.decider import Decider
+from logtoku_guard.driver import GuardIO, drive
 from logtoku_guard.guard_io import BackendIO
-from logtoku_guard.guard_steps import Progress, StepIO, guard_steps, run_traced
 from logtoku_guard.guard_stream import GuardStream
 from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import GuardResult
+from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.telemetry import GuardTelemetry
 from logtoku_guard.types import DecodingOptions, Prompt, question_of, to_messages
@@ -94,18 +95,23 @@ class Guard:
         self.quadrants = self.decider.quadrants
         self.telemetry = telemetry if telemetry is not None else GuardTelemetry(tracer_provider)
 
-    def run(self, prompt: Prompt, *, io: StepIO | None = None) -> GuardResult:
+    def run(self, prompt: Prompt, *, io: GuardIO | None = None) -> GuardResult:
         """Answer ``prompt`` and apply the policy (raises :class:`GuardRejectedError` for ``raise``).
 
-        ``io``: what makes the generations and retrievals the loop asks for (default: this
-        guard's backend, options and retriever, :class:`~logtoku_guard.guard_io.BackendIO`); an
-        adapter that generates its own way passes its own
-        :class:`~logtoku_guard.guard_steps.StepIO` for the same prompt.
+        An ``early_stop`` rule stops a generation as soon as it fires on the answer so far (the
+        result says ``stopped_early``), as in :meth:`stream`. ``io``: what makes the generations
+        and retrievals the loop asks for (default: this guard's backend, options and retriever,
+        :class:`~logtoku_guard.guard_io.BackendIO`); an adapter that generates its own way passes
+        its own :class:`~logtoku_guard.driver.GuardIO` for the same prompt.
         """
         messages = to_messages(prompt, self.system)
-        steps = guard_steps(self.decider, Progress(question_of(messages)))
         io = io if io is not None else BackendIO.of(self, messages)
-        return run_traced(self.telemetry.start_run(self, messages), steps, io, messages)
+        span = self.telemetry.start_run(self, messages)
+        with span:  # current while driving (instrumented calls nest under it); records an error, ends
+            result = drive(self.decider, question_of(messages), io, top_n=self.backend.top_n, span=span, span_input=messages)
+            if result.action == "raise":
+                raise GuardRejectedError(result)
+        return result
 
     async def arun(self, prompt: Prompt) -> GuardResult:
         """:meth:`run` in a worker thread (generation is CPU/GPU bound)."""

@@ -1,28 +1,32 @@
 """``BackendIO``: the guard loop's requests answered with a backend and a retriever.
 
-:func:`~logtoku_guard.guard_steps.guard_steps` asks; this answers, for
+The driver (:mod:`logtoku_guard.driver`) asks; this answers, for
 :class:`~logtoku_guard.guard.Guard` (and LangChain's ``LogTokUGuard``, whose backend is its chat
-model): a :class:`~logtoku_guard.guard_steps.Generate` with ``backend.generate`` (the retrieved
-context in the last user turn, trimmed passage by passage while the prompt is too long for the
-model's window), a :class:`~logtoku_guard.guard_steps.Retrieve` with the retriever (in a worker
-thread with the policy's timeout: :func:`~logtoku_guard.retriever_calls.call_retriever`).
+model): a :class:`~logtoku_guard.guard_steps.Generate` with the backend (the retrieved context in
+the last user turn, trimmed passage by passage while the prompt is too long for the model's
+window; token by token through ``backend.stream`` while the driver's
+:class:`~logtoku_guard.driver.Watch` watches ``early_stop`` rules, else ``backend.generate``), a
+:class:`~logtoku_guard.guard_steps.Retrieve` with the retriever (in a worker thread with the
+policy's timeout: :func:`~logtoku_guard.retriever_calls.call_retriever`), and a live
+:class:`~logtoku_guard.driver.Draft` over ``backend.stream``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from logtoku_guard.driver import Watch
 from logtoku_guard.errors import PromptTooLongError
 from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.retriever_calls import RetrieverLike, call_retriever
-from logtoku_guard.types import ChatMessage, DecodingOptions
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
-    from logtoku_guard.backends.base import Backend
+    from logtoku_guard.backends.base import Backend, TokenStream
     from logtoku_guard.policy import Policy, RetrieveSettings
 
-__all__ = ["BackendIO", "retrieve_passages"]
+__all__ = ["BackendIO", "TokenDraft", "retrieve_passages"]
 
 
 def retrieve_passages(retriever: RetrieverLike | None, request: Retrieve, settings: RetrieveSettings) -> Retrieved:
@@ -76,20 +80,22 @@ class BackendIO:
         """The I/O of ``guard`` (its backend, options, retriever and retrieve settings) for ``messages``."""
         return cls(guard.backend, messages, guard.policy.retrieve, retriever=guard.retriever, options=guard.options)
 
-    def generate(self, request: Generate) -> Answer:
+    def generate(self, request: Generate, watch: Watch | None = None) -> Answer:
         """The first answer from the messages as they are; a later one with the retrieved context
         in place of the last user turn. When that prompt is too long for the model's window
         (:class:`PromptTooLongError`), the last passage is dropped and the model asked again;
         the answer's ``note`` says so ("context too long for the model's window: ..."), and its
-        generation is None when not even one passage fits."""
+        generation is None when not even one passage fits. Each token goes to ``watch`` (when it
+        watches a rule), which may stop the generation."""
+        watch = watch if watch is not None else Watch()
         if request.first:
-            return Answer(self.backend.generate(self.messages, self.options))
+            return Answer(self._generate(self.messages, watch))
         kept = list(request.passages)
         error: PromptTooLongError | None = None
         while kept:
             augmented = [*self.messages[:-1], ChatMessage("user", request.prompt(kept))]
             try:
-                generation = self.backend.generate(augmented, self.options)
+                generation = self._generate(augmented, watch)
             except PromptTooLongError as exc:
                 error = exc
                 kept.pop()
@@ -105,3 +111,41 @@ class BackendIO:
     def retrieve(self, request: Retrieve) -> Retrieved:
         """Passages for the question from the retriever (:func:`retrieve_passages`)."""
         return retrieve_passages(self.retriever, request, self.settings)
+
+    def draft(self, request: Generate, watch: Watch) -> TokenDraft:
+        """The answer to ``request`` streamed token by token (the first answer of a live run)."""
+        if not request.first:
+            msg = "BackendIO streams the first answer only; a later one is made with its context by generate()"
+            raise ValueError(msg)
+        return TokenDraft(self.backend.stream(self.messages, self.options), watch)
+
+    def _generate(self, messages: list[ChatMessage], watch: Watch) -> Generation:
+        if not watch.watching:
+            return self.backend.generate(messages, self.options)
+        with self.backend.stream(messages, self.options) as stream:
+            for token in stream:
+                if watch.token(token):
+                    break  # leaving the block stops the generation: its finish_reason is "cancelled"
+        return stream.generation
+
+
+class TokenDraft:
+    """A backend's token stream as a live :class:`~logtoku_guard.driver.Draft`: each token goes to
+    the reader, then to ``watch``; a rule that fires stops the generation."""
+
+    def __init__(self, stream: TokenStream, watch: Watch) -> None:
+        self.stream = stream
+        self.watch = watch
+
+    def __iter__(self) -> Iterator[TokenScore]:
+        with self.stream:
+            for token in self.stream:
+                yield token
+                if self.watch.token(token):
+                    break
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def answer(self) -> Answer:
+        return Answer(self.stream.generation)

@@ -14,12 +14,8 @@ yields a request and is sent the answer::
         Retrieve(question, number)   -> send Retrieved(passages) or Retrieved(why=...)
     request.result                            # the GuardResult, recorded (raise it yourself for "raise")
 
-Every way of guarding drives it: :class:`~logtoku_guard.guard.Guard` (``run``: :func:`drive`
-with :class:`~logtoku_guard.guard_io.BackendIO`; ``stream``: the first answer streamed token by
-token), LangChain's ``LogTokUGuard`` and ``LogTokUMiddleware`` (the agent's own model calls),
-LlamaIndex's ``LogTokUQueryEngine`` (re-queries with a wider retriever). :func:`drive` and
-:func:`adrive` are the thin sync and async loops; they also open each request's telemetry span
-(the one place spans are wrapped around generations and retrievals).
+One driver answers it for every way of guarding (:mod:`logtoku_guard.driver`: early stop, held
+or live drafts, spans); the entry points hand that driver only their generations and retrievals.
 
 The time between a request and its answer is the driver's: the generator adds it to the
 question's generation or retrieval seconds (:class:`Progress`), and its own decisions to the
@@ -29,35 +25,19 @@ decision seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from logtoku_guard.errors import UsageError
-from logtoku_guard.results import Attempt, GuardRejectedError, GuardResult, GuardTimings
-from logtoku_guard.telemetry import RunSpan
+from logtoku_guard.results import Attempt, GuardResult, GuardTimings
 
 if TYPE_CHECKING:
     from logtoku_guard.decider import Decider
     from logtoku_guard.policy import Decision, RetrieveSettings
-    from logtoku_guard.types import ChatMessage, Generation
+    from logtoku_guard.types import Generation
 
-__all__ = [
-    "Answer",
-    "AsyncStepIO",
-    "Conclude",
-    "Generate",
-    "Progress",
-    "Request",
-    "Retrieve",
-    "Retrieved",
-    "StepIO",
-    "Steps",
-    "adrive",
-    "drive",
-    "guard_steps",
-    "run_traced",
-]
+__all__ = ["Answer", "Conclude", "Generate", "Progress", "Request", "Retrieve", "Retrieved", "Steps", "guard_steps"]
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -230,102 +210,3 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
         break
     timings = progress.timings()
     yield Conclude(decider.conclude(question, decision, attempts, timings, stopped_early=progress.stopped_early, text=text))
-
-
-# -- drivers -----------------------------------------------------------------------------------------
-class StepIO(Protocol):
-    """What answers the requests of :func:`guard_steps` (:class:`~logtoku_guard.guard_io.BackendIO`)."""
-
-    def generate(self, request: Generate) -> Answer: ...
-
-    def retrieve(self, request: Retrieve) -> Retrieved: ...
-
-
-class AsyncStepIO(Protocol):
-    """:class:`StepIO` for :func:`adrive`."""
-
-    def generate(self, request: Generate) -> Awaitable[Answer]: ...
-
-    def retrieve(self, request: Retrieve) -> Awaitable[Retrieved]: ...
-
-
-_NO_SPAN = RunSpan(None)
-
-
-def _spans(span: RunSpan, request: Generate | Retrieve, span_input: Sequence[ChatMessage] | str | None) -> Any:
-    if isinstance(request, Generate):
-        return span.generation(request.attempt, span_input)
-    return span.retrieval(request.number)
-
-
-def _record(opened: Any, reply: Answer | Retrieved) -> None:
-    if isinstance(reply, Retrieved):
-        opened.record(reply.passages, reply.why)
-    elif reply.generation is not None:
-        opened.record(reply.generation)
-
-
-def drive(
-    steps: Steps,
-    io: StepIO,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    request: Request | None = None,
-) -> GuardResult:
-    """Answer every request of ``steps`` with ``io`` until it concludes; the result (not raised).
-
-    Each generation and retrieval runs in its child span of ``span`` (``span_input``: what the
-    generation spans show as input); the result is put on ``span`` (not ended here). Without
-    ``span`` (an adapter whose framework traces the calls), no span is made.
-    ``request``: the request already taken from ``steps`` (default: the first).
-    """
-    span = span if span is not None else _NO_SPAN
-    request = next(steps) if request is None else request
-    while not isinstance(request, Conclude):
-        with _spans(span, request, span_input) as opened:
-            reply: Answer | Retrieved = io.generate(request) if isinstance(request, Generate) else io.retrieve(request)
-            _record(opened, reply)
-        request = steps.send(reply)
-    span.concluded(request.result)
-    return request.result
-
-
-async def adrive(
-    steps: Steps,
-    io: AsyncStepIO,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    request: Request | None = None,
-) -> GuardResult:
-    """:func:`drive` with an :class:`AsyncStepIO` (the decisions themselves run in the caller's loop: they are quick)."""
-    span = span if span is not None else _NO_SPAN
-    request = next(steps) if request is None else request
-    while not isinstance(request, Conclude):
-        with _spans(span, request, span_input) as opened:
-            reply: Answer | Retrieved = await (io.generate(request) if isinstance(request, Generate) else io.retrieve(request))
-            _record(opened, reply)
-        request = steps.send(reply)
-    span.concluded(request.result)
-    return request.result
-
-
-def run_traced(
-    span: RunSpan,
-    steps: Steps,
-    io: StepIO,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    *,
-    reply: Answer | None = None,
-) -> GuardResult:
-    """:func:`drive` inside the question's run ``span`` (current while driving, ended here, with
-    any error recorded); raises :class:`GuardRejectedError` for the ``raise`` action.
-
-    ``reply``: the caller's answer to the first request it took from ``steps`` (a stream's
-    first answer); by default ``io`` answers every request.
-    """
-    with span:
-        request = steps.send(reply) if reply is not None else None
-        result = drive(steps, io, span, span_input, request)
-        if result.action == "raise":
-            raise GuardRejectedError(result)
-    return result

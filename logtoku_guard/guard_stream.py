@@ -1,12 +1,12 @@
 """``GuardStream``: a guarded answer token by token, recorded even when the caller stops early.
 
-Returned by :meth:`~logtoku_guard.guard.Guard.stream`. It drives the one guard loop
-(:func:`~logtoku_guard.guard_steps.guard_steps`): iterating streams the first answer's tokens
-while watching the policy's ``early_stop`` rules; when the stream ends that answer goes to the
-loop, which decides, retrieves (:class:`~logtoku_guard.guard_io.BackendIO`) and records. Closed
-or dropped before its end (``close()``, a ``with`` block, ``break`` then garbage collection),
-the backend stream is cancelled and what was generated is recorded
-(:meth:`~logtoku_guard.guard_steps.Progress.abandon`). Recording happens when the token
+Returned by :meth:`~logtoku_guard.guard.Guard.stream`: the one driver
+(:func:`~logtoku_guard.driver.drive_live`, ``live="first"``) with
+:class:`~logtoku_guard.guard_io.BackendIO`. Iterating streams the first answer's tokens while the
+driver watches the policy's ``early_stop`` rules; when the stream ends that answer is decided,
+retrieved for and recorded. Closed or dropped before its end (``close()``, a ``with`` block,
+``break`` then garbage collection), the backend stream is cancelled and what was generated is
+recorded (:meth:`~logtoku_guard.guard_steps.Progress.abandon`). Recording happens when the token
 generator is finalized; should the store fail then, Python reports the exception through
 ``sys.unraisablehook`` (it cannot propagate from a finalizer).
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from logtoku_guard.driver import drive_live
 from logtoku_guard.errors import UsageError
 from logtoku_guard.guard_io import BackendIO
-from logtoku_guard.guard_steps import Answer, Progress, guard_steps, run_traced
+from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore, question_of
 
 if TYPE_CHECKING:
     from logtoku_guard.decider import Decider
-    from logtoku_guard.results import GuardResult
     from logtoku_guard.retriever_calls import RetrieverLike
     from logtoku_guard.telemetry import GuardTelemetry
     from logtoku_guard.types import DecodingOptions
@@ -91,37 +91,36 @@ class GuardStream:
 
 
 class _State:
-    """What a guarded stream's generator hands back: the result, whether it stopped early."""
+    """What a guarded stream's generator hands back: the result (concluded, or abandoned)."""
 
     result: GuardResult | None = None
-    stopped_early: bool = False
 
 
 def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> Iterator[TokenScore]:
-    decider, top_n = guard.decider, guard.backend.top_n
-    progress = Progress(question_of(messages))
-    steps = guard_steps(decider, progress)
-    next(steps)  # Generate(1): answered below with the streamed generation
-    seen: list[TokenScore] = []
-    abandoned = False
-    span = guard.telemetry.start_run(guard, messages)  # ended by run_traced, or below when abandoned
-    generating = span.generation(1, messages)
-    with guard.backend.stream(messages, guard.options) as stream:
-        for token in stream:
-            seen.append(token)
-            try:
-                yield token
-            except GeneratorExit:
-                abandoned = True
-                break
-            if decider.early_stop(seen, top_n) is not None:
-                state.stopped_early = True
-                break
-    generation = stream.generation
-    generating.end_with(generation)
-    if abandoned:
-        state.result = progress.abandon(decider, generation)
-        span.end(state.result)
-        return
-    answer = Answer(generation, stopped_early=state.stopped_early)
-    state.result = run_traced(span, steps, BackendIO.of(guard, messages), messages, reply=answer)
+    span = guard.telemetry.start_run(guard, messages)  # ended here, or by the driver when abandoned
+    out: list[GuardResult] = []
+    io = BackendIO.of(guard, messages)
+    try:
+        yield from drive_live(
+            guard.decider,
+            question_of(messages),
+            io,
+            live="first",
+            top_n=guard.backend.top_n,
+            span=span,
+            span_input=messages,
+            result=out,
+        )
+    except GeneratorExit:
+        state.result = out[0] if out else None
+        raise
+    except BaseException as exc:
+        span.fail(exc)
+        span.end()
+        raise
+    state.result = out[0]
+    if state.result.action == "raise":
+        span.fail(GuardRejectedError(state.result))
+        span.end()
+        raise GuardRejectedError(state.result)
+    span.end()

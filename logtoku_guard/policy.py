@@ -92,9 +92,10 @@ def _policy_error(exc: ValidationError) -> PolicyError:
 class Rule(StrictModel):
     """When ``when`` holds, take ``action``; ``reason`` is shown to users and auditors.
 
-    ``early_stop``: while streaming, stop generating as soon as the rule has fired on the
-    prefix. Allowed only for conditions that cannot un-fire as the answer grows (``>``/``>=``
-    on ``max_eu``, ``max_au``, ``n_tokens``, combined with ``all``/``any``).
+    ``early_stop``: stop generating as soon as the rule has fired on the prefix (in every entry
+    point, streamed or not: the driver watches every generation). Allowed only for conditions
+    that cannot un-fire as the answer grows (``>``/``>=`` on ``max_eu``, ``max_au``,
+    ``n_tokens``, combined with ``all``/``any``).
     """
 
     name: str = Field(min_length=1)

@@ -50,6 +50,7 @@ StatName = Literal[
     "claim_mean_eu",
     "claim_min_logprob",
     "claim_mean_logprob",
+    "question_echo",
 ]
 STAT_NAMES: tuple[str, ...] = get_args(StatName)
 HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
@@ -64,6 +65,7 @@ HIGHER_IS_RELIABLE: frozenset[str] = frozenset(
         "prompt_min_logprob",
         "claim_min_logprob",
         "claim_mean_logprob",
+        "question_echo",
     }
 )
 """Statistics where higher means more reliable; every other one (``*_eu``, ``*_au``,
@@ -92,7 +94,9 @@ class ResponseStats:
     ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass
     (:class:`~logtoku_guard.prompt_stats.PromptStats`; NaN without prompt scores).
     ``claim_*``: the words the answer asserts beyond the question (:mod:`logtoku_guard.claims`:
-    max/mean word EU, min/mean log-probability; NaN when it asserts no new content word).
+    max/mean word EU, min/mean log-probability; NaN when it asserts no new content word);
+    ``question_echo``: the share of the question's content words the answer repeats (NaN when
+    the question has none; higher = the answer addresses the question).
     ``reliability_debiased`` and ``guard_score`` need a fitted guard model
     (:func:`logtoku_guard.guard_score.with_guard_score`; NaN otherwise): reliability minus its
     expected value at this answer length, and the predicted probability that the answer is
@@ -121,6 +125,7 @@ class ResponseStats:
     claim_mean_eu: float = math.nan
     claim_min_logprob: float = math.nan
     claim_mean_logprob: float = math.nan
+    question_echo: float = math.nan
 
     @property
     def reliability(self) -> float:
@@ -162,6 +167,8 @@ class ResponseStats:
             return "no content tokens or NaN token scores"
         if name.startswith("claim_"):
             return "the answer asserts no content word beyond the question"
+        if name == "question_echo":
+            return "the question has no content word"
         if name.startswith("prompt_"):
             return "no prompt scores (the backend does not see the prompt's logits)"
         if name in ("guard_score", "reliability_debiased") and math.isnan(self.guard_score):

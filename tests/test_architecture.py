@@ -192,6 +192,30 @@ def test_the_guard_loop_is_written_once() -> None:
     assert not offenders, f"these modules write their own guard loop; drive logtoku_guard.guard_steps instead: {offenders}"
 
 
+def test_the_guard_loop_has_one_driver() -> None:
+    """Only :mod:`logtoku_guard.driver` runs :func:`~logtoku_guard.guard_steps.guard_steps` and watches
+    ``early_stop`` rules: every entry point (core or adapter) hands the driver its generate and
+    retrieve; none imports the loop, sends it answers or asks the decider about early stop."""
+    driving = ("guard_steps(", ".send(", ".early_stop(", "watches_early_stop")
+    owners = {PACKAGE / "driver.py", PACKAGE / "guard_steps.py", PACKAGE / "decider.py"}
+    offenders = {
+        str(p.relative_to(ROOT)): [s for s in driving if s in text]
+        for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
+        if p not in owners and any(s in (text := p.read_text(encoding="utf-8")) for s in driving)
+    }
+    assert not offenders, f"these modules drive the guard loop themselves; hand logtoku_guard.driver an I/O: {offenders}"
+    imported = {
+        str(p.relative_to(ROOT))
+        for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
+        if p not in owners
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").endswith("guard_steps")
+        and any(a.name == "guard_steps" for a in node.names)
+    }
+    assert not imported, f"these modules import the step loop: {imported}"
+
+
 def test_no_core_module_imports_the_evaluation_harness() -> None:
     """The harness (``logtoku_eval``, its own distribution) builds on the core, never the reverse:
     not at run time, not lazily inside a function, not for type annotations; the core CLI finds

@@ -77,6 +77,7 @@ CLAIM_FEATURES = ("claim_max_eu", "claim_mean_eu", "claim_min_logprob", "claim_m
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "answer+prompt": FEATURES,
     "answer+prompt+claim": (*FEATURES, *CLAIM_FEATURES),
+    "answer+prompt+echo": (*FEATURES, "question_echo"),
     "claim+prompt": (
         "claim_max_eu",
         "claim_mean_eu",
@@ -101,6 +102,7 @@ REPORTED_STATS = (
     "claim_mean_eu",
     "claim_min_logprob",
     "claim_mean_logprob",
+    "question_echo",
 )
 
 

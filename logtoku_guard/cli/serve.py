@@ -22,7 +22,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; a non-loopback one needs --allow-remote.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Model: the embedded default, a local folder or .gguf, a cached hub id.")
+        str | None,
+        typer.Option("--model", "-m", help="Model: the embedded default, a folder or .gguf, a hub id, gemma3-270m (llamacpp)."),
     ] = None,
     api_key: Annotated[
         str | None,

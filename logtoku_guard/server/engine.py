@@ -12,7 +12,7 @@ the next decoding step and each returns as soon as its own answer ends. Everythi
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -111,14 +111,27 @@ class CancellableBackend:
         return getattr(self._backend, name)
 
     def generate(self, prompt: Any, options: DecodingOptions | None = None, **kwargs: Any) -> Generation:
-        if self._cancel.is_set():
-            raise ClientGone
-        stream = self._backend.stream(prompt, options, **kwargs)
+        stream = self.stream(prompt, options, **kwargs)
         with stream:
             for _ in stream:
-                if self._cancel.is_set():
-                    break
+                pass
         return stream.generation
+
+    def stream(self, prompt: Any, options: DecodingOptions | None = None, **kwargs: Any) -> TokenStream:
+        """The backend's stream, ending after the token at which ``cancel`` is found set (the guard's
+        ``early_stop`` watch streams through here too)."""
+        if self._cancel.is_set():
+            raise ClientGone
+        inner = self._backend.stream(prompt, options, **kwargs)
+
+        def tokens() -> Iterator[TokenScore]:
+            for token in inner:
+                yield token
+                if self._cancel.is_set():
+                    inner.close()
+                    return
+
+        return TokenStream(tokens(), lambda: inner.generation, inner.close)
 
 
 @dataclass(frozen=True)

@@ -101,3 +101,69 @@ def test_every_adapter_decides_like_the_core(case: str) -> None:
         assert reason == "after retrieval: no rule fired"
     if case == "retrieve-exhausted-fallback":
         assert reason.startswith("still uncertain after 2 retrieval attempt(s): ")
+
+
+# -- early stop: every entry point cuts the same draft at the same token --------------------------------
+DRIFTING = ScriptedAnswer(
+    ["It", " was", " Zq", " maybe", " someone", " else", "."],
+    [[9.0, 0.1], [8.0, 0.2], [0.3, 0.2], [9.0, 0.1], [9.0, 0.1], [9.0, 0.1], [9.0, 0.1]],
+)  # the third token is a near-tie of tiny logits: max_eu 0.8 from there on
+EARLY_STOP = {"name": "lost", "when": {"stat": "max_eu", "op": ">", "value": 0.5}, "action": "abstain", "early_stop": True}
+
+
+def core_stream(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    guard = Guard(ScriptedBackend(answers), policy, retriever=lambda q: DOCS[:2])
+    stream = guard.stream("Who founded the Zarnovian Institute?")
+    streamed = [t.text for t in stream]
+    payload = dict(result_payload(stream.result))
+    assert len(streamed) == len(payload["tokens"])  # the reader saw the cut draft, no more
+    return payload
+
+
+def llamaindex_streaming(mode: str) -> Callable[[list[ScriptedAnswer], Policy], dict[str, Any]]:
+    def run(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+        index = VectorStoreIndex.from_documents([Document(text=t) for t in DOCS], embed_model=MockEmbedding(embed_dim=8))
+        llm = LogTokULLM(backend=ScriptedBackend(answers))
+        engine = LogTokUQueryEngine.from_index(
+            index, llm=llm, similarity_top_k=2, policy=policy, streaming=True, stream_mode=mode
+        )
+        response = engine.query("Who founded the Zarnovian Institute?")
+        "".join(response.response_gen)  # type: ignore[union-attr]
+        return dict(response.metadata["logtoku"])  # type: ignore[union-attr]
+
+    return run
+
+
+def served(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
+    import httpx
+
+    from logtoku_guard.server import BackgroundServer, build_app
+
+    backend = ScriptedBackend(answers, model_name="scripted")
+    with BackgroundServer(build_app(backend, policy=policy)) as srv:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "Who founded the Zarnovian Institute?"}]}
+        reply = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=30).json()
+    payload = dict(reply["choices"][0]["logtoku_guard"])
+    payload["tokens"] = [None] * payload["generated_tokens"]  # the served payload counts the withheld draft's tokens
+    return payload
+
+
+EARLY_STOP_ENTRY_POINTS: dict[str, Callable[[list[ScriptedAnswer], Policy], dict[str, Any]]] = {
+    **ADAPTERS,
+    "core stream": core_stream,
+    "llamaindex live": llamaindex_streaming("live"),
+    "llamaindex after_decision": llamaindex_streaming("after_decision"),
+    "server": served,
+}
+
+
+@pytest.mark.parametrize("entry", list(EARLY_STOP_ENTRY_POINTS))
+def test_an_early_stop_rule_cuts_the_draft_in_every_entry_point(entry: str) -> None:
+    """The one driver watches every generation: the rule fires on the third token wherever the
+    question comes in (before the driver, Guard.run, LogTokUGuard.invoke and the server generated
+    all seven tokens and decided on the whole answer)."""
+    policy = Policy.from_dict({"name": "es", "version": "1", "rules": [EARLY_STOP, *make_policy().model_dump()["rules"]]})
+    payload = EARLY_STOP_ENTRY_POINTS[entry]([DRIFTING], policy)
+    assert decision(payload)[:4] == ("abstain", "lost", "max_eu 0.8 > 0.5", 1)
+    assert payload["stopped_early"] is True
+    assert len(payload["tokens"]) == 3, payload["tokens"]

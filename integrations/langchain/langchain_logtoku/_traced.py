@@ -5,15 +5,14 @@ every generation is a child chat-model run of the guard's run, tagged :data:`DRA
 Held drafts (every :meth:`~TracedBackend.generate`) are also tagged :data:`NOSTREAM_TAG` and made
 with ``stream=False``, so no stream consumer (``astream_events``, LangGraph
 ``stream_mode="messages"``) ever sees an answer the guard may withdraw; tracers still see the
-runs. :class:`EarlyStop` watches a held draft token by token and stops its generation when an
-``early_stop`` rule fires.
+runs. The core driver's :class:`~logtoku_guard.driver.Watch` watches a held draft token by token
+(through a capture) and stops its generation when an ``early_stop`` rule fires.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -21,13 +20,12 @@ from langchain_core.runnables import RunnableConfig
 from langchain_logtoku import _convert
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.decider import Decider
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, EvidenceMode
+from logtoku_guard.types import DecodingOptions, Generation, Prompt, to_messages
+from logtoku_guard.uncertainty import EvidenceMode
 
-__all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "EarlyStop", "TracedBackend"]
+__all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "TracedBackend"]
 
 DRAFT_TAG = "logtoku:draft"
 """The tag of every chat-model run the guard makes (its answer is a draft until the guard decides)."""
@@ -127,23 +125,3 @@ class TracedBackend:
             return self._take(capture)
 
         return TokenStream(tokens(), result, cancel)
-
-
-@dataclass
-class EarlyStop(GenerationCapture):
-    """A capture that stops the generation as soon as an ``early_stop`` rule fires on its prefix.
-
-    Buffer mode watches the draft through it instead of streaming it: the chat model reports
-    each token to the capture, never to callbacks.
-    """
-
-    decider: Decider | None = None
-    top_n: int = DEFAULT_TOP_N
-    stopped: bool = False
-
-    def token(self, token: TokenScore) -> None:
-        super().token(token)
-        if self.decider is None or self.stopped:
-            return
-        if self.decider.early_stop(list(self.live_tokens), self.top_n) is not None:
-            self.stopped = self.cancel_stream()

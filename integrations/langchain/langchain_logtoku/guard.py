@@ -24,7 +24,6 @@ tag lists and dicts: the ones other handlers received when the run started are n
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import operator
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -41,21 +40,21 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from langchain_logtoku import _convert
 from langchain_logtoku._convert import GuardPayload
-from langchain_logtoku._traced import EarlyStop, TracedBackend
+from langchain_logtoku._traced import TracedBackend
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.driver import Watch
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.generation_capture import capture_generations
+from logtoku_guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard import Guard
 from logtoku_guard.guard_io import BackendIO
-from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import ChatMessage as CoreMessage
-from logtoku_guard.types import question_of, to_messages
+from logtoku_guard.types import Generation, question_of, to_messages
 from logtoku_guard.uncertainty import QuadrantThresholds
 
 StreamMode = Literal["buffer", "retract"]
@@ -264,7 +263,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         backend = TracedBackend(self.llm, config, kwargs)
         guard = self._core_guard(backend, config, prompt.question)
         try:
-            result = guard.run(prompt.messages)
+            result = self._held(guard, prompt)
         except GuardRejectedError as exc:
             self._report(exc.result, prompt, backend, run_manager, config)
             raise
@@ -328,7 +327,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
                     yield AIMessageChunk(content=token.text, response_metadata={"logtoku": {"tokens": [item]}})
                 result = guarded.result
             else:
-                result = self._buffered(guard, prompt)
+                result = self._held(guard, prompt)
         except GuardRejectedError as exc:
             message = self._report(exc.result, prompt, backend, run_manager, config)
             if retract and streamed:
@@ -358,11 +357,10 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
 
     @staticmethod
-    def _buffered(guard: Guard, prompt: _Prompt) -> GuardResult:
-        """Buffer mode: the core guard's run, whose first draft is held back (never streamed to
-        callbacks) while an ``early_stop`` rule still stops its generation as soon as it fires."""
-        io = _HeldDraft(BackendIO.of(guard, to_messages(prompt.messages, guard.system)), guard)
-        return guard.run(prompt.messages, io=io)
+    def _held(guard: Guard, prompt: _Prompt) -> GuardResult:
+        """``invoke`` and buffer mode: the core guard's run, whose drafts are held back (never
+        streamed to callbacks) while an ``early_stop`` rule still stops a generation as soon as it fires."""
+        return guard.run(prompt.messages, io=_HeldIO.of(guard, to_messages(prompt.messages, guard.system)))
 
     @staticmethod
     def _retracted(message: AIMessage, flat: Mapping[str, AttributeValue], text: str, config: RunnableConfig) -> None:
@@ -370,23 +368,13 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         dispatch_custom_event(RETRACTED_EVENT, {**decision, **flat, "retracted_text": text}, config=config)
 
 
-@dataclass(frozen=True)
-class _HeldDraft:
-    """The core guard's I/O, with the first answer watched through :class:`EarlyStop`."""
+class _HeldIO(BackendIO):
+    """The core guard's I/O over the :class:`TracedBackend`: every generation held (``stream=False``,
+    tagged ``nostream``), its tokens reported to the driver's watch through a capture."""
 
-    io: BackendIO
-    guard: Guard
-
-    def generate(self, request: Generate) -> Answer:
-        if not request.first:
-            return self.io.generate(request)
-        watch = EarlyStop(decider=self.guard.decider, top_n=self.guard.backend.top_n)
-        with capture_generations(watch):
-            answer = self.io.generate(request)
-        return dataclasses.replace(answer, stopped_early=watch.stopped)
-
-    def retrieve(self, request: Retrieve) -> Retrieved:
-        return self.io.retrieve(request)
+    def _generate(self, messages: list[CoreMessage], watch: Watch) -> Generation:
+        with capture_generations(GenerationCapture(watch=watch)):
+            return self.backend.generate(messages, self.options)
 
 
 def _join(items: list[Any]) -> Any:

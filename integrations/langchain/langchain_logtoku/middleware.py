@@ -71,18 +71,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from langchain_logtoku._convert import GuardPayload
 from langchain_logtoku._metadata_scores import generation_from_metadata
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
+from langchain_logtoku.chat_models import ChatLogTokU
 from langchain_logtoku.tool_gate import ToolGate, ToolGateState, ToolResult
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.decider import Decider
+from logtoku_guard.driver import Watch, adrive, drive
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard_io import retrieve_passages
-from logtoku_guard.guard_steps import Answer, Generate, Progress, Request, Retrieve, Retrieved, Steps, adrive, drive, guard_steps
+from logtoku_guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
 from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import Generation
+from logtoku_guard.uncertainty import EvidenceMode
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -199,8 +202,8 @@ class _GuardedCall:
         self.decider: Decider | None = None
 
     @contextmanager
-    def calling(self) -> Iterator[GenerationCapture]:
-        with _no_stream(), capture_generations() as capture:
+    def calling(self, watch: Watch) -> Iterator[GenerationCapture]:
+        with _no_stream(), capture_generations(GenerationCapture(watch=watch)) as capture:
             yield capture
 
     def request_for(self, step: Generate) -> ModelRequest:
@@ -212,23 +215,22 @@ class _GuardedCall:
         return self.request.override(messages=messages)
 
     def answered(self, step: Generate, result: Any, capture: GenerationCapture) -> Answer:
-        """The model's answer to ``step``, scored (the decider is made for the model of the first)."""
+        """The model's answer to ``step``, scored (the decider is made for the model of the first,
+        unless :meth:`LogTokUMiddleware.decider_before` made it before)."""
         response = _as_response(result)
         generation = capture.last or generation_from_metadata(_ai_message(response))
         self.decider = self.decider or self.mw.decider_for(generation)
         self.responses.append(response)
         return Answer(generation, step.passages)
 
-    def start(self, first: Answer) -> tuple[Steps, Request]:
-        """The guard loop, started once the first answer made the decider: its first request
-        (``Generate(1)``) answered with ``first``; the loop and its next request."""
+    def first_made(self) -> Decider:
+        """The decider once the first answer (made outside the driver) has made it; the first call's
+        seconds are counted as generation."""
         if self.decider is None:
             msg = "internal error: the guard loop of a model call started before its first answer"
             raise UsageError(msg)
-        self.progress.generation_s += time.perf_counter() - self.progress.started  # the first call
-        steps = guard_steps(self.decider, self.progress)
-        next(steps)
-        return steps, steps.send(first)
+        self.progress.generation_s += time.perf_counter() - self.progress.started
+        return self.decider
 
     def retrieve(self, step: Retrieve) -> Retrieved:
         return retrieve_passages(self.mw.retriever, step, self.mw.policy.retrieve)
@@ -285,8 +287,8 @@ class _ModelCalls:
     call: _GuardedCall
     handler: Callable[[ModelRequest], ModelResponse]
 
-    def generate(self, step: Generate) -> Answer:
-        with self.call.calling() as capture:
+    def generate(self, step: Generate, watch: Watch) -> Answer:
+        with self.call.calling(watch) as capture:
             result = self.handler(self.call.request_for(step))
         return self.call.answered(step, result, capture)
 
@@ -301,8 +303,8 @@ class _AsyncModelCalls:
     call: _GuardedCall
     handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
 
-    async def generate(self, step: Generate) -> Answer:
-        with self.call.calling() as capture:
+    async def generate(self, step: Generate, watch: Watch) -> Answer:
+        with self.call.calling(watch) as capture:
             result = await self.handler(self.call.request_for(step))
         return await asyncio.to_thread(self.call.answered, step, result, capture)  # may load a profile
 
@@ -392,33 +394,56 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
         )
 
     def decider_for(self, generation: Generation) -> Decider:
-        """The decider for the model that made ``generation`` (the profile, given or the model's
-        saved one, checked against the generation's model name, K and evidence)."""
+        """The decider for the model that made ``generation``."""
+        return self.decider_of(generation.model, generation.k, generation.evidence)
+
+    def decider_of(self, model: str, k: int, evidence: EvidenceMode) -> Decider:
+        """The decider for ``model`` scored with top-``k`` ``evidence`` (the profile, given or the
+        model's saved one, checked against the model name, K and evidence)."""
         profile = self.profile
         if profile is None and self.policy.uses_quantiles():
-            key = (generation.model, generation.k, generation.evidence)
+            key = (model, k, evidence)
             if key not in self._profiles:
                 self._profiles[key] = load_profile_for(*key)
             profile = self._profiles[key]
         if profile is not None:
-            profile.check_matches(generation.model, generation.k, generation.evidence)
+            profile.check_matches(model, k, evidence)
         store = _CheckpointedStore(self.store) if self.store is not None else None
         return Decider(self.policy, profile, store=store)
+
+    def decider_before(self, request: ModelRequest) -> tuple[Decider, int] | None:
+        """The decider and top-N for the request's model before it answers, when the policy has
+        ``early_stop`` rules and the model says which it is (a :class:`ChatLogTokU`): then the
+        first answer is watched too. Otherwise None: the first answer's model makes the decider
+        (a model that reports scores only with its finished message cannot be stopped early)."""
+        model = request.model
+        if not any(r.early_stop for r in self.policy.rules) or not isinstance(model, ChatLogTokU):
+            return None
+        evidence = cast("EvidenceMode", model.scoring_evidence)
+        return self.decider_of(model.model_name, model.scoring_k, evidence), model.core_backend.top_n
 
     # -- wrap_model_call: score, retrieve, route -------------------------------------------------
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
         calls = _ModelCalls(call, handler)
-        steps, following = call.start(calls.generate(Generate(1, call.question)))
-        return call.finish(drive(steps, calls, request=following))  # no span: the agent traces its model calls
+        known = self.decider_before(request)
+        if known is not None:
+            call.decider = known[0]
+            return call.finish(drive(known[0], call.progress, calls, top_n=known[1]))  # no span: the agent traces its calls
+        first = calls.generate(Generate(1, call.question), Watch())
+        return call.finish(drive(call.first_made(), call.progress, calls, first=first))
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
         calls = _AsyncModelCalls(call, handler)
-        steps, following = call.start(await calls.generate(Generate(1, call.question)))
-        return call.finish(await adrive(steps, calls, request=following))
+        known = await asyncio.to_thread(self.decider_before, request)  # may load a profile or the model
+        if known is not None:
+            call.decider = known[0]
+            return call.finish(await adrive(known[0], call.progress, calls, top_n=known[1]))
+        first = await calls.generate(Generate(1, call.question), Watch())
+        return call.finish(await adrive(call.first_made(), call.progress, calls, first=first))
 
     # -- after_model: the human-review interrupt, else the tool-call gate ----------------------------
     @hook_config(can_jump_to=["model"])

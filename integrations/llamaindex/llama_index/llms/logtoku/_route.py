@@ -1,21 +1,19 @@
 """How :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` answers the core guard loop, without I/O.
 
-The loop is the core's, :func:`~logtoku_guard.guard_steps.guard_steps`: it decides each answer,
-counts the re-queries, falls back. The engine's drivers (sync and async queries here, sync and
-async ``"live"`` streams in :mod:`._live`) answer its requests the LlamaIndex way::
+The loop is the core's, :func:`~logtoku_guard.guard_steps.guard_steps`, run by the core's one
+driver (:mod:`logtoku_guard.driver`): it decides each answer, counts the re-queries, falls back.
+The engine's I/O (:mod:`._engine_io`) answers its requests the LlamaIndex way::
 
-    request = next(steps)                 # Generate(1): the first answer, synthesised already
-    while not isinstance(request, Conclude):
-        Generate  -> read the synthesised answer (a live stream yields its pieces meanwhile);
-                     send answer_of(...) (the scores, the nodes, the text)
-        Retrieve  -> engine_for(request.number); none: send Retrieved(why=NO_ENGINE). Else emit
-                     the decision's non-final event; under its tags, in the re-query span,
-                     retrieve with the engine and send retrieved(run, nodes); when the loop asks
-                     to Generate, synthesise from the nodes (still in the span; read later)
-    act on request.result
+    Generate(1)  -> the first answer, synthesised before the loop: read it (a live stream yields
+                    its pieces meanwhile); answer_of(...) (the scores, the nodes, the text)
+    Retrieve     -> engine_for(request.number); none: Retrieved(why=NO_ENGINE). Else emit the
+                    decision's non-final event; under its tags, in the re-query span, retrieve
+                    with the engine: retrieved(run, nodes); when that found new context,
+                    synthesise from the nodes (still in the span; read at the next Generate)
+    Generate(n)  -> read that synthesis: answer_of(...)
 
 This module holds the answers' logic (the checks on a synthesised answer, the engine of each
-re-query, the "no new context" rule); the drivers only do the I/O.
+re-query, the "no new context" rule); the I/O only calls it.
 """
 
 from __future__ import annotations

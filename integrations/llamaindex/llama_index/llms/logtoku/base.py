@@ -228,9 +228,21 @@ class LogTokULLM(LLM):
     def _generate(
         self, messages: list[CoreMessage], options: DecodingOptions, sinks: tuple[GenerationCapture, ...]
     ) -> Generation:
-        for sink in sinks:
-            sink.started()
-        generation = self.backend.generate(messages, options)
+        """The whole answer; token by token (each reported to the captures, which may stop it) while a
+        capture's watch watches an ``early_stop`` rule."""
+        if not any(s.watch is not None and s.watch.watching for s in sinks):
+            for sink in sinks:
+                sink.started()
+            generation = self.backend.generate(messages, options)
+        else:
+            stream = self.backend.stream(messages, options)
+            for sink in sinks:
+                sink.started(stream.close)
+            with stream:
+                for token in stream:
+                    for sink in sinks:
+                        sink.token(token)
+            generation = stream.generation
         for sink in sinks:
             sink.finished(generation)
         return generation

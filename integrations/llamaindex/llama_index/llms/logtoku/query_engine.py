@@ -12,13 +12,13 @@ then the ``retrieve.fallback`` action; a re-query that brings no new node falls 
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
 (:class:`~logtoku_guard.guard.GuardRejectedError`).
 
-The loop itself (how many re-queries, the fallback and its reason, the record) is the core's
+The loop itself (how many re-queries, the fallback and its reason, the record, the ``early_stop``
+watch, live or held drafts) is the core's: its one driver (:mod:`logtoku_guard.driver`) runs
 :func:`~logtoku_guard.guard_steps.guard_steps` with the guard's
-:class:`~logtoku_guard.decider.Decider` (which also watches ``early_stop`` rules): this engine
-answers its requests the LlamaIndex way (retriever calls, re-query engines, synthesis, events,
-spans). What those answers are (the checks on a synthesised answer, the engine of each
-re-query, "no new context") is written once, without I/O, in :mod:`._route`; the sync and
-async queries here and the ``"live"`` streams of :mod:`._live` only do the I/O.
+:class:`~logtoku_guard.decider.Decider`, and this engine only hands it its generate and retrieve
+(:mod:`._engine_io`: retriever calls, re-query engines, synthesis, events, spans). What those
+answers are (the checks on a synthesised answer, the engine of each re-query, "no new
+context") is written once, without I/O, in :mod:`._route`.
 
 The scores come through :func:`logtoku_guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
@@ -44,26 +44,25 @@ from llama_index.core.instrumentation.dispatcher import active_instrument_tags, 
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from logtoku_guard.driver import Watch, adrive, drive
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard import Guard
-from logtoku_guard.guard_steps import Answer, Conclude, Generate, Request, Retrieve, Retrieved, Steps, guard_steps
+from logtoku_guard.guard_steps import Answer, Retrieve, Retrieved
 from logtoku_guard.payloads import decision_attributes
 from logtoku_guard.policy import Decision, Policy
 from logtoku_guard.results import GuardRejectedError, GuardResult
 
-from ._live import alive, live
+from ._engine_io import AsyncEngineIO, EngineIO, alive, live
 from ._responses import (
     QueryRun as _Run,
 )
 from ._responses import (
     async_iter,
-    atext_of,
     empty_async,
     policy_uses_quantiles,
     resolve_llm,
     sync_iter,
-    text_of,
     traced_query,
     wider_engines,
 )
@@ -104,8 +103,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
             (the disclaimer, the re-queried answer, or the abstain/review message).
             ``"after_decision"`` streams nothing until the decision is made, then the final
             answer; the LLM is not asked to stream meanwhile, so no stream or instrumentation
-            event (``LLMChatInProgressEvent``...) shows a draft the guard withdraws, and an
-            ``early_stop`` rule acts on the whole answer. ``"live"`` shows the first draft by
+            event (``LLMChatInProgressEvent``...) shows a draft the guard withdraws (an
+            ``early_stop`` rule still stops its generation). ``"live"`` shows the first draft by
             design. Either way ``metadata["logtoku"]["answer"]`` is the guarded answer; in
             ``"live"`` mode the metadata and final ``source_nodes`` are filled in once the stream
             has been read to the end; a ``"live"`` stream closed before its end has its answer
@@ -206,19 +205,18 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return {"query_engine": self._engine}
 
     # -- query ----------------------------------------------------------------------------
-    def _start(self, run: _Run, nodes: list[NodeWithScore], first: Synthesis, retrieved_at: float) -> Steps:
-        """The core loop of ``run``, whose first request ``first`` (synthesised from ``nodes``) answers.
-
-        The first retrieval (until ``retrieved_at``) and synthesis were made before the loop: their seconds are added here.
-        """
+    def _first(self, run: _Run, nodes: list[NodeWithScore], first: Synthesis, retrieved_at: float) -> None:
+        """``first`` (synthesised from ``nodes``) is the answer the driver reads first; the first retrieval
+        (until ``retrieved_at``) and synthesis were made before the loop: their seconds are counted here."""
         progress = run.progress
         progress.retrieval_s += retrieved_at - progress.started
         progress.generation_s += time.perf_counter() - retrieved_at
         run.answer, run.answer_nodes = first, nodes
-        return guard_steps(self._guard.decider, run.progress)
 
     def _answer(self, run: _Run, text: str) -> Answer:
         """The loop's answer for the answer being made (``run.answer``), read as ``text``."""
+        watch = run.answer.capture.watch
+        run.stopped_early = run.stopped_early or (watch is not None and watch.stopped)
         return answer_of(self._guard.backend.model_name, run, run.answer_nodes, run.answer, text)
 
     @dispatcher.span
@@ -228,18 +226,13 @@ class LogTokUQueryEngine(BaseQueryEngine):
         nodes = self._retrieve(run, self._engine, query_bundle)
         retrieved_at = time.perf_counter()
         first = self._synthesize(run, self._engine, query_bundle, nodes)
-        steps = self._start(run, nodes, first, retrieved_at)
+        self._first(run, nodes, first, retrieved_at)
+        io = EngineIO(self, run, query_bundle)
         if isinstance(first.response, StreamingResponse) and self._stream_mode == "live":
             out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
-            out.response_gen = live(self, run, query_bundle, steps, out)
+            out.response_gen = live(self, io, out)
             return out
-        request = next(steps)
-        while not isinstance(request, Conclude):
-            if isinstance(request, Generate):
-                request = steps.send(self._answer(run, text_of(run.answer.response)))
-            else:
-                request = self._requery(run, steps, request, query_bundle)
-        result = self._act(run, request.result)
+        result = self._act(run, drive(self._guard.decider, run.progress, io, top_n=self._guard.backend.top_n))
         if isinstance(first.response, StreamingResponse):  # stream_mode == "after_decision"
             return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
@@ -251,32 +244,19 @@ class LogTokUQueryEngine(BaseQueryEngine):
         nodes = await self._aretrieve(run, self._engine, query_bundle)
         retrieved_at = time.perf_counter()
         first = await self._asynthesize(run, self._engine, query_bundle, nodes)
-        steps = self._start(run, nodes, first, retrieved_at)
+        self._first(run, nodes, first, retrieved_at)
+        io = AsyncEngineIO(self, run, query_bundle)
         streaming = isinstance(first.response, (StreamingResponse, AsyncStreamingResponse))
         if streaming and self._stream_mode == "live":
             out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
-            out.response_gen = alive(self, run, query_bundle, steps, out)
+            out.response_gen = alive(self, io, out)
             return out
-        request = next(steps)
-        while not isinstance(request, Conclude):
-            if isinstance(request, Generate):
-                request = steps.send(self._answer(run, await atext_of(run.answer.response)))
-            else:
-                request = await self._arequery(run, steps, request, query_bundle)
-        result = self._act(run, request.result)
+        result = self._act(run, await adrive(self._guard.decider, run.progress, io, top_n=self._guard.backend.top_n))
         if streaming:
             return AsyncStreamingResponse(
                 response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
             )
         return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
-
-    def _watch(self, run: _Run, capture: GenerationCapture) -> None:
-        """Stop the generation being streamed as soon as an ``early_stop`` rule fires on its prefix."""
-        decider = self._guard.decider
-        if run.stopped_early or not decider.watches_early_stop or not capture.live_tokens:
-            return
-        if decider.early_stop(list(capture.live_tokens), self._guard.backend.top_n) is not None and capture.cancel_stream():
-            run.stopped_early = True
 
     # -- the I/O the loop asks for (see _route.py) -----------------------------------------
     def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -312,45 +292,48 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return Synthesis(capture, response)
 
     def _new_capture(self) -> GenerationCapture:
-        """after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
-        return WithheldCapture() if self._stream_mode == "after_decision" else GenerationCapture()
+        """The capture of one synthesis, with its ``early_stop`` :class:`~logtoku_guard.driver.Watch`;
+        after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
+        watch = Watch(self._guard.decider, self._guard.backend.top_n)
+        return WithheldCapture(watch=watch) if self._stream_mode == "after_decision" else GenerationCapture(watch=watch)
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
         return {**active_instrument_tags.get(), **decision_attributes(decision, run.attempts, profile=self._guard.profile)}
 
-    def _requery(self, run: _Run, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request:
-        """Announce the re-query's decision and run it under its tags; the loop's next request."""
+    def _requery(self, run: _Run, request: Retrieve, query_bundle: QueryBundle) -> Retrieved:
+        """Announce the re-query's decision and run it under its tags; what it found."""
         engine = engine_for(self._retries, request.number)
         if engine is None:
-            return steps.send(Retrieved(why=NO_ENGINE))
+            return Retrieved(why=NO_ENGINE)
         with instrument_tags(self._tags(run, request.decision)):
             self._emit(run, request.decision, final=False)
-            return self._retry(run, steps, engine, query_bundle)
+            return self._retry(run, engine, query_bundle)
 
     @dispatcher.span
-    def _retry(self, run: _Run, steps: Steps, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Request:
-        """The re-query span: the retrieval and, unless the loop falls back, the synthesis (read later)."""
+    def _retry(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Retrieved:
+        """The re-query span: the retrieval and, when it found new context (the loop then asks for
+        the answer from it), the synthesis (read later)."""
         nodes = self._retrieve(run, engine, query_bundle)
-        following = steps.send(retrieved(run, nodes))
-        if isinstance(following, Generate):
+        found = retrieved(run, nodes)
+        if found.why is None:
             run.answer, run.answer_nodes = self._synthesize(run, engine, query_bundle, nodes), nodes
-        return following
+        return found
 
-    async def _arequery(self, run: _Run, steps: Steps, request: Retrieve, query_bundle: QueryBundle) -> Request:
+    async def _arequery(self, run: _Run, request: Retrieve, query_bundle: QueryBundle) -> Retrieved:
         engine = engine_for(self._retries, request.number)
         if engine is None:
-            return steps.send(Retrieved(why=NO_ENGINE))
+            return Retrieved(why=NO_ENGINE)
         with instrument_tags(self._tags(run, request.decision)):
             self._emit(run, request.decision, final=False)
-            return await self._aretry(run, steps, engine, query_bundle)
+            return await self._aretry(run, engine, query_bundle)
 
     @dispatcher.span
-    async def _aretry(self, run: _Run, steps: Steps, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Request:
+    async def _aretry(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Retrieved:
         nodes = await self._aretrieve(run, engine, query_bundle)
-        following = steps.send(retrieved(run, nodes))
-        if isinstance(following, Generate):
+        found = retrieved(run, nodes)
+        if found.why is None:
             run.answer, run.answer_nodes = await self._asynthesize(run, engine, query_bundle, nodes), nodes
-        return following
+        return found
 
     def _act(self, run: _Run, result: GuardResult) -> GuardResult:
         with instrument_tags(self._tags(run, result.decision)):
