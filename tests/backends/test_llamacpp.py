@@ -488,3 +488,22 @@ def test_a_model_that_wants_bos_gets_it_once(backend: LlamaCppBackend, monkeypat
     bos_text = tok.token_text(tok.bos_token_id)
     monkeypatch.setattr(backend, "_render", lambda messages: f"{bos_text}Question: Hi")
     assert backend._prepare(to_messages("Hi"), GREEDY).ids.count(tok.bos_token_id) == 1  # the template wrote it: not twice
+
+
+def test_the_shipped_guard_flags_the_answer_to_france_that_is_not_about_france(backend: LlamaCppBackend) -> None:
+    """Round 3: llama.cpp answered "What is the capital of France?" with "L'Étoile, la Marseillaise, la
+    femme au martyre..." (a near-tie at the first token) and the guard then shipped passed it
+    (guard_score 0.545). The guard refit on both question styles flags it. Should another build
+    answer otherwise at that near-tie, the answer must name Paris and pass."""
+    from logtoku_guard import Guard, default_policy
+    from logtoku_guard.calibration import load_profile_for
+
+    profile = load_profile_for(backend.model_name, backend.k, backend.evidence)
+    guard = Guard(backend, default_policy(), profile=profile, options=DecodingOptions(max_new_tokens=64))
+    result = guard.run(QUESTION)
+    first = result.attempts[0]
+    if first.generation.text.startswith("L'"):
+        assert first.decision.action == "retrieve" and result.action == "abstain", result.reason
+        assert first.decision.stats.question_echo == 0.0  # nothing of the question in the answer
+    else:
+        assert "Paris" in first.generation.text and result.action == "pass", first.generation.text
