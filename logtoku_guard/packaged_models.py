@@ -85,5 +85,7 @@ def packaged_gguf_path(name: str, cache_dir: str | os.PathLike[str] | None = Non
         if os.path.exists(tmp):
             os.unlink(tmp)
     expected["size"] = target.stat().st_size
-    record.write_text(json.dumps(expected), encoding="utf-8")
+    fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # owner-only, as the cache's other files
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(expected, handle)
     return target

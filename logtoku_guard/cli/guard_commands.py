@@ -359,7 +359,7 @@ def ask(
 
 
 def _thresholds(policy: Any) -> str:
-    """The policy's top-level comparisons (``guard_score < 0.2474``), for an answer no rule flagged."""
+    """The policy's top-level comparisons (``guard_score < 0.2797``), for an answer no rule flagged."""
     from logtoku_guard.conditions import Compare, Quantile
 
     def shown_value(value: Any) -> str:

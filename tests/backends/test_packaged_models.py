@@ -55,6 +55,7 @@ def test_the_chunks_are_joined_once_into_the_cache(fake, tmp_path: Path) -> None
     assert path == tmp_path / "cache" / "models" / "fake-model.gguf" and path.read_bytes() == b"".join(CHUNKS)
     assert packaged_gguf_path("fake-1b") == path and len(module.CALLS) == 1  # type: ignore[attr-defined]
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".assemble-")] == []
+    assert {oct(p.stat().st_mode & 0o777) for p in path.parent.iterdir()} == {"0o600"}  # owner-only, as the cache
     path.write_bytes(b"GGUF truncated")  # a damaged file: its size no longer matches the record, so it is joined again
     assert packaged_gguf_path("fake-1b").read_bytes() == b"".join(CHUNKS) and len(module.CALLS) == 2  # type: ignore[attr-defined]
 
