@@ -167,6 +167,27 @@ def test_the_default_threshold_on_the_embedded_guard_is_its_stated_guarantee() -
     assert guarantee is not None and "guaranteed lower bound 80.1%" in guarantee and "216 correct" in guarantee
 
 
+def test_gemma_ships_a_profile_whose_guard_calibrate_fitted_alone() -> None:
+    """``--backend llamacpp --model gemma3-270m`` finds a shipped profile: its guard was fit by
+    ``calibrate`` on the shipped self-labelled questions (no user labels), and the default policy's
+    statement holds on its 71 labelled correct answers."""
+    from logtoku_guard.calibration import ModelProfile, find_profile_for
+    from logtoku_guard.calibration.profiles import shipped_profile_path
+    from logtoku_guard.conditions import resolve_threshold
+
+    path = shipped_profile_path("gemma-3-270m-q4_k_m@llamacpp")
+    profile = ModelProfile.load(path)
+    assert profile.model == "gemma-3-270m-q4_k_m@llamacpp" and profile.guard is not None
+    assert profile.guard.datasets == ["traffic-tune"] and profile.guard.n == 823
+    assert profile.guard.reference_labels == {"plausible": False, "real-correct": True, "real-wrong": False, "syllable": False}
+    (rule,) = default_policy().rules
+    threshold, _, guarantee = resolve_threshold(rule.when, profile)  # type: ignore[arg-type]
+    assert threshold == pytest.approx(0.0594, abs=5e-5)
+    assert guarantee is not None and "guaranteed lower bound 80.7%" in guarantee and "71 correct" in guarantee
+    found = find_profile_for("gemma-3-270m-q4_k_m@llamacpp", cache_dir=None)
+    assert found is not None and found[0].created_at == profile.created_at
+
+
 def test_a_fallback_can_have_its_own_threshold() -> None:
     """guard_score 0.5 (absolute) when the profile has a guard; else reliability's q0.9 of the profile."""
     rule = {"stat": "guard_score", "op": "<", "value": 0.5, "fallback": "reliability", "fallback_value": {"quantile": 0.9}}
