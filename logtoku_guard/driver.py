@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from logtoku_guard.errors import UsageError
 from logtoku_guard.guard_steps import Answer, Conclude, Generate, Progress, Request, Retrieve, Retrieved, Steps, guard_steps
-from logtoku_guard.telemetry import RunSpan
+from logtoku_guard.telemetry import GenerationSpan, RunSpan
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
@@ -152,19 +152,15 @@ _NO_SPAN = RunSpan(None)
 @dataclass
 class _Run:
     decider: Decider
-    question: str
+    progress: Progress
     top_n: int
     span: RunSpan
     span_input: Sequence[ChatMessage] | str | None
     live: Live
     out: list[GuardResult]
-    progress: Progress = field(init=False)
     steps: Steps = field(init=False)
 
-    given: Progress | None = None
-
     def __post_init__(self) -> None:
-        self.progress = self.given if self.given is not None else Progress(self.question)
         self.steps = guard_steps(self.decider, self.progress)
 
     def start(self, first: Answer | None) -> Request:
@@ -174,10 +170,33 @@ class _Run:
     def streams(self, request: Generate) -> bool:
         return self.live == "all" or (self.live == "first" and request.first)
 
+    def watch(self) -> Watch:
+        return Watch(self.decider, self.top_n)
+
     def answered(self, answer: Answer, watch: Watch) -> Answer:
         if watch.stopped and not answer.stopped_early:
             return replace(answer, stopped_early=True)
         return answer
+
+    # a streamed draft, for both colours: its span is not current across the yields, so it is ended here
+    def draft_span(self, request: Generate) -> GenerationSpan:
+        return self.span.generation(request.attempt, self.span_input)
+
+    def draft_ended(self, opened: GenerationSpan, draft: Draft[Any] | AsyncDraft[Any], watch: Watch) -> Answer:
+        answer = self.answered(draft.answer(), watch)
+        opened.end_with(answer.generation)
+        return answer
+
+    def draft_closed(self, opened: GenerationSpan, draft: Draft[Any] | AsyncDraft[Any]) -> None:
+        """The reader closed the stream (the draft is stopped already): decide and record what it generated."""
+        generation = draft.answer().generation
+        opened.end_with(generation)
+        self.abandon(generation)
+
+    @staticmethod
+    def draft_failed(opened: GenerationSpan, exc: BaseException) -> None:
+        opened.fail(exc)
+        opened.end()
 
     def abandon(self, generation: Any) -> GuardResult | None:
         """Decide and record an answer whose stream the reader closed (None: nothing was generated)."""
@@ -215,9 +234,8 @@ def _run(
         msg = f"live must be 'held', 'first' or 'all', got {live!r}"
         raise UsageError(msg)
     out = result if result is not None else []
-    given = question if isinstance(question, Progress) else None
-    text = question.question if isinstance(question, Progress) else question
-    return _Run(decider, text, top_n, span if span is not None else _NO_SPAN, span_input, live, out, given)
+    progress = question if isinstance(question, Progress) else Progress(question)
+    return _Run(decider, progress, top_n, span if span is not None else _NO_SPAN, span_input, live, out)
 
 
 # -- sync -------------------------------------------------------------------------------------------------
@@ -256,7 +274,7 @@ def drive_live(
         elif run.streams(request):
             reply = yield from _streamed(run, request, io)
         else:
-            watch = Watch(decider, top_n)
+            watch = run.watch()
             with run.span.generation(request.attempt, span_input) as opened:
                 reply = run.answered(io.generate(request, watch), watch)
                 _recorded(opened, reply)
@@ -265,24 +283,18 @@ def drive_live(
 
 
 def _streamed(run: _Run, request: Generate, io: Any) -> Generator[Any, None, Answer]:
-    watch = Watch(run.decider, run.top_n)
-    opened = run.span.generation(request.attempt, run.span_input)  # not current across yields: ended below
+    watch, opened = run.watch(), run.draft_span(request)
     draft = io.draft(request, watch)
     try:
         yield from draft  # closing this generator closes the draft's iterator first
     except GeneratorExit:
         draft.close()
-        generation = draft.answer().generation
-        opened.end_with(generation)
-        run.abandon(generation)
+        run.draft_closed(opened, draft)
         raise
     except BaseException as exc:
-        opened.fail(exc)
-        opened.end()
+        run.draft_failed(opened, exc)
         raise
-    answer = run.answered(draft.answer(), watch)
-    opened.end_with(answer.generation)
-    return answer
+    return run.draft_ended(opened, draft, watch)
 
 
 def drive(
@@ -330,26 +342,21 @@ async def adrive_live(
                 reply = await io.retrieve(request)
                 _recorded(opened, reply)
         elif run.streams(request):
-            watch = Watch(decider, top_n)
-            opened_g = run.span.generation(request.attempt, span_input)
+            watch, streamed = run.watch(), run.draft_span(request)
             draft = io.draft(request, watch)  # type: ignore[union-attr]
             try:
                 async for piece in draft:
                     yield piece
             except GeneratorExit:
                 await draft.aclose()
-                generation = draft.answer().generation
-                opened_g.end_with(generation)
-                run.abandon(generation)
+                run.draft_closed(streamed, draft)
                 raise
             except BaseException as exc:
-                opened_g.fail(exc)
-                opened_g.end()
+                run.draft_failed(streamed, exc)
                 raise
-            reply = run.answered(draft.answer(), watch)
-            opened_g.end_with(reply.generation)
+            reply = run.draft_ended(streamed, draft, watch)
         else:
-            watch = Watch(decider, top_n)
+            watch = run.watch()
             with run.span.generation(request.attempt, span_input) as opened:
                 reply = run.answered(await io.generate(request, watch), watch)
                 _recorded(opened, reply)

@@ -122,11 +122,10 @@ class BackendIO:
     def _generate(self, messages: list[ChatMessage], watch: Watch) -> Generation:
         if not watch.watching:
             return self.backend.generate(messages, self.options)
-        with self.backend.stream(messages, self.options) as stream:
-            for token in stream:
-                if watch.token(token):
-                    break  # leaving the block stops the generation: its finish_reason is "cancelled"
-        return stream.generation
+        draft = TokenDraft(self.backend.stream(messages, self.options), watch)
+        for _ in draft:  # a rule that fires stops the generation: its finish_reason is "cancelled"
+            pass
+        return draft.stream.generation
 
 
 class TokenDraft:

@@ -230,19 +230,11 @@ class LogTokULLM(LLM):
     ) -> Generation:
         """The whole answer; token by token (each reported to the captures, which may stop it) while a
         capture's watch watches an ``early_stop`` rule."""
-        if not any(s.watch is not None and s.watch.watching for s in sinks):
-            for sink in sinks:
-                sink.started()
-            generation = self.backend.generate(messages, options)
-        else:
-            stream = self.backend.stream(messages, options)
-            for sink in sinks:
-                sink.started(stream.close)
-            with stream:
-                for token in stream:
-                    for sink in sinks:
-                        sink.token(token)
-            generation = stream.generation
+        if any(s.watch is not None and s.watch.watching for s in sinks):  # the streaming path, drained
+            return [g for _, g in self._stream_tokens(messages, options, sinks) if g is not None][-1]
+        for sink in sinks:
+            sink.started()
+        generation = self.backend.generate(messages, options)
         for sink in sinks:
             sink.finished(generation)
         return generation
