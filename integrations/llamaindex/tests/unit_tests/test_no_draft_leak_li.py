@@ -63,6 +63,19 @@ def test_after_decision_async_never_streams_the_withdrawn_draft(index: Any, all_
     assert "Fabricated" not in text and "Fabricated" not in in_progress_text(all_events)
 
 
+def test_after_decision_with_an_early_stop_rule_still_never_streams_the_draft(index: Any, all_events: list[Any]) -> None:
+    """An early_stop rule makes the LLM generate token by token for its watch (LogTokULLM drains its
+    own stream): no event or stream piece shows those tokens, and the draft is cut where it fired."""
+    cut = {"name": "cut", "when": {"stat": "n_tokens", "op": ">=", "value": 2}, "action": "abstain", "early_stop": True}
+    engine = engine_for(index, unsure(*DRAFT), policy=policy(cut), stream_mode="after_decision")
+    response = engine.query("q")
+    assert isinstance(response, StreamingResponse)
+    assert "".join(response.response_gen) == "I don't know."
+    assert "Fabricated" not in in_progress_text(all_events)
+    meta = response.metadata["logtoku"]
+    assert meta["stopped_early"] is True and meta["draft"] == "Fabricated Lyon" and len(meta["tokens"]) == 2
+
+
 def test_live_mode_shows_the_first_draft(index: Any, all_events: list[Any]) -> None:
     engine = engine_for(index, unsure(*DRAFT), policy=policy(low("abstain")), stream_mode="live")
     response = engine.query("q")
