@@ -4,6 +4,7 @@ calls) and LlamaIndex's LogTokUQueryEngine decide the same way on the same scrip
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -142,7 +143,11 @@ def served(answers: list[ScriptedAnswer], policy: Policy) -> dict[str, Any]:
     backend = ScriptedBackend(answers, model_name="scripted")
     with BackgroundServer(build_app(backend, policy=policy)) as srv:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "Who founded the Zarnovian Institute?"}]}
-        reply = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=30).json()
+        raw = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=30).content
+        streamed = httpx.post(f"{srv.base_url}/chat/completions", json={**body, "stream": True}, timeout=30).content
+    if policy.rules[0].action == "abstain":  # the withheld draft leaves no trace in the bytes, streamed or not
+        assert b"Zq" not in raw and b"Zq" not in streamed and b"It was" not in raw and b"It was" not in streamed
+    reply = json.loads(raw)
     payload = dict(reply["choices"][0]["logtoku_guard"])
     payload["tokens"] = [None] * payload["generated_tokens"]  # the served payload counts the withheld draft's tokens
     return payload
