@@ -31,11 +31,15 @@ class Recorded:
 
     def __init__(self, backend: Any) -> None:
         self.ended: list[Any] = []
+        self.started = 0
         self.lock = threading.Condition()
         real = backend.stream
 
         def stream(*args: Any, **kwargs: Any) -> Any:
             s = real(*args, **kwargs)
+            with self.lock:
+                self.started += 1
+                self.lock.notify_all()
             result = s._result
 
             def recorded() -> Any:
@@ -50,19 +54,27 @@ class Recorded:
 
         backend.stream = stream
 
+    def wait_started(self, n: int, timeout: float = 60.0) -> None:
+        """Until the ``n``-th generation has started (a guarded stream sends its first events before it does)."""
+        with self.lock:
+            self.lock.wait_for(lambda: self.started >= n, timeout)
+
     def wait(self, n: int, timeout: float = 60.0) -> list[Any]:
         with self.lock:
             self.lock.wait_for(lambda: len(self.ended) >= n, timeout)
             return list(self.ended)
 
 
-def hang_up(url: str, payload: dict[str, Any], stream: bool) -> None:
-    """Send ``payload``, then close the connection: after two events of a stream, or after 0.4 s of waiting."""
+def hang_up(url: str, payload: dict[str, Any], stream: bool, generating: Any = None) -> None:
+    """Send ``payload``, then close the connection: after two events of a stream (and, with
+    ``generating``, once it says the generation has started), or after 0.4 s of waiting."""
     if stream:
         with httpx.Client(timeout=60) as client, client.stream("POST", url, json=payload) as r:
             events = r.iter_lines()
             for _ in range(2):
                 next(events)
+            if generating is not None:
+                generating()  # a guarded stream's first events come before its generation starts
         return  # leaving the blocks closes the connection mid-stream
     with pytest.raises(httpx.TimeoutException):  # the client gives up and closes its connection
         httpx.post(url, json=payload, timeout=httpx.Timeout(0.4, connect=5.0))
@@ -88,7 +100,7 @@ def test_a_client_that_hangs_up_stops_its_generation(kind: str, guarded: bool, t
     with BackgroundServer(build_app(backend, policy=GUARD if guarded else None)) as srv:
         for n, (path, body, stream) in enumerate(cases, 1):
             payload = {**body, "max_tokens": LONG, "temperature": 0, "stream": stream}
-            hang_up(srv.base_url + path, payload, stream)
+            hang_up(srv.base_url + path, payload, stream, lambda n=n: record.wait_started(n))
             (*_, ended) = record.wait(n)
             assert ended.finish_reason == "cancelled" and len(ended.tokens) < LONG, (path, stream, len(ended.tokens))
         started = time.monotonic()
