@@ -37,6 +37,7 @@ from logtoku_guard.errors import (
     UnknownTraceError,
     UsageError,
 )
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -47,8 +48,6 @@ from logtoku_guard.types import (
     TokenScore,
 )
 from logtoku_guard.uncertainty import (
-    Quadrant,
-    QuadrantThresholds,
     WordScore,
     log_softmax_stats,
     logtoku,

@@ -9,7 +9,7 @@ JSON has no NaN or infinity: every float that is not finite is written as ``None
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
 count in no quadrant (the four shares then sum to less than 1). Both come from
-:func:`logtoku_guard.uncertainty.quadrant_of` and :func:`~logtoku_guard.uncertainty.quadrant_shares`,
+:func:`logtoku_guard.quadrants.quadrant_of` and :func:`~logtoku_guard.quadrants.quadrant_shares`,
 which :mod:`logtoku_guard.stats` uses for the policy's ``quadrant_*_share`` statistics too, so
 every adapter, payload and policy agrees on both.
 
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Literal
 
 from typing_extensions import NotRequired, TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
 
-from logtoku_guard.uncertainty import QuadrantThresholds, quadrant_of, quadrant_shares
+from logtoku_guard.quadrants import QuadrantThresholds, quadrant_of, quadrant_shares
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile

@@ -5,8 +5,8 @@ Every statistic is named with its direction: ``reliability*`` higher = more reli
 statistic is undefined; :meth:`ResponseStats.undefined_reason` says why (an empty answer,
 NaN token scores), and policies count it as the least reliable value by default.
 
-Quadrants follow :mod:`logtoku_guard.uncertainty` (:func:`~logtoku_guard.uncertainty.quadrant_of`,
-:func:`~logtoku_guard.uncertainty.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
+Quadrants follow :mod:`logtoku_guard.uncertainty` (:func:`~logtoku_guard.quadrants.quadrant_of`,
+:func:`~logtoku_guard.quadrants.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
 evidence mode) is in no quadrant, and shares divide by *all* tokens of the answer, so the
 policy's ``quadrant_*_share`` statistics agree with every JSON payload.
 """
@@ -21,8 +21,9 @@ from typing import Literal, get_args
 from logtoku_guard.claims import ClaimStats
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.prompt_stats import PromptStats
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds, quadrant_shares
 from logtoku_guard.types import Generation, ResponseScore, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds, quadrant_shares, word_scores
+from logtoku_guard.uncertainty import DEFAULT_TOP_N, word_scores
 
 StatName = Literal[
     "reliability",
@@ -88,7 +89,7 @@ class ResponseStats:
     ``first_eu``: mean EU over the first ``first_tokens`` content tokens (whitespace-only and
     empty pieces skipped). ``quadrant_*_share``: share of *all* tokens in quadrant I / II / I or
     II (``unreliable_share``) against the given quadrant thresholds (NaN without thresholds); a
-    token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.uncertainty.quadrant_shares`).
+    token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.quadrants.quadrant_shares`).
     ``first_max_eu``: max EU over those first content tokens; ``word_mean_eu``: mean over the
     answer's words of each word's max EU (:func:`~logtoku_guard.uncertainty.word_scores`).
     ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass

@@ -14,16 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 from logtoku_guard.constraints import Constraint, JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.uncertainty import (
-    DEFAULT_K,
-    DEFAULT_TOP_N,
-    EvidenceMode,
-    Quadrant,
-    QuadrantThresholds,
-    WordScore,
-    mean_of,
-    top_n_mean_of,
-)
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, WordScore, mean_of, top_n_mean_of
 
 if TYPE_CHECKING:
     import torch

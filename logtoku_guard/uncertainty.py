@@ -1,9 +1,10 @@
 """LogTokU maths: aleatoric (AU) and epistemic (EU) uncertainty from top-K raw logits.
 
-Everything here is framework-free torch, vectorised over any leading shape
-(``(batch, steps, K)``, ``(steps, K)``, ``(K,)``), on any device, in float32 or float64
-(float16/bfloat16 inputs are promoted to float32 first: the digamma terms are not safe in
-half precision).
+AU and EU are computed in one place, :func:`au_eu` (numpy, float64, vectorised over any
+leading shape): the backends read only the K largest logits of a token from the device and
+hand them here. The torch helpers (:func:`logtoku` for tensors, :func:`top_n_mean`,
+:func:`logsumexp_entropy` over a whole vocabulary) work on any device, in float32 or float64
+(float16/bfloat16 inputs are promoted to float32 first).
 
 Sign conventions, kept everywhere in the library:
 
@@ -15,11 +16,10 @@ The formulas are those of Ma et al., "Estimating LLM Uncertainty with Evidence" 
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from logtoku_guard.errors import ConfigurationError
 
@@ -92,86 +92,112 @@ def top_k_logits(logits: torch.Tensor, k: int = DEFAULT_K) -> tuple[torch.Tensor
 
 
 def logtoku(top_logits: torch.Tensor, evidence: EvidenceMode = "clamped") -> tuple[torch.Tensor, torch.Tensor]:
-    """AU and EU of each position from its top-K raw logits.
+    """AU and EU of each position from its top-K raw logits, as tensors: :func:`au_eu` on a tensor.
 
     Args:
         top_logits: ``(..., K)`` raw logits; any order (the result is permutation invariant).
         evidence: ``"clamped"`` or ``"raw"`` (see :data:`EvidenceMode`).
 
     Returns:
-        ``(au, eu)``, each of shape ``(...)``. In clamped mode ``eu`` is in (0, 1] and ``au``
-        in [0, ln K); higher = more uncertain.
+        ``(au, eu)``, each of shape ``(...)``, in the input's float dtype (float32 for half
+        precision) and on its device; the maths runs in float64 on the CPU (the K values per
+        token are all it reads). In clamped mode ``eu`` is in (0, 1] and ``au`` in [0, ln K);
+        higher = more uncertain.
     """
     import torch
 
-    validate_evidence(evidence)
     z = _as_float(top_logits)
-    k = z.shape[-1]
+    au, eu = au_eu(z.detach().to("cpu", torch.float64).numpy(), evidence)
+    return (torch.from_numpy(au).to(z.device, z.dtype), torch.from_numpy(eu).to(z.device, z.dtype))
+
+
+_PSI_SHIFT = 8
+""":func:`_digamma` recurs ``x`` up by this much before the asymptotic series (error below ~2e-13 there)."""
+
+
+def _digamma(x: np.ndarray, positive: bool = False) -> np.ndarray:
+    """The digamma function, elementwise, in float64: reflection below 1/2, recurrence, asymptotic series.
+
+    ``psi(x) = psi(x + n) - sum(1 / (x + i), i < n)`` and ``psi(x) = psi(1 - x) - pi / tan(pi x)``;
+    NaN at the poles (0 and the negative integers), as ``torch.special.digamma`` is there too.
+    ``positive``: the caller knows every ``x >= 1/2`` (clamped evidence), which spares the reflection.
+    """
+    import numpy as np
+
+    reflect = None if positive else x < 0.5
+    if reflect is None or not reflect.any():
+        return _digamma_above_half(x)
+    psi = _digamma_above_half(np.where(reflect, 1.0 - x, x))
+    pole = reflect & (x == np.floor(x))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(pole, np.nan, np.where(reflect, psi - np.pi / np.tan(np.pi * x), psi))
+
+
+def _digamma_above_half(y: np.ndarray) -> np.ndarray:
+    """:func:`_digamma` for ``y >= 1/2``: the recurrence up by :data:`_PSI_SHIFT`, then the asymptotic series."""
+    import numpy as np
+
+    w = y + _PSI_SHIFT
+    f = 1.0 / (w * w)
+    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
+    return np.log(w) - 0.5 / w - series - (1.0 / (y[..., None] + np.arange(float(_PSI_SHIFT)))).sum(axis=-1)
+
+
+def au_eu(top_logits: np.ndarray, evidence: EvidenceMode = "clamped") -> tuple[np.ndarray, np.ndarray]:
+    """AU and EU of each row of top-K raw logits: the library's one implementation of LogTokU's formulas.
+
+    Every backend (transformers, llama.cpp, a remote server) and every re-scoring reads AU and EU
+    from here, through :func:`token_logtoku` (rows as lists), :func:`logtoku` (tensors) or
+    :func:`rescore`. Vectorised over any leading shape, in float64, in few numpy operations
+    (a decoding step calls it once for all its rows).
+
+    Args:
+        top_logits: ``(..., K)`` raw logits, any order (the result is permutation invariant).
+        evidence: ``"clamped"`` (evidence ``max(z, 0)``) or ``"raw"`` (see :data:`EvidenceMode`).
+
+    Returns:
+        ``(au, eu)``, float64 arrays of shape ``(...)``. ``EU = K / sum(max(z, 0) + 1)`` and ``AU =
+        -sum(a / a0 * (psi(a + 1) - psi(a0 + 1)))`` with ``a0 = sum(a)``. A row holding a NaN or an
+        infinity gives NaN for both (the caller raises).
+    """
+    import numpy as np
+
+    validate_evidence(evidence)
+    z = np.asarray(top_logits, dtype=np.float64)
+    k = z.shape[-1] if z.ndim else 0
     validate_k(int(k))
-    clamped = z.clamp_min(0.0)
-    eu = k / (clamped + 1.0).sum(dim=-1)
-    alpha = clamped if evidence == "clamped" else z
-    alpha0 = alpha.sum(dim=-1, keepdim=True)
-    psi = torch.special.digamma
+    finite = np.asarray(np.isfinite(z).all(axis=-1, keepdims=True))
+    all_finite = bool(finite.all())
+    if not all_finite:
+        z = np.where(finite, z, 0.0)
+    clamped = np.maximum(z, 0.0)
+    total = clamped.sum(axis=-1, keepdims=True)
+    eu = k / (total[..., 0] + k)
     if evidence == "clamped":
-        # alpha0 == 0 only when every evidence is 0: AU -> 0 (the limit); avoid 0/0.
-        safe0 = torch.where(alpha0 > 0, alpha0, torch.ones_like(alpha0))
-        terms = (alpha / safe0) * (psi(alpha + 1.0) - psi(safe0 + 1.0))
-        au = -terms.sum(dim=-1)
-        au = torch.where(alpha0.squeeze(-1) > 0, au, torch.zeros_like(au))
-        # Rounding can leave -0.0 or -1e-8 for a one-hot evidence; AU >= 0 exactly.
-        au = au.clamp_min(0.0)
+        # total == 0 only when every evidence is 0: AU -> 0 (the limit); avoid 0/0.
+        safe0 = np.where(total > 0, total, 1.0)
+        psi = _digamma(np.concatenate([clamped, safe0], axis=-1) + 1.0, positive=True)
+        au = -((clamped / safe0) * (psi[..., :k] - psi[..., k:])).sum(axis=-1)
+        # Rounding can leave -0.0 or -1e-8 for a one-hot evidence (and 0 is the limit at no evidence): AU >= 0.
+        au = np.maximum(au, 0.0)
     else:
-        terms = (alpha / alpha0) * (psi(alpha + 1.0) - psi(alpha0 + 1.0))
-        au = -terms.sum(dim=-1)
+        alpha0 = z.sum(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            psi = _digamma(np.concatenate([z, alpha0], axis=-1) + 1.0)
+            au = -((z / alpha0) * (psi[..., :k] - psi[..., k:])).sum(axis=-1)
         # digamma(alpha + 1) is outside the Dirichlet's domain for alpha <= -1: at integers it
         # is a pole (NaN), elsewhere a meaningless finite number. Report NaN for all of them.
-        invalid = (alpha <= -1.0).any(dim=-1)
-        au = torch.where(invalid, torch.full_like(au, math.nan), au)
-    return au, eu
-
-
-def digamma(x: float) -> float:
-    """The digamma function for ``x > 0`` (recurrence up to 6, then the asymptotic series; ~1e-13)."""
-    shift = 0.0
-    while x < 6.0:
-        shift -= 1.0 / x
-        x += 1.0
-    f = 1.0 / (x * x)
-    series = f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f * (1 / 240 - f / 132))))
-    return shift + math.log(x) - 0.5 / x - series
-
-
-def clamped_logtoku(values: Sequence[float]) -> tuple[float, float]:
-    """AU and EU of one token's top-K logits, clamped evidence, in float64 Python.
-
-    The same maths as :func:`logtoku` (``"clamped"``) without a dozen tiny tensor operations
-    per token: for the K values of a token (K is small) plain floats are several times cheaper.
-    Every backend scores its answer tokens with it (the transformers step recorder, llama.cpp's
-    numpy scoring, the remote backend); :func:`logtoku` is its vectorised form (prompt tokens,
-    re-scoring, raw evidence). Non-finite values give NaN (the caller raises).
-    """
-    if not all(map(math.isfinite, values)):
-        return math.nan, math.nan
-    alpha = [v if v > 0.0 else 0.0 for v in values]
-    alpha0 = sum(alpha)
-    eu = len(values) / (alpha0 + len(values))
-    if alpha0 <= 0.0:
-        return 0.0, eu
-    psi0 = digamma(alpha0 + 1.0)
-    au = -sum((a / alpha0) * (digamma(a + 1.0) - psi0) for a in alpha if a > 0.0)
-    return max(au, 0.0), eu
+        au = np.where((z <= -1.0).any(axis=-1), np.nan, au)
+    if not all_finite:
+        au, eu = np.where(finite[..., 0], au, np.nan), np.where(finite[..., 0], eu, np.nan)
+    return np.asarray(au), np.asarray(eu)
 
 
 def token_logtoku(values: Sequence[Sequence[float]], evidence: EvidenceMode = "clamped") -> tuple[list[float], list[float]]:
-    """AU and EU of each row of top-K logits (Python floats): :func:`clamped_logtoku` per row,
-    or, for the reference ``"raw"`` evidence, :func:`logtoku` on a float64 tensor."""
-    if evidence == "clamped":
-        pairs = [clamped_logtoku(v) for v in values]
-        return [a for a, _ in pairs], [e for _, e in pairs]
-    import torch
-
-    au, eu = logtoku(torch.tensor([list(v) for v in values], dtype=torch.float64), evidence)
+    """AU and EU of each row of top-K logits (Python floats in, Python floats out): :func:`au_eu`."""
+    if not values:
+        return [], []
+    au, eu = au_eu(values, evidence)  # type: ignore[arg-type]
     return au.tolist(), eu.tolist()
 
 
@@ -277,6 +303,28 @@ def log_softmax_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return log_probs, entropy
 
 
+def lse_entropy_of(shifts: Sequence[float], sums: Sequence[float], dots: Sequence[float]) -> tuple[list[float], list[float]]:
+    """``logsumexp`` and softmax entropy (nats) of each row from its vocabulary-wide sums.
+
+    The backends do only the vocabulary-wide work on their device (torch for transformers,
+    numpy for llama.cpp): for a row of logits ``z`` and a shift ``m`` (0, or the row maximum),
+    ``s = sum(exp(z - m))`` and ``d = sum(exp(z - m) * (z - m))``. Then ``logsumexp = m + log s``
+    and ``entropy = log s - d / s`` (clamped at 0 against rounding); a chosen token's
+    log-probability is its logit minus the ``logsumexp``. NaN for a row whose sums are not finite.
+    """
+    lse: list[float] = []
+    entropy: list[float] = []
+    for m, s, d in zip(shifts, sums, dots):
+        if not (s > 0.0 and math.isfinite(s) and math.isfinite(d) and math.isfinite(m)):
+            lse.append(math.nan)
+            entropy.append(math.nan)
+            continue
+        log_s = math.log(s)
+        lse.append(m + log_s)
+        entropy.append(max(log_s - d / s, 0.0))
+    return lse, entropy
+
+
 def logsumexp_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``logsumexp`` and softmax entropy (nats) of raw logits ``(..., V)``, in few passes.
 
@@ -290,106 +338,6 @@ def logsumexp_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     p = torch.exp(z - lse.unsqueeze(-1))
     entropy = lse - (p * z).nansum(dim=-1)  # 0 * -inf = NaN for masked tokens: skipped
     return lse, entropy
-
-
-class Quadrant(str, enum.Enum):
-    """The four AU/EU quadrants of the paper (I and II are the unreliable ones)."""
-
-    I = "I"  # noqa: E741 - the paper's name. high AU, high EU: lacks knowledge, no idea
-    II = "II"  # low AU, high EU: lacks knowledge but one suggestion (probability looks fine)
-    III = "III"  # low AU, low EU: sure of one token
-    IV = "IV"  # high AU, low EU: knows several good tokens
-
-    @property
-    def description(self) -> str:
-        return _QUADRANT_TEXT[self]
-
-
-_QUADRANT_TEXT = {
-    Quadrant.I: "high AU, high EU: lacks knowledge, no idea (unreliable)",
-    Quadrant.II: "low AU, high EU: lacks knowledge but has one suggestion (risky)",
-    Quadrant.III: "low AU, low EU: sure of one token",
-    Quadrant.IV: "high AU, low EU: knows several good tokens (reliable)",
-}
-
-
-@dataclass(frozen=True)
-class QuadrantThresholds:
-    """AU and EU thresholds; a value strictly above its threshold is "high".
-
-    Take them from the model's own statistics (a calibration profile's quantiles): AU/EU
-    live on the model's logit scale, so no constant is right for every model.
-    """
-
-    au: float
-    eu: float
-    source: str = "given"
-
-    def __post_init__(self) -> None:
-        for name in ("au", "eu"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                msg = f"quadrant threshold {name}={value!r} must be a finite number"
-                raise ConfigurationError(msg)
-
-    def classify(self, au: float, eu: float) -> Quadrant:
-        """The quadrant of one token."""
-        high_au = au > self.au
-        high_eu = eu > self.eu
-        if high_eu:
-            return Quadrant.I if high_au else Quadrant.II
-        return Quadrant.IV if high_au else Quadrant.III
-
-    @classmethod
-    def from_quantile(cls, au: Sequence[float], eu: Sequence[float], q: float = 0.5, source: str = "") -> QuadrantThresholds:
-        """Thresholds at quantile ``q`` of observed token AU and EU (NaN ignored)."""
-        import numpy as np
-
-        if not 0.0 < q < 1.0:
-            msg = f"quantile q={q!r} must be in (0, 1); e.g. 0.5 for the median"
-            raise ConfigurationError(msg)
-        a = np.asarray(au, dtype=np.float64)
-        e = np.asarray(eu, dtype=np.float64)
-        a, e = a[np.isfinite(a)], e[np.isfinite(e)]
-        if a.size == 0 or e.size == 0:
-            msg = "cannot derive quadrant thresholds from an empty set of token scores; score at least one token first"
-            raise ConfigurationError(msg)
-        return cls(au=float(np.quantile(a, q)), eu=float(np.quantile(e, q)), source=source or f"quantile {q:g}")
-
-
-class HasAUEU(Protocol):
-    """A scored token as far as its quadrant goes (:class:`~logtoku_guard.types.TokenScore` is one)."""
-
-    @property
-    def au(self) -> float: ...
-
-    @property
-    def eu(self) -> float: ...
-
-
-def quadrant_of(token: HasAUEU, thresholds: QuadrantThresholds | None) -> Quadrant | None:
-    """The token's quadrant, or ``None`` without thresholds or when its AU or EU is undefined."""
-    if thresholds is None or not (math.isfinite(token.au) and math.isfinite(token.eu)):
-        return None
-    return thresholds.classify(token.au, token.eu)
-
-
-def quadrant_shares(tokens: Sequence[HasAUEU], thresholds: QuadrantThresholds | None) -> dict[str, float] | None:
-    """Share of *all* tokens in each quadrant (``None`` without thresholds or without tokens).
-
-    A token whose AU or EU is undefined (raw evidence mode) is in no quadrant, so the four
-    shares then sum to less than 1. The payloads and the policy's ``quadrant_*_share``
-    statistics both use this.
-    """
-    n = len(tokens)
-    if thresholds is None or n == 0:
-        return None
-    counts = dict.fromkeys((q.value for q in Quadrant), 0)
-    for t in tokens:
-        q = quadrant_of(t, thresholds)
-        if q is not None:
-            counts[q.value] += 1
-    return {label: c / n for label, c in counts.items()}
 
 
 @dataclass(frozen=True)
@@ -481,8 +429,8 @@ def rescore(
     if use_k > stored_k:
         msg = f"k={use_k} but only {stored_k} logits per token were stored; re-score with k <= {stored_k}"
         raise ConfigurationError(msg)
-    t = torch.from_numpy(arr)
-    if use_k < stored_k:
-        t = t.topk(use_k, dim=-1).values
-    au, eu = logtoku(t, evidence)
-    return RescoredLogits(au=au.numpy(), eu=eu.numpy(), k=use_k, evidence=evidence)
+    if use_k < stored_k:  # the k largest (a row holding NaN stays NaN: au_eu then gives NaN)
+        top = -np.partition(-arr, use_k - 1, axis=-1)[..., :use_k]
+        arr = np.where(np.isnan(arr).any(axis=-1, keepdims=True), np.nan, top)
+    au, eu = au_eu(arr, evidence)
+    return RescoredLogits(au=au, eu=eu, k=use_k, evidence=evidence)

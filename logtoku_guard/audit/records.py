@@ -30,8 +30,8 @@ from logtoku_guard.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.tool_scores import score_tool_calls
 
 if TYPE_CHECKING:
+    from logtoku_guard.quadrants import QuadrantThresholds
     from logtoku_guard.results import GuardResult
-    from logtoku_guard.uncertainty import QuadrantThresholds
 
 __all__ = ["AuditRecord", "PurgeSummary", "RecordSink", "ReviewItem", "ReviewStatus"]
 

@@ -21,7 +21,7 @@
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
    the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
    (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the
-   recorder's :func:`~logtoku_guard.uncertainty.clamped_logtoku`), and the next token is
+   recorder's :func:`~logtoku_guard.uncertainty.au_eu`), and the next token is
    chosen (arg-max, or temperature / top-p sampling);
 4. **leave**: rows that ended drop their sequence from the KV cache; their requests complete.
 

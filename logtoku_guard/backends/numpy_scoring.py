@@ -5,27 +5,25 @@ raw float32 logits that llama.cpp hands over as memory (``(rows, vocab)`` numpy 
 :func:`top_k` (the same chunked search as :func:`~logtoku_guard.backends.recorder.top_k`),
 :func:`lse_entropy` (log-normaliser and softmax entropy, shifted by the row maximum),
 :func:`record` (a :class:`~logtoku_guard.backends.recorder.StepRecorder` step, whose AU/EU the
-recorder then computes with :func:`~logtoku_guard.uncertainty.clamped_logtoku`, the
-library's maths in float64 Python), :func:`prompt_scores` (the question's tokens scored from
+recorder then reads from :func:`~logtoku_guard.uncertainty.au_eu`, the library's one
+implementation, as every backend does), :func:`prompt_scores` (the question's tokens scored from
 the prefill's logits, as :func:`~logtoku_guard.backends.prompt_scoring.score_kept` does) and
 :func:`sample` (temperature, dynamic temperature and top-p, as transformers' warpers do).
 
 Keeping torch out of the decoding loop spares its import (about 1 s and 215 MiB of RSS) and its
 OpenMP threads, which spin between operations and took the cores from llama.cpp's own threads
-(32-80 instead of 109 tokens/s on 2 CPUs). Raw evidence mode still uses the tensor maths
-(:func:`~logtoku_guard.uncertainty.logtoku`) on the K values.
+(32-80 instead of 109 tokens/s on 2 CPUs).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.recorder import TOP_K_CHUNK, StepRecorder, StepScores
 from logtoku_guard.types import DecodingOptions, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, clamped_logtoku, token_logtoku
+from logtoku_guard.uncertainty import EvidenceMode, lse_entropy_of, token_logtoku
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,27 +64,15 @@ def top_k(logits: np.ndarray, k: int) -> tuple[list[list[float]], list[list[int]
 def lse_entropy(logits: np.ndarray, top: Sequence[float]) -> tuple[list[float], list[float]]:
     """``logsumexp`` and softmax entropy (nats) of each row of ``(rows, vocab)`` float32 logits whose maxima are ``top``.
 
-    With ``x = z - max`` and ``e = exp(x)``: ``logsumexp = max + log sum(e)`` and ``entropy =
-    log sum(e) - sum(e * x) / sum(e)`` (``x`` is small near the maximum, where ``e`` weighs,
-    so float32 products lose little). NaN for a row that is not finite.
+    The vocabulary-wide sums with ``x = z - max`` and ``e = exp(x)`` (``x`` is small near the
+    maximum, where ``e`` weighs, so float32 products lose little), finished by
+    :func:`~logtoku_guard.uncertainty.lse_entropy_of`. NaN for a row that is not finite.
     """
     import numpy as np
 
     x = np.subtract(logits, np.asarray(top, dtype=np.float32)[:, None], dtype=np.float32)
     e = np.exp(x)
-    s = e.sum(axis=-1, dtype=np.float64)
-    d = np.einsum("ij,ij->i", e, x)
-    lse: list[float] = []
-    entropy: list[float] = []
-    for m, si, di in zip(top, s.tolist(), d.tolist()):
-        if not (si > 0.0 and math.isfinite(si) and math.isfinite(di) and math.isfinite(m)):
-            lse.append(math.nan)
-            entropy.append(math.nan)
-            continue
-        log_s = math.log(si)
-        lse.append(m + log_s)
-        entropy.append(max(log_s - di / si, 0.0))
-    return lse, entropy
+    return lse_entropy_of(top, e.sum(axis=-1, dtype=np.float64).tolist(), np.einsum("ij,ij->i", e, x).tolist())
 
 
 def record(recorder: StepRecorder, logits: np.ndarray) -> None:
@@ -140,7 +126,7 @@ def sample(recorder: StepRecorder, logits: np.ndarray, options: DecodingOptions,
         msg = "internal error: sampling before the step's logits were recorded"
         raise RuntimeError(msg)
     if options.dynamic is not None:
-        eus = [clamped_logtoku(v[: recorder.k])[1] for v in pending.values]  # EU is clamped in both evidence modes
+        eus = recorder.au_eu(pending)[1]  # EU is clamped in both evidence modes
         temperatures = np.asarray([options.dynamic.temperature(e) for e in eus], dtype=np.float64)
         recorder.record_temperatures(temperatures)  # type: ignore[arg-type]
     else:

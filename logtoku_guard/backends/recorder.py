@@ -10,7 +10,7 @@ full-softmax entropy and its log-normaliser (:func:`lse_entropy`) and, for one s
 raw row from which the chosen token's logit is read when it is not among the top ids (its
 log-probability is that logit minus the normaliser). The stopping criterion (called once per
 step, right after the token is chosen) pairs the chosen token with that step's scores (AU and
-EU in Python floats, :func:`clamped_logtoku`), detokenizes it
+EU of the step's rows in one call, :func:`~logtoku_guard.uncertainty.token_logtoku`), detokenizes it
 (:mod:`logtoku_guard.backends.detokenizer`), handles stop strings and streams the token
 out. Memory grows with steps x K, never with steps x vocabulary.
 
@@ -36,7 +36,7 @@ from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
 from logtoku_guard.backends.stop_strings import releasable, truncate_at_stop
 from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
 from logtoku_guard.types import FinishReason, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, clamped_logtoku, logsumexp_entropy, logtoku
+from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, lse_entropy_of, token_logtoku
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +107,8 @@ def lse_entropy(
 
     Inside a decoding step each tensor operation costs tens of microseconds whatever its size
     (the output head's product just before has evicted the caches), so the per-row arithmetic
-    is done on Python floats (float64) after two ``tolist``. Rows with masked (-inf) or
+    is done on Python floats after two ``tolist``, by the library's one
+    :func:`~logtoku_guard.uncertainty.lse_entropy_of`. Rows with masked (-inf) or
     non-finite logits: every row falls back to
     :func:`~logtoku_guard.uncertainty.logsumexp_entropy`. Returns ``(lse, entropy)``, each a
     list of ``batch`` floats.
@@ -123,15 +124,11 @@ def lse_entropy(
         e = torch.add(bias, logits, alpha=LOG2E, out=scratch) if scratch is not None else torch.add(bias, logits, alpha=LOG2E)
     e.exp2_()
     sums = e.sum(dim=-1).tolist()
-    dots = e.mul_(logits).sum(dim=-1).tolist()
-    lse: list[float] = []
-    entropy: list[float] = []
-    for m, s, d in zip(shift, sums, dots):
-        if not (s > 0.0 and math.isfinite(s) and math.isfinite(d) and math.isfinite(m)):
-            exact = logsumexp_entropy(logits)
-            return exact[0].tolist(), exact[1].tolist()
-        lse.append(m + math.log(s))
-        entropy.append(max(lse[-1] - d / s, 0.0))
+    dots = e.mul_(logits).sum(dim=-1).tolist()  # sum(e * z); lse_entropy_of takes sum(e * (z - shift))
+    lse, entropy = lse_entropy_of(shift, sums, [d - m * s for m, s, d in zip(shift, sums, dots)])
+    if any(map(math.isnan, entropy)):  # masked (-inf) or non-finite logits: the exact pass, for every row
+        exact = logsumexp_entropy(logits)
+        return exact[0].tolist(), exact[1].tolist()
     return lse, entropy
 
 
@@ -150,8 +147,8 @@ class StepScores:
 
     ``values``/``ids``: per row, the ``max(K, max_logprobs)`` raw top logits (largest first,
     float32 values) and their token ids (AU/EU read the first K); ``au``/``eu``/``lse``/``entropy``:
-    one float per row (``au``/``eu`` None until asked for: the criterion scores clamped
-    evidence in Python, :func:`clamped_logtoku`); ``logits``: the ``(batch, vocab)`` tensor of
+    one float per row (``au``/``eu`` None until asked for, by the criterion or the dynamic
+    temperature); ``logits``: the ``(batch, vocab)`` tensor of
     this step's raw rows, kept only until the token is chosen (the chosen token's logit is read
     from it when that token is not among the top ids).
     """
@@ -270,21 +267,20 @@ class StepRecorder:
         self.pending = StepScores(values, ids, None, None, logits, lse, entropy)
 
     def current_eu(self) -> torch.Tensor:
-        """EU of the step being decoded, ``(batch,)`` float32, from the raw logits."""
+        """EU of the step being decoded, ``(batch,)`` float32 on the logits' device, from the raw logits."""
+        import torch
+
         if self.pending is None:
             msg = "internal error: the step's EU was read before its logits were recorded"
             raise RuntimeError(msg)
-        return self._logtoku(self.pending)[1]
+        device = self.pending.logits.device if isinstance(self.pending.logits, torch.Tensor) else None  # numpy: the CPU
+        return torch.tensor(self.au_eu(self.pending)[1], dtype=torch.float32, device=device)
 
-    def _logtoku(self, pending: StepScores) -> tuple[torch.Tensor, torch.Tensor]:
-        """AU and EU of the step as ``(batch,)`` float32 tensors, with the tensor maths (kept on ``pending``)."""
-        import torch
-
-        device = pending.logits.device if isinstance(pending.logits, torch.Tensor) else None  # a numpy step: on the CPU
-        top = torch.tensor(pending.values, dtype=torch.float32, device=device)[:, : self.k]
-        au, eu = logtoku(top, self.evidence)
-        pending.au, pending.eu = au.tolist(), eu.tolist()
-        return au, eu
+    def au_eu(self, pending: StepScores) -> tuple[list[float], list[float]]:
+        """AU and EU of each row of the step (:func:`~logtoku_guard.uncertainty.token_logtoku`), kept on ``pending``."""
+        if pending.au is None or pending.eu is None:
+            pending.au, pending.eu = token_logtoku([v[: self.k] for v in pending.values], self.evidence)
+        return pending.au, pending.eu
 
     def record_temperatures(self, temperatures: torch.Tensor) -> None:
         """The ``(batch,)`` temperatures this step is sampled at (kept on each token)."""
@@ -318,12 +314,7 @@ class StepRecorder:
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter() - self.start
         values, top_ids = pending.values, pending.ids
-        if pending.eu is None and self.evidence != "clamped":
-            self._logtoku(pending)
-        if pending.au is not None and pending.eu is not None:  # the tensor maths ran (raw evidence, current_eu)
-            au, eu = pending.au, pending.eu
-        else:
-            au, eu = map(list, zip(*(clamped_logtoku(v[: self.k]) for v in values)))
+        au, eu = self.au_eu(pending)
         # The chosen token's raw logit: among the top ids (greedy decoding, mostly), else read from the row.
         chosen_logits = [v[i.index(c)] if c in i else math.nan for c, v, i in zip(chosen_ids, values, top_ids)]
         if any(map(math.isnan, chosen_logits)):

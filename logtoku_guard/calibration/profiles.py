@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from logtoku_guard.embedded import cache_root
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard_score import GuardModel, with_guard_score
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend

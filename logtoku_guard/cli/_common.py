@@ -29,9 +29,10 @@ from rich.text import Text
 
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
 from logtoku_guard.safe_text import safe_text as safe_text  # re-exported: the CLI's toolkit hands it to plugins
 from logtoku_guard.types import Generation
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, Quadrant, QuadrantThresholds
+from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore

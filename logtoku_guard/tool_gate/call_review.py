@@ -24,7 +24,7 @@ from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import ReviewItem
-    from logtoku_guard.uncertainty import QuadrantThresholds
+    from logtoku_guard.quadrants import QuadrantThresholds
 
 __all__ = ["ToolReviewRequest", "ToolReviewResponse", "arguments_json", "tool_call_record"]
 

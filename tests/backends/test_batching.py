@@ -513,19 +513,33 @@ def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
     assert isinstance(rec.rows[4].error, NonFiniteLogitsError) and len(rec.rows[0].tokens) == 1
 
 
-def test_python_clamped_scores_equal_the_tensor_maths() -> None:
+def test_the_one_au_eu_equals_the_formula_on_torch_digamma() -> None:
+    """:func:`au_eu` (numpy, its own digamma) against the spec's formula written here on torch's digamma,
+    in both evidence modes: positive, negative (raw: the reflection below 1/2), zero and invalid rows."""
     import torch
 
-    from logtoku_guard.uncertainty import clamped_logtoku, logtoku
+    from logtoku_guard.uncertainty import au_eu, token_logtoku
 
     torch.manual_seed(1)
-    rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])])
-    rows = torch.cat([rows, torch.rand(50, 5) * 0.01])
-    au, eu = logtoku(rows.double())
-    for r, a, e in zip(rows.tolist(), au.tolist(), eu.tolist()):
-        pa, pe = clamped_logtoku(r)
-        assert pa == pytest.approx(a, abs=1e-9) and pe == pytest.approx(e, abs=1e-12)
-    assert all(map(math.isnan, clamped_logtoku([float("nan"), 1.0])))
+    rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])]).double()
+    rows = torch.cat([rows, torch.rand(50, 5).double() * 0.01, -0.95 * torch.rand(50, 5).double()])
+    psi = torch.special.digamma
+    for mode in ("clamped", "raw"):
+        alpha = rows.clamp_min(0.0) if mode == "clamped" else rows
+        a0 = alpha.sum(-1, keepdim=True)
+        want = -((alpha / a0) * (psi(alpha + 1) - psi(a0 + 1))).sum(-1)
+        if mode == "clamped":
+            want = torch.where(a0[:, 0] > 0, want, torch.zeros_like(want)).clamp_min(0.0)
+        else:
+            want = torch.where((rows <= -1).any(-1), torch.full_like(want, math.nan), want)
+        au, eu = au_eu(rows.numpy(), mode)  # type: ignore[arg-type]
+        assert torch.allclose(torch.from_numpy(au), want, rtol=1e-10, atol=1e-11, equal_nan=True)
+        assert torch.allclose(torch.from_numpy(eu), 5 / (rows.clamp_min(0.0) + 1).sum(-1), rtol=0, atol=1e-15)
+        lists = token_logtoku(rows.tolist(), mode)  # type: ignore[arg-type]
+        assert torch.allclose(torch.tensor(lists[0], dtype=torch.float64), want, rtol=1e-10, atol=1e-11, equal_nan=True)
+    assert all(map(math.isnan, token_logtoku([[float("nan"), 1.0], [math.inf, 1.0]])[0]))
+    assert all(map(math.isnan, token_logtoku([[float("nan"), 1.0], [math.inf, 1.0]])[1]))
+    assert token_logtoku([]) == ([], [])
 
 
 def test_close_waits_for_the_running_batch_then_stops_the_worker() -> None:

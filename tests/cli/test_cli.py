@@ -16,7 +16,7 @@ from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBac
 from logtoku_guard.calibration import ModelProfile, calibrate, profile_path
 from logtoku_guard.cli import _common, app
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.uncertainty import QuadrantThresholds
+from logtoku_guard.quadrants import QuadrantThresholds
 
 runner = CliRunner()
 LOST = ScriptedAnswer(["Zorg", " Q"], [[0.6, 0.5], [0.5, 0.4]])

@@ -9,8 +9,8 @@ import pytest
 
 from logtoku_guard import PolicyError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.stats import ResponseStats
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 
 def answer(*rows: tuple[str, float, float]) -> ScriptedAnswer:

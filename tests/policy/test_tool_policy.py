@@ -9,9 +9,9 @@ import pytest
 
 from logtoku_guard import AuditRecord, AuditStore, ConfigurationError, Policy, PolicyError
 from logtoku_guard.audit.redact import redact_record, redactor
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.tool_gate import ScoredToolCall, ToolCallPolicy, parse_tool_call_scores
 from logtoku_guard.tool_gate.call_review import ToolReviewResponse, tool_call_record
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 
 def scores(max_eu: float, *, tokens: int = 2, mean_au: float = 0.1, logprob: float = -1.0) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from logtoku_guard.payloads import (
     summary_payload,
     token_payload,
 )
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
 
 TH = QuadrantThresholds(au=0.5, eu=0.5, source="test")
 

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from logtoku_guard import ScriptedAnswer, ScriptedBackend
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import TokenScore
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 
 def answer(*rows: tuple[str, float, float]) -> ScriptedAnswer:

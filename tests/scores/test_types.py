@@ -12,6 +12,7 @@ import pytest
 
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.payloads import generation_payload, token_payload
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -22,7 +23,6 @@ from logtoku_guard.types import (
     TokenScore,
     to_messages,
 )
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 # --------------------------------------------------------------------------- to_messages
 

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
 from logtoku_guard.uncertainty import (
-    Quadrant,
-    QuadrantThresholds,
     RescoredLogits,
     WordScore,
     log_softmax_stats,

@@ -12,11 +12,11 @@ the message metadata:
   OpenAI format ``{"content": [{token, logprob, bytes, top_logprobs}]}``.
 - ``usage_metadata``, ``response_metadata["model_name"]`` and ``["finish_reason"]``.
 
-``top_logprobs`` alternatives come from the backend's ``max_logprobs`` raw top logits per token
-(default 20), stored apart from the K that LogTokU scores: asking for 15 changes neither K,
-AU/EU nor the profile. Tools (``bind_tools``) use the JSON tool-call prompt and format of
-:mod:`langchain_logtoku.tools`, decoded under a grammar (:mod:`langchain_logtoku._structured`);
-the calls become ``AIMessage.tool_calls``, their per-argument scores ``["logtoku"]["tool_calls"]``.
+``top_logprobs`` alternatives come from the backend's ``max_logprobs`` raw top logits per token (default
+20), apart from the K that LogTokU scores: asking for 15 changes neither K, AU/EU nor the profile.
+Tools (``bind_tools``) use the JSON tool-call prompt and format of :mod:`langchain_logtoku.tools`,
+decoded under a grammar (:mod:`langchain_logtoku._structured`); the calls become
+``AIMessage.tool_calls``, their per-argument scores ``["logtoku"]["tool_calls"]``.
 
 Streaming and merging. LangChain adds streamed chunks with ``merge_dicts``: strings are
 concatenated, ints summed, lists concatenated, and two different floats under one key
@@ -24,9 +24,8 @@ raise. So each streamed chunk carries only its own token, as one-item lists
 (``{"logtoku": {"tokens": [item]}, "logprobs": {"content": [item]}}``), and a final empty
 chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_name``,
 ``finish_reason`` and ``usage_metadata``. The aggregated stream therefore ends with exactly
-the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation).
-Consumers that keep only the last chunk's metadata (the ``stream_events(version="v3")``
-protocol) see the summary but not the per-token lists.
+the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation). Consumers that keep
+only the last chunk's metadata (``stream_events(version="v3")``) see the summary but not the per-token lists.
 
 Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
 cancel hook and a finalizer) to the active :mod:`logtoku_guard.generation_capture` captures: that is how
@@ -62,8 +61,9 @@ from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import active_captures
 from logtoku_guard.payloads import summary_payload, token_payload
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_K, QuadrantThresholds, rescore, validate_k
+from logtoku_guard.uncertainty import DEFAULT_K, rescore, validate_k
 
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20  # the default max_logprobs: raw top logits kept per token for top_logprobs (vLLM's default)

@@ -51,11 +51,11 @@ from logtoku_guard.guard import Guard
 from logtoku_guard.guard_io import BackendIO
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, question_of, to_messages
-from logtoku_guard.uncertainty import QuadrantThresholds
 
 StreamMode = Literal["buffer", "retract"]
 

@@ -41,7 +41,7 @@ from logtoku_guard.tool_gate.scores import ScoredToolCall, parse_tool_call_score
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.policy import Policy
-    from logtoku_guard.uncertainty import QuadrantThresholds
+    from logtoku_guard.quadrants import QuadrantThresholds
 
 __all__ = ["GatedCall", "ToolGate", "ToolGateState"]
 

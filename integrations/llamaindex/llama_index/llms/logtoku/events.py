@@ -33,8 +33,8 @@ from logtoku_guard.payloads import AttemptPayload, ResultPayload, attempt_payloa
 
 if TYPE_CHECKING:
     from logtoku_guard.policy import Decision, Policy
+    from logtoku_guard.quadrants import QuadrantThresholds
     from logtoku_guard.results import Attempt, GuardResult
-    from logtoku_guard.uncertainty import QuadrantThresholds
 
 
 class SourceNodePayload(TypedDict):
