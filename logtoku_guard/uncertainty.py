@@ -325,6 +325,22 @@ def lse_entropy_of(shifts: Sequence[float], sums: Sequence[float], dots: Sequenc
     return lse, entropy
 
 
+def row_lse_entropy(rows: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    """``logsumexp`` and softmax entropy of short rows of logits in Python floats (a scripted
+    answer's row, the K logits a remote server sent): their sums, shifted by the row maximum,
+    finished by :func:`lse_entropy_of`. Masked (-inf) logits contribute 0; NaN for a row holding NaN."""
+    shifts: list[float] = []
+    sums: list[float] = []
+    dots: list[float] = []
+    for z in rows:
+        m = max(z) if z and not any(map(math.isnan, z)) else math.nan
+        e = [math.exp(v - m) for v in z]
+        shifts.append(m)
+        sums.append(sum(e))
+        dots.append(sum(w * (v - m) for w, v in zip(e, z) if w > 0.0))
+    return lse_entropy_of(shifts, sums, dots)
+
+
 def logsumexp_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``logsumexp`` and softmax entropy (nats) of raw logits ``(..., V)``, in few passes.
 

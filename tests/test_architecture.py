@@ -216,6 +216,19 @@ def test_the_guard_loop_has_one_driver() -> None:
     assert not imported, f"these modules import the step loop: {imported}"
 
 
+def test_the_logtoku_maths_is_written_once() -> None:
+    """AU/EU (the Dirichlet's digamma terms) and the entropy's finishing arithmetic live only in
+    :mod:`logtoku_guard.uncertainty`: backends, adapters and the harness call ``au_eu`` (or its
+    wrappers) and ``lse_entropy_of``, never their own copy."""
+    signs = ("digamma", "/ (alpha0", "k / (", "math.log(s")
+    offenders = {
+        str(p.relative_to(ROOT)): [s for s in signs if s in text]
+        for p in [*PACKAGE.rglob("*.py"), *_integration_sources(), *(ROOT / "evaluation").rglob("*.py")]
+        if p != PACKAGE / "uncertainty.py" and "/tests/" not in str(p) and any(s in (text := p.read_text(encoding="utf-8")) for s in signs)
+    }
+    assert not offenders, f"these modules compute AU/EU or the entropy themselves; call logtoku_guard.uncertainty: {offenders}"
+
+
 def test_no_core_module_imports_the_evaluation_harness() -> None:
     """The harness (``logtoku_eval``, its own distribution) builds on the core, never the reverse:
     not at run time, not lazily inside a function, not for type annotations; the core CLI finds

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from logtoku_guard.uncertainty import (
     DEFAULT_TOP_N,
     EvidenceMode,
     rescore,
+    row_lse_entropy,
     validate_evidence,
     validate_k,
     validate_top_n,
@@ -129,10 +129,9 @@ class ScriptedBackend:
         if not rows:
             return []
         scored = rescore([r[: self._k] for r in rows], evidence=self._evidence)
+        lses, entropies = row_lse_entropy(rows)
         out = []
-        for i, (piece, r) in enumerate(zip(answer.pieces, rows)):
-            lse = max(r) + math.log(sum(math.exp(v - max(r)) for v in r))
-            probs = [math.exp(v - lse) for v in r]
+        for i, (piece, r, lse, entropy) in enumerate(zip(answer.pieces, rows, lses, entropies)):
             out.append(
                 TokenScore(
                     index=i,
@@ -144,7 +143,7 @@ class ScriptedBackend:
                     au=float(scored.au[i]),
                     eu=float(scored.eu[i]),
                     logprob=r[0] - lse,
-                    entropy=-sum(p * math.log(p) for p in probs if p > 0),
+                    entropy=entropy,
                 )
             )
         return out

@@ -56,7 +56,16 @@ from logtoku_guard.types import (
     question_of,
     to_messages,
 )
-from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, validate_evidence, validate_k, validate_top_n
+from logtoku_guard.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    row_lse_entropy,
+    token_logtoku,
+    validate_evidence,
+    validate_k,
+    validate_top_n,
+)
 
 __all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend"]
 
@@ -275,8 +284,6 @@ class OpenAICompatibleBackend:
 
     def _tokens(self, entries: Sequence[proto.ChatTokenLogprob], start_index: int = 0, check: bool = True) -> list[TokenScore]:
         """TokenScores from ``logprobs.content`` entries (AU/EU recomputed from the raw top-K)."""
-        from logtoku_guard.uncertainty import token_logtoku
-
         if not entries:
             return []
         rows = [self._top_values(e) for e in entries]
@@ -334,7 +341,7 @@ class OpenAICompatibleBackend:
             return
 
         def looks_like_logprobs(z: Sequence[float]) -> bool:
-            return max(z) <= 0.0 and _logsumexp(z) <= 1e-3  # mass <= 1, with rounding
+            return max(z) <= 0.0 and row_lse_entropy([z])[0][0] <= 1e-3  # mass <= 1, with rounding
 
         if all(looks_like_logprobs(r) for r in rows):
             msg = (
@@ -465,14 +472,7 @@ def _float(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def _logsumexp(z: Sequence[float]) -> float:
-    m = max(z)
-    return m + math.log(sum(math.exp(v - m) for v in z))
-
-
 def _topk_stats(chosen: float, z: Sequence[float]) -> tuple[float, float]:
     """``(log p, entropy)`` under the softmax of the K raw logits ``z`` (the wire has no more)."""
-    lse = _logsumexp(z)
-    p = [math.exp(v - lse) for v in z]
-    entropy = -sum(pi * (v - lse) for pi, v in zip(p, z))
+    (lse,), (entropy,) = row_lse_entropy([z])
     return (chosen - lse if math.isfinite(chosen) else math.nan), entropy
