@@ -224,9 +224,44 @@ def test_the_logtoku_maths_is_written_once() -> None:
     offenders = {
         str(p.relative_to(ROOT)): [s for s in signs if s in text]
         for p in [*PACKAGE.rglob("*.py"), *_integration_sources(), *(ROOT / "evaluation").rglob("*.py")]
-        if p != PACKAGE / "uncertainty.py" and "/tests/" not in str(p) and any(s in (text := p.read_text(encoding="utf-8")) for s in signs)
+        if p != PACKAGE / "uncertainty.py"
+        and "/tests/" not in str(p)
+        and any(s in (text := p.read_text(encoding="utf-8")) for s in signs)
     }
     assert not offenders, f"these modules compute AU/EU or the entropy themselves; call logtoku_guard.uncertainty: {offenders}"
+
+
+TYPED_PARTS = {"backend", "policy", "profile", "store", "retriever", "sink"}
+
+
+def _any_typed_parts(tree: ast.AST) -> list[str]:
+    """``name: Any`` parameters and fields whose name is one of :data:`TYPED_PARTS`."""
+    found = []
+    for node in ast.walk(tree):
+        params: list[ast.arg] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        named = [(a.arg, a.annotation, a.lineno) for a in params]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            named.append((node.target.id, node.annotation, node.lineno))
+        for name, annotation, line in named:
+            if name in TYPED_PARTS and annotation is not None and "Any" in ast.unparse(annotation).replace("'", "").split(" | "):
+                found.append(f"{name}:{line}")
+    return found
+
+
+def test_no_backend_policy_profile_store_or_retriever_is_typed_any() -> None:
+    """A backend, policy, profile, store or retriever has a type (the ``Backend`` and ``RecordSink``
+    protocols, ``RetrieverLike``...) wherever the core, an integration or the harness names one."""
+    sources = [*PACKAGE.rglob("*.py"), *_integration_sources(), *(ROOT / "evaluation" / "logtoku_eval").rglob("*.py")]
+    offenders = {
+        str(p.relative_to(ROOT)): found for p in sources if (found := _any_typed_parts(ast.parse(p.read_text(encoding="utf-8"))))
+    }
+    assert not offenders, f"type these with the protocols instead of Any: {offenders}"
+    assert _any_typed_parts(ast.parse("def f(backend: Any, store: 'Any | None' = None, n: Any = 1): pass")) == [
+        "backend:1",
+        "store:1",
+    ]
 
 
 def test_no_core_module_imports_the_evaluation_harness() -> None:

@@ -36,7 +36,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from logtoku_eval.cache import CachedLabelLogits, CacheMeta, JsonlCache
 from logtoku_eval.datasets import EmotionItem
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.uncertainty import rescore
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.transformers import TransformersBackend
 
 EMOTION_PROMPT = "Which emotion does this Reddit comment express? Options: {labels}.\nComment: {text}"
 ASSISTANT_PREFIX = "Emotion:"
@@ -141,7 +144,7 @@ def label_cache(cache_dir: str | os.PathLike[str], model: str, split: str, names
 
 
 def collect_label_logits(
-    backend: Any,
+    backend: TransformersBackend,
     items: Sequence[EmotionItem],
     names: Sequence[str],
     cache: JsonlCache[CachedLabelLogits],

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from logtoku_eval.cache import (
     CachedGeneration,
@@ -23,6 +22,7 @@ from logtoku_eval.cache import (
     JsonlCache,
 )
 from logtoku_eval.datasets import QAItem
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 
@@ -96,7 +96,7 @@ class SamplingSpec:
         )
 
 
-def _model_name(backend: Any) -> str:
+def _model_name(backend: object) -> str:
     return str(getattr(backend, "model_name", "model"))
 
 
@@ -149,7 +149,7 @@ def _cached_token(t: TokenScore) -> CachedToken:
 
 
 def run_greedy(
-    backend: Any,
+    backend: Backend,
     items: Sequence[QAItem],
     cache: JsonlCache[CachedGeneration],
     *,
@@ -199,7 +199,7 @@ def _sample_record(item: QAItem, generations: Sequence[Generation]) -> CachedSam
 
 
 def run_sampling(
-    backend: Any,
+    backend: Backend,
     items: Sequence[QAItem],
     cache: JsonlCache[CachedSamples],
     *,

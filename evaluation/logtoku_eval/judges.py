@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from logtoku_eval.datasets import QAItem
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration.self_labels import answer_matches
 from logtoku_guard.calibration.self_labels import normalize_answer as normalize_answer  # re-exported: the harness API
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError
@@ -284,7 +285,7 @@ class LLMJudge:
     too weak to judge and is not recommended for it.
     """
 
-    def __init__(self, backend: Any, batch_size: int = 8) -> None:
+    def __init__(self, backend: Backend, batch_size: int = 8) -> None:
         self.backend = backend
         self.batch_size = batch_size
 

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from logtoku_eval.cache import CachedGeneration, JsonlCache
 from logtoku_eval.datasets import QAItem
 from logtoku_eval.generate import PROMPT_TEMPLATE, GreedySpec, ProgressFn, greedy_cache, qa_prompt, run_greedy
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.policy import RetrieveSettings
@@ -113,7 +113,7 @@ def rag_cache(cache_dir: str | Path, model: str, setup: RagSetup, spec: GreedySp
 
 
 def run_rag(
-    backend: Any,
+    backend: Backend,
     items: Sequence[QAItem],
     setup: RagSetup,
     cache: JsonlCache[CachedGeneration],

@@ -19,6 +19,7 @@ from logtoku_eval.generate import GreedySpec, ProgressFn
 from logtoku_eval.judges import MatchJudge
 from logtoku_eval.knowledge_base import RagSetup
 from logtoku_eval.replay import CROSS_FITTED, SIGNALS, Replay, json_fields, threshold_for
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
 
 __all__ = ["LiveCheck", "live_check"]
@@ -46,7 +47,7 @@ class LiveCheck:
 
 
 def live_check(
-    backend: Any,
+    backend: Backend,
     items: Sequence[QAItem],
     setup: RagSetup,
     replay: Replay,

@@ -45,6 +45,7 @@ from logtoku_eval.replay import (
     BudgetPoint,
     Replay,
 )
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.policy import RetrieveSettings
 from logtoku_guard.uncertainty import DEFAULT_TOP_N
@@ -214,10 +215,10 @@ def run_guard_eval(
     items: Sequence[QAItem],
     pool: Sequence[QAItem],
     model: str,
-    backend: Any,
+    backend: Backend | Callable[[], Backend],
     config: GuardEvalConfig,
     *,
-    live_backend: Any = None,
+    live_backend: Backend | Callable[[], Backend] | None = None,
     on_progress: Callable[[str, int, int], ProgressFn] | None = None,
 ) -> GuardEvalRun:
     """Closed-book answers (the ``eval nq-open`` cache), retrieval answers, replay, live check, report.

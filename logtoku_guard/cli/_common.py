@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
@@ -36,6 +37,7 @@ from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
+    from logtoku_guard.calibration import ModelProfile
 
 out = Console()
 """Results (stdout)."""
@@ -239,7 +241,9 @@ def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:
     return ModelProfile.load(path)
 
 
-def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_dir: Path | None) -> tuple[Any, Path | None]:
+def profile_for(
+    backend: Backend, explicit: ModelProfile | None, explicit_path: Path | None, cache_dir: Path | None
+) -> tuple[Any, Path | None]:
     """The profile for ``backend`` and its path, shared by ``score`` and ``ask``; never calibrates.
 
     ``--profile`` (which must match the backend's model, K and evidence mode), else the profile
@@ -270,7 +274,7 @@ def profile_for(backend: Any, explicit: Any, explicit_path: Path | None, cache_d
     return found if found is not None else (None, None)
 
 
-def profile_thresholds(profile: Any, path: Path | None) -> QuadrantThresholds:
+def profile_thresholds(profile: ModelProfile, path: Path | None) -> QuadrantThresholds:
     """Quadrant thresholds of ``profile`` at the default policy's quadrant quantiles (as ``ask`` uses)."""
     from logtoku_guard.policy import default_policy
 
@@ -279,7 +283,7 @@ def profile_thresholds(profile: Any, path: Path | None) -> QuadrantThresholds:
     return dataclasses.replace(t, source=f"profile {path} (AU q{q.au_quantile:g}, EU q{q.eu_quantile:g})")
 
 
-def reliability_percentile(profile: Any, generation: Generation) -> float | None:
+def reliability_percentile(profile: ModelProfile | None, generation: Generation) -> float | None:
     """Where the answer's reliability falls in the profile's calibration set (0-100), if comparable.
 
     ``None`` without a profile, or when the profile averaged another number of tokens

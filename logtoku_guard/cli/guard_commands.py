@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
@@ -19,8 +20,12 @@ from logtoku_guard.types import DecodingOptions, to_messages
 from logtoku_guard.uncertainty import DEFAULT_K, validate_k
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from logtoku_guard.audit import AuditStore
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.guard_score import GuardModel
+    from logtoku_guard.policy import Policy
 
 ACTION_STYLE = {
     "pass": "green",
@@ -136,7 +141,7 @@ def calibrate(
     _common.out.print(f"profile written to {path}", highlight=False, markup=False)
 
 
-def _fit_self_labelled(backend: Any, opts: DecodingOptions, batch_size: int) -> GuardModel:
+def _fit_self_labelled(backend: Backend, opts: DecodingOptions, batch_size: int) -> GuardModel:
     """Fit the guard on the shipped self-judging questions, with a progress bar; print the groups."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -156,7 +161,9 @@ def _fit_self_labelled(backend: Any, opts: DecodingOptions, batch_size: int) -> 
     return guard
 
 
-def _review_store(labels: Path | None, url: str | None, since: str | None, min_labels: int) -> tuple[Any, Any] | None:
+def _review_store(
+    labels: Path | None, url: str | None, since: str | None, min_labels: int
+) -> tuple[AuditStore, datetime | None] | None:
     """The audit store of ``--labels-from-store`` and the ``--since`` time, checked (None without the option)."""
     if url is None:
         if since is not None:
@@ -183,7 +190,9 @@ def _review_store(labels: Path | None, url: str | None, since: str | None, min_l
     return store, when
 
 
-def _refit_on_reviews(backend: Any, cache_dir: Path | None, store: Any, since: Any, min_labels: int) -> GuardModel | None:
+def _refit_on_reviews(
+    backend: Backend, cache_dir: Path | None, store: AuditStore, since: datetime | None, min_labels: int
+) -> GuardModel | None:
     """Refit the guard on the store's verdicts for this model; print before and after; the guard to keep."""
     from logtoku_guard.calibration import find_profile_for
     from logtoku_guard.calibration.guard_fit import shipped_guard
@@ -240,7 +249,7 @@ def _flag_rate(group: str, scores: list[float], threshold: float) -> str:
 
 
 def run_calibration(
-    backend: Any, questions: list[str], max_new_tokens: int, batch_size: int, source: str, guard: Any = None
+    backend: Backend, questions: list[str], max_new_tokens: int, batch_size: int, source: str, guard: Any = None
 ) -> ModelProfile:
     """Calibrate with a progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -358,7 +367,7 @@ def ask(
     _common.out.print(Text("Returned: ", style="bold") + Text(result.answer))
 
 
-def _thresholds(policy: Any) -> str:
+def _thresholds(policy: Policy) -> str:
     """The policy's top-level comparisons (``guard_score < 0.2797``), for an answer no rule flagged."""
     from logtoku_guard.conditions import Compare, Quantile
 
@@ -369,6 +378,6 @@ def _thresholds(policy: Any) -> str:
             return f"quantile {value.quantile:g} of the profile"
         return f"the threshold for {value.kind} {value.target:g} at confidence {value.confidence:g}"
 
-    rules = [r for r in policy.rules if isinstance(r.when, Compare)]
-    shown = [f"{r.name}: {r.when.stat} {r.when.op} {shown_value(r.when.value)}" for r in rules]
+    compared = [(r.name, r.when) for r in policy.rules if isinstance(r.when, Compare)]
+    shown = [f"{name}: {when.stat} {when.op} {shown_value(when.value)}" for name, when in compared]
     return "; ".join(shown) or "its rules compare no single statistic"

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, MIN_PREFILL_CHUNK
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N
@@ -158,7 +159,7 @@ def serve(
             from logtoku_guard.embedded import EMBEDDED_MODEL
 
             prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
-        backend: Any
+        backend: Backend
         if backend_name == "llamacpp":
             from logtoku_guard.backends.llamacpp import LlamaCppBackend
 

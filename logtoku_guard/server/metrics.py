@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import MissingDependencyError
 
 __all__ = ["METRICS_MODES", "ServerMetrics", "Tally", "require_metrics_extra"]
@@ -46,7 +47,7 @@ _TTFT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 class ServerMetrics:
     """The metrics of one app; ``runner``/``backend`` feed the gauges when scraped."""
 
-    def __init__(self, runner: Any, backend: Any) -> None:
+    def __init__(self, runner: Any, backend: Backend) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = registry = CollectorRegistry(auto_describe=True)

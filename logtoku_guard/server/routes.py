@@ -21,6 +21,7 @@ from typing import Any
 
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.server import gate, reviews, sse, tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits
@@ -297,7 +298,7 @@ def _library_error(exc: LogTokUError, error: Any) -> Any:
     return error(wire.RequestError(500, f"generation failed: {exc.__class__.__name__}: {exc}"))
 
 
-def _token_text(backend: Any) -> wire.TokenText:
+def _token_text(backend: Backend) -> wire.TokenText:
     """``decode([id])`` with the backend's tokenizer, or vLLM's ``token_id:<id>`` without one."""
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:

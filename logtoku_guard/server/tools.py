@@ -26,6 +26,7 @@ from typing import Any
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard import openai_tools as tw
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.constraints import TOOL_CALL_OPEN, Constraint, JsonSchema, ToolCalls
 from logtoku_guard.payloads import json_float
 from logtoku_guard.server.wire import RequestError
@@ -57,7 +58,7 @@ class ToolPlan:
 NO_TOOLS = ToolPlan()
 
 
-def _cannot(backend: Any, what: str, param: str, fix: str) -> RequestError:
+def _cannot(backend: Backend, what: str, param: str, fix: str) -> RequestError:
     kind = type(backend).__name__
     msg = (
         f"{what} needs constrained decoding, which this server's backend ({kind}) cannot do; {fix}, or serve a model with "
@@ -66,7 +67,7 @@ def _cannot(backend: Any, what: str, param: str, fix: str) -> RequestError:
     return RequestError(400, msg, param=param)
 
 
-def plan(req: proto.ChatCompletionRequest, backend: Any) -> ToolPlan:
+def plan(req: proto.ChatCompletionRequest, backend: Backend) -> ToolPlan:
     """The :class:`ToolPlan` of ``req`` on ``backend`` (raises :class:`RequestError` when it cannot be served)."""
     can = bool(getattr(backend, "constrained_decoding", False))
     fmt = req.response_format

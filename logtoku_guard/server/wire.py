@@ -35,12 +35,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from logtoku_guard import openai_protocol as proto
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
+
+if TYPE_CHECKING:
+    from logtoku_guard.results import GuardResult
 
 TokenText = Callable[[int], str]
 """Decodes one token id into its text (for the alternatives in ``top_logprobs``)."""
@@ -109,7 +113,7 @@ class Limits:
             raise ConfigurationError(msg)
 
 
-def kept_alternatives(backend: Any) -> int:
+def kept_alternatives(backend: Backend) -> int:
     """How many alternatives per token ``backend`` keeps for ``top_logprobs`` (its ``max_logprobs``, else K), at most 20."""
     kept = getattr(backend, "max_logprobs", None)
     return min(OPENAI_MAX_TOP_LOGPROBS, int(kept) if isinstance(kept, int) and kept > 0 else int(backend.k))
@@ -243,7 +247,7 @@ def _finish(g: Generation) -> str:
     return "abort" if g.finish_reason == "cancelled" else g.finish_reason
 
 
-def answer_tokens(backend: Any, guard_result: Any, text: str, replaced: str | None = None) -> int | None:
+def answer_tokens(backend: Backend, guard_result: GuardResult | None, text: str, replaced: str | None = None) -> int | None:
     """``None`` when the client gets the draft; else the token count of the text it gets instead (the
     guard's message ``text``, or ``replaced``: the content left once the ``tool_calls`` rules held a call
     back), counted with the backend's tokenizer (0 for a backend without one), for ``usage``."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from logtoku_guard.cli import toolkit
 from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
+
+if TYPE_CHECKING:
+    from logtoku_guard.backends.transformers import TransformersBackend
 
 eval_app = typer.Typer(
     help=(
@@ -445,15 +448,14 @@ def dynamic_decoding(
                 names, splits[s] = to_ekman(splits[s], fine)
         name = model_name(model)
         caches = {s: label_cache(cache_dir, name, s, names) for s in splits}
-        backend = None
+        backend: TransformersBackend | None = None  # loaded only when a cache misses
         logits = {}
         with progress_bar() as progress:
             make = progress_factory(progress)
             for s, items in splits.items():
                 missing = [it for it in items if it.id not in caches[s]]
-                if missing and backend is None:
-                    backend = backend_loader(model, 2, device, model_cache)()
                 if missing:
+                    backend = backend or backend_loader(model, 2, device, model_cache)()
                     progress_fn = make(f"goemotions {s}", len(items), len(items) - len(missing))
                     collect_label_logits(backend, missing, names, caches[s], batch_size=batch_size, on_progress=progress_fn)
                 logits[s] = np.array([r.logits for r in caches[s].records([it.id for it in items])])

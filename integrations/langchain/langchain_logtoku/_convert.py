@@ -18,13 +18,20 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.runnables import Runnable
 
 from langchain_logtoku.tools import render_tool_calls, render_tool_result
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.payloads import ResultPayload
+from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.tool_calls import add_tool_result
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, TokenScore
+
+LangChainRetriever = Runnable[Any, Any] | RetrieverLike
+"""What the guard and the middleware retrieve with: a LangChain retriever or any Runnable from the
+query to passages (Documents or strings), an object with ``.retrieve(query)``, or a callable."""
 
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 
@@ -165,7 +172,7 @@ def check_top_logprobs(n: Any, k: int, capacity: int) -> int:
     return n
 
 
-def decoder(backend: Any) -> Callable[[int], str]:
+def decoder(backend: Backend) -> Callable[[int], str]:
     """Token id -> its text, from the backend's tokenizer (``<id N>`` without one)."""
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:

@@ -25,6 +25,7 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.tool_calls import schema_prompt
@@ -74,7 +75,7 @@ def constrained(
     response_format: Any,
     tools: Sequence[Mapping[str, Any]],
     choice: str | None,
-    backend: Any,
+    backend: Backend,
     cap: int | None = None,
 ) -> tuple[DecodingOptions, str | None]:
     """``options`` with the call's constraint, and the schema text for the system turn (None: none).

@@ -50,7 +50,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, SkipValidation, model_validator
 
 from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
@@ -123,7 +123,7 @@ class ChatLogTokU(BaseChatModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    backend: Any = Field(default=None, exclude=True, repr=False)
+    backend: SkipValidation[Backend | None] = Field(default=None, exclude=True, repr=False)
     model: str | None = None
     top_k: int | None = None
     evidence: Literal["clamped", "raw"] = "clamped"
@@ -294,7 +294,7 @@ class ChatLogTokU(BaseChatModel):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- per-call settings ---------------------------------------------------------------
-    def _capacity(self, backend: Any) -> int:
+    def _capacity(self, backend: Backend | None) -> int:
         """Raw top logits kept per token: the backend's ``max_logprobs`` (else its K), or the field."""
         return (
             max(self.max_logprobs, self._configured_k()) if backend is None else int(getattr(backend, "max_logprobs", backend.k))

@@ -36,13 +36,14 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SkipValidation, model_validator
 
 from langchain_logtoku import _convert
-from langchain_logtoku._convert import GuardPayload
+from langchain_logtoku._convert import GuardPayload, LangChainRetriever
 from langchain_logtoku._traced import TracedBackend
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
+from logtoku_guard.audit import RecordSink
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.driver import Watch
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
@@ -133,8 +134,8 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
 
     llm: ChatLogTokU
     policy: Policy = Field(default_factory=default_policy)
-    retriever: Any = None
-    store: Any = None  # an AuditStore; Any because pydantic would import sqlalchemy to validate it
+    retriever: SkipValidation[LangChainRetriever | None] = None  # checked by _validate
+    store: SkipValidation[RecordSink | None] = None  # an AuditStore (validating it would import sqlalchemy)
     profile: ModelProfile | Literal["auto"] | None = "auto"
     stream_mode: StreamMode = "buffer"
     system: str | None = None

@@ -68,7 +68,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from langchain_logtoku._convert import GuardPayload
+from langchain_logtoku._convert import GuardPayload, LangChainRetriever
 from langchain_logtoku._metadata_scores import generation_from_metadata
 from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
@@ -369,7 +369,7 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
     def __init__(
         self,
         policy: Policy | None = None,
-        retriever: Any = None,
+        retriever: LangChainRetriever | None = None,
         store: AuditStore | None = None,
         profile: ModelProfile | None = None,
     ) -> None:

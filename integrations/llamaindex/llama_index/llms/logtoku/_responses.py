@@ -104,14 +104,14 @@ def wider_engines(query_engine: BaseQueryEngine, step: int, count: int) -> list[
     The caller's retriever is never changed.
     """
     engine: Any = query_engine
-    retriever: Any = getattr(engine, "retriever", None)
+    retriever: object = getattr(engine, "retriever", None)  # a BaseRetriever, read by attribute
     top_k = getattr(retriever, "similarity_top_k", None)
     if not isinstance(top_k, int) or not hasattr(engine, "with_retriever"):
         return []
     engines = []
     for i in range(1, count + 1):
         wider = copy.copy(retriever)
-        wider.similarity_top_k = top_k + step * i
+        setattr(wider, "similarity_top_k", top_k + step * i)  # noqa: B010 - an attribute of some retrievers only
         engines.append(engine.with_retriever(wider))
     return engines
 
