@@ -15,14 +15,23 @@ says ``undefined: never_fires`` (see :mod:`logtoku_guard.policy`).
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError, short_repr
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.rules import (
+    Combinator,
+    Negation,
+    Op,
+    RuleContext,
+    StrictModel,
+    combinator_kind,
+    compare,
+    leaves,
+    refuse_non_number,
+)
 from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
 
 if TYPE_CHECKING:
@@ -31,42 +40,20 @@ if TYPE_CHECKING:
     from logtoku_guard.guard_score import GuardModel
 
 __all__ = [
-    "OPS",
     "AllOf",
     "AnyOf",
     "Check",
     "Compare",
     "Condition",
     "NotOf",
-    "Op",
     "Quantile",
     "Risk",
     "RiskTargetWarning",
-    "StrictModel",
-    "combinator_kind",
     "describe_checks",
+    "is_monotone",
     "resolve_threshold",
     "risk_threshold_for",
 ]
-
-Op = Literal[">", ">=", "<", "<="]
-OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-"""Each comparison operator of a rule (:data:`Op`) as a function."""
-
-
-class StrictModel(BaseModel):
-    """Frozen, no unknown fields, aliases accepted: the base of every policy model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-def refuse_non_number(v: Any) -> Any:
-    """A threshold as written: a boolean or a string is refused, never read as a number (``true`` is not 1,
-    ``"0.3"`` is not 0.3); anything else goes on to the field's own validation."""
-    if isinstance(v, (bool, str)):
-        msg = f"a threshold is a number such as 0.3 (or {{quantile: q}} where allowed), got {short_repr(v)}; write it unquoted"
-        raise ValueError(msg)
-    return v
 
 
 class Quantile(StrictModel):
@@ -158,11 +145,9 @@ class Compare(StrictModel):
             return self.fallback_value
         return self.value
 
-    def collect_stats(self, found: set[str]) -> None:
-        """Add the statistics this comparison may read (its own and its fallback) to ``found``."""
-        found.add(self.stat)
-        if self.fallback is not None:
-            found.add(self.fallback)
+    def stats(self) -> set[str]:
+        """The statistics this comparison may read (its own and its fallback)."""
+        return {self.stat} if self.fallback is None else {self.stat, self.fallback}
 
     def has_quantile(self) -> bool:
         """Whether a threshold comes from the profile (a quantile, or a risk target on its guard)."""
@@ -183,106 +168,61 @@ class Compare(StrictModel):
         if self.fallback is not None and isinstance(self.fallback_value, Quantile):  # the fallback may be needed per answer
             resolve_threshold(self, profile, self.fallback)
 
-    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
+    def evaluate(self, stats: ResponseStats, ctx: RuleContext, checks: list[Check]) -> bool:
         """Compare on ``stats``, appending the :class:`Check` to ``checks``; an undefined value is
-        the least reliable one unless ``undefined`` is ``"never_fires"``."""
-        stat = _stat_used(self, stats, profile)
-        threshold, q, guarantee = resolve_threshold(self, profile, stat)
+        the least reliable one unless the policy says ``undefined: never_fires``
+        (:func:`~logtoku_guard.rules.compare`)."""
+        stat = _stat_used(self, stats, ctx.profile)
+        threshold, q, guarantee = resolve_threshold(self, ctx.profile, stat)
         observed = stats.get(stat)
         why = stats.undefined_reason(stat) if math.isnan(observed) else None
-        if undefined == "never_fires":
-            ok = math.isfinite(observed) and OPS[self.op](observed, threshold)
-        else:  # NaN is the least reliable value: -inf for reliability, +inf for the rest
-            value = (-math.inf if stat in HIGHER_IS_RELIABLE else math.inf) if why is not None else observed
-            ok = OPS[self.op](value, threshold)
+        least_reliable = -math.inf if stat in HIGHER_IS_RELIABLE else math.inf
+        ok = compare(None if why is not None else observed, self.op, threshold, ctx, least_reliable)
         checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why, guarantee))
         return ok
 
 
-class _Group(StrictModel):
-    """What ``all`` and ``any`` share: statistics, quantiles and profile checks of their parts."""
-
-    @property
-    def parts(self) -> list[Condition]:
-        raise NotImplementedError
-
-    def collect_stats(self, found: set[str]) -> None:
-        for x in self.parts:
-            x.collect_stats(found)
-
-    def has_quantile(self) -> bool:
-        return any(x.has_quantile() for x in self.parts)
-
-    def is_monotone(self) -> bool:
-        return all(x.is_monotone() for x in self.parts)
-
-    def check_quantiles(self, profile: ModelProfile | None) -> None:
-        for x in self.parts:
-            x.check_quantiles(profile)
-
-    def _outcomes(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> list[bool]:
-        """Every part evaluated (no short circuit: every check is recorded)."""
-        return [x.evaluate(stats, profile, checks, undefined) for x in self.parts]
-
-
-class AllOf(_Group):
+class AllOf(Combinator):
     all: list[Condition] = Field(min_length=1)
 
-    @property
     def parts(self) -> list[Condition]:
         return self.all
 
-    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
-        return all(self._outcomes(stats, profile, checks, undefined))
+    def combine(self, outcomes: list[bool]) -> bool:
+        return all(outcomes)
 
 
-class AnyOf(_Group):
+class AnyOf(Combinator):
     any: list[Condition] = Field(min_length=1)
 
-    @property
     def parts(self) -> list[Condition]:
         return self.any
 
-    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
-        return any(self._outcomes(stats, profile, checks, undefined))
+    def combine(self, outcomes: list[bool]) -> bool:
+        return any(outcomes)
 
 
-class NotOf(StrictModel):
+class NotOf(Negation):
     not_: Condition = Field(alias="not")
 
-    def collect_stats(self, found: set[str]) -> None:
-        self.not_.collect_stats(found)
+    def part(self) -> Condition:
+        return self.not_
 
-    def has_quantile(self) -> bool:
-        return self.not_.has_quantile()
 
-    def is_monotone(self) -> bool:
-        """Never: a negation of a growing statistic can stop being true as the answer grows."""
+def is_monotone(node: Condition) -> bool:
+    """Whether ``node``, once true on a prefix of an answer, stays true as it grows (an ``early_stop``
+    condition): monotone comparisons joined by ``all``/``any``; never a ``not`` (a negation of a
+    growing statistic can stop being true)."""
+    if isinstance(node, Negation):
         return False
-
-    def check_quantiles(self, profile: ModelProfile | None) -> None:
-        self.not_.check_quantiles(profile)
-
-    def evaluate(self, stats: ResponseStats, profile: ModelProfile | None, checks: list[Check], undefined: str) -> bool:
-        return not self.not_.evaluate(stats, profile, checks, undefined)
+    if isinstance(node, Combinator):
+        return all(is_monotone(part) for part in node.parts())
+    return node.is_monotone()
 
 
-def combinator_kind(compare: str, all_of: str, any_of: str, not_of: str) -> Callable[[Any], str]:
-    """The discriminator of a condition union: a parsed node's class name, else the tag its key
-    names (``stat``: the comparison, ``all``, ``any``, ``not``); a mapping with none of them is
-    read as a comparison, so its missing fields are what the error reports."""
-    tags = (("stat", compare), ("all", all_of), ("any", any_of), ("not", not_of))
-
-    def kind(v: Any) -> str:
-        if isinstance(v, BaseModel):
-            return type(v).__name__
-        if isinstance(v, Mapping):
-            for key, tag in tags:
-                if key in v:
-                    return tag
-        return compare
-
-    return kind
+def comparisons(node: Condition) -> list[Compare]:
+    """The comparisons of a condition (:func:`~logtoku_guard.rules.leaves`)."""
+    return list(leaves(node))
 
 
 Condition = Annotated[

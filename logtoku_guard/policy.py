@@ -45,14 +45,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from logtoku_guard.conditions import (
-    Check,
-    Condition,
-    StrictModel,
-    describe_checks,
-)
+from logtoku_guard.conditions import Check, Condition, comparisons, describe_checks, is_monotone
 from logtoku_guard.errors import PolicyError, short_repr
 from logtoku_guard.policy_loading import check_bounds, read_policy_file
+from logtoku_guard.rules import RuleContext, StrictModel, UndefinedMode, first_firing
 from logtoku_guard.stats import ResponseStats
 from logtoku_guard.templates import check_template
 from logtoku_guard.tool_gate.call_policy import ToolCallPolicy
@@ -61,7 +57,6 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
 
 ActionName = Literal["pass", "warn", "retrieve", "abstain", "human_review", "raise"]
-UndefinedMode = Literal["least_reliable", "never_fires"]
 _CONDITION_TAGS = ("Compare", "AllOf", "AnyOf", "NotOf", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolNotOf")
 
 
@@ -106,7 +101,7 @@ class Rule(StrictModel):
 
     @model_validator(mode="after")
     def _early_stop_is_sound(self) -> Rule:
-        if self.early_stop and not self.when.is_monotone():
+        if self.early_stop and not is_monotone(self.when):
             msg = (
                 f"rule {self.name!r}: early_stop needs a condition that cannot un-fire as the answer grows "
                 "('>'/'>=' on max_eu, max_au or n_tokens, joined by all/any)"
@@ -219,7 +214,7 @@ class Policy(StrictModel):
 
     # -- evaluation -------------------------------------------------------------------------
     def uses_quantiles(self) -> bool:
-        return any(r.when.has_quantile() for r in self.rules)
+        return any(c.has_quantile() for r in self.rules for c in comparisons(r.when))
 
     def actions(self) -> set[str]:
         acts: set[str] = {r.action for r in self.rules} | {self.default_action}
@@ -229,16 +224,14 @@ class Policy(StrictModel):
 
     def stats_used(self) -> set[str]:
         """The statistics the rules read, each comparison's ``fallback`` included."""
-        found: set[str] = set()
-        for r in self.rules:
-            r.when.collect_stats(found)
-        return found
+        return {stat for r in self.rules for c in comparisons(r.when) for stat in c.stats()}
 
     def check_profile(self, profile: ModelProfile | None) -> None:
         """Raise :class:`ConfigurationError` now when a quantile threshold cannot be resolved
         against ``profile`` (no profile, or a statistic the profile lacks)."""
         for rule in self.rules:
-            rule.when.check_quantiles(profile)
+            for c in comparisons(rule.when):
+                c.check_quantiles(profile)
 
     def decide(self, stats: ResponseStats, profile: ModelProfile | None = None, *, only_early_stop: bool = False) -> Decision:
         """The first rule that fires on ``stats`` (thresholds resolved against ``profile``).
@@ -246,23 +239,16 @@ class Policy(StrictModel):
         Undefined statistics follow ``self.undefined`` (see the module docstring); a rule that
         fired on one says so in its reason (``"...; undefined: empty answer"``).
         """
-        for rule in self.rules:
-            if only_early_stop and not rule.early_stop:
-                continue
-            checks: list[Check] = []
-            if rule.when.evaluate(stats, profile, checks, self.undefined):
-                reason = rule.reason or describe_checks(checks)
-                undefined = sorted({c.undefined for c in checks if c.undefined is not None})
-                if undefined and rule.reason:
-                    reason = f"{reason}; " + "; ".join(f"undefined: {u}" for u in undefined)
-                return Decision(action=rule.action, rule=rule.name, reason=reason, checks=tuple(checks), stats=stats)
-        return Decision(
-            action=self.default_action,
-            rule=None,
-            reason="no rule fired",
-            checks=(),
-            stats=stats,
-        )
+        rules = [r for r in self.rules if r.early_stop] if only_early_stop else self.rules
+        fired = first_firing(rules, stats, RuleContext(self.undefined, profile))
+        if fired is None:
+            return Decision(action=self.default_action, rule=None, reason="no rule fired", checks=(), stats=stats)
+        rule, checks = fired
+        reason = rule.reason or describe_checks(checks)
+        undefined = sorted({c.undefined for c in checks if c.undefined is not None})
+        if undefined and rule.reason:
+            reason = f"{reason}; " + "; ".join(f"undefined: {u}" for u in undefined)
+        return Decision(action=rule.action, rule=rule.name, reason=reason, checks=tuple(checks), stats=stats)
 
 
 @dataclass(frozen=True)

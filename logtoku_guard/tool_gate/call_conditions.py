@@ -1,7 +1,9 @@
 """The conditions of a tool-call rule: comparisons of one argument's statistic with a number,
 and their ``all`` / ``any`` / ``not`` combinations. Each node evaluates itself on one
 :class:`~logtoku_guard.tool_gate.scores.ScoredToolCall`, recording an :class:`ArgumentCheck`
-per argument it compared, like the answer conditions of :mod:`logtoku_guard.conditions`.
+per argument it compared. The combinators, the meaning of an undefined statistic and the
+evaluation are the one rule engine's (:mod:`logtoku_guard.rules`), shared with the answer
+conditions of :mod:`logtoku_guard.conditions`; this module supplies only the comparison.
 
 A comparison names the tool (``tool: transfer``, or ``"*"`` for any) and the argument
 (``argument: amount``, or ``"*"``: fires when any argument of the call does). It never fires
@@ -20,7 +22,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from logtoku_guard.conditions import OPS, Op, StrictModel, combinator_kind, refuse_non_number
+from logtoku_guard.rules import Combinator, Negation, Op, RuleContext, StrictModel, combinator_kind, compare, refuse_non_number
 from logtoku_guard.tool_gate.scores import ArgumentStat, ScoredToolCall
 
 __all__ = ["ArgumentCheck", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolCondition", "ToolNotOf"]
@@ -76,11 +78,9 @@ class ArgumentCompare(StrictModel):
             raise ValueError(msg)
         return v
 
-    def names_tools(self, found: set[str]) -> None:
-        found.add(self.tool)
-
-    def evaluate(self, call: ScoredToolCall, checks: list[ArgumentCheck], undefined: str) -> bool:
-        """Whether the comparison fires on ``call`` (any matching argument), recording its checks."""
+    def evaluate(self, call: ScoredToolCall, ctx: RuleContext, checks: list[ArgumentCheck]) -> bool:
+        """Whether the comparison fires on ``call`` (any matching argument), recording its checks;
+        an undefined statistic follows the policy's ``undefined`` (:func:`~logtoku_guard.rules.compare`)."""
         if self.tool not in ("*", call.name):
             return False
         names = sorted({*call.args, *call.scores}) if self.argument == "*" else [self.argument]
@@ -97,61 +97,38 @@ class ArgumentCompare(StrictModel):
                 why = "the argument was not scored"
             elif math.isnan(observed):
                 why = "empty value" if score.tokens == 0 else "NaN scores"
-            if why is None:
-                ok = OPS[self.op](observed, self.value)
-            elif undefined == "never_fires":
-                ok = False
-            else:  # the least reliable value: -inf for logprob, +inf for the rest
-                ok = OPS[self.op](-math.inf if self.stat == "logprob" else math.inf, self.value)
+            least_reliable = -math.inf if self.stat == "logprob" else math.inf
+            ok = compare(None if why else observed, self.op, self.value, ctx, least_reliable)
             checks.append(ArgumentCheck(call.name, name, self.stat, self.op, self.value, None if why else observed, ok, why))
             fired = fired or ok
         return fired
 
 
-class _ToolGroup(StrictModel):
-    @property
-    def parts(self) -> list[ToolCondition]:
-        raise NotImplementedError
-
-    def names_tools(self, found: set[str]) -> None:
-        for x in self.parts:
-            x.names_tools(found)
-
-    def _outcomes(self, call: ScoredToolCall, checks: list[ArgumentCheck], undefined: str) -> list[bool]:
-        """Every part evaluated (no short circuit: every check is recorded)."""
-        return [x.evaluate(call, checks, undefined) for x in self.parts]
-
-
-class ToolAllOf(_ToolGroup):
+class ToolAllOf(Combinator):
     all: list[ToolCondition] = Field(min_length=1)
 
-    @property
     def parts(self) -> list[ToolCondition]:
         return self.all
 
-    def evaluate(self, call: ScoredToolCall, checks: list[ArgumentCheck], undefined: str) -> bool:
-        return all(self._outcomes(call, checks, undefined))
+    def combine(self, outcomes: list[bool]) -> bool:
+        return all(outcomes)
 
 
-class ToolAnyOf(_ToolGroup):
+class ToolAnyOf(Combinator):
     any: list[ToolCondition] = Field(min_length=1)
 
-    @property
     def parts(self) -> list[ToolCondition]:
         return self.any
 
-    def evaluate(self, call: ScoredToolCall, checks: list[ArgumentCheck], undefined: str) -> bool:
-        return any(self._outcomes(call, checks, undefined))
+    def combine(self, outcomes: list[bool]) -> bool:
+        return any(outcomes)
 
 
-class ToolNotOf(StrictModel):
+class ToolNotOf(Negation):
     not_: ToolCondition = Field(alias="not")
 
-    def names_tools(self, found: set[str]) -> None:
-        self.not_.names_tools(found)
-
-    def evaluate(self, call: ScoredToolCall, checks: list[ArgumentCheck], undefined: str) -> bool:
-        return not self.not_.evaluate(call, checks, undefined)
+    def part(self) -> ToolCondition:
+        return self.not_
 
 
 ToolCondition = Annotated[

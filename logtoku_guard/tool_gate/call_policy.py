@@ -32,8 +32,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from logtoku_guard.conditions import StrictModel
 from logtoku_guard.errors import short_repr
+from logtoku_guard.rules import RuleContext, StrictModel, UndefinedMode, first_firing
 from logtoku_guard.templates import check_template
 from logtoku_guard.tool_gate.call_conditions import ArgumentCheck, ToolCondition
 from logtoku_guard.tool_gate.scores import ScoredToolCall
@@ -126,16 +126,18 @@ class ToolCallPolicy(StrictModel):
             acts.add(self.reask.fallback)
         return acts
 
-    def decide(self, call: ScoredToolCall, undefined: str = "least_reliable") -> ToolDecision:
+    def decide(self, call: ScoredToolCall, undefined: UndefinedMode = "least_reliable") -> ToolDecision:
         """The first rule that fires on ``call``; ``undefined`` as the policy's (see the module doc)."""
-        for rule in self.rules:
-            checks: list[ArgumentCheck] = []
-            if rule.when.evaluate(call, checks, undefined):
-                reason = rule.reason or "; ".join(c.describe() for c in checks if c.passed)
-                return ToolDecision(rule.action, rule.name, reason, tuple(checks))
-        return ToolDecision(self.default_action, None, "no tool rule fired", ())
+        fired = first_firing(self.rules, call, RuleContext(undefined))
+        if fired is None:
+            return ToolDecision(self.default_action, None, "no tool rule fired", ())
+        rule, checks = fired
+        reason = rule.reason or "; ".join(c.describe() for c in checks if c.passed)
+        return ToolDecision(rule.action, rule.name, reason, tuple(checks))
 
-    def decide_turn(self, calls: Sequence[ScoredToolCall], reasks: int, undefined: str = "least_reliable") -> list[ToolDecision]:
+    def decide_turn(
+        self, calls: Sequence[ScoredToolCall], reasks: int, undefined: UndefinedMode = "least_reliable"
+    ) -> list[ToolDecision]:
         """The decisions for the calls of one answer, after ``reasks`` re-asks in a row: a ``reask``
         stays one while fewer than ``reask.max_attempts`` were made, else it becomes ``reask.fallback``."""
         decisions = [self.decide(call, undefined) for call in calls]

@@ -125,6 +125,39 @@ def test_undefined_scores_count_as_least_reliable_unless_never_fires() -> None:
     assert policy.tool_calls.decide(absent).action == "run"
 
 
+def test_answer_and_tool_rules_run_on_the_one_rule_engine() -> None:
+    """The same combinators, undefined-value meaning and first-rule-fires decision serve both kinds of
+    rules: a ``never_fires`` policy fires on no infinite value, an argument's logprob of -inf included
+    (before the engine was shared, the tool rules compared it), and ``not`` of an undefined value
+    fires under ``least_reliable`` for neither kind."""
+    from logtoku_guard.conditions import AllOf, NotOf
+    from logtoku_guard.rules import Combinator, Negation, RuleContext, compare
+    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.tool_gate.call_conditions import ToolAllOf, ToolNotOf
+
+    assert issubclass(AllOf, Combinator) and issubclass(ToolAllOf, Combinator)
+    assert issubclass(NotOf, Negation) and issubclass(ToolNotOf, Negation)
+    strict, lenient = RuleContext("least_reliable"), RuleContext("never_fires")
+    assert compare(None, "<", 0.5, strict, -math.inf) and not compare(None, "<", 0.5, lenient, -math.inf)
+    assert compare(-math.inf, "<", -3.0, strict, -math.inf) and not compare(-math.inf, "<", -3.0, lenient, -math.inf)
+    low = {"tool": "transfer", "argument": "amount", "stat": "logprob", "op": "<", "value": -3.0}
+    call = parse_tool_call_scores(
+        metadata(transfer_scores(0.1) | {"arguments": {"amount": scores(0.1, logprob=-math.inf)}}), CALLS
+    )[0]
+    for mode, fires in (("least_reliable", True), ("never_fires", False)):
+        policy = Policy.from_dict(
+            {"name": "t", "undefined": mode, "tool_calls": {"rules": [{"name": "lp", "when": low, "action": "refuse"}]}}
+        )
+        assert (policy.tool_calls.decide(call, policy.undefined).action == "refuse") is fires
+    empty = ResponseStats.from_tokens([])
+    answer = Policy.from_dict(
+        {"name": "a", "rules": [{"name": "n", "when": {"not": {"stat": "max_eu", "op": ">", "value": 0.5}}, "action": "warn"}]}
+    )
+    tool = tool_policy({"name": "n", "when": {"not": AMOUNT["when"]}, "action": "refuse"})
+    assert answer.decide(empty).action == "pass"  # undefined max_eu counts as +inf: "> 0.5" holds, "not" does not
+    assert decide(tool, {}).action == "run"  # likewise for the unscored argument
+
+
 @pytest.mark.parametrize(
     ("section", "match"),
     [
