@@ -1,28 +1,32 @@
 """How :class:`~langchain_logtoku.LogTokUGuard` makes its generations: traced, never streamed as drafts.
 
 :class:`TracedBackend` is the core backend protocol over a :class:`~langchain_logtoku.ChatLogTokU`:
-every generation is a child chat-model run of the guard's run, tagged :data:`DRAFT_TAG`.
-Held drafts (every :meth:`~TracedBackend.generate`) are also tagged :data:`NOSTREAM_TAG` and made
-with ``stream=False``, so no stream consumer (``astream_events``, LangGraph
-``stream_mode="messages"``) ever sees an answer the guard may withdraw; tracers still see the
-runs. The core driver's :class:`~logtoku_guard.driver.Watch` watches a held draft token by token
-(through a capture) and stops its generation when an ``early_stop`` rule fires.
+it generates from the guard's core messages with the chat model's core backend, once, and hands
+the :class:`~logtoku_guard.types.Generation` back as a value, while each generation is a child
+chat-model run of the guard's run (started and ended as ``invoke`` does: tracers and callbacks
+see its input, output and tags), tagged :data:`DRAFT_TAG`. A held backend (``live=False``, every
+generation of ``invoke`` and of the buffered stream) also tags its runs :data:`NOSTREAM_TAG` and
+reports no token to callbacks, so no stream consumer (``astream_events``, LangGraph
+``stream_mode="messages"``) ever sees an answer the guard may withdraw; the core driver's
+:class:`~logtoku_guard.driver.Watch` still reads its tokens (through :meth:`TracedBackend.stream`)
+and stops the generation when an ``early_stop`` rule fires. A live backend (``stream_mode="retract"``)
+reports each token of :meth:`TracedBackend.stream` to callbacks as it comes.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
+from langchain_core.messages import AIMessageChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 from langchain_core.runnables import RunnableConfig
 
 from langchain_logtoku import _convert
+from langchain_logtoku._calls import CallSettings
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.types import DecodingOptions, Generation, Prompt, to_messages
+from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
 from logtoku_guard.uncertainty import EvidenceMode
 
 __all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "TracedBackend"]
@@ -34,29 +38,18 @@ NOSTREAM_TAG = "nostream"
 
 
 class TracedBackend:
-    """The core backend protocol over the chat model: every generation is a traced chat-model run.
+    """The core backend protocol over the chat model: every generation a traced chat-model run.
 
-    The core guard needs :class:`~logtoku_guard.types.Generation` objects (raw top-K logits
-    included), which LangChain messages do not carry; the chat model hands them over through
-    the core side channel (:mod:`logtoku_guard.generation_capture`) active around each call. Decoding settings are the chat
-    model's fields and the guard call's keywords; the core guard's own options are not used.
-
-    Drafts are never streamed to callbacks: :meth:`generate` calls the chat model with
-    ``stream=False`` (no ``on_llm_new_token``, hence no ``on_chat_model_stream`` event, even under
-    ``astream_events``) and tags the run ``logtoku:draft`` and ``nostream`` (so LangGraph's
-    ``stream_mode="messages"`` does not send its final message either). Tracers still get the
-    run's start and end. Only :meth:`stream`, used by ``stream_mode="retract"``, streams tokens
-    (its run is tagged ``logtoku:draft`` only).
+    Decoding settings are the chat model's fields and the guard call's keywords (``llm_kwargs``);
+    the core guard's own options are not used. ``generations``: every generation made, in order.
     """
 
-    def __init__(self, llm: ChatLogTokU, config: RunnableConfig, llm_kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, llm: ChatLogTokU, config: RunnableConfig, llm_kwargs: Mapping[str, Any], *, live: bool = False) -> None:
         self.llm = llm
         self.config = config
         self.llm_kwargs = dict(llm_kwargs)
+        self.live = live
         self.generations: list[Generation] = []
-
-    def _config(self, *tags: str) -> RunnableConfig:
-        return {**self.config, "tags": [*self.config.get("tags", []), *tags]}
 
     @property
     def model_name(self) -> str:
@@ -74,54 +67,61 @@ class TracedBackend:
     def top_n(self) -> int:
         return self.llm.core_backend.top_n
 
-    def _take(self, capture: GenerationCapture) -> Generation:
-        generation = capture.take()
-        if generation is None:
-            msg = (
-                "the chat model returned an answer without token scores (an LLM cache hit?); "
-                "LogTokUGuard needs fresh generations: create the model with ChatLogTokU(cache=False)"
-            )
-            raise ConfigurationError(msg)
+    def _open(self, prompt: Prompt) -> tuple[Any, CallSettings, list[Any]]:
+        """A chat-model run for ``prompt``, the call's settings and the core prompt to generate from."""
+        tags = [*self.config.get("tags", []), DRAFT_TAG, *(() if self.live else (NOSTREAM_TAG,))]
+        messages = to_messages(prompt)
+        run, call = self.llm.open_run(messages, {**self.config, "tags": tags}, self.llm_kwargs)
+        return run, call, self.llm.core_prompt(messages, call)
+
+    def _close(self, run: Any, generation: Generation, call: CallSettings) -> Generation:
+        generation = self.llm.finished(generation, call)
+        run.on_llm_end(LLMResult(generations=[[ChatGeneration(message=self.llm.message_for(generation, call))]]))
         self.generations.append(generation)
         return generation
 
     def generate(self, prompt: Prompt, options: DecodingOptions | None = None) -> Generation:
-        messages = _convert.to_langchain_messages(to_messages(prompt))
-        with capture_generations() as capture:
-            self.llm.invoke(messages, config=self._config(DRAFT_TAG, NOSTREAM_TAG), stream=False, **self.llm_kwargs)
-        return self._take(capture)
+        run, call, core_prompt = self._open(prompt)
+        try:
+            generation = self.llm.core_backend.generate(core_prompt, call.options)
+        except BaseException as exc:
+            run.on_llm_error(exc)
+            raise
+        return self._close(run, generation, call)
 
     def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]:
         return [self.generate(p, options) for p in prompts]
 
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream:
-        messages = _convert.to_langchain_messages(to_messages(prompt))
-        capture = GenerationCapture()
-        chunks: Any = self.llm.stream(messages, config=self._config(DRAFT_TAG), **self.llm_kwargs)  # closed on cancel
-        done = object()
+        """The generation token by token (each token reported to callbacks only when ``live``); closing
+        the stream stops generating, and the run ends with what was generated."""
+        run, call, core_prompt = self._open(prompt)
+        try:
+            inner = self.llm.core_backend.stream(core_prompt, call.options)
+        except BaseException as exc:
+            run.on_llm_error(exc)
+            raise
+        decode = _convert.decoder(self.llm.core_backend)
+        failed: list[BaseException] = []
 
-        def step(fn: Any, *args: Any) -> Any:
-            with capture_generations(capture):
-                return fn(*args)
-
-        def tokens() -> Iterator[Any]:
-            seen = 0
-            while True:
-                chunk = step(next, chunks, done)
-                live = capture.live_tokens
-                yield from live[seen:]
-                seen = len(live)
-                if chunk is done:
-                    return
-
-        def cancel() -> None:
-            if capture.cancel_stream():  # stop generating, then let the chat-model run end normally
-                step(collections.deque, chunks, 0)
-            else:  # the chat model is not generating: nothing to stop
-                step(chunks.close)
+        def tokens() -> Iterator[TokenScore]:
+            try:
+                for core_token in inner:
+                    token = self.llm.rescored(core_token, call)
+                    if self.live:
+                        meta = self.llm.token_metadata(token, call, decode)
+                        chunk = ChatGenerationChunk(message=AIMessageChunk(content=token.text, response_metadata=meta))
+                        run.on_llm_new_token(token.text, chunk=chunk)
+                    yield token
+            except Exception as exc:
+                failed.append(exc)
+                run.on_llm_error(exc)
+                raise
 
         def result() -> Generation:
-            step(chunks.close)
-            return self._take(capture)
+            inner.close()
+            if failed:  # the run already ended with the error
+                return self.llm.finished(inner.generation, call)
+            return self._close(run, inner.generation, call)
 
-        return TokenStream(tokens(), result, cancel)
+        return TokenStream(tokens(), result, inner.close)

@@ -27,11 +27,13 @@ chunk (``chunk_position="last"``) carries every scalar: the summary, ``model_nam
 the metadata of :meth:`invoke` (but for the wall-clock ``timings`` of the generation). Consumers that keep
 only the last chunk's metadata (``stream_events(version="v3")``) see the summary but not the per-token lists.
 
-Every call also reports its core :class:`~logtoku_guard.types.Generation` (and each token, a
-cancel hook and a finalizer) to the active :mod:`logtoku_guard.generation_capture` captures: that is how
-:class:`~langchain_logtoku.LogTokUGuard` gets raw scores past LangChain's messages. With a
-capture active, ``invoke`` generates through the token stream internally (same result, nothing
-streamed to callbacks), so a capture can stop it early.
+``invoke`` and ``stream`` generate along one path, the core backend's token stream, and report
+the core :class:`~logtoku_guard.types.Generation` (and each token, a cancel hook and a finalizer)
+to the active :mod:`logtoku_guard.generation_capture` captures: that is how a caller that does
+not make the call itself (``LogTokUMiddleware``, inside an agent) gets raw scores past LangChain's
+messages, and can stop a generation early. :class:`~langchain_logtoku.LogTokUGuard` needs no
+capture: it generates from core messages through :meth:`ChatLogTokU.open_run` (its drafts are
+traced as chat-model runs of this model) and gets each generation as a value.
 """
 
 from __future__ import annotations
@@ -39,21 +41,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Literal
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import CallbackManager, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
-from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, SkipValidation, model_validator
 
 from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
+from langchain_logtoku._calls import CallSettings, call_settings
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.constraints import DEFAULT_MAX_STRING_LENGTH
@@ -62,25 +63,12 @@ from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.generation_capture import active_captures
 from logtoku_guard.payloads import summary_payload, token_payload
 from logtoku_guard.quadrants import QuadrantThresholds
+from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.uncertainty import DEFAULT_K, rescore, validate_k
 
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20  # the default max_logprobs: raw top logits kept per token for top_logprobs (vLLM's default)
-
-
-@dataclass(frozen=True)
-class _Call:
-    """The settings of one call: fields overridden by per-call arguments, validated."""
-
-    options: DecodingOptions
-    k: int
-    backend_k: int
-    logprobs: bool
-    top_logprobs: int
-    tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: str | None = None
-    schema_prompt: str | None = None  # the response_format's JSON schema, told to the model
 
 
 class ChatLogTokU(BaseChatModel):
@@ -321,76 +309,58 @@ class ChatLogTokU(BaseChatModel):
         calling = super().with_structured_output if method == "function_calling" else None
         return _structured.with_structured_output(self, schema, method, include_raw, calling, kwargs)
 
-    def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _Call:
-        unknown, accepted = set(kwargs) - _convert.CALL_ARGS, sorted(_convert.CALL_ARGS - {"stream"})
-        if legacy := unknown & _convert.LEGACY_TOOL_ARGS:
-            msg = f"legacy function calling is not supported (got {sorted(legacy)}): use tool calling, bind_tools"
-            raise NotImplementedError(msg)
-        if unknown:
-            msg = f"unknown call argument(s) {sorted(unknown)}; ChatLogTokU accepts {accepted} and stop"
-            raise ConfigurationError(msg)
-        model = kwargs.get("model")
-        if model is not None and model != self.model_name:
-            msg = (
-                f"this ChatLogTokU serves {self.model_name!r}; model={model!r} per call is not supported: "
-                "create another ChatLogTokU(model=...)"
-            )
-            raise ConfigurationError(msg)
-        stops = self.stop if stop is None else stop
-        options = DecodingOptions(
-            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
-            temperature=kwargs.get("temperature", self.temperature),
-            top_p=kwargs.get("top_p", self.top_p),
-            seed=kwargs.get("seed", self.seed),
-            stop=tuple(stops or ()),
-        )
-        backend_k = int(self.core_backend.k)
-        k = kwargs.get("top_k", self.top_k)
-        k = backend_k if k is None else validate_k(k)
-        if k > backend_k:
-            msg = f"top_k={k} exceeds the backend's K={backend_k}; build the model with top_k >= {k}"
-            raise ConfigurationError(msg)
-        top_lp = kwargs.get("top_logprobs", self.top_logprobs)
-        logprobs = bool(kwargs.get("logprobs", self.logprobs)) or top_lp is not None
-        bound = tuple(convert_to_openai_tool(t) for t in kwargs.get("tools") or ())
-        choice = _tools.tool_choice_name(kwargs.get("tool_choice"), _tools.names(bound))
-        fmt, cap = kwargs.get("response_format"), self.max_string_length
-        options, note = _structured.constrained(options, fmt, bound, choice, self.core_backend, cap)
-        return _Call(
-            options=options,
-            k=k,
-            backend_k=backend_k,
-            logprobs=logprobs,
-            top_logprobs=0 if top_lp is None else _convert.check_top_logprobs(top_lp, k, self._capacity(self.core_backend)),
-            tools=bound if choice != "none" else (),
-            tool_choice=choice,
-            schema_prompt=note,
-        )
+    def _call(self, stop: list[str] | None, kwargs: dict[str, Any]) -> CallSettings:
+        return call_settings(self, stop, kwargs)
 
     @staticmethod
-    def _prompt(messages: list[BaseMessage], call: _Call) -> list[Any]:
-        prompt = _tools.with_tool_prompt(_convert.to_core_messages(messages), call.schema_prompt)
+    def core_prompt(messages: list[CoreMessage], call: CallSettings) -> list[CoreMessage]:
+        """The core prompt of a call: ``messages`` with the call's schema and tool-call instructions."""
+        prompt = _tools.with_tool_prompt(messages, call.schema_prompt)
         return _tools.with_tool_prompt(prompt, _tools.tool_prompt(call.tools, call.tool_choice))
 
-    def _rescored(self, token: TokenScore, call: _Call) -> TokenScore:
+    def open_run(self, messages: list[CoreMessage], config: RunnableConfig, kwargs: dict[str, Any]) -> tuple[Any, CallSettings]:
+        """A chat-model run of this model for core ``messages`` under ``config`` (its callbacks, tags and
+        metadata), started as ``invoke`` starts one; returns its run manager and the call's settings.
+        The caller generates with :attr:`core_backend` and ends the run (``on_llm_end``/``on_llm_error``)."""
+        call = self._call(None, kwargs)
+        manager = CallbackManager.configure(
+            config.get("callbacks"),
+            self.callbacks,
+            self.verbose,
+            config.get("tags"),
+            self.tags,
+            {**config.get("metadata", {}), **self._get_ls_params(stop=None, **kwargs)},
+            self.metadata,
+        )
+        (run,) = manager.on_chat_model_start(
+            self._serialized,
+            [_convert.to_langchain_messages(messages)],  # what the trace shows; generation reads the core messages
+            invocation_params=self._get_invocation_params(stop=None, **kwargs),
+            options={"stop": None},
+            name=config.get("run_name"),
+            batch_size=1,
+        )
+        return run, call
+
+    def rescored(self, token: TokenScore, call: CallSettings) -> TokenScore:
         if call.k == call.backend_k:
             return token
         r = rescore([token.top_logits], k=call.k, evidence=self.scoring_evidence)  # type: ignore[arg-type]
         return dataclasses.replace(token, au=float(r.au[0]), eu=float(r.eu[0]))
 
-    def _finished(self, generation: Generation, call: _Call) -> Generation:
+    def finished(self, generation: Generation, call: CallSettings) -> Generation:
         if call.k == call.backend_k:
             return generation
-        return dataclasses.replace(generation, tokens=tuple(self._rescored(t, call) for t in generation.tokens), k=call.k)
+        return dataclasses.replace(generation, tokens=tuple(self.rescored(t, call) for t in generation.tokens), k=call.k)
 
     # -- metadata ------------------------------------------------------------------------
-    def _token_metadata(self, token: TokenScore, call: _Call, decode: Callable[[int], str]) -> dict[str, Any]:
+    def token_metadata(self, token: TokenScore, call: CallSettings, decode: Callable[[int], str]) -> dict[str, Any]:
         meta: dict[str, Any] = {"logtoku": {"tokens": [token_payload(token, self.quadrant_thresholds(call.k))]}}
         if call.logprobs:
             meta["logprobs"] = {"content": [_convert.logprob_item(token, call.top_logprobs, decode)]}
         return meta
 
-    def _final_metadata(self, generation: Generation, call: _Call, *, with_tokens: bool) -> dict[str, Any]:
+    def _final_metadata(self, generation: Generation, call: CallSettings, *, with_tokens: bool) -> dict[str, Any]:
         thresholds = self.quadrant_thresholds(call.k)
         logtoku: dict[str, Any] = dict(summary_payload(generation, thresholds))
         meta: dict[str, Any] = {"model_name": generation.model, "finish_reason": generation.finish_reason}
@@ -417,21 +387,55 @@ class ChatLogTokU(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         call = self._call(stop, kwargs)
-        if active_captures() and not call.tools:  # token by token, so that a capture can stop it early (cancel_stream)
-            return generate_from_stream(self._stream(messages, stop, None, **kwargs))
-        prompt = self._prompt(messages, call)
+        tokens = self._tokens(self.core_prompt(_convert.to_core_messages(messages), call), call)
+        while True:
+            try:
+                next(tokens)
+            except StopIteration as end:
+                generation: Generation = end.value
+                break
+        return ChatResult(generations=[ChatGeneration(message=self.message_for(generation, call))])
+
+    def _tokens(self, prompt: list[CoreMessage], call: CallSettings) -> Generator[TokenScore, None, Generation]:
+        """The one generation path of ``invoke`` and ``stream``: the core backend's token stream, each
+        token rescored for the call's K and reported to the active captures (which may stop it);
+        returns the finished generation. Closed early or failed, the captures get what was generated."""
         sinks = active_captures()
+        stream = self.core_backend.stream(prompt, call.options)
+
+        def finalize() -> Generation:
+            stream.close()
+            return self.finished(stream.generation, call)
+
         for sink in sinks:
-            sink.started()
-        generation = self._finished(self.core_backend.generate(prompt, call.options), call)
+            sink.started(stream.close, finalize)
+        try:
+            with stream:
+                for core_token in stream:
+                    token = self.rescored(core_token, call)
+                    for sink in sinks:
+                        sink.token(token)
+                    yield token
+            generation = self.finished(stream.generation, call)
+        except BaseException:  # closed early (GeneratorExit) or failed: hand over what was generated
+            if sinks:
+                with contextlib.suppress(Exception):  # the original error is the one that propagates
+                    partial = finalize()
+                    for sink in sinks:
+                        sink.finished(partial)
+            raise
         for sink in sinks:
             sink.finished(generation)
+        return generation
+
+    def message_for(self, generation: Generation, call: CallSettings) -> AIMessage:
+        """The ``AIMessage`` of a finished generation: its text (or tool calls), metadata and usage."""
         names = _tools.names(call.tools)
         content, calls, invalid = _tools.parse_tool_calls(generation.text, names) if names else (generation.text, [], [])
         meta = self._final_metadata(generation, call, with_tokens=True)
         if names:
             meta["logtoku"]["tool_calls"] = _tools.tool_call_scores(calls, generation.tokens)
-        message = AIMessage(
+        return AIMessage(
             content=content,
             additional_kwargs=_tools.openai_tool_calls(calls),
             tool_calls=calls,
@@ -439,7 +443,6 @@ class ChatLogTokU(BaseChatModel):
             response_metadata=meta,
             usage_metadata=_convert.usage(generation),
         )
-        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _stream(
         self,
@@ -453,38 +456,21 @@ class ChatLogTokU(BaseChatModel):
             message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
             yield ChatGenerationChunk(message=_tools.as_last_chunk(message))  # type: ignore[arg-type]
             return
-        prompt = self._prompt(messages, call)
-        sinks = active_captures()
         decode = _convert.decoder(self.core_backend)
-        stream = self.core_backend.stream(prompt, call.options)
-
-        def finalize() -> Generation:
-            stream.close()
-            return self._finished(stream.generation, call)
-
-        for sink in sinks:
-            sink.started(stream.close, finalize)
+        tokens = self._tokens(self.core_prompt(_convert.to_core_messages(messages), call), call)
         emitted = 0
         try:
-            with stream:
-                for core_token in stream:
-                    token = self._rescored(core_token, call)
-                    emitted += 1
-                    for sink in sinks:
-                        sink.token(token)
-                    yield ChatGenerationChunk(
-                        message=AIMessageChunk(content=token.text, response_metadata=self._token_metadata(token, call, decode))
-                    )
-            generation = self._finished(stream.generation, call)
-        except BaseException:  # closed early (GeneratorExit) or failed: hand over what was generated
-            if sinks:
-                with contextlib.suppress(Exception):  # the original error is the one that propagates
-                    partial = finalize()
-                    for sink in sinks:
-                        sink.finished(partial)
-            raise
-        for sink in sinks:
-            sink.finished(generation)
+            while True:
+                try:
+                    token = next(tokens)
+                except StopIteration as end:
+                    generation: Generation = end.value
+                    break
+                emitted += 1
+                meta = self.token_metadata(token, call, decode)
+                yield ChatGenerationChunk(message=AIMessageChunk(content=token.text, response_metadata=meta))
+        finally:
+            tokens.close()  # a reader that stops early stops the generation
         meta = self._final_metadata(generation, call, with_tokens=False)
         if emitted == 0:  # nothing streamed: the lists must still exist in the aggregate
             meta["logtoku"] = {"tokens": [], **meta["logtoku"]}

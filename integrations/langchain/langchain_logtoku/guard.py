@@ -45,18 +45,15 @@ from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.audit import RecordSink
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.driver import Watch
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard import Guard
-from logtoku_guard.guard_io import BackendIO
 from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.policy import Policy, default_policy
 from logtoku_guard.quadrants import QuadrantThresholds
 from logtoku_guard.results import GuardRejectedError, GuardResult
 from logtoku_guard.retriever_calls import RetrieverLike
 from logtoku_guard.types import ChatMessage as CoreMessage
-from logtoku_guard.types import Generation, question_of, to_messages
+from logtoku_guard.types import question_of
 
 StreamMode = Literal["buffer", "retract"]
 
@@ -314,9 +311,9 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
         prompt = self._prompt(_join(list(values)))
-        backend = TracedBackend(self.llm, config, kwargs)
-        guard = self._core_guard(backend, config, prompt.question)
         retract = self.stream_mode == "retract"
+        backend = TracedBackend(self.llm, config, kwargs, live=retract)
+        guard = self._core_guard(backend, config, prompt.question)
         thresholds = self.llm.quadrant_thresholds() if retract else None
         streamed: list[str] = []
         try:
@@ -359,23 +356,14 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
 
     @staticmethod
     def _held(guard: Guard, prompt: _Prompt) -> GuardResult:
-        """``invoke`` and buffer mode: the core guard's run, whose drafts are held back (never
-        streamed to callbacks) while an ``early_stop`` rule still stops a generation as soon as it fires."""
-        return guard.run(prompt.messages, io=_HeldIO.of(guard, to_messages(prompt.messages, guard.system)))
+        """``invoke`` and buffer mode: the core guard's run over a held :class:`TracedBackend` (drafts never
+        streamed to callbacks; an ``early_stop`` rule still stops a generation as soon as it fires)."""
+        return guard.run(prompt.messages)
 
     @staticmethod
     def _retracted(message: AIMessage, flat: Mapping[str, AttributeValue], text: str, config: RunnableConfig) -> None:
         decision: GuardPayload = message.response_metadata["logtoku_guard"]
         dispatch_custom_event(RETRACTED_EVENT, {**decision, **flat, "retracted_text": text}, config=config)
-
-
-class _HeldIO(BackendIO):
-    """The core guard's I/O over the :class:`TracedBackend`: every generation held (``stream=False``,
-    tagged ``nostream``), its tokens reported to the driver's watch through a capture."""
-
-    def _generate(self, messages: list[CoreMessage], watch: Watch) -> Generation:
-        with capture_generations(GenerationCapture(watch=watch)):
-            return self.backend.generate(messages, self.options)
 
 
 def _join(items: list[Any]) -> Any:

@@ -356,5 +356,5 @@ def test_rescored_tokens_keep_their_other_fields() -> None:
     llm = ChatLogTokU(backend=scripted(k=3))
     g = scripted(k=3).generate("q")
     call = llm._call(None, {"top_k": 2})
-    t = llm._rescored(g.tokens[0], call)
+    t = llm.rescored(g.tokens[0], call)
     assert dataclasses.replace(t, au=g.tokens[0].au, eu=g.tokens[0].eu) == g.tokens[0]
