@@ -8,18 +8,56 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
+from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions
 from logtoku_guard.uncertainty import validate_k
 
-if TYPE_CHECKING:
-    from langchain_logtoku.chat_models import ChatLogTokU
+
+class ModelFields(Protocol):
+    """What a call's settings read from the chat model (``ChatLogTokU`` has it): its fields and backend."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def stop(self) -> list[str] | None: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+    @property
+    def top_p(self) -> float: ...
+
+    @property
+    def seed(self) -> int | None: ...
+
+    @property
+    def top_k(self) -> int | None: ...
+
+    @property
+    def logprobs(self) -> bool: ...
+
+    @property
+    def top_logprobs(self) -> int | None: ...
+
+    @property
+    def max_string_length(self) -> int | None: ...
+
+    @property
+    def core_backend(self) -> Backend: ...
+
+    def _capacity(self, backend: Backend | None) -> int: ...
+
 
 __all__ = ["CallSettings", "call_settings"]
 
@@ -38,7 +76,7 @@ class CallSettings:
     schema_prompt: str | None = None  # the response_format's JSON schema, told to the model
 
 
-def call_settings(llm: ChatLogTokU, stop: list[str] | None, kwargs: dict[str, Any]) -> CallSettings:
+def call_settings(llm: ModelFields, stop: list[str] | None, kwargs: dict[str, Any]) -> CallSettings:
     """The settings of one call of ``llm``: its fields overridden by the call's arguments, validated."""
     unknown, accepted = set(kwargs) - _convert.CALL_ARGS, sorted(_convert.CALL_ARGS - {"stream"})
     if legacy := unknown & _convert.LEGACY_TOOL_ARGS:
