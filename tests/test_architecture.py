@@ -413,6 +413,7 @@ def test_each_integration_is_a_distribution_of_its_own() -> None:
         assert f"integrations/{folder}/tests" in testpaths, f"pytest's testpaths must run {name}'s tests"
 
 
+@pytest.mark.slow  # builds five wheels into a fresh venv (scripts/check_wheels.sh does it in CI too)
 def test_the_distributions_build_and_import_in_a_fresh_venv() -> None:
     """scripts/check_wheels.sh: the four wheels build offline, install with --no-index --no-deps into a
     fresh venv and import from there; the core wheel carries no integration."""

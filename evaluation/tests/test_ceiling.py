@@ -41,6 +41,7 @@ def _write(tmp_path: Path, n: int = 40) -> tuple[Path, Path, list[bool], list[bo
     return results, cache_dir, right, noisy
 
 
+@pytest.mark.slow  # fits three flexible models per judge
 def test_report_per_judge_with_agreement(ceiling, tmp_path: Path) -> None:
     results, cache_dir, right, noisy = _write(tmp_path, n=80)
     judged = ceiling.load_judged(results, cache_dir, "truthfulqa")

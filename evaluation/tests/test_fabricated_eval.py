@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from logtoku_eval.cache import CachedGeneration, CachedToken
@@ -60,6 +61,7 @@ def test_evaluate_fabricated_reports_auroc_and_policy_rates() -> None:
     assert "Known vs fabricated" in report.to_markdown()
 
 
+@pytest.mark.slow  # the whole fabricated report, bootstrap included
 def test_cli_eval_fabricated_reads_the_cache(tmp_path: Path) -> None:
     cache = greedy_cache(tmp_path / "cache", EMBEDDED_MODEL, dataset_name(), GreedySpec())
     items = load_fabricated("tune")[:10] + load_fabricated("test")[:10]

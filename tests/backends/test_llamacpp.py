@@ -326,6 +326,7 @@ print(json.dumps({"reliability": g.score.reliability, "action": result.action, "
 """
 
 
+@pytest.mark.slow  # a fresh interpreter runs the whole path
 def test_generating_scoring_deciding_and_the_cli_import_no_torch(tmp_path: Any) -> None:
     """The whole llama.cpp path (load, generate, stream, batch, the response score, a guard's decision
     and stream, ``ask``/``score --backend llamacpp``) runs without torch: a process stays ~200 MiB smaller."""
@@ -418,6 +419,7 @@ def test_a_row_admitted_while_another_decodes_gets_its_answer_alone(backend: Lla
         assert [(t.au, t.eu) for t in got] == [(t.au, t.eu) for t in alone]
 
 
+@pytest.mark.slow  # seconds of prefill per case
 @pytest.mark.parametrize("where", ["question", "system"], ids=["long question", "long system prompt"])
 def test_a_long_prompt_fed_in_chunks_gets_the_scores_of_one_whole_prefill(backend: LlamaCppBackend, where: str) -> None:
     """Chunks of 128 tokens or more (the smallest accepted) leave llama.cpp's logits as one whole

@@ -42,7 +42,7 @@ def ended_order(backend: Any) -> list[int]:
     return order
 
 
-@pytest.mark.parametrize("kind", ["transformers", "llamacpp"])
+@pytest.mark.parametrize("kind", ["transformers", pytest.param("llamacpp", marks=pytest.mark.slow)])  # the real GGUF: slow
 @pytest.mark.parametrize("chunk", [MIN_PREFILL_CHUNK, 0], ids=["chunked", "whole (the failure this fixes)"])
 def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(kind: str, chunk: int, tiny_tokenizer: Any) -> None:
     if kind == "transformers":

@@ -53,7 +53,7 @@ def exploding_grammar(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(grammar.RowGrammar, "fill", fill)
 
 
-@pytest.mark.parametrize("kind", ["transformers", "llamacpp"])
+@pytest.mark.parametrize("kind", ["transformers", pytest.param("llamacpp", marks=pytest.mark.slow)])  # the real GGUF: slow
 def test_an_attacker_row_fails_alone_and_the_victims_answer_as_alone(
     kind: str, tiny_tokenizer: Any, exploding_grammar: None
 ) -> None:

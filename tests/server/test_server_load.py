@@ -26,6 +26,7 @@ def prompts() -> list[str]:
     return [f"Question {i}: tell me about {WORDS[i % len(WORDS)]} and {WORDS[(i * 3 + 1) % len(WORDS)]}" for i in range(CLIENTS)]
 
 
+@pytest.mark.slow  # a minute of load: in the full suite, not the fast lane
 def test_200_requests_from_16_clients(tiny_backend: Any) -> None:
     questions = prompts()
     # A random tiny model barely reads its prompt: a per-client seed (sampling) and length make every
