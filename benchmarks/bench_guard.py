@@ -19,7 +19,7 @@ import time
 
 from logtoku_guard import Decider, Policy, ScriptedAnswer, ScriptedBackend, default_policy
 from logtoku_guard.calibration import build_profile
-from logtoku_guard.results import Attempt, GuardTimings
+from logtoku_guard.decision.results import Attempt, GuardTimings
 
 RICH = {
     "name": "rich",

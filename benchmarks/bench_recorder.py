@@ -43,7 +43,7 @@ def run(tokenizer: Any, ids: list[int], n: int, batch: int) -> list[float]:
     import torch
 
     from logtoku_guard.backends.recorder import StepRecorder, StepScores
-    from logtoku_guard.uncertainty import logsumexp_entropy, logtoku
+    from logtoku_guard.scoring.uncertainty import logsumexp_entropy, logtoku
 
     recorder = StepRecorder(
         k=2,

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.telemetry import GuardTelemetry
+from logtoku_guard.guard.telemetry import GuardTelemetry
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt
 
 SURE = ScriptedAnswer(["Paris", " is", " the", " capital", "."] * 8, [[30.0, 5.0, 1.0]] * 40)

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.keyword_retriever import KeywordRetriever
+from logtoku_guard.guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.types import ChatMessage
 
 SURE = ScriptedAnswer(["Paris", "."], [[30.0, 5.0], [25.0, 2.0]])

@@ -34,7 +34,7 @@ from langgraph.types import Command
 
 from langchain_logtoku import LogTokUMiddleware
 from logtoku_guard import AuditStore, Policy
-from logtoku_guard.tool_gate.call_review import ToolReviewResponse
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewResponse
 
 LEDGER: list[str] = []
 

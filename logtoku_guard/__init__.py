@@ -1,9 +1,9 @@
 """logtoku_guard: single-pass decoupled token uncertainty (LogTokU) for local LLMs.
 
 Data flow: prompt -> generation with raw top-K logits (a backend) -> token AU/EU
-(:mod:`logtoku_guard.uncertainty`) -> response reliability -> policy decision -> guard action
-(:mod:`logtoku_guard.guard`) -> JSON payloads (:mod:`logtoku_guard.payloads`) and audit record.
-Framework adapters hand generations to guards through :mod:`logtoku_guard.generation_capture`.
+(:mod:`logtoku_guard.scoring.uncertainty`) -> response reliability -> policy decision -> guard action
+(:mod:`logtoku_guard.guard.guard`) -> JSON payloads (:mod:`logtoku_guard.guard.payloads`) and audit record.
+Framework adapters hand generations to guards through :mod:`logtoku_guard.guard.generation_capture`.
 
 ``import logtoku_guard`` is light: torch and transformers load only when a backend or a
 tensor function is used, and no LLM framework (LangChain, LlamaIndex) is ever imported here.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import (
     AuditStoreError,
     BackendError,
@@ -37,26 +36,16 @@ from logtoku_guard.errors import (
     UnknownTraceError,
     UsageError,
 )
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.uncertainty import logtoku, rescore
+from logtoku_guard.tools.constraints import JsonSchema, ToolCalls
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
     DynamicTemperature,
     Generation,
     ResponseScore,
-    Timings,
     TokenScore,
-)
-from logtoku_guard.uncertainty import (
-    WordScore,
-    log_softmax_stats,
-    logtoku,
-    rescore,
-    response_reliability,
-    token_uncertainty,
-    top_k_logits,
-    top_n_mean,
-    word_scores,
 )
 
 if TYPE_CHECKING:
@@ -65,14 +54,14 @@ if TYPE_CHECKING:
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
-    from logtoku_guard.decider import Decider
+    from logtoku_guard.decision.decider import Decider
+    from logtoku_guard.decision.policy import Decision, Policy, default_policy
+    from logtoku_guard.decision.results import GuardRejectedError, GuardResult
     from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
-    from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-    from logtoku_guard.guard import Guard
-    from logtoku_guard.keyword_retriever import KeywordRetriever
-    from logtoku_guard.policy import Decision, Policy, default_policy
-    from logtoku_guard.results import GuardRejectedError, GuardResult
-    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
+    from logtoku_guard.guard.guard import Guard
+    from logtoku_guard.guard.keyword_retriever import KeywordRetriever
+    from logtoku_guard.scoring.stats import ResponseStats
 
 __version__ = "0.1.0"
 
@@ -86,21 +75,21 @@ _LAZY = {
     "AuditRecord": "logtoku_guard.audit",
     "AuditStore": "logtoku_guard.audit",
     "ReviewItem": "logtoku_guard.audit",
-    "Decision": "logtoku_guard.policy",
-    "Policy": "logtoku_guard.policy",
-    "default_policy": "logtoku_guard.policy",
-    "ResponseStats": "logtoku_guard.stats",
+    "Decision": "logtoku_guard.decision.policy",
+    "Policy": "logtoku_guard.decision.policy",
+    "default_policy": "logtoku_guard.decision.policy",
+    "ResponseStats": "logtoku_guard.scoring.stats",
     "ModelProfile": "logtoku_guard.calibration",
     "calibrate": "logtoku_guard.calibration",
     "fit_threshold": "logtoku_guard.calibration",
     "load_profile_for": "logtoku_guard.calibration",
-    "Decider": "logtoku_guard.decider",
-    "Guard": "logtoku_guard.guard",
-    "GuardResult": "logtoku_guard.results",
-    "GuardRejectedError": "logtoku_guard.results",
-    "GenerationCapture": "logtoku_guard.generation_capture",
-    "capture_generations": "logtoku_guard.generation_capture",
-    "KeywordRetriever": "logtoku_guard.keyword_retriever",
+    "Decider": "logtoku_guard.decision.decider",
+    "Guard": "logtoku_guard.guard.guard",
+    "GuardResult": "logtoku_guard.decision.results",
+    "GuardRejectedError": "logtoku_guard.decision.results",
+    "GenerationCapture": "logtoku_guard.guard.generation_capture",
+    "capture_generations": "logtoku_guard.guard.generation_capture",
+    "KeywordRetriever": "logtoku_guard.guard.keyword_retriever",
     "ensure_embedded_model": "logtoku_guard.embedded",
 }
 
@@ -155,7 +144,6 @@ __all__ = [
     "ReviewTimeoutError",
     "ScriptedAnswer",
     "ScriptedBackend",
-    "Timings",
     "TokenScore",
     "TokenStream",
     "ToolCalls",
@@ -163,7 +151,6 @@ __all__ = [
     "UnknownReviewItemError",
     "UnknownTraceError",
     "UsageError",
-    "WordScore",
     "__version__",
     "calibrate",
     "capture_generations",
@@ -171,12 +158,6 @@ __all__ = [
     "ensure_embedded_model",
     "fit_threshold",
     "load_profile_for",
-    "log_softmax_stats",
     "logtoku",
     "rescore",
-    "response_reliability",
-    "token_uncertainty",
-    "top_k_logits",
-    "top_n_mean",
-    "word_scores",
 ]

@@ -13,7 +13,7 @@ Hierarchy (every class is exported from ``logtoku_guard``)::
     │   └── LogProbsNotLogitsError        a remote server sends log-probabilities, not raw logits
     ├── UsageError                        the API used out of order (``.result`` of an unfinished stream, ...)
     ├── GuardRejectedError                the policy's ``raise`` action; carries the GuardResult
-    │                                     (defined beside it, in :mod:`logtoku_guard.results`)
+    │                                     (defined beside it, in :mod:`logtoku_guard.decision.results`)
     ├── ModelLoadError                    a model path or id that cannot be loaded locally
     ├── BackendError (RuntimeError)       a backend's native library cannot run here (llama.cpp's
     │                                     smoke decode died: signal, build and the rebuild to do)

@@ -30,12 +30,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
 
-from logtoku_guard import openai_tools as tw  # the tool-call models (tw: tools on the wire)
 from logtoku_guard.errors import short_repr
+from logtoku_guard.guard.payloads import ServedDecisionPayload, SummaryPayload
 from logtoku_guard.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
 from logtoku_guard.openai_errors import describe_errors as _describe
-from logtoku_guard.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
-from logtoku_guard.payloads import ServedDecisionPayload, SummaryPayload
+from logtoku_guard.tools import openai_tools as tw  # the tool-call models (tw: tools on the wire)
+from logtoku_guard.tools.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
 
 __all__ = [
     "SEED_MAX",

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Union
 
-from logtoku_guard.constraints import Constraint, JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
-from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, WordScore, mean_of, top_n_mean_of
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N, EvidenceMode, WordScore, mean_of, top_n_mean_of
+from logtoku_guard.tools.constraints import Constraint, JsonSchema, ToolCalls
 
 if TYPE_CHECKING:
     import torch
@@ -148,8 +148,8 @@ class DynamicTemperature:
 class DecodingOptions:
     """How to decode. ``temperature == 0`` means greedy; ``dynamic`` overrides temperature.
 
-    ``constraint``: what the answer must look like (:class:`~logtoku_guard.constraints.JsonSchema`
-    or :class:`~logtoku_guard.constraints.ToolCalls`), enforced by grammar-constrained decoding
+    ``constraint``: what the answer must look like (:class:`~logtoku_guard.tools.constraints.JsonSchema`
+    or :class:`~logtoku_guard.tools.constraints.ToolCalls`), enforced by grammar-constrained decoding
     (the ``tools`` extra); the scores stay those of the raw, unmasked logits. None: free text.
     """
 
@@ -321,6 +321,6 @@ class Generation:
 
     def words(self) -> list[WordScore]:
         """Word-level AU/EU (max over sub-tokens)."""
-        from logtoku_guard.uncertainty import word_scores
+        from logtoku_guard.scoring.uncertainty import word_scores
 
         return word_scores([t.text for t in self.tokens], [t.au for t in self.tokens], [t.eu for t in self.tokens])

@@ -151,9 +151,9 @@ def test_no_import_cycle_even_through_type_checking_imports(root: str) -> None:
 
 def test_the_type_checking_graph_sees_type_checking_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_guard.guard import Guard\n")
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from logtoku_guard.guard.guard import Guard\n")
     assert _imports(source, "logtoku_guard.m") == set()
-    assert "logtoku_guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
+    assert "logtoku_guard.guard.guard" in _imports(source, "logtoku_guard.m", type_checking=True)
     # a relative import in another distribution resolves against that distribution's root
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .query_engine import Engine\n")
     root = "llama_index.llms.logtoku"
@@ -176,34 +176,34 @@ def test_no_source_file_over_500_lines(root: Path) -> None:
 
 def test_only_the_core_counts_retrieval_attempts() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in _integration_sources() if "max_attempts" in p.read_text(encoding="utf-8")]
-    assert not offenders, f"the guard loop belongs to logtoku_guard.guard_steps; these adapters count attempts: {offenders}"
+    assert not offenders, f"the guard loop belongs to logtoku_guard.guard.guard_steps; these adapters count attempts: {offenders}"
 
 
 def test_the_guard_loop_is_written_once() -> None:
-    """Only :func:`logtoku_guard.guard_steps.guard_steps` decides what an attempt comes to, falls back
+    """Only :func:`logtoku_guard.guard.guard_steps.guard_steps` decides what an attempt comes to, falls back
     or concludes: every other module (core or adapter) drives it."""
     steps = ("settle(", "give_up(", "unanswerable(", ".conclude(")
-    owners = {PACKAGE / "guard_steps.py", PACKAGE / "decider.py"}
+    owners = {PACKAGE / "guard" / "guard_steps.py", PACKAGE / "decision" / "decider.py"}
     offenders = {
         str(p.relative_to(ROOT)): [s for s in steps if s in text]
         for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
         if p not in owners and any(s in (text := p.read_text(encoding="utf-8")) for s in steps)
     }
-    assert not offenders, f"these modules write their own guard loop; drive logtoku_guard.guard_steps instead: {offenders}"
+    assert not offenders, f"these modules write their own guard loop; drive logtoku_guard.guard.guard_steps instead: {offenders}"
 
 
 def test_the_guard_loop_has_one_driver() -> None:
-    """Only :mod:`logtoku_guard.driver` runs :func:`~logtoku_guard.guard_steps.guard_steps` and watches
+    """Only :mod:`logtoku_guard.guard.driver` runs :func:`~logtoku_guard.guard.guard_steps.guard_steps` and watches
     ``early_stop`` rules: every entry point (core or adapter) hands the driver its generate and
     retrieve; none imports the loop, sends it answers or asks the decider about early stop."""
     driving = ("guard_steps(", ".send(", ".early_stop(", "watches_early_stop")
-    owners = {PACKAGE / "driver.py", PACKAGE / "guard_steps.py", PACKAGE / "decider.py"}
+    owners = {PACKAGE / "guard" / "driver.py", PACKAGE / "guard" / "guard_steps.py", PACKAGE / "decision" / "decider.py"}
     offenders = {
         str(p.relative_to(ROOT)): [s for s in driving if s in text]
         for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
         if p not in owners and any(s in (text := p.read_text(encoding="utf-8")) for s in driving)
     }
-    assert not offenders, f"these modules drive the guard loop themselves; hand logtoku_guard.driver an I/O: {offenders}"
+    assert not offenders, f"these modules drive the guard loop themselves; hand logtoku_guard.guard.driver an I/O: {offenders}"
     imported = {
         str(p.relative_to(ROOT))
         for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
@@ -218,17 +218,19 @@ def test_the_guard_loop_has_one_driver() -> None:
 
 def test_the_logtoku_maths_is_written_once() -> None:
     """AU/EU (the Dirichlet's digamma terms) and the entropy's finishing arithmetic live only in
-    :mod:`logtoku_guard.uncertainty`: backends, adapters and the harness call ``au_eu`` (or its
+    :mod:`logtoku_guard.scoring.uncertainty`: backends, adapters and the harness call ``au_eu`` (or its
     wrappers) and ``lse_entropy_of``, never their own copy."""
     signs = ("digamma", "/ (alpha0", "k / (", "math.log(s")
     offenders = {
         str(p.relative_to(ROOT)): [s for s in signs if s in text]
         for p in [*PACKAGE.rglob("*.py"), *_integration_sources(), *(ROOT / "evaluation").rglob("*.py")]
-        if p != PACKAGE / "uncertainty.py"
+        if p != PACKAGE / "scoring" / "uncertainty.py"
         and "/tests/" not in str(p)
         and any(s in (text := p.read_text(encoding="utf-8")) for s in signs)
     }
-    assert not offenders, f"these modules compute AU/EU or the entropy themselves; call logtoku_guard.uncertainty: {offenders}"
+    assert not offenders, (
+        f"these modules compute AU/EU or the entropy themselves; call logtoku_guard.scoring.uncertainty: {offenders}"
+    )
 
 
 TYPED_PARTS = {"backend", "policy", "profile", "store", "retriever", "sink"}
@@ -299,7 +301,7 @@ def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path)
     source = tmp_path / "m.py"
     source.write_text(
         "from logtoku_guard.cli import _common\nfrom logtoku_guard.cli.toolkit import fail\n"
-        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.payloads import _hidden\n"
+        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.guard.payloads import _hidden\n"
         "import logtoku_guard.__main__\n"
     )
     found = _imports(source, "logtoku_eval.m", type_checking=True)
@@ -307,7 +309,7 @@ def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path)
         "logtoku_guard.audit._files",
         "logtoku_guard.audit._files.x",
         "logtoku_guard.cli._common",
-        "logtoku_guard.payloads._hidden",
+        "logtoku_guard.guard.payloads._hidden",
     ]
 
 

@@ -80,7 +80,7 @@ def test_errors_hierarchy_is_exported() -> None:
 def test_every_error_is_drawn_in_the_hierarchy() -> None:
     """Each LogTokUError subclass is in the tree of errors.py's docstring; the one defined
     elsewhere (GuardRejectedError, beside the GuardResult it carries) is a direct child of the root."""
-    from logtoku_guard.results import GuardRejectedError
+    from logtoku_guard.decision.results import GuardRejectedError
 
     doc = logtoku_guard.errors.__doc__ or ""
     errors = [
@@ -114,7 +114,7 @@ def test_light_import_check_can_fail() -> None:
 def test_every_error_class_is_in_the_hierarchy_and_exported() -> None:
     import logtoku_guard.audit.waiting
     import logtoku_guard.backends.openai_compat
-    import logtoku_guard.results
+    import logtoku_guard.decision.results
 
     def subclasses(cls: type) -> set[type]:
         return {c for s in cls.__subclasses__() for c in {s, *subclasses(s)}}
@@ -125,4 +125,4 @@ def test_every_error_class_is_in_the_hierarchy_and_exported() -> None:
     for cls in errors:
         assert cls.__name__ in logtoku_guard.__all__ and getattr(logtoku_guard, cls.__name__) is cls, cls
         assert cls.__name__ in doc, f"{cls.__name__} is not drawn in the hierarchy of logtoku_guard.errors"
-        assert cls.__module__ in ("logtoku_guard.errors", "logtoku_guard.results"), f"{cls} is defined outside errors.py"
+        assert cls.__module__ in ("logtoku_guard.errors", "logtoku_guard.decision.results"), f"{cls} is defined outside errors.py"

@@ -40,8 +40,8 @@ from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_eval.metrics import Interval, bootstrap_ci
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import FEATURES, auroc, feature_matrix, fit_guard, with_guard_score
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.guard_score import FEATURES, auroc, feature_matrix, fit_guard, with_guard_score
+from logtoku_guard.scoring.stats import ResponseStats
 
 ALL_FEATURES: tuple[str, ...] = (*FEATURES, "mean_eu", "first_max_eu")
 """The guard's 12 features and the 2 other per-answer statistics of :class:`ResponseStats`."""

@@ -19,8 +19,8 @@ import time
 
 from logtoku_eval.fabricated import load_fabricated
 from logtoku_guard.backends.transformers import TransformersBackend
-from logtoku_guard.guard_score import fit_guard, with_guard_score
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.guard_score import fit_guard, with_guard_score
+from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
 
 

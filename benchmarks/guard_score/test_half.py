@@ -19,10 +19,10 @@ import numpy as np
 from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.prompts import answer_in_batches
 from logtoku_guard.calibration.self_labels import GROUPS, labelled_questions, outcome_of
-from logtoku_guard.conditions import resolve_threshold
-from logtoku_guard.guard_score import auroc, with_guard_score
-from logtoku_guard.policy import default_policy
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.decision.conditions import resolve_threshold
+from logtoku_guard.decision.policy import default_policy
+from logtoku_guard.scoring.guard_score import auroc, with_guard_score
+from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
 
 

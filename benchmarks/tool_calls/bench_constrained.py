@@ -80,8 +80,8 @@ def main() -> None:
     from langchain_logtoku import tools as lc_tools
     from logtoku_guard.backends import decode_loop
     from logtoku_guard.backends.transformers import TransformersBackend
-    from logtoku_guard.constraints import ToolCalls
-    from logtoku_guard.tool_scores import score_tool_calls
+    from logtoku_guard.scoring.tool_scores import score_tool_calls
+    from logtoku_guard.tools.constraints import ToolCalls
     from logtoku_guard.types import ChatMessage, DecodingOptions
 
     backend = TransformersBackend(cache_dir=args.cache_dir, device="cpu", threads=args.threads)

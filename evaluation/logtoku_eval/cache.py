@@ -15,7 +15,7 @@ Record types (frozen dataclasses, JSON with ``to_json``/``from_json``):
 
 * :class:`CachedGeneration`: the greedy answer, every token's id, text, raw top-K logits
   (largest first, K = ``k_stored``, 5 by default so K = 2 and K = 5 can both be re-scored
-  with :func:`logtoku_guard.uncertainty.rescore`), log-probability and entropy;
+  with :func:`logtoku_guard.scoring.uncertainty.rescore`), log-probability and entropy;
 * :class:`CachedSamples`: sampled answers (text, token count and length-normalised NLL);
 * :class:`CachedLabelLogits`: raw logits of a fixed set of label tokens (GoEmotions).
 """

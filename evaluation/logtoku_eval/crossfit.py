@@ -8,14 +8,14 @@ the learned combination can do on the domain. Fitting on the evaluated answers t
 would score each answer with a model that saw its label (in-sample, optimistic). Cross-fitting
 does neither: the answers are cut into ``folds`` folds by a seeded permutation of their
 positions (the folds never depend on the labels), and each fold is scored by
-:func:`~logtoku_guard.guard_score.fit_guard` fit on the other folds' answers of the **same
+:func:`~logtoku_guard.scoring.guard_score.fit_guard` fit on the other folds' answers of the **same
 dataset** with the **same judge's** labels, nothing else (no fabricated questions pooled in:
 on TruthfulQA the question's own log-probability ranks the other way round). Each answer's
 score comes from a model that never saw it, so the pooled out-of-fold AUROC estimates the
 procedure "fit the guard on (k-1)/k of this domain's labelled answers", with k slightly
 different models behind the numbers.
 
-Degenerate folds never raise: :func:`~logtoku_guard.guard_score.fit_guard` needs at least
+Degenerate folds never raise: :func:`~logtoku_guard.scoring.guard_score.fit_guard` needs at least
 :data:`MIN_PER_CLASS` correct and incorrect training answers; a fold whose training part has
 fewer is scored NaN (the metrics rank NaN least reliable; the guard replay never retrieves
 on NaN) and :attr:`CrossFit.skipped` says why.
@@ -34,8 +34,8 @@ import numpy as np
 from logtoku_eval.fabricated_eval import STAT_METHODS
 from logtoku_eval.methods import Method
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.guard_score import GuardModel, fit_guard, with_guard_score
+from logtoku_guard.scoring.stats import ResponseStats
 
 __all__ = [
     "GUARD_SCORE",

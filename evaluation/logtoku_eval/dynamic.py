@@ -43,7 +43,7 @@ import numpy as np
 from logtoku_eval.cache import CachedLabelLogits, CacheMeta, JsonlCache
 from logtoku_eval.datasets import EmotionItem
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.uncertainty import rescore
+from logtoku_guard.scoring.uncertainty import rescore
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.transformers import TransformersBackend

@@ -6,9 +6,9 @@ Steps (every one reads the generation cache; the model is loaded only for missin
    (:func:`~logtoku_eval.generate.run_greedy`, cache named by
    :func:`~logtoku_eval.fabricated.dataset_name`);
 2. :func:`stats_from_cached`: each cached answer re-scored at K = 2 (clamped evidence, the
-   library's default) into :class:`~logtoku_guard.stats.ResponseStats`, the prompt-side
+   library's default) into :class:`~logtoku_guard.scoring.stats.ResponseStats`, the prompt-side
    statistics over the question's own tokens (the instruction around it is left out);
-3. the guard score fitted on the **tune** half only (:func:`~logtoku_guard.guard_score.fit_guard`),
+3. the guard score fitted on the **tune** half only (:func:`~logtoku_guard.scoring.guard_score.fit_guard`),
    and a profile of the tune half (its quantile grids place the policy's thresholds);
 4. on the **test** half: AUROC (bootstrap 95% CI) of every single-pass method, the new
    statistics and ``guard-score`` (label: known = positive, the reliability direction), the
@@ -31,12 +31,12 @@ from logtoku_eval.methods import Method, single_pass_methods, single_pass_scores
 from logtoku_eval.metrics import share_ci
 from logtoku_eval.report import ResultTable, evaluate_methods
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
-from logtoku_guard.guard_score import GuardModel, fit_guard, with_guard_score
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.prompt_stats import focus_tokens
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.scoring.guard_score import GuardModel, fit_guard, with_guard_score
+from logtoku_guard.scoring.prompt_stats import focus_tokens
+from logtoku_guard.scoring.stats import ResponseStats
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N, rescore
 from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, rescore
 
 __all__ = [
     "STAT_METHODS",

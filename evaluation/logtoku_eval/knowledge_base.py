@@ -5,10 +5,10 @@ from the dataset itself, as a FAQ: one entry ``"Q: {question} A: {first gold ans
 question. It holds the entries of a seeded ``coverage`` share of the evaluated questions and,
 as distractors, the entries of every other NQ-open dev question (about 3000 real
 question/answer pairs, many lexically close to an evaluated question). Retrieval is the
-library's BM25 :class:`~logtoku_guard.keyword_retriever.KeywordRetriever` (top ``passages`` entries)
+library's BM25 :class:`~logtoku_guard.guard.keyword_retriever.KeywordRetriever` (top ``passages`` entries)
 queried with the user turn, and the augmented prompt is the policy's own
-:meth:`~logtoku_guard.policy.RetrieveSettings.prompt`: exactly what
-:class:`~logtoku_guard.guard.Guard` does. Coverage below 1 is the point: for an uncovered
+:meth:`~logtoku_guard.decision.policy.RetrieveSettings.prompt`: exactly what
+:class:`~logtoku_guard.guard.guard.Guard` does. Coverage below 1 is the point: for an uncovered
 question retrieval brings wrong answers to other questions, so it can turn a right answer
 wrong, as a real, incomplete knowledge base does.
 
@@ -29,9 +29,9 @@ from logtoku_eval.cache import CachedGeneration, JsonlCache
 from logtoku_eval.datasets import QAItem
 from logtoku_eval.generate import PROMPT_TEMPLATE, GreedySpec, ProgressFn, greedy_cache, qa_prompt, run_greedy
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.decision.policy import RetrieveSettings
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.keyword_retriever import KeywordRetriever
-from logtoku_guard.policy import RetrieveSettings
+from logtoku_guard.guard.keyword_retriever import KeywordRetriever
 
 __all__ = ["KnowledgeBase", "RagSetup", "build_knowledge_base", "faq_entry", "rag_cache", "run_rag"]
 

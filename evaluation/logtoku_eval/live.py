@@ -1,4 +1,4 @@
-"""The live check: the real :class:`~logtoku_guard.guard.Guard` against the replay.
+"""The live check: the real :class:`~logtoku_guard.guard.guard.Guard` against the replay.
 
 :func:`live_check` runs the guard with one rule "retrieve when <stat> < t" (one attempt,
 then pass) on the first questions of a :class:`~logtoku_eval.replay.Replay`, with
@@ -27,7 +27,7 @@ __all__ = ["LiveCheck", "live_check"]
 
 @dataclass(frozen=True)
 class LiveCheck:
-    """The real :class:`~logtoku_guard.guard.Guard` against the replay on the first questions."""
+    """The real :class:`~logtoku_guard.guard.guard.Guard` against the replay on the first questions."""
 
     guard: str
     stat: str
@@ -66,8 +66,8 @@ def live_check(
     """
     import time
 
-    from logtoku_guard.guard import Guard
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
+    from logtoku_guard.guard.guard import Guard
 
     if guard not in SIGNALS or guard in CROSS_FITTED:
         why = " (cross-fitted: one model per fold, no single rule to run)" if guard in CROSS_FITTED else ""

@@ -33,7 +33,7 @@ import numpy as np
 
 from logtoku_eval.cache import CachedGeneration, CachedSamples
 from logtoku_eval.judges import Embedder, rouge_l
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, EvidenceMode, rescore
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N, EvidenceMode, rescore
 
 Family = Literal["logtoku", "single-pass baseline", "sampling baseline"]
 

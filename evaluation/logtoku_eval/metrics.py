@@ -7,7 +7,7 @@ evidence mode outside its domain) is never dropped: it ranks as the least reliab
 
 * AUROC: the probability that a random correct answer scores above a random incorrect one
   (ties count one half): the Mann-Whitney U statistic. One implementation, the core's
-  (:func:`logtoku_guard.guard_score.auroc`, which the guard's fit reports too), used here.
+  (:func:`logtoku_guard.scoring.guard_score.auroc`, which the guard's fit reports too), used here.
 * AUPRC: average precision of retrieving the correct answers by score, ties grouped
   (``sum_k (R_k - R_{k-1}) P_k`` over the distinct score thresholds, as scikit-learn).
 * Risk-coverage: keep the ``k`` most reliable answers, ``k = 1..n``; risk = their error
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import auroc, ranking_arrays
+from logtoku_guard.scoring.guard_score import auroc, ranking_arrays
 
 ArrayLike = Sequence[float] | Sequence[bool] | np.ndarray
 MetricFn = Callable[[np.ndarray, np.ndarray], float]

@@ -58,7 +58,7 @@ from logtoku_eval.methods import (
 )
 from logtoku_eval.report import EvalReport, evaluate_methods
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
 DEFAULT_SAMPLES_LIMIT = 50
 """Default subset for the sampling baselines: the first 50 evaluated questions (10 samples

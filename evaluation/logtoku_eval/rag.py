@@ -6,7 +6,7 @@ This module runs the whole evaluation; each step has its own module:
   the retrieval prompt (:class:`RagSetup`) and the retrieval answers' cache;
 * :mod:`~logtoku_eval.replay`: every guard at every budget replayed exactly from
   the cached closed-book and retrieval answers (:class:`Replay`);
-* :mod:`~logtoku_eval.live`: the real :class:`~logtoku_guard.guard.Guard` on the
+* :mod:`~logtoku_eval.live`: the real :class:`~logtoku_guard.guard.guard.Guard` on the
   first questions against the replay (:func:`live_check`);
 * :mod:`~logtoku_eval.guard_report`: :class:`GuardEvalReport` and
   :func:`write_report` (markdown, JSON, plot).
@@ -46,9 +46,9 @@ from logtoku_eval.replay import (
     Replay,
 )
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.decision.policy import RetrieveSettings
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.policy import RetrieveSettings
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
 __all__ = ["GuardEvalConfig", "GuardEvalRun", "evaluate_guard", "run_guard_eval"]
 

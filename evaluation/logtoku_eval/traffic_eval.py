@@ -18,7 +18,7 @@ Steps, all fitting on **tune** only (:func:`evaluate_traffic`):
 
 1. for each candidate feature set (:data:`FEATURE_SETS`) a pooled guard is fit on tune
    (positive = ``real-correct``, every other group negative); its stratified out-of-fold tune
-   scores, kept by group (:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`),
+   scores, kept by group (:attr:`~logtoku_guard.scoring.guard_score.GuardModel.reference_scores`),
    place its flag threshold: the highest guard score that still passes ``pass_target`` of the
    correct real answers (:func:`choose_threshold`);
 2. the feature set whose threshold flags the most of the three groups to flag (their mean
@@ -49,8 +49,8 @@ from logtoku_guard.calibration.profiles import ModelProfile, build_profile
 from logtoku_guard.calibration.risk import RiskThreshold
 from logtoku_guard.calibration.risk import choose_threshold as choose_risk_threshold
 from logtoku_guard.calibration.self_labels import LabelledQuestion, fit_on_outcomes, labelled_questions, outcome_of
-from logtoku_guard.guard_score import FEATURES, GuardModel, auroc, with_guard_score
-from logtoku_guard.stats import HIGHER_IS_RELIABLE, ResponseStats
+from logtoku_guard.scoring.guard_score import FEATURES, GuardModel, auroc, with_guard_score
+from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, ResponseStats
 
 __all__ = [
     "CLAIM_FEATURES",

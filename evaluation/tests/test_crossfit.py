@@ -18,7 +18,7 @@ from logtoku_eval.fabricated_eval import stats_from_cached
 from logtoku_guard.calibration.guard_fit import shipped_guard
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import auroc, fit_guard, with_guard_score
+from logtoku_guard.scoring.guard_score import auroc, fit_guard, with_guard_score
 
 from .support import cached_answer
 

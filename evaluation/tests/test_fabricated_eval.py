@@ -17,8 +17,8 @@ from logtoku_eval.fabricated import dataset_name, load_fabricated
 from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
 from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_guard.embedded import EMBEDDED_MODEL
-from logtoku_guard.stats import ResponseStats
-from logtoku_guard.uncertainty import rescore
+from logtoku_guard.scoring.stats import ResponseStats
+from logtoku_guard.scoring.uncertainty import rescore
 
 
 # -- synthetic cached answers: known = peaked logits, fabricated = flat ones ------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from logtoku_eval.knowledge_base import RagSetup, build_knowledge_base, faq_entry
+from logtoku_guard.decision.policy import RetrieveSettings
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.policy import RetrieveSettings
 
 from .support import nq_items
 

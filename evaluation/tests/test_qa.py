@@ -20,7 +20,7 @@ from logtoku_eval.methods import HEADLINE
 from logtoku_eval.qa import QAConfig, evaluate, run_qa
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import auroc
+from logtoku_guard.scoring.guard_score import auroc
 
 from .support import HAS_MPL, BagOfWords, judged_answers, make_data_dir, qa_backend
 

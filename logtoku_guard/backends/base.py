@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from logtoku_guard.errors import UsageError
+from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.batching import Batcher, PreparedRow
-    from logtoku_guard.uncertainty import EvidenceMode
+    from logtoku_guard.scoring.uncertainty import EvidenceMode
 
 __all__ = ["BatchedBackend", "fit_new_tokens"]
 

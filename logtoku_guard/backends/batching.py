@@ -77,7 +77,7 @@ class PreparedRow:
     limit: int  # its max_new_tokens, clamped to the context window
     span: QuestionSpan | None = None  # the question's token positions in ids (None: no fast tokenizer)
     score_prompt: bool = True  # score the question's tokens at prefill (Generation.prompt_scores)
-    grammar: Any = None  # the row's RowGrammar under a constraint (logtoku_guard.grammar; None: free text)
+    grammar: Any = None  # the row's RowGrammar under a constraint (logtoku_guard.tools.grammar; None: free text)
 
 
 @dataclass(eq=False)

@@ -35,8 +35,8 @@ from logtoku_guard.backends.batching import Job, PreparedRow
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.prompt_scoring import PromptCapture
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import TokenScore
-from logtoku_guard.uncertainty import EvidenceMode
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "FairShare", "StagedRow", "check_prefill_chunk", "plan"]
 

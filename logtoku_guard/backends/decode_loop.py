@@ -51,8 +51,8 @@ from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper, row_processors, sampling_warpers
 from logtoku_guard.backends.prompt_scoring import for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
+from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode
 
 if TYPE_CHECKING:
     import torch
@@ -392,7 +392,7 @@ class DecodeLoop(JobRows):
         """``scores`` with every token the rows' grammars disallow set to ``-inf`` (a new tensor: the raw logits stay)."""
         import torch
 
-        from logtoku_guard.grammar import allowed_tokens
+        from logtoku_guard.tools.grammar import allowed_tokens
 
         allowed = allowed_tokens([row.state.grammar for row in self.live], scores.shape[-1])
         if allowed is None:

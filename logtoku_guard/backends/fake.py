@@ -18,8 +18,18 @@ from dataclasses import dataclass
 
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.backends.stop_strings import truncate_at_stop
-from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, UsageError
+from logtoku_guard.scoring.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    rescore,
+    row_lse_entropy,
+    validate_evidence,
+    validate_k,
+    validate_top_n,
+)
+from logtoku_guard.tools.constraints import refuse_constraint
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -29,16 +39,6 @@ from logtoku_guard.types import (
     TokenScore,
     question_of,
     to_messages,
-)
-from logtoku_guard.uncertainty import (
-    DEFAULT_K,
-    DEFAULT_TOP_N,
-    EvidenceMode,
-    rescore,
-    row_lse_entropy,
-    validate_evidence,
-    validate_k,
-    validate_top_n,
 )
 
 

@@ -39,8 +39,7 @@ from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
-from logtoku_guard.uncertainty import (
+from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
     EvidenceMode,
@@ -48,9 +47,10 @@ from logtoku_guard.uncertainty import (
     validate_k,
     validate_top_n,
 )
+from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 
 if TYPE_CHECKING:
-    from logtoku_guard.grammar import GrammarEngine
+    from logtoku_guard.tools.grammar import GrammarEngine
 
 __all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend", "resolve_gguf"]
 
@@ -180,7 +180,7 @@ class LlamaCppBackend(BatchedBackend):
         """The vocabulary's grammar engine for constrained decoding (built on first use)."""
         with self._grammars_lock:
             if self._grammars is None:
-                from logtoku_guard.grammar import GrammarEngine
+                from logtoku_guard.tools.grammar import GrammarEngine
 
                 self._grammars = GrammarEngine.from_llama(self._model, self._eos_ids)
             return self._grammars

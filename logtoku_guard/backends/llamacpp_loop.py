@@ -21,7 +21,7 @@
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
    the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
    (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the
-   recorder's :func:`~logtoku_guard.uncertainty.au_eu`), and the next token is
+   recorder's :func:`~logtoku_guard.scoring.uncertainty.au_eu`), and the next token is
    chosen (arg-max, or temperature / top-p sampling);
 4. **leave**: rows that ended drop their sequence from the KV cache; their requests complete.
 
@@ -280,7 +280,7 @@ class LlamaDecodeLoop(JobRows):
         if any(s.state is not None and s.state.grammar is not None for s in self.live):
             import numpy as np
 
-            from logtoku_guard.grammar import allowed_tokens
+            from logtoku_guard.tools.grammar import allowed_tokens
 
             allowed = allowed_tokens([s.state.grammar if s.state is not None else None for s in self.live], step.shape[-1])
             if allowed is not None:

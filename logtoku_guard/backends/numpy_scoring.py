@@ -5,7 +5,7 @@ raw float32 logits that llama.cpp hands over as memory (``(rows, vocab)`` numpy 
 :func:`top_k` (the same chunked search as :func:`~logtoku_guard.backends.recorder.top_k`),
 :func:`lse_entropy` (log-normaliser and softmax entropy, shifted by the row maximum),
 :func:`record` (a :class:`~logtoku_guard.backends.recorder.StepRecorder` step, whose AU/EU the
-recorder then reads from :func:`~logtoku_guard.uncertainty.au_eu`, the library's one
+recorder then reads from :func:`~logtoku_guard.scoring.uncertainty.au_eu`, the library's one
 implementation, as every backend does), :func:`prompt_scores` (the question's tokens scored from
 the prefill's logits, as :func:`~logtoku_guard.backends.prompt_scoring.score_kept` does) and
 :func:`sample` (temperature, dynamic temperature and top-p, as transformers' warpers do).
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.recorder import TOP_K_CHUNK, StepRecorder, StepScores
+from logtoku_guard.scoring.uncertainty import EvidenceMode, lse_entropy_of, token_logtoku
 from logtoku_guard.types import DecodingOptions, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, lse_entropy_of, token_logtoku
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,7 +66,7 @@ def lse_entropy(logits: np.ndarray, top: Sequence[float]) -> tuple[list[float], 
 
     The vocabulary-wide sums with ``x = z - max`` and ``e = exp(x)`` (``x`` is small near the
     maximum, where ``e`` weighs, so float32 products lose little), finished by
-    :func:`~logtoku_guard.uncertainty.lse_entropy_of`. NaN for a row that is not finite.
+    :func:`~logtoku_guard.scoring.uncertainty.lse_entropy_of`. NaN for a row that is not finite.
     """
     import numpy as np
 

@@ -4,11 +4,11 @@ AU/EU need the model's **raw logits**, not log-probabilities. ``logtoku-guard se
 in each token's ``logtoku`` extension (``top_logits``, whatever its ``--logprobs-mode``), with
 token ids and the true full-softmax log p and entropy, and the question's own tokens scored at
 the prefill (``choices[].logtoku.prompt_scores``): from it a remote guard has the same
-:class:`~logtoku_guard.stats.ResponseStats` and ``guard_score`` as a local one. vLLM puts raw
+:class:`~logtoku_guard.scoring.stats.ResponseStats` and ``guard_score`` as a local one. vLLM puts raw
 logits in ``top_logprobs`` when started with ``vllm serve MODEL --logprobs-mode raw_logits
 --max-logprobs 20``. Each request asks for ``logprobs=true, top_logprobs=K`` on
 ``/chat/completions``; AU/EU are then computed here with the same maths as a local backend
-(:func:`logtoku_guard.uncertainty.logtoku` on the K largest values), so local and remote scores
+(:func:`logtoku_guard.scoring.uncertainty.logtoku` on the K largest values), so local and remote scores
 agree to float rounding.
 
 What vLLM's wire cannot give, and what this backend does instead:
@@ -43,8 +43,18 @@ from pydantic import TypeAdapter
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import TokenStream
-from logtoku_guard.constraints import refuse_constraint
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
+from logtoku_guard.scoring.uncertainty import (
+    DEFAULT_K,
+    DEFAULT_TOP_N,
+    EvidenceMode,
+    row_lse_entropy,
+    token_logtoku,
+    validate_evidence,
+    validate_k,
+    validate_top_n,
+)
+from logtoku_guard.tools.constraints import refuse_constraint
 from logtoku_guard.types import (
     ChatMessage,
     DecodingOptions,
@@ -55,16 +65,6 @@ from logtoku_guard.types import (
     TokenScore,
     question_of,
     to_messages,
-)
-from logtoku_guard.uncertainty import (
-    DEFAULT_K,
-    DEFAULT_TOP_N,
-    EvidenceMode,
-    row_lse_entropy,
-    token_logtoku,
-    validate_evidence,
-    validate_k,
-    validate_top_n,
 )
 
 __all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend"]

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from logtoku_guard.scoring.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
 from logtoku_guard.types import TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, logtoku
 
 if TYPE_CHECKING:
     import torch

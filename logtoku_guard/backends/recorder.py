@@ -10,7 +10,7 @@ full-softmax entropy and its log-normaliser (:func:`lse_entropy`) and, for one s
 raw row from which the chosen token's logit is read when it is not among the top ids (its
 log-probability is that logit minus the normaliser). The stopping criterion (called once per
 step, right after the token is chosen) pairs the chosen token with that step's scores (AU and
-EU of the step's rows in one call, :func:`~logtoku_guard.uncertainty.token_logtoku`), detokenizes it
+EU of the step's rows in one call, :func:`~logtoku_guard.scoring.uncertainty.token_logtoku`), detokenizes it
 (:mod:`logtoku_guard.backends.detokenizer`), handles stop strings and streams the token
 out. Memory grows with steps x K, never with steps x vocabulary.
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
 from logtoku_guard.backends.stop_strings import releasable, truncate_at_stop
 from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
+from logtoku_guard.scoring.uncertainty import EvidenceMode, logsumexp_entropy, lse_entropy_of, token_logtoku
 from logtoku_guard.types import FinishReason, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, logsumexp_entropy, lse_entropy_of, token_logtoku
 
 if TYPE_CHECKING:
     import torch
@@ -108,9 +108,9 @@ def lse_entropy(
     Inside a decoding step each tensor operation costs tens of microseconds whatever its size
     (the output head's product just before has evicted the caches), so the per-row arithmetic
     is done on Python floats after two ``tolist``, by the library's one
-    :func:`~logtoku_guard.uncertainty.lse_entropy_of`. Rows with masked (-inf) or
+    :func:`~logtoku_guard.scoring.uncertainty.lse_entropy_of`. Rows with masked (-inf) or
     non-finite logits: every row falls back to
-    :func:`~logtoku_guard.uncertainty.logsumexp_entropy`. Returns ``(lse, entropy)``, each a
+    :func:`~logtoku_guard.scoring.uncertainty.logsumexp_entropy`. Returns ``(lse, entropy)``, each a
     list of ``batch`` floats.
     """
     import torch
@@ -199,7 +199,7 @@ class StepRecorder:
 
     Args:
         k: top-K logits kept per token.
-        evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.uncertainty.logtoku`).
+        evidence: ``"clamped"`` or ``"raw"`` (see :func:`~logtoku_guard.scoring.uncertainty.logtoku`).
         tokenizer: the model's tokenizer (only ``decode`` is used).
         rows: batch size, or the rows themselves (each with its own stop strings, token
             limit and cancel event: a batch of independent requests).
@@ -277,7 +277,7 @@ class StepRecorder:
         return torch.tensor(self.au_eu(self.pending)[1], dtype=torch.float32, device=device)
 
     def au_eu(self, pending: StepScores) -> tuple[list[float], list[float]]:
-        """AU and EU of each row of the step (:func:`~logtoku_guard.uncertainty.token_logtoku`), kept on ``pending``."""
+        """AU and EU of each row of the step (:func:`~logtoku_guard.scoring.uncertainty.token_logtoku`), kept on ``pending``."""
         if pending.au is None or pending.eu is None:
             pending.au, pending.eu = token_logtoku([v[: self.k] for v in pending.values], self.evidence)
         return pending.au, pending.eu

@@ -40,8 +40,7 @@ from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
 from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
-from logtoku_guard.uncertainty import (
+from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
     EvidenceMode,
@@ -49,11 +48,12 @@ from logtoku_guard.uncertainty import (
     validate_k,
     validate_top_n,
 )
+from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 
 if TYPE_CHECKING:
     import torch
 
-    from logtoku_guard.grammar import GrammarEngine
+    from logtoku_guard.tools.grammar import GrammarEngine
 
 __all__ = ["THREADS_ENV", "NoChatTemplateWarning", "TransformersBackend", "default_threads"]
 
@@ -238,7 +238,7 @@ class TransformersBackend(BatchedBackend):
         """The tokenizer's grammar engine for constrained decoding (built on first use, ~0.3 s)."""
         with self._grammars_lock:
             if self._grammars is None:
-                from logtoku_guard.grammar import GrammarEngine
+                from logtoku_guard.tools.grammar import GrammarEngine
 
                 self._grammars = GrammarEngine.from_hf(self._tokenizer, self._vocab_size, self._eos_ids)
             return self._grammars

@@ -86,9 +86,9 @@ class Period:
 def expected_flag_rate(profile: ModelProfile | None) -> float | None:
     """The share of the profile's calibration answers below the default policy's ``guard_score``
     threshold (None without a guard grid, or when the threshold cannot be placed on it)."""
-    from logtoku_guard.conditions import Compare, resolve_threshold
+    from logtoku_guard.decision.conditions import Compare, resolve_threshold
+    from logtoku_guard.decision.policy import default_policy
     from logtoku_guard.errors import ConfigurationError
-    from logtoku_guard.policy import default_policy
 
     if profile is None or profile.guard is None or not profile.has_stat("guard_score"):
         return None

@@ -4,8 +4,8 @@
   (``logtoku-guard calibrate --labels FILE``); ``correct`` says whether the model's answer to
   that question is right (or the question is about something it knows).
 * :func:`fit_on_labels`: answers every labelled question with the backend (greedy, as the guard
-  would), computes its :class:`~logtoku_guard.stats.ResponseStats` and fits
-  :func:`~logtoku_guard.guard_score.fit_guard` (5-fold CV AUROC kept in the model).
+  would), computes its :class:`~logtoku_guard.scoring.stats.ResponseStats` and fits
+  :func:`~logtoku_guard.scoring.guard_score.fit_guard` (5-fold CV AUROC kept in the model).
 * :func:`shipped_guard`: the guard fitted by the project on its own labelled data (the tune half
   of the known-vs-fabricated benchmark; see RESULTS.md), shipped in ``calibration/data/`` for
   the embedded model at K = 2, clamped evidence; None for any other setup.
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import GuardModel, fit_guard
 from logtoku_guard.jsonl import json_lines
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.guard_score import GuardModel, fit_guard
+from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.types import DecodingOptions
 
 if TYPE_CHECKING:

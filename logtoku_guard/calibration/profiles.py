@@ -3,7 +3,7 @@
 AU/EU live on each model's logit scale, so a threshold means nothing until it is placed in
 that model's own distribution. A :class:`ModelProfile` stores, for one model and scoring
 setup, the quantile grid (0%, 1%, ..., 100%) of token AU/EU and of every response statistic
-of :class:`~logtoku_guard.stats.ResponseStats` over a calibration set of prompts; a policy
+of :class:`~logtoku_guard.scoring.stats.ResponseStats` over a calibration set of prompts; a policy
 can then say "flag the top 10% of max EU" (``{quantile: 0.9}``). :func:`calibrate` runs a
 backend over prompts and builds one (:func:`build_profile`); :func:`profile_path` and
 :func:`load_profile_for` keep it next to the model cache; the embedded model's profile also ships
@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from logtoku_guard.embedded import cache_root
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import GuardModel, with_guard_score
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.stats import STAT_NAMES, ResponseStats
+from logtoku_guard.scoring.guard_score import GuardModel, with_guard_score
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import DecodingOptions, Generation
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class ModelProfile(BaseModel):
     token_eu: list[float] = Field(min_length=GRID, max_length=GRID)
     stats: dict[str, list[float]]
     guard: GuardModel | None = None
-    """The fitted guard score (:mod:`logtoku_guard.guard_score`); None in profiles made before it
+    """The fitted guard score (:mod:`logtoku_guard.scoring.guard_score`); None in profiles made before it
     existed or without labelled data: ``guard_score`` is then unavailable (NaN)."""
 
     @property

@@ -24,7 +24,7 @@ from logtoku_guard.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.queue import ReviewQueue
-    from logtoku_guard.guard_score import GuardModel
+    from logtoku_guard.scoring.guard_score import GuardModel
 
 __all__ = ["DEFAULT_MIN_LABELS", "Refit", "ReviewLabel", "StoredStats", "refit_on_reviews", "reviewer_labels"]
 
@@ -113,7 +113,7 @@ class Refit:
 
 def refit_on_reviews(current: GuardModel | None, labels: Sequence[ReviewLabel], *, min_labels: int = DEFAULT_MIN_LABELS) -> Refit:
     """Fit a guard on reviewer ``labels`` and compare it with ``current`` (see the module docstring)."""
-    from logtoku_guard.guard_score import FEATURES, auroc, feature_matrix, fit_guard
+    from logtoku_guard.scoring.guard_score import FEATURES, auroc, feature_matrix, fit_guard
 
     n_correct = sum(1 for lab in labels if lab.correct)
     n_wrong = len(labels) - n_correct
@@ -144,8 +144,8 @@ def refit_on_reviews(current: GuardModel | None, labels: Sequence[ReviewLabel], 
 
 def _default_threshold(guard: GuardModel) -> float | None:
     """Where the default policy's stated risk puts ``guard``'s threshold (None: its labels cannot support it)."""
-    from logtoku_guard.conditions import Risk, risk_threshold_for
-    from logtoku_guard.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE
+    from logtoku_guard.decision.conditions import Risk, risk_threshold_for
+    from logtoku_guard.decision.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE
 
     chosen = risk_threshold_for(Risk(coverage=DEFAULT_COVERAGE, confidence=DEFAULT_CONFIDENCE), guard)
     return chosen.threshold if chosen is not None and chosen.met else None

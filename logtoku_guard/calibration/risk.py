@@ -15,7 +15,7 @@ policy may state what it needs, with a confidence ``1 - delta`` (:class:`RiskTar
   GRID`` (Bonferroni: the bound holds for all of them at once with probability >= ``1 - delta``);
   the most lenient threshold whose bound is <= ``r`` is kept.
 
-The labelled answers are a guard's out-of-fold scores (:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`,
+The labelled answers are a guard's out-of-fold scores (:attr:`~logtoku_guard.scoring.guard_score.GuardModel.reference_scores`,
 each group labelled correct or wrong in ``reference_labels``): each scored by a model that did not
 see it, as a new answer is. The guarantee is about answers drawn like those calibration answers
 (same model, same kind of questions); it says nothing of other traffic. When the data cannot

@@ -13,7 +13,7 @@ person, and fits the guard on those labels (:func:`fit_self_labelled`):
 
 Each answer falls in one group, ``real-correct``, ``real-wrong``, ``plausible`` or ``syllable``;
 the guard is fit cross-fitted (5 folds) and keeps each group's out-of-fold scores and labels
-(:attr:`~logtoku_guard.guard_score.GuardModel.reference_scores`), from which a risk-stated
+(:attr:`~logtoku_guard.scoring.guard_score.GuardModel.reference_scores`), from which a risk-stated
 threshold (:mod:`~logtoku_guard.calibration.risk`) and each group's expected flag rate follow.
 The shipped guard of the embedded model was fit this way (by ``logtoku-guard eval traffic``,
 which also reports the held-out *test* half). Licences: ``NOTICE-traffic`` beside the files.
@@ -33,7 +33,7 @@ from logtoku_guard.types import DecodingOptions
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend
-    from logtoku_guard.guard_score import GuardModel, StatsLike
+    from logtoku_guard.scoring.guard_score import GuardModel, StatsLike
 
 __all__ = [
     "GROUPS",
@@ -152,7 +152,7 @@ def fit_self_labelled(
     """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
     its group and fit the guard; returns the guard and how many answers fell in each group."""
     from logtoku_guard.calibration.prompts import answer_in_batches
-    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.scoring.stats import ResponseStats
 
     qs = list(questions) if questions is not None else labelled_questions("tune")
     opts = options or DecodingOptions(max_new_tokens=64)
@@ -179,7 +179,7 @@ def fit_on_outcomes(
     """The guard fit on answers labelled by their group (``real-correct`` right, every other wrong),
     cross-fitted, each group's out-of-fold scores kept: the one fit of ``calibrate --fit-guard`` and
     of the harness's ``eval traffic`` (which fit the shipped guard)."""
-    from logtoku_guard.guard_score import FEATURES, fit_guard
+    from logtoku_guard.scoring.guard_score import FEATURES, fit_guard
 
     labels = [g == "real-correct" for g in groups]
     return fit_guard(

@@ -30,10 +30,10 @@ from rich.text import Text
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
 from logtoku_guard.safe_text import safe_text as safe_text  # re-exported: the CLI's toolkit hands it to plugins
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 from logtoku_guard.types import Generation
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
@@ -276,7 +276,7 @@ def profile_for(
 
 def profile_thresholds(profile: ModelProfile, path: Path | None) -> QuadrantThresholds:
     """Quadrant thresholds of ``profile`` at the default policy's quadrant quantiles (as ``ask`` uses)."""
-    from logtoku_guard.policy import default_policy
+    from logtoku_guard.decision.policy import default_policy
 
     q = default_policy().quadrants
     t = profile.quadrant_thresholds(q.au_quantile, q.eu_quantile)
@@ -492,7 +492,7 @@ def check_profile_out(path: Path | None, force: bool) -> None:
 
 
 def read_context_file(path: Path) -> Any:
-    """``--context-file`` as a :class:`~logtoku_guard.keyword_retriever.KeywordRetriever` (a bad file: ConfigurationError)."""
-    from logtoku_guard.keyword_retriever import KeywordRetriever
+    """``--context-file`` as a :class:`~logtoku_guard.guard.keyword_retriever.KeywordRetriever` (bad file: ConfigurationError)."""
+    from logtoku_guard.guard.keyword_retriever import KeywordRetriever
 
     return KeywordRetriever.from_file(path)

@@ -15,17 +15,17 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.payloads import result_payload
+from logtoku_guard.guard.payloads import result_payload
+from logtoku_guard.scoring.uncertainty import DEFAULT_K, validate_k
 from logtoku_guard.types import DecodingOptions, to_messages
-from logtoku_guard.uncertainty import DEFAULT_K, validate_k
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from logtoku_guard.audit import AuditStore
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.guard_score import GuardModel
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
+    from logtoku_guard.scoring.guard_score import GuardModel
 
 ACTION_STYLE = {
     "pass": "green",
@@ -214,8 +214,8 @@ def _refit_on_reviews(
 def expected_flag_lines(profile: ModelProfile) -> list[str]:
     """For each rule of the default policy on ``guard_score``: its threshold (and where that lies in
     this profile) and the share of each group of the guard's fit data it flags (out of fold)."""
-    from logtoku_guard.conditions import Compare, resolve_threshold
-    from logtoku_guard.policy import default_policy
+    from logtoku_guard.decision.conditions import Compare, resolve_threshold
+    from logtoku_guard.decision.policy import default_policy
 
     lines = []
     guard = profile.guard
@@ -298,9 +298,9 @@ def ask(
 ) -> None:
     """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
     from logtoku_guard.calibration import default_calibration_prompts, profile_path
-    from logtoku_guard.guard import Guard
-    from logtoku_guard.policy import Policy, default_policy
-    from logtoku_guard.results import GuardRejectedError
+    from logtoku_guard.decision.policy import Policy, default_policy
+    from logtoku_guard.decision.results import GuardRejectedError
+    from logtoku_guard.guard.guard import Guard
 
     try:
         to_messages(prompt, system)
@@ -369,7 +369,7 @@ def ask(
 
 def _thresholds(policy: Policy) -> str:
     """The policy's top-level comparisons (``guard_score < 0.2797``), for an answer no rule flagged."""
-    from logtoku_guard.conditions import Compare, Quantile
+    from logtoku_guard.decision.conditions import Compare, Quantile
 
     def shown_value(value: Any) -> str:
         if isinstance(value, float):

@@ -16,7 +16,7 @@ import typer
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, MIN_PREFILL_CHUNK
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
-from logtoku_guard.uncertainty import DEFAULT_K, DEFAULT_TOP_N
+from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N
 
 
 def serve(
@@ -145,7 +145,7 @@ def serve(
 
             audit = open_store(store, cache_dir)
         if policy is not None:
-            from logtoku_guard.policy import Policy
+            from logtoku_guard.decision.policy import Policy
 
             pol = Policy.from_file(policy)
             if "human_review" in pol.actions() | pol.tool_calls.actions() and audit is None:
@@ -186,7 +186,7 @@ def serve(
 
             prof = load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
         if pol is not None:  # a policy the server cannot apply (human_review without --store...) fails before serving
-            from logtoku_guard.decider import Decider
+            from logtoku_guard.decision.decider import Decider
 
             Decider(pol, prof, store=audit)
         settings = ServerSettings(

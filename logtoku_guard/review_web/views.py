@@ -17,9 +17,9 @@ from typing import Any
 from markupsafe import Markup
 
 from logtoku_guard.audit.records import AuditRecord, ReviewItem
-from logtoku_guard.quadrants import Quadrant
+from logtoku_guard.decision.tool_gate.call_review import arguments_json
 from logtoku_guard.safe_text import safe_text
-from logtoku_guard.tool_gate.call_review import arguments_json
+from logtoku_guard.scoring.quadrants import Quadrant
 
 __all__ = [
     "QUADRANT_LEGEND",

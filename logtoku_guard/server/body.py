@@ -14,8 +14,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from logtoku_guard.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
 from logtoku_guard.server.wire import RequestError
+from logtoku_guard.tools.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

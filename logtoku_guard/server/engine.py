@@ -24,7 +24,7 @@ from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenS
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
 T = TypeVar("T")
 
@@ -148,9 +148,9 @@ class Engine:
 
     Args:
         runner: where generations run (:class:`ThreadRunner` over the backend).
-        policy: a :class:`~logtoku_guard.policy.Policy`; when given, every answer is guarded
+        policy: a :class:`~logtoku_guard.decision.policy.Policy`; when given, every answer is guarded
             and returned with the decision.
-        profile, store: passed to the :class:`~logtoku_guard.guard.Guard` (quantile
+        profile, store: passed to the :class:`~logtoku_guard.guard.guard.Guard` (quantile
             thresholds, audit/human review).
     """
 
@@ -177,7 +177,7 @@ class Engine:
         return self.runner.backend
 
     def _guard(self, options: DecodingOptions, backend: Backend | None = None) -> Any:
-        from logtoku_guard.guard import Guard
+        from logtoku_guard.guard.guard import Guard
 
         return Guard(backend or self.backend, self.policy, profile=self.profile, store=self.store, options=options)
 

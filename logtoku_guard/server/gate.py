@@ -1,21 +1,21 @@
 """The policy's ``tool_calls`` rules on served tool calls: run, human review, re-ask or refuse.
 
 Under ``--policy``, once the guard has let an answer through (:meth:`Engine.answer`), each call it
-makes is decided by the policy's ``tool_calls`` section (:class:`~logtoku_guard.tool_gate.ToolCallPolicy`)
+makes is decided by the policy's ``tool_calls`` section (:class:`~logtoku_guard.decision.tool_gate.ToolCallPolicy`)
 from its per-argument scores, before the client sees it:
 
 - ``run``: the call is returned as usual;
 - ``human_review``: the call is withheld, recorded for review in the server's store (its ``answer``
-  is the call's arguments as JSON, :func:`~logtoku_guard.tool_gate.call_review.tool_call_record`), and
+  is the call's arguments as JSON, :func:`~logtoku_guard.decision.tool_gate.call_review.tool_call_record`), and
   the content says so with the review id; ``GET /v1/logtoku/reviews/{id}`` returns the approved
   (or edited) arguments once a reviewer decides (``logtoku-guard review serve``);
 - ``refuse``: the call is withheld, the content is the policy's refusal message;
 - ``reask``: the call is not returned; the model is told why (the policy's re-ask message as the
   tool's result) and answers again, at most ``reask.max_attempts`` times, then ``reask.fallback``.
 
-Each call's decision is in the choice's ``logtoku_guard.tool_calls`` (:class:`GatedCallPayload`);
+Each call's decision is in the choice's ``logtoku_guard.tools.tool_calls`` (:class:`GatedCallPayload`);
 a withheld call's arguments appear nowhere in the response. The same sans-IO rules as the
-LangChain middleware (:mod:`logtoku_guard.tool_gate`); this module only drives them on the server.
+LangChain middleware (:mod:`logtoku_guard.decision.tool_gate`); this module only drives them on the server.
 """
 
 from __future__ import annotations
@@ -25,21 +25,21 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.payloads import ToolCallDecisionPayload
+from logtoku_guard.decision.tool_gate import ScoredToolCall, ToolDecision, parse_tool_call_scores
+from logtoku_guard.guard.payloads import ToolCallDecisionPayload
 from logtoku_guard.server import tools
-from logtoku_guard.tool_calls import add_tool_result, render_tool_calls, render_tool_result
-from logtoku_guard.tool_gate import ScoredToolCall, ToolDecision, parse_tool_call_scores
+from logtoku_guard.tools.tool_calls import add_tool_result, render_tool_calls, render_tool_result
 from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 
 if TYPE_CHECKING:
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
     from logtoku_guard.server.engine import Answer, Engine
 
 __all__ = ["GatedAnswer", "GatedCallPayload", "answer_gated", "gated_extra", "reply_of"]
 
 
 GatedCallPayload = ToolCallDecisionPayload
-"""One call of the answer and what the ``tool_calls`` rules decided (``logtoku_guard.tool_calls``)."""
+"""One call of the answer and what the ``tool_calls`` rules decided (``logtoku_guard.tools.tool_calls``)."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _apply_decisions(
     messages: list[ChatMessage],
 ) -> GatedAnswer:
     """Keep the calls to run; record the ones for review; say why the others did not run."""
-    from logtoku_guard.tool_gate.call_review import tool_call_record
+    from logtoku_guard.decision.tool_gate.call_review import tool_call_record
 
     policy = engine.policy
     assert policy is not None  # only called under a policy

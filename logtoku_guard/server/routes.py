@@ -286,8 +286,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
 
 def _library_error(exc: LogTokUError, error: Any) -> Any:
-    from logtoku_guard.payloads import served_decision_payload
-    from logtoku_guard.results import GuardRejectedError
+    from logtoku_guard.decision.results import GuardRejectedError
+    from logtoku_guard.guard.payloads import served_decision_payload
 
     if isinstance(exc, GuardRejectedError):  # the draft is withheld: the decision only, without it
         extra = {"logtoku_guard": dict(served_decision_payload(exc.result))}

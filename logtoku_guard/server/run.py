@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.backends.base import Backend
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
 LOOPBACK_NAMES = ("localhost",)
 

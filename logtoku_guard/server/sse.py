@@ -87,8 +87,8 @@ async def events(
             tally.refused(499)
         return
     except LogTokUError as exc:
-        from logtoku_guard.payloads import served_decision_payload
-        from logtoku_guard.results import GuardRejectedError
+        from logtoku_guard.decision.results import GuardRejectedError
+        from logtoku_guard.guard.payloads import served_decision_payload
 
         extra = {"logtoku_guard": served_decision_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500

@@ -2,9 +2,9 @@
 ``response_format`` as a decoding constraint and prompt, and the answer as ``message.tool_calls``.
 
 - :func:`plan`: what a request asks for (:class:`ToolPlan`): the
-  :class:`~logtoku_guard.constraints.ToolCalls` or :class:`~logtoku_guard.constraints.JsonSchema`
+  :class:`~logtoku_guard.tools.constraints.ToolCalls` or :class:`~logtoku_guard.tools.constraints.JsonSchema`
   constraint, the system-turn text describing the tools or the schema
-  (:mod:`logtoku_guard.tool_calls`), and which tools' calls to read back. A constraint needs a
+  (:mod:`logtoku_guard.tools.tool_calls`), and which tools' calls to read back. A constraint needs a
   backend with constrained decoding (``constrained_decoding``: transformers, llama.cpp); on
   another backend ``tool_choice="auto"`` still works from the prompt alone, and anything that
   needs a constraint is refused (400).
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logtoku_guard import openai_protocol as proto
-from logtoku_guard import openai_tools as tw
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.constraints import TOOL_CALL_OPEN, Constraint, JsonSchema, ToolCalls
-from logtoku_guard.payloads import json_float
+from logtoku_guard.guard.payloads import json_float
 from logtoku_guard.server.wire import RequestError
-from logtoku_guard.tool_calls import (
+from logtoku_guard.tools import openai_tools as tw
+from logtoku_guard.tools.constraints import TOOL_CALL_OPEN, Constraint, JsonSchema, ToolCalls
+from logtoku_guard.tools.tool_calls import (
     add_tool_result,
     parse_tool_calls,
     render_tool_calls,

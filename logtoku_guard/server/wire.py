@@ -21,11 +21,11 @@ vLLM-style clients) writes the raw logits there instead, ``null`` for a chosen t
 kept ones. Either way the raw top-K logits, AU, EU and ids are in each token's ``logtoku``
 extension.
 
-A withheld answer (:attr:`~logtoku_guard.results.GuardResult.withheld`: abstain, human review,
+A withheld answer (:attr:`~logtoku_guard.decision.results.GuardResult.withheld`: abstain, human review,
 raise) carries nothing of its draft: no ``logprobs``, no per-token or summary ``logtoku``,
 ``finish_reason`` ``content_filter`` (OpenAI's value for content the server withheld), ``usage``
 counting the tokens of the answer sent, and the decision as
-:class:`~logtoku_guard.payloads.ServedDecisionPayload` (no draft, no tokens; what every attempt
+:class:`~logtoku_guard.guard.payloads.ServedDecisionPayload` (no draft, no tokens; what every attempt
 generated is its ``generated_tokens``).
 """
 
@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
+from logtoku_guard.guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
-    from logtoku_guard.results import GuardResult
+    from logtoku_guard.decision.results import GuardResult
 
 TokenText = Callable[[int], str]
 """Decodes one token id into its text (for the alternatives in ``top_logprobs``)."""

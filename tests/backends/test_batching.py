@@ -370,7 +370,7 @@ def test_fused_logsumexp_entropy_matches_the_separate_passes() -> None:
     import torch
 
     from logtoku_guard.backends.recorder import lse_entropy
-    from logtoku_guard.uncertainty import logsumexp_entropy
+    from logtoku_guard.scoring.uncertainty import logsumexp_entropy
 
     torch.manual_seed(0)
     z = torch.randn(4, 5000) * 4
@@ -472,7 +472,7 @@ def test_masked_and_non_finite_rows_fall_back_or_fail_as_before() -> None:
 
     from logtoku_guard.backends.recorder import Row, StepRecorder, lse_entropy, top_k
     from logtoku_guard.errors import NonFiniteLogitsError
-    from logtoku_guard.uncertainty import logsumexp_entropy
+    from logtoku_guard.scoring.uncertainty import logsumexp_entropy
 
     torch.manual_seed(3)
     z = torch.randn(8, 5000) * 4
@@ -518,7 +518,7 @@ def test_the_one_au_eu_equals_the_formula_on_torch_digamma() -> None:
     in both evidence modes: positive, negative (raw: the reflection below 1/2), zero and invalid rows."""
     import torch
 
-    from logtoku_guard.uncertainty import au_eu, token_logtoku
+    from logtoku_guard.scoring.uncertainty import au_eu, token_logtoku
 
     torch.manual_seed(1)
     rows = torch.cat([torch.randn(200, 5) * 6, torch.zeros(1, 5), torch.tensor([[30.0, -1, -2, -3, -4]])]).double()

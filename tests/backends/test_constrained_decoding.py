@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("llguidance")
 
 from logtoku_guard.backends.fake import ScriptedBackend
-from logtoku_guard.constraints import JsonSchema, ToolCalls, call_spans
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_scores import score_tool_calls
+from logtoku_guard.scoring.tool_scores import score_tool_calls
+from logtoku_guard.tools.constraints import JsonSchema, ToolCalls, call_spans
 from logtoku_guard.types import DecodingOptions
 
 TOOLS = [
@@ -79,7 +79,7 @@ def test_auto_lets_the_model_write_prose(tiny_backend: Any) -> None:
 
 
 def test_auto_constrains_the_call_once_opened(tiny_backend: Any) -> None:
-    from logtoku_guard.grammar import GrammarEngine
+    from logtoku_guard.tools.grammar import GrammarEngine
 
     engine = GrammarEngine.from_hf(tiny_backend.tokenizer, tiny_backend.vocab_size, [0])
     row = engine.start(ToolCalls(TOOLS, "auto"))
@@ -156,7 +156,7 @@ def test_max_string_length_closes_a_string_the_schema_leaves_unbounded(tiny_back
 
 
 def test_bounded_schema_bounds_only_unbounded_strings() -> None:
-    from logtoku_guard.constraints import bounded_schema
+    from logtoku_guard.tools.constraints import bounded_schema
 
     schema = {
         "type": "object",
@@ -187,8 +187,8 @@ def test_bounded_schema_bounds_only_unbounded_strings() -> None:
 def test_a_call_opened_with_bytes_its_grammar_rejects_runs_unconstrained_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """An "auto" row whose token carries the opening tag *and* bytes the call's grammar refuses
     cannot be constrained any more: it goes on unmasked, and a warning says so (never silently)."""
-    from logtoku_guard.constraints import ToolCalls
-    from logtoku_guard.grammar import RowGrammar
+    from logtoku_guard.tools.constraints import ToolCalls
+    from logtoku_guard.tools.grammar import RowGrammar
 
     class Matcher:
         def consume_tokens(self, tokens: list[int]) -> bool:
@@ -209,7 +209,7 @@ def test_a_call_opened_with_bytes_its_grammar_rejects_runs_unconstrained_and_say
 
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
     row = RowGrammar(Engine(), None, ToolCalls(tools, "auto"))  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="logtoku_guard.grammar"):
+    with caplog.at_level("WARNING", logger="logtoku_guard.tools.grammar"):
         assert row.advance(7) is False
     assert row.broken and not row.active
     assert "not constrained" in caplog.text and "b'}'" in caplog.text

@@ -9,8 +9,8 @@ import torch
 
 from logtoku_guard import Backend, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.scoring.uncertainty import logtoku
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation
-from logtoku_guard.uncertainty import logtoku
 
 PARIS = ScriptedAnswer(
     pieces=["The", " capital", " is", " Par", "is", ".", "\n", "Next"],

@@ -35,8 +35,8 @@ from logtoku_guard.backends.llamacpp_check import ensure_decodes
 from logtoku_guard.backends.llamacpp_loop import question_positions
 from logtoku_guard.embedded import embedded_gguf_path
 from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError
+from logtoku_guard.scoring.uncertainty import logsumexp_entropy, rescore
 from logtoku_guard.types import DecodingOptions, to_messages
-from logtoku_guard.uncertainty import logsumexp_entropy, rescore
 
 QUESTION = "What is the capital of France?"
 GREEDY = DecodingOptions(max_new_tokens=12)
@@ -116,7 +116,9 @@ def test_scores_equal_the_library_maths_on_the_raw_logits_and_greedy_equals_llam
         order = np.argsort(-z, kind="stable")
         assert t.top_ids == tuple(int(i) for i in order[:2]) and t.top_logits == tuple(float(v) for v in z[order[:2]])
         assert t.alt_ids == tuple(int(i) for i in order[:5]) and t.alt_logits == tuple(float(v) for v in z[order[:5]])
-        expected = rescore([t.top_logits])  # logtoku_guard.uncertainty on the same logits (float64; the digamma series ~1e-11)
+        expected = rescore(
+            [t.top_logits]
+        )  # logtoku_guard.scoring.uncertainty on the same logits (float64; the digamma series ~1e-11)
         assert t.au == pytest.approx(float(expected.au[0]), abs=1e-9) and t.eu == pytest.approx(float(expected.eu[0]), abs=1e-12)
         lse, entropy = logsumexp_entropy(torch.from_numpy(z).double())
         assert t.logprob == pytest.approx(float(z[t.id]) - float(lse), abs=1e-4)
@@ -374,7 +376,7 @@ def test_a_forced_tool_call_is_valid_and_scored_on_the_raw_logits(backend: Llama
     pytest.importorskip("llguidance")
     import json
 
-    from logtoku_guard.constraints import ToolCalls, call_spans
+    from logtoku_guard.tools.constraints import ToolCalls, call_spans
 
     city = {"properties": {"city": {"type": "string"}}}
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]

@@ -11,8 +11,8 @@ import torch
 from logtoku_guard.backends import numpy_scoring
 from logtoku_guard.backends.prompt_scoring import QuestionSpan, score_kept
 from logtoku_guard.backends.recorder import Row, StepRecorder, top_k
+from logtoku_guard.scoring.uncertainty import logsumexp_entropy
 from logtoku_guard.types import DecodingOptions, DynamicTemperature
-from logtoku_guard.uncertainty import logsumexp_entropy
 
 
 def logits(rows: int = 3, vocab: int = 1000, seed: int = 0) -> np.ndarray:

@@ -13,8 +13,8 @@ httpx = pytest.importorskip("httpx")
 
 from logtoku_guard.backends.openai_compat import OpenAICompatibleBackend  # noqa: E402
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, RemoteServerError  # noqa: E402
+from logtoku_guard.scoring.uncertainty import rescore  # noqa: E402
 from logtoku_guard.types import DecodingOptions  # noqa: E402
-from logtoku_guard.uncertainty import rescore  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
 URL = "http://vllm.test:8000/v1"

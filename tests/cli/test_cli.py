@@ -16,7 +16,7 @@ from logtoku_guard import AuditStore, Guard, Policy, ScriptedAnswer, ScriptedBac
 from logtoku_guard.calibration import ModelProfile, calibrate, profile_path
 from logtoku_guard.cli import _common, app
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
 runner = CliRunner()
 LOST = ScriptedAnswer(["Zorg", " Q"], [[0.6, 0.5], [0.5, 0.4]])
@@ -167,7 +167,7 @@ def test_score_uses_the_saved_profile_of_the_model(tmp_path: Path, loads: list[A
     assert f"(percentile {data['reliability_percentile']:.0f} of the model's profile)" in res.output
 
     # The quantiles are the default policy's quadrant settings, not a constant 0.5.
-    from logtoku_guard import policy as policy_module
+    from logtoku_guard.decision import policy as policy_module
 
     skewed = Policy.from_dict({"name": "default", "quadrants": {"au_quantile": 0.9, "eu_quantile": 0.2}})
     monkeypatch.setattr(policy_module, "default_policy", lambda: skewed)
@@ -271,7 +271,7 @@ TOKEN_KEYS = {"index", "token", "id", "au", "eu", "quadrant", "logprob", "entrop
 
 
 def test_score_json_is_the_generation_payload_plus_the_profile_keys(tmp_path: Path, loads: list[Any]) -> None:
-    from logtoku_guard.payloads import GenerationPayload
+    from logtoku_guard.guard.payloads import GenerationPayload
 
     data = score_json("--cache-dir", str(tmp_path))
     assert set(data) == set(GenerationPayload.__annotations__) | {"profile", "reliability_percentile"}
@@ -280,7 +280,7 @@ def test_score_json_is_the_generation_payload_plus_the_profile_keys(tmp_path: Pa
 
 
 def test_ask_json_is_the_result_payload_plus_the_percentile(tmp_path: Path, loads: list[Any]) -> None:
-    from logtoku_guard.payloads import ResultPayload
+    from logtoku_guard.guard.payloads import ResultPayload
 
     path = make_profile().save(tmp_path / "p.json")
     res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--json")

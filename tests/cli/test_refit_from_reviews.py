@@ -24,8 +24,8 @@ from logtoku_guard.audit import AuditStore
 from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.review_labels import refit_on_reviews, reviewer_labels
 from logtoku_guard.cli import _common, app
-from logtoku_guard.guard import Guard
-from logtoku_guard.policy import Policy
+from logtoku_guard.decision.policy import Policy
+from logtoku_guard.guard.guard import Guard
 from logtoku_guard.review_web import create_app
 
 

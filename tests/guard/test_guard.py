@@ -10,9 +10,9 @@ import pytest
 
 from logtoku_guard import ConfigurationError, GuardRejectedError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
-from logtoku_guard.guard import Guard
-from logtoku_guard.keyword_retriever import KeywordRetriever
-from logtoku_guard.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
+from logtoku_guard.decision.policy import DEFAULT_FLAG_QUANTILE, Policy, default_policy
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.keyword_retriever import KeywordRetriever
 from logtoku_guard.types import ChatMessage
 
 SURE = ScriptedAnswer(["Paris", "."], [[30.0, 5.0], [25.0, 2.0]])  # EU ~ 0.06-0.07
@@ -218,7 +218,7 @@ def test_any_record_sink_takes_the_decisions_without_sqlalchemy() -> None:
 
 def test_the_guard_loop_driven_by_hand_counts_retrievals_once() -> None:
     from logtoku_guard.errors import UsageError
-    from logtoku_guard.guard_steps import Answer, Conclude, Generate, Progress, Retrieve, Retrieved, guard_steps
+    from logtoku_guard.guard.guard_steps import Answer, Conclude, Generate, Progress, Retrieve, Retrieved, guard_steps
 
     unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
     policy = Policy.from_dict(
@@ -260,7 +260,7 @@ def test_the_guard_loop_driven_by_hand_counts_retrievals_once() -> None:
 
 
 def test_a_retrieval_that_brings_nothing_falls_back_with_its_reason_on_the_attempt() -> None:
-    from logtoku_guard.guard_steps import Answer, Conclude, Progress, Retrieve, Retrieved, guard_steps
+    from logtoku_guard.guard.guard_steps import Answer, Conclude, Progress, Retrieve, Retrieved, guard_steps
 
     unsure = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])
     policy = Policy.from_dict(

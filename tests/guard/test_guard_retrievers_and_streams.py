@@ -13,9 +13,9 @@ import pytest
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.audit import AuditStore
 from logtoku_guard.calibration import build_profile
+from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.errors import PromptTooLongError
-from logtoku_guard.guard import Guard
-from logtoku_guard.policy import Policy, default_policy
+from logtoku_guard.guard.guard import Guard
 from logtoku_guard.types import ChatMessage
 
 SURE = ScriptedAnswer(["Paris", "."], [[30.0, 5.0], [25.0, 2.0]])

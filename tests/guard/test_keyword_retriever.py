@@ -58,8 +58,8 @@ def test_a_named_pipe_or_a_device_is_refused_before_any_read(tmp_path: Path, kin
     import os
 
     from logtoku_guard.calibration.guard_fit import read_labels
+    from logtoku_guard.decision.policy_loading import read_policy_file
     from logtoku_guard.errors import PolicyError
-    from logtoku_guard.policy_loading import read_policy_file
 
     if kind == "fifo":
         path = tmp_path / "pipe.yaml"

@@ -24,9 +24,9 @@ from opentelemetry.trace import StatusCode
 from test_guard import by_question, policy
 
 from logtoku_guard import GuardRejectedError, ScriptedBackend
-from logtoku_guard.guard import Guard
-from logtoku_guard.keyword_retriever import KeywordRetriever
-from logtoku_guard.telemetry import EVALUATION_EVENT, GuardTelemetry
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.keyword_retriever import KeywordRetriever
+from logtoku_guard.guard.telemetry import EVALUATION_EVENT, GuardTelemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSAGES = ["Paris is the capital of France.", "The Zarnovian Institute was founded by Paris."]
@@ -191,8 +191,8 @@ import sys
 sys.modules["opentelemetry"] = None  # as if not installed: any import of it raises ImportError
 sys.path.insert(0, "tests/guard")
 from logtoku_guard import ScriptedBackend
-from logtoku_guard.guard import Guard
-from logtoku_guard.telemetry import GuardTelemetry
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.telemetry import GuardTelemetry
 from test_guard import by_question, policy
 guard = Guard(ScriptedBackend(by_question), policy())
 assert not guard.telemetry.enabled
@@ -210,7 +210,9 @@ print("loaded:", sorted(m for m in sys.modules if m.startswith("opentelemetry.")
 
 
 def test_import_logtoku_guard_does_not_import_opentelemetry() -> None:
-    code = "import logtoku_guard, logtoku_guard.telemetry, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    code = (
+        "import logtoku_guard, logtoku_guard.guard.telemetry, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr
 

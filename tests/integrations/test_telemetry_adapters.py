@@ -23,7 +23,7 @@ from opentelemetry.trace import StatusCode
 from langchain_logtoku import ChatLogTokU, LogTokUGuard
 from llama_index.llms.logtoku import LogTokULLM, LogTokUQueryEngine
 from logtoku_guard import GuardRejectedError, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.telemetry import EVALUATION_EVENT
+from logtoku_guard.guard.telemetry import EVALUATION_EVENT
 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
 UNSURE = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 0.5]])  # -0.26

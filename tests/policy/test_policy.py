@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from logtoku_guard import PolicyError, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.stats import ResponseStats
 
 
 def answer(*rows: tuple[str, float, float]) -> ScriptedAnswer:
@@ -140,8 +140,8 @@ def test_policy_files_yaml_and_json(tmp_path: Path) -> None:
 def test_default_policy_is_calibrated() -> None:
     """One rule: guard_score below the threshold that passes a stated share of correct answers with a
     stated confidence, else (no fitted guard) a reliability quantile of the profile; retrieve, then abstain."""
-    from logtoku_guard.conditions import Compare, Quantile, Risk
-    from logtoku_guard.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE, DEFAULT_FLAG_QUANTILE
+    from logtoku_guard.decision.conditions import Compare, Quantile, Risk
+    from logtoku_guard.decision.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE, DEFAULT_FLAG_QUANTILE
 
     p = default_policy()
     assert p.uses_quantiles() and p.actions() == {"retrieve", "pass", "abstain"} and p.version == "4"
@@ -158,7 +158,7 @@ def test_the_default_threshold_on_the_embedded_guard_is_its_stated_guarantee() -
     0.2797: at least 80% of correct answers pass, with 90% confidence, on its 216 labelled correct answers."""
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.calibration.profiles import shipped_profile_path
-    from logtoku_guard.conditions import resolve_threshold
+    from logtoku_guard.decision.conditions import resolve_threshold
 
     profile = ModelProfile.load(shipped_profile_path("smollm2-135m-instruct"))
     (rule,) = default_policy().rules
@@ -173,7 +173,7 @@ def test_gemma_ships_a_profile_whose_guard_calibrate_fitted_alone() -> None:
     statement holds on its 71 labelled correct answers."""
     from logtoku_guard.calibration import ModelProfile, find_profile_for
     from logtoku_guard.calibration.profiles import shipped_profile_path
-    from logtoku_guard.conditions import resolve_threshold
+    from logtoku_guard.decision.conditions import resolve_threshold
 
     path = shipped_profile_path("gemma-3-270m-q4_k_m@llamacpp")
     profile = ModelProfile.load(path)

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import ModelProfile, build_profile
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.decision.policy_loading import MAX_POLICY_BYTES, MAX_POLICY_DEPTH, MAX_POLICY_NODES
 from logtoku_guard.errors import PolicyError
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.policy_loading import MAX_POLICY_BYTES, MAX_POLICY_DEPTH, MAX_POLICY_NODES
-from logtoku_guard.stats import STAT_NAMES, ResponseStats
+from logtoku_guard.scoring.stats import STAT_NAMES, ResponseStats
 
 YAML_BOMB = """\
 a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
@@ -81,7 +81,7 @@ def test_node_count_and_depth_are_bounded_in_files_and_dicts(tmp_path: Path, mon
         Policy.from_dict(cyclic)
     with pytest.raises(PolicyError, match="must be a mapping"):
         Policy.from_dict(["not", "a", "mapping"])  # type: ignore[arg-type]
-    monkeypatch.setattr("logtoku_guard.policy_loading.MAX_POLICY_NODES", 50)
+    monkeypatch.setattr("logtoku_guard.decision.policy_loading.MAX_POLICY_NODES", 50)
     many = tmp_path / "many.yaml"
     many.write_text("name: x\ndescription: [" + ",".join(["1"] * 60) + "]\n")
     with pytest.raises(PolicyError, match="more than 50 values"):
@@ -222,7 +222,7 @@ def test_a_profile_with_a_nan_or_unsorted_grid_is_refused_on_load(tmp_path: Path
 
 
 def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_refused() -> None:
-    from logtoku_guard.guard import Guard
+    from logtoku_guard.guard.guard import Guard
 
     blanks = [ScriptedAnswer([" "], [[float(v), 0.0]]) for v in range(1, 6)]  # whitespace only: first_eu is NaN
     backend = ScriptedBackend(blanks, model_name="m")
@@ -242,7 +242,7 @@ def test_a_statistic_never_defined_in_calibration_is_left_out_and_rules_on_it_re
 
 
 def test_quadrant_share_rules_need_a_profile() -> None:
-    from logtoku_guard.guard import Guard
+    from logtoku_guard.guard.guard import Guard
 
     policy = Policy.from_dict(
         {"name": "p", "rules": [{"name": "r", "when": {"stat": "unreliable_share", "op": ">", "value": 0.5}, "action": "warn"}]}
@@ -286,7 +286,7 @@ def test_a_typo_in_a_stat_name_gets_the_closest_name_and_the_whole_list() -> Non
 def test_a_validation_message_keeps_the_whole_list_of_allowed_values() -> None:
     from pydantic import BaseModel, ValidationError
 
-    from logtoku_guard.stats import StatName
+    from logtoku_guard.scoring.stats import StatName
 
     class Model(BaseModel):
         stat: StatName

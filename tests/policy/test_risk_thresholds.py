@@ -23,11 +23,11 @@ from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import calibrate
 from logtoku_guard.calibration.guard_fit import shipped_guard
 from logtoku_guard.calibration.risk import binom_cdf, choose_threshold, clopper_pearson
-from logtoku_guard.decider import Decider
+from logtoku_guard.decision.decider import Decider
+from logtoku_guard.decision.policy import Policy
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard import Guard
-from logtoku_guard.payloads import result_payload
-from logtoku_guard.policy import Policy
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.payloads import result_payload
 
 
 def test_binomial_cdf_and_clopper_pearson_match_known_values() -> None:
@@ -163,7 +163,7 @@ def test_a_risk_threshold_needs_a_guard_with_labelled_scores() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no guard at all: the documented fallback, without a warning
         Decider(policy, plain)
-    from logtoku_guard.conditions import RiskTargetWarning
+    from logtoku_guard.decision.conditions import RiskTargetWarning
 
     profile, _, guard = guarded_profile()
     unlabelled = profile.model_copy(update={"guard": guard.model_copy(update={"reference_labels": {}})})
@@ -209,8 +209,8 @@ def test_a_risk_policy_loads_from_yaml_and_its_check_reaches_ask_json(tmp_path: 
 def test_an_unsupported_target_with_a_fallback_warns_and_compares_the_fallback() -> None:
     """The default policy's form: too few labelled correct answers for its coverage statement make
     it say so (RiskTargetWarning, with the best bound) and flag on reliability's quantile instead."""
-    from logtoku_guard.conditions import RiskTargetWarning
-    from logtoku_guard.guard_score import GuardModel
+    from logtoku_guard.decision.conditions import RiskTargetWarning
+    from logtoku_guard.scoring.guard_score import GuardModel
 
     profile, backend, guard = guarded_profile()
     few = guard.model_copy(update={"reference_scores": {"real-correct": [0.9] * 5, "real-wrong": [0.1] * 5}})

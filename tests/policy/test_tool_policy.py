@@ -9,9 +9,9 @@ import pytest
 
 from logtoku_guard import AuditRecord, AuditStore, ConfigurationError, Policy, PolicyError
 from logtoku_guard.audit.redact import redact_record, redactor
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.tool_gate import ScoredToolCall, ToolCallPolicy, parse_tool_call_scores
-from logtoku_guard.tool_gate.call_review import ToolReviewResponse, tool_call_record
+from logtoku_guard.decision.tool_gate import ScoredToolCall, ToolCallPolicy, parse_tool_call_scores
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewResponse, tool_call_record
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
 
 def scores(max_eu: float, *, tokens: int = 2, mean_au: float = 0.1, logprob: float = -1.0) -> dict[str, Any]:
@@ -130,10 +130,10 @@ def test_answer_and_tool_rules_run_on_the_one_rule_engine() -> None:
     rules: a ``never_fires`` policy fires on no infinite value, an argument's logprob of -inf included
     (before the engine was shared, the tool rules compared it), and ``not`` of an undefined value
     fires under ``least_reliable`` for neither kind."""
-    from logtoku_guard.conditions import AllOf, NotOf
-    from logtoku_guard.rules import Combinator, Negation, RuleContext, compare
-    from logtoku_guard.stats import ResponseStats
-    from logtoku_guard.tool_gate.call_conditions import ToolAllOf, ToolNotOf
+    from logtoku_guard.decision.conditions import AllOf, NotOf
+    from logtoku_guard.decision.rules import Combinator, Negation, RuleContext, compare
+    from logtoku_guard.decision.tool_gate.call_conditions import ToolAllOf, ToolNotOf
+    from logtoku_guard.scoring.stats import ResponseStats
 
     assert issubclass(AllOf, Combinator) and issubclass(ToolAllOf, Combinator)
     assert issubclass(NotOf, Negation) and issubclass(ToolNotOf, Negation)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from logtoku_guard.audit import AuditStore, ReviewItem
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewResponse
 from logtoku_guard.review_web.auth import SESSION_COOKIE
-from logtoku_guard.tool_gate.call_review import ToolReviewResponse
 
 from .support import ADMIN_TOKEN, HOSTILE_TO, live_server, queue, tool_call_record
 

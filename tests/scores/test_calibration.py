@@ -10,9 +10,9 @@ import pytest
 
 from logtoku_guard import ConfigurationError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import ModelProfile, build_profile, fit_threshold, profile_path, read_prompts_file
-from logtoku_guard.policy import Policy
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.decision.policy import Policy
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.stats import ResponseStats
 
 
 def answer(*rows: tuple[str, float, float]) -> ScriptedAnswer:

@@ -1,4 +1,4 @@
-"""The answer's claim words and their statistics (logtoku_guard.claims)."""
+"""The answer's claim words and their statistics (logtoku_guard.scoring.claims)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 
 from logtoku_guard import ScriptedAnswer, ScriptedBackend
-from logtoku_guard.claims import ClaimStats, claim_words, question_echo
-from logtoku_guard.stats import HIGHER_IS_RELIABLE, STAT_NAMES, ResponseStats
+from logtoku_guard.scoring.claims import ClaimStats, claim_words, question_echo
+from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, STAT_NAMES, ResponseStats
 
 
 def generation(pieces: list[str], logits: list[list[float]], question: str) -> object:

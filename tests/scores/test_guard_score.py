@@ -14,13 +14,13 @@ import pytest
 
 from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.calibration.profiles import build_profile
+from logtoku_guard.decision.policy import default_policy
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard_score import fit_guard, with_guard_score
-from logtoku_guard.policy import default_policy
-from logtoku_guard.prompt_stats import PromptStats, focus_tokens
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.guard_score import fit_guard, with_guard_score
+from logtoku_guard.scoring.prompt_stats import PromptStats, focus_tokens
+from logtoku_guard.scoring.stats import ResponseStats
+from logtoku_guard.scoring.uncertainty import logsumexp_entropy, logtoku, rescore
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
-from logtoku_guard.uncertainty import logsumexp_entropy, logtoku, rescore
 
 
 # -- prompt-side capture ---------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def test_fit_is_deterministic_and_round_trips_through_the_profile(tmp_path: Path
 def test_a_guard_fit_on_the_older_feature_list_keeps_scoring_with_it(tmp_path: Path) -> None:
     """A profile saved before the AU features joined :data:`FEATURES` still loads and scores with
     the 10 features it was fit on; changing an answer's AU moves only the newer guard's score."""
-    from logtoku_guard.guard_score import FEATURES
+    from logtoku_guard.scoring.guard_score import FEATURES
 
     older = [f for f in FEATURES if f not in ("max_au", "mean_au")]
     assert len(older) == 10 and len(FEATURES) == 12
@@ -246,7 +246,7 @@ def test_auroc_is_the_rank_statistic_with_ties_at_one_half_and_nan_lowest() -> N
     """The one AUROC (the guard's CV figure and every eval report): equal to counting the pairs."""
     import numpy as np
 
-    from logtoku_guard.guard_score import auroc
+    from logtoku_guard.scoring.guard_score import auroc
 
     rng = np.random.default_rng(3)
     s = rng.integers(0, 6, 300).astype(float)  # many ties

@@ -8,15 +8,15 @@ import math
 import pytest
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.payloads import (
+from logtoku_guard.guard.payloads import (
     decision_attributes,
     json_float,
     result_payload,
     summary_payload,
     token_payload,
 )
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
+from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.types import Generation, TokenScore
 
 TH = QuadrantThresholds(au=0.5, eu=0.5, source="test")

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from logtoku_guard import ScriptedAnswer, ScriptedBackend
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.stats import STAT_NAMES, ResponseStats
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import TokenScore
 
 

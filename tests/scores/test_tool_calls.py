@@ -1,13 +1,13 @@
-"""Tool calls as text (logtoku_guard.tool_calls): the prompt, the history turns, the parser, the pairing with scores."""
+"""Tool calls as text (logtoku_guard.tools.tool_calls): the prompt, the history turns, the parser, the pairing with scores."""
 
 from __future__ import annotations
 
 import pytest
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
-from logtoku_guard.constraints import JsonSchema
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_calls import (
+from logtoku_guard.tools.constraints import JsonSchema
+from logtoku_guard.tools.tool_calls import (
     add_tool_result,
     parse_tool_calls,
     render_call,

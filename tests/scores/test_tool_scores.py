@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logtoku_guard.tool_scores import leaf_spans, score_tool_calls, value_spans
+from logtoku_guard.scoring.tool_scores import leaf_spans, score_tool_calls, value_spans
 from logtoku_guard.types import TokenScore
 
 _leaf = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text()
@@ -95,9 +95,9 @@ def test_a_malformed_call_scores_none_and_the_others_still_count() -> None:
 def test_the_scorer_and_the_tool_gate_share_one_argument_score() -> None:
     """The scores a generation's calls get are the type the tool gate reads back from metadata:
     written with ``as_dict`` and parsed with ``parse_tool_call_scores``, they come back equal."""
-    from logtoku_guard.tool_gate import ArgumentScore as GateArgumentScore
-    from logtoku_guard.tool_gate import parse_tool_call_scores
-    from logtoku_guard.tool_scores import ArgumentScore
+    from logtoku_guard.decision.tool_gate import ArgumentScore as GateArgumentScore
+    from logtoku_guard.decision.tool_gate import parse_tool_call_scores
+    from logtoku_guard.scoring.tool_scores import ArgumentScore
 
     assert GateArgumentScore is ArgumentScore
     pieces = ['<tool_call>{"name": "f", "arguments": {"x": ', "1", ', "y": "', "ab", '"}}</tool_call>']

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds
-from logtoku_guard.uncertainty import (
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.uncertainty import (
     RescoredLogits,
     WordScore,
     log_softmax_stats,
@@ -688,7 +688,7 @@ def test_rescore_other_errors() -> None:
 
 
 def test_logsumexp_entropy_matches_the_full_log_softmax() -> None:
-    from logtoku_guard.uncertainty import logsumexp_entropy
+    from logtoku_guard.scoring.uncertainty import logsumexp_entropy
 
     torch.manual_seed(0)
     z = torch.randn(3, 50, dtype=torch.float64) * 4

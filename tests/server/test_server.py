@@ -235,7 +235,7 @@ def test_non_loopback_host_needs_allow_flag() -> None:
 
 
 def test_policy_guards_each_answer(tiny_backend: Any) -> None:
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
     policy = Policy.from_dict(
         {
@@ -320,8 +320,8 @@ def test_a_remote_guard_decides_as_the_local_one(server: Any, tiny_backend: Any)
     """Through the real server, OpenAICompatibleBackend has the same ResponseStats (prompt side included)
     and the same guard_score as the local backend, streamed or not."""
     from logtoku_guard.calibration.guard_fit import shipped_guard
-    from logtoku_guard.guard_score import with_guard_score
-    from logtoku_guard.stats import STAT_NAMES, ResponseStats
+    from logtoku_guard.scoring.guard_score import with_guard_score
+    from logtoku_guard.scoring.stats import STAT_NAMES, ResponseStats
 
     guard = shipped_guard("smollm2-135m-instruct")
     assert guard is not None and any(f.startswith("prompt_") for f in guard.features)

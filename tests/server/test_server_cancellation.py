@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 from support.served import llamacpp_served, tiny_served  # noqa: E402
 
-from logtoku_guard.policy import Policy  # noqa: E402
+from logtoku_guard.decision.policy import Policy  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 
 LONG = 1000  # within the server's default max_tokens limit (1024)

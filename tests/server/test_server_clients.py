@@ -20,7 +20,7 @@ pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend  # noqa: E402
-from logtoku_guard.policy import Policy  # noqa: E402
+from logtoku_guard.decision.policy import Policy  # noqa: E402
 from logtoku_guard.server import BackgroundServer, ServerSettings, build_app  # noqa: E402
 
 KEY = "client-key"

@@ -102,7 +102,7 @@ def wait_until_free(runner: ThreadRunner, timeout: float = 30.0) -> None:
 
 
 def never_passes() -> Any:
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
     rule = {"name": "never", "when": {"stat": "reliability", "op": "<", "value": -1e9}, "action": "abstain"}
     return Policy.from_dict({"name": "pass-all", "rules": [rule]})

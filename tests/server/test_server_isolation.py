@@ -22,9 +22,9 @@ httpx = pytest.importorskip("httpx")
 
 from support.served import llamacpp_served, tiny_served  # noqa: E402
 
-from logtoku_guard import grammar  # noqa: E402
-from logtoku_guard.constraints import ToolCalls  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
+from logtoku_guard.tools import grammar  # noqa: E402
+from logtoku_guard.tools.constraints import ToolCalls  # noqa: E402
 
 ATTACKER = {
     "type": "function",

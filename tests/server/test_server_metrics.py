@@ -13,7 +13,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend  # noqa: E402
-from logtoku_guard.policy import Policy  # noqa: E402
+from logtoku_guard.decision.policy import Policy  # noqa: E402
 from logtoku_guard.server import BackgroundServer, ServerSettings, build_app  # noqa: E402
 
 KEY = "metrics-key"

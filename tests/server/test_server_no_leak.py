@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 from logtoku_guard.audit import AuditStore  # noqa: E402
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend  # noqa: E402
-from logtoku_guard.policy import Policy  # noqa: E402
+from logtoku_guard.decision.policy import Policy  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 
 DRAFT = ["The", " Zorblaxian", " Institute", " was", " founded", " by", " Quintessa", " Velmoraq", "."]

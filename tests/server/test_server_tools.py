@@ -191,7 +191,7 @@ def test_tool_history_is_rendered_for_the_model() -> None:
 
 
 def _policy(action: str) -> Any:
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
     rule = {"name": "any", "when": {"stat": "reliability", "op": "<", "value": 1e9}, "action": action}
     return Policy.from_dict({"name": f"always-{action}", "rules": [rule]})
@@ -300,7 +300,7 @@ def test_the_embedded_model_calls_a_tool_and_answers_json(embedded_backend: Any)
 
 # -- the policy's tool_calls rules on served calls ---------------------------------------------------
 def _tool_policy(action: str, **reask: Any) -> Any:
-    from logtoku_guard.policy import Policy
+    from logtoku_guard.decision.policy import Policy
 
     unsure = {"tool": "transfer", "argument": "amount", "stat": "max_eu", "op": ">", "value": 0.3}
     section: dict[str, Any] = {"rules": [{"name": "unsure-amount", "when": unsure, "action": action}]}

@@ -78,8 +78,8 @@ def guard_end_to_end(
     from logtoku_eval.datasets import load_nq_open
     from logtoku_eval.generate import K_STORED
     from logtoku_eval.rag import GuardEvalConfig, run_guard_eval
+    from logtoku_guard.decision.policy import RetrieveSettings
     from logtoku_guard.errors import LogTokUError
-    from logtoku_guard.policy import RetrieveSettings
 
     chosen = _budgets(budgets)
     ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed, guard_folds=guard_folds)

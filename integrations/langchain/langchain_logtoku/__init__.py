@@ -2,7 +2,7 @@
 
 - :class:`ChatLogTokU`: a ``BaseChatModel`` over a core backend (the embedded
   SmolLM2-135M-Instruct by default); scores in ``response_metadata["logtoku"]``.
-- :class:`LogTokUGuard`: a ``Runnable`` applying a core :class:`~logtoku_guard.policy.Policy`
+- :class:`LogTokUGuard`: a ``Runnable`` applying a core :class:`~logtoku_guard.decision.policy.Policy`
   (pass, warn, retrieve, abstain, human review, raise) to the chat model's answers.
 - :class:`LogTokUMiddleware`: the same guard as LangChain v1 agent middleware for
   ``create_agent`` (routes every model call; :class:`ReviewRequest` / :class:`ReviewResponse`

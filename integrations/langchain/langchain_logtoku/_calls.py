@@ -16,8 +16,8 @@ from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.uncertainty import validate_k
 from logtoku_guard.types import DecodingOptions
-from logtoku_guard.uncertainty import validate_k
 
 
 class ModelFields(Protocol):

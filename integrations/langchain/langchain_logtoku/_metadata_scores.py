@@ -3,7 +3,7 @@
 :class:`~langchain_logtoku.LogTokUMiddleware` scores the agent's own model calls: from the
 core capture channel when the model is :class:`~langchain_logtoku.ChatLogTokU`, else from the
 LogTokU metadata any chat model may write (each token's raw ``top_logits``), re-scored here
-with the core maths (:func:`~logtoku_guard.uncertainty.rescore`).
+with the core maths (:func:`~logtoku_guard.scoring.uncertainty.rescore`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, cast
 from langchain_core.messages import AIMessage
 
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.uncertainty import EvidenceMode, rescore
 from logtoku_guard.types import Generation, TokenScore
-from logtoku_guard.uncertainty import EvidenceMode, rescore
 
 __all__ = ["generation_from_metadata"]
 
@@ -24,7 +24,7 @@ def generation_from_metadata(message: AIMessage) -> Generation:
     """Rebuild the core generation of an answer from its ``response_metadata["logtoku"]``.
 
     AU/EU are recomputed from each token's stored ``top_logits`` with
-    :func:`~logtoku_guard.uncertainty.rescore` (K and evidence mode from the summary).
+    :func:`~logtoku_guard.scoring.uncertainty.rescore` (K and evidence mode from the summary).
     Raises :class:`~logtoku_guard.errors.ConfigurationError` when the metadata is missing.
     """
     found = message.response_metadata.get("logtoku")

@@ -1,11 +1,11 @@
 """Structured output and constrained tool calls for ``ChatLogTokU``.
 
 - :func:`tool_constraint`: bound tools and ``tool_choice`` as a core
-  :class:`~logtoku_guard.constraints.ToolCalls` (``"any"``/a name: the whole answer is one
+  :class:`~logtoku_guard.tools.constraints.ToolCalls` (``"any"``/a name: the whole answer is one
   call; ``None``/``"auto"``: prose, or a call constrained once it opens).
 - :func:`response_constraint`: a ``response_format`` call argument (``{"type": "json_schema",
   "json_schema": {"schema": ...}}``, ``{"type": "json_object"}``, or a bare JSON Schema) as a
-  :class:`~logtoku_guard.constraints.JsonSchema`, and :func:`schema_prompt` describing it to
+  :class:`~logtoku_guard.tools.constraints.JsonSchema`, and :func:`schema_prompt` describing it to
   the model.
 - :func:`with_structured_output`: the three LangChain methods: ``function_calling`` (a forced
   tool call, the default), ``json_schema`` and ``json_mode`` (the answer itself is the JSON),
@@ -26,9 +26,9 @@ from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.constraints import JsonSchema, ToolCalls
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_calls import schema_prompt
+from logtoku_guard.tools.constraints import JsonSchema, ToolCalls
+from logtoku_guard.tools.tool_calls import schema_prompt
 from logtoku_guard.types import DecodingOptions
 
 if TYPE_CHECKING:

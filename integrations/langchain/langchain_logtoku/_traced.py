@@ -8,7 +8,7 @@ see its input, output and tags), tagged :data:`DRAFT_TAG`. A held backend (``liv
 generation of ``invoke`` and of the buffered stream) also tags its runs :data:`NOSTREAM_TAG` and
 reports no token to callbacks, so no stream consumer (``astream_events``, LangGraph
 ``stream_mode="messages"``) ever sees an answer the guard may withdraw; the core driver's
-:class:`~logtoku_guard.driver.Watch` still reads its tokens (through :meth:`TracedBackend.stream`)
+:class:`~logtoku_guard.guard.driver.Watch` still reads its tokens (through :meth:`TracedBackend.stream`)
 and stops the generation when an ``early_stop`` rule fires. A live backend (``stream_mode="retract"``)
 reports each token of :meth:`TracedBackend.stream` to callbacks as it comes.
 """
@@ -26,8 +26,8 @@ from langchain_logtoku import _convert
 from langchain_logtoku._calls import CallSettings
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
-from logtoku_guard.uncertainty import EvidenceMode
 
 __all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "TracedBackend"]
 

@@ -5,7 +5,7 @@ maps LangChain messages and call arguments onto a core backend and writes the sc
 the message metadata:
 
 - ``response_metadata["logtoku"]``: ``{"tokens": [TokenPayload, ...], **SummaryPayload}``, the core
-  payloads (:mod:`logtoku_guard.payloads`): per token ``index, token, id, au, eu, quadrant,
+  payloads (:mod:`logtoku_guard.guard.payloads`): per token ``index, token, id, au, eu, quadrant,
   logprob, entropy, top_logits``; the summary ``model, reliability*, quadrant_shares, n_tokens,
   finish_reason, k, evidence, top_n, prompt_tokens, stop_sequence, thresholds, timings``.
 - ``response_metadata["logprobs"]`` (when ``logprobs=True`` or ``top_logprobs=n``): the
@@ -29,7 +29,7 @@ only the last chunk's metadata (``stream_events(version="v3")``) see the summary
 
 ``invoke`` and ``stream`` generate along one path, the core backend's token stream, and report
 the core :class:`~logtoku_guard.types.Generation` (and each token, a cancel hook and a finalizer)
-to the active :mod:`logtoku_guard.generation_capture` captures: that is how a caller that does
+to the active :mod:`logtoku_guard.guard.generation_capture` captures: that is how a caller that does
 not make the call itself (``LogTokUMiddleware``, inside an agent) gets raw scores past LangChain's
 messages, and can stop a generation early. :class:`~langchain_logtoku.LogTokUGuard` needs no
 capture: it generates from core messages through :meth:`ChatLogTokU.open_run` (its drafts are
@@ -57,15 +57,15 @@ from langchain_logtoku import tools as _tools
 from langchain_logtoku._calls import CallSettings, call_settings
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.constraints import DEFAULT_MAX_STRING_LENGTH
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.generation_capture import active_captures
-from logtoku_guard.payloads import summary_payload, token_payload
-from logtoku_guard.quadrants import QuadrantThresholds
+from logtoku_guard.guard.generation_capture import active_captures
+from logtoku_guard.guard.payloads import summary_payload, token_payload
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
+from logtoku_guard.scoring.uncertainty import DEFAULT_K, rescore, validate_k
+from logtoku_guard.tools.constraints import DEFAULT_MAX_STRING_LENGTH
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_K, rescore, validate_k
 
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20  # the default max_logprobs: raw top logits kept per token for top_logprobs (vLLM's default)

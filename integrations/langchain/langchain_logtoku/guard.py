@@ -1,4 +1,4 @@
-"""``LogTokUGuard``: the core :class:`~logtoku_guard.guard.Guard` as a LangChain Runnable.
+"""``LogTokUGuard``: the core :class:`~logtoku_guard.guard.guard.Guard` as a LangChain Runnable.
 
 The policy, the statistics and the actions are the core's; this module only feeds the core
 guard from LangChain inputs and makes every step a traced run:
@@ -16,7 +16,7 @@ Tags and metadata of a run are fixed when it starts, before the decision exists.
 decision travels in the output and in the custom event; in addition, tracers attached to the
 run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get a tag ``logtoku:<action>`` for
 every action of the route (``logtoku:retrieve`` and ``logtoku:pass`` when retrieval rescued the
-answer) and the flat ``logtoku.*`` metadata of :func:`logtoku_guard.payloads.decision_attributes`
+answer) and the flat ``logtoku.*`` metadata of :func:`logtoku_guard.guard.payloads.decision_attributes`
 (``logtoku.action``, ``logtoku.rule``, ``logtoku.route``, ``logtoku.rules``, ...) added to the
 guard's run before it ends, so the run can be filtered by them once it is posted. These are new
 tag lists and dicts: the ones other handlers received when the run started are not changed.
@@ -45,13 +45,13 @@ from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.audit import RecordSink
 from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.guard import Guard
-from logtoku_guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.quadrants import QuadrantThresholds
-from logtoku_guard.results import GuardRejectedError, GuardResult
-from logtoku_guard.retriever_calls import RetrieverLike
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
+from logtoku_guard.guard.retriever_calls import RetrieverLike
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import question_of
 
@@ -90,8 +90,8 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
 
     Args:
         llm: the chat model (its backend, decoding fields and calibration are used).
-        policy: a core :class:`~logtoku_guard.policy.Policy` (default: the quantile
-            :func:`~logtoku_guard.policy.default_policy`, which needs a profile).
+        policy: a core :class:`~logtoku_guard.decision.policy.Policy` (default: the quantile
+            :func:`~logtoku_guard.decision.policy.default_policy`, which needs a profile).
         retriever: for the ``retrieve`` route: any LangChain ``BaseRetriever`` (or Runnable
             from a query string to documents or strings), traced as a child run; or a core
             retriever (``.retrieve(query)`` or a callable).
@@ -112,7 +112,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
             answers regenerated after retrieval are never streamed.
         system: a system message put before every prompt that has none.
         tracer_provider: an OpenTelemetry ``TracerProvider`` for the core guard's spans (default:
-            the global one when OpenTelemetry is installed; see :mod:`logtoku_guard.telemetry`).
+            the global one when OpenTelemetry is installed; see :mod:`logtoku_guard.guard.telemetry`).
 
     Input: a string, a list of messages, a ``PromptValue`` or a dict with ``"question"`` and
     optionally ``"context"`` (documents or strings, e.g. from a retriever step; they are put
@@ -120,7 +120,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     bare question; otherwise it is the last human message. Output: an ``AIMessage`` whose
     ``response_metadata`` holds the final generation's ``logtoku`` scores and the decision
     under ``"logtoku_guard"``: a :class:`~langchain_logtoku._convert.GuardPayload`, the core
-    :class:`~logtoku_guard.payloads.ResultPayload` (action, route (each attempt's own decision),
+    :class:`~logtoku_guard.guard.payloads.ResultPayload` (action, route (each attempt's own decision),
     rule, reason, reliability, attempts, review_id, trace_id, checks, stats, stopped_early,
     policy ``{name, version}``, model, answer, draft (the model's last answer), tokens, timings)
     plus question, passages and recorded. Keyword arguments of

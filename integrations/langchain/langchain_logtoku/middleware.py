@@ -6,7 +6,7 @@
     agent = create_agent(ChatLogTokU(), tools=[search], middleware=[LogTokUMiddleware(policy=policy)])
 
 Every model call of the agent drives the core guard loop
-(:func:`~logtoku_guard.guard_steps.guard_steps` with a :class:`~logtoku_guard.decider.Decider`:
+(:func:`~logtoku_guard.guard.guard_steps.guard_steps` with a :class:`~logtoku_guard.decision.decider.Decider`:
 the same policy, statistics, records and payloads as :class:`~langchain_logtoku.LogTokUGuard`;
 nothing here counts attempts or applies a rule): the loop's ``Generate`` requests are answered
 by the agent's own model call (``handler``), its ``Retrieve`` requests by the retriever. The
@@ -30,12 +30,12 @@ The decision (:class:`~langchain_logtoku._convert.GuardPayload`) goes into the p
 field ``logtoku_guard``, the AIMessage's ``response_metadata["logtoku_guard"]``, the
 ``logtoku_flagged`` custom event (any route but a plain first-time pass) and the tags
 ``logtoku:<action>`` (one per action of the route) / metadata ``logtoku.*``
-(:func:`logtoku_guard.payloads.decision_attributes`) of the enclosing run in attached tracers.
+(:func:`logtoku_guard.guard.payloads.decision_attributes`) of the enclosing run in attached tracers.
 
 Tool calls (the policy's ``tool_calls`` rules, :mod:`langchain_logtoku.tool_gate`): ``after_model``
 decides each call of the answer from its per-argument scores (re-asking the model at once);
 ``wrap_tool_call`` refuses a call or interrupts before it runs for review (resume with a
-:class:`~logtoku_guard.tool_gate.call_review.ToolReviewResponse`); other calls run.
+:class:`~logtoku_guard.decision.tool_gate.call_review.ToolReviewResponse`); other calls run.
 
 Streaming: the model calls made inside the hook carry LangGraph's ``nostream`` tag, so in
 ``stream_mode="messages"`` no draft is streamed token by token; the final AIMessage reaches the
@@ -43,7 +43,7 @@ consumer whole when the model node ends (a withdrawn draft never does).
 
 Scores come from :class:`~langchain_logtoku.ChatLogTokU` through the core capture channel, or
 from any chat model whose answers carry ``response_metadata["logtoku"]["tokens"]`` with each
-token's raw ``top_logits`` (re-scored with :func:`logtoku_guard.uncertainty.rescore`); a model
+token's raw ``top_logits`` (re-scored with :func:`logtoku_guard.scoring.uncertainty.rescore`); a model
 without them is refused with :class:`~logtoku_guard.errors.ConfigurationError`.
 """
 
@@ -74,18 +74,18 @@ from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from langchain_logtoku.tool_gate import ToolGate, ToolGateState, ToolResult
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.decider import Decider
-from logtoku_guard.driver import Watch, adrive, drive
+from logtoku_guard.decision.decider import Decider
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.generation_capture import GenerationCapture, capture_generations
-from logtoku_guard.guard_io import retrieve_passages
-from logtoku_guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
-from logtoku_guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import GuardRejectedError, GuardResult
-from logtoku_guard.retriever_calls import RetrieverLike
+from logtoku_guard.guard.driver import Watch, adrive, drive
+from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
+from logtoku_guard.guard.guard_io import retrieve_passages
+from logtoku_guard.guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
+from logtoku_guard.guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
+from logtoku_guard.guard.retriever_calls import RetrieverLike
+from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import Generation
-from logtoku_guard.uncertainty import EvidenceMode
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -353,8 +353,8 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
     """Score every model call of a LangChain agent with LogTokU and route it by the policy.
 
     Args:
-        policy: a core :class:`~logtoku_guard.policy.Policy` (default: the quantile
-            :func:`~logtoku_guard.policy.default_policy`, which needs the model's profile).
+        policy: a core :class:`~logtoku_guard.decision.policy.Policy` (default: the quantile
+            :func:`~logtoku_guard.decision.policy.default_policy`, which needs the model's profile).
         retriever: for the ``retrieve`` route: a LangChain retriever (any Runnable from a query
             string to documents or strings), an object with ``.retrieve(query)`` or a callable.
             The query is the last human message.

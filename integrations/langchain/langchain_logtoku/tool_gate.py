@@ -5,7 +5,7 @@ Two hooks, following LangGraph's interrupt/resume semantics (a node re-runs from
 resume, so anything written before an ``interrupt()`` must live in an earlier node):
 
 - ``after_model`` (its own node) reads the per-argument scores of the last answer's calls
-  (``response_metadata["logtoku"]["tool_calls"]``, :mod:`logtoku_guard.tool_gate.scores`) and
+  (``response_metadata["logtoku"]["tool_calls"]``, :mod:`logtoku_guard.decision.tool_gate.scores`) and
   decides each call. ``reask``: every call of the answer gets a tool message saying why it did
   not run and the agent jumps back to the model (as often as the policy allows in a
   row, then ``reask.fallback``). ``human_review`` and ``refuse``: the call is recorded in the
@@ -13,8 +13,8 @@ resume, so anything written before an ``interrupt()`` must live in an earlier no
   field ``logtoku_tool_gate``.
 - ``wrap_tool_call`` (in the tools node, per call): a refused call returns the refusal tool
   message and the tool does not run; a call under review ``interrupt()``s with a
-  :class:`~logtoku_guard.tool_gate.call_review.ToolReviewRequest` and is resumed with a
-  :class:`~logtoku_guard.tool_gate.call_review.ToolReviewResponse` (approve: the tool runs; edit: it
+  :class:`~logtoku_guard.decision.tool_gate.call_review.ToolReviewRequest` and is resumed with a
+  :class:`~logtoku_guard.decision.tool_gate.call_review.ToolReviewResponse` (approve: the tool runs; edit: it
   runs with the reviewer's arguments; reject: it does not, and the agent gets a tool message
   with the note). Other calls run untouched. Needs a checkpointer, as every interrupt does.
 """
@@ -33,15 +33,15 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
+from logtoku_guard.decision.tool_gate.call_policy import ToolDecision
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request, tool_call_record
+from logtoku_guard.decision.tool_gate.scores import ScoredToolCall, parse_tool_call_scores
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_gate.call_policy import ToolDecision
-from logtoku_guard.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request, tool_call_record
-from logtoku_guard.tool_gate.scores import ScoredToolCall, parse_tool_call_scores
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
-    from logtoku_guard.policy import Policy
-    from logtoku_guard.quadrants import QuadrantThresholds
+    from logtoku_guard.decision.policy import Policy
+    from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
 __all__ = ["GatedCall", "ToolGate", "ToolGateState"]
 

@@ -2,7 +2,7 @@
 
 The embedded SmolLM2-135M-Instruct's chat template (ChatML) has no tools section, and the core
 backends take plain chat turns; the SmolLM2 instruct models were tuned on function-calling data
-in one format, which :mod:`logtoku_guard.tool_calls` writes and reads (``logtoku-guard serve``
+in one format, which :mod:`logtoku_guard.tools.tool_calls` writes and reads (``logtoku-guard serve``
 uses the same):
 
 - the system turn gets :data:`TOOL_PROMPT` (the tools as a JSON list between ``<tools>`` tags,
@@ -22,7 +22,7 @@ With a backend that supports constrained decoding (``constrained_decoding``: the
 and llama.cpp backends), a forced ``tool_choice`` makes the whole answer one call of this
 format and ``"auto"`` constrains a call once the model opens one
 (:mod:`langchain_logtoku._structured`). Each call's arguments are scored over their values'
-tokens (:func:`tool_call_scores`, from :mod:`logtoku_guard.tool_scores`), so the guard and the
+tokens (:func:`tool_call_scores`, from :mod:`logtoku_guard.scoring.tool_scores`), so the guard and the
 middleware can act on an uncertain argument.
 """
 
@@ -35,9 +35,9 @@ from typing import Any
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall, invalid_tool_call, tool_call, tool_call_chunk
 
-from logtoku_guard import tool_calls as core
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_calls import TOOL_PROMPT, tool_prompt
+from logtoku_guard.tools import tool_calls as core
+from logtoku_guard.tools.tool_calls import TOOL_PROMPT, tool_prompt
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import TokenScore
 
@@ -106,7 +106,7 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[ToolCal
 def tool_call_scores(calls: Sequence[ToolCall], tokens: Sequence[TokenScore]) -> list[dict[str, Any]]:
     """``response_metadata["logtoku"]["tool_calls"]``: per call (its ``id`` and ``name``), each top-level
     argument's ``{tokens, mean_au, mean_eu, max_au, max_eu, logprob}`` over its value's tokens
-    (:func:`logtoku_guard.tool_calls.tool_call_scores`)."""
+    (:func:`logtoku_guard.tools.tool_calls.tool_call_scores`)."""
     return core.tool_call_scores([(c["id"], c["name"], c["args"]) for c in calls], tokens)
 
 

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 from langchain_logtoku import ChatLogTokU
 from logtoku_guard import ConfigurationError, InvalidPromptError, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
+from logtoku_guard.scoring.uncertainty import rescore
 from logtoku_guard.types import DecodingOptions
-from logtoku_guard.uncertainty import rescore
 
 ANSWER = ScriptedAnswer(
     ["The", " answer", " is", " 42", "."],

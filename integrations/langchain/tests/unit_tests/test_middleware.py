@@ -27,7 +27,7 @@ from langchain_logtoku import ChatLogTokU, LogTokUMiddleware
 from langchain_logtoku._metadata_scores import generation_from_metadata
 from langchain_logtoku.middleware import ReviewResponse
 from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.generation_capture import capture_generations
+from logtoku_guard.guard.generation_capture import capture_generations
 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
 MIDDLING = ScriptedAnswer(["Paris", "."], [[3.0, 1.0], [4.0, 0.5]])  # -0.12

@@ -24,7 +24,7 @@ from langgraph.types import Command
 
 from langchain_logtoku import LogTokUMiddleware
 from logtoku_guard import AuditStore, ConfigurationError, Policy
-from logtoku_guard.tool_gate.call_review import ToolReviewResponse
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewResponse
 
 SENT: list[tuple[str, int]] = []
 

@@ -26,7 +26,7 @@ from llama_index.embeddings.logtoku_minilm import MiniLMEmbedding
 from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
 from logtoku_guard import Policy
 from logtoku_guard.backends.transformers import TransformersBackend
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.stats import ResponseStats
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,7 +1,7 @@
 """The query engine's answers to the core guard loop (``_route``), driven by hand: no engine, no retrieval, no LLM.
 
 The test plays the engine's driver: it answers each request of the core loop
-(:func:`~logtoku_guard.guard_steps.guard_steps`) with ``_route``'s answers (``answer_of`` for a
+(:func:`~logtoku_guard.guard.guard_steps.guard_steps`) with ``_route``'s answers (``answer_of`` for a
 ``Generate``, ``engine_for`` and ``retrieved`` for a ``Retrieve``) and checks what the loop asks
 next. The "engines" are plain markers: only ``engine_for`` hands them back.
 """
@@ -21,8 +21,8 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.llms.logtoku._responses import QueryRun
 from llama_index.llms.logtoku._route import NO_ENGINE, Synthesis, answer_of, engine_for, retrieved
 from logtoku_guard import ConfigurationError, Guard, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.generation_capture import GenerationCapture
-from logtoku_guard.guard_steps import Conclude, Generate, Retrieve, Retrieved, Steps, guard_steps
+from logtoku_guard.guard.generation_capture import GenerationCapture
+from logtoku_guard.guard.guard_steps import Conclude, Generate, Retrieve, Retrieved, Steps, guard_steps
 
 WIDE: Any = "engine: top-k 6"  # markers standing for re-query engines
 WIDER: Any = "engine: top-k 10"

@@ -15,7 +15,7 @@ query engine that passes, warns, re-queries with more context, abstains or asks 
 from llama_index.llms.logtoku.base import LogTokULLM, summary_payload, to_core_messages, token_payload
 from llama_index.llms.logtoku.events import LogTokUDecisionEvent
 from llama_index.llms.logtoku.query_engine import LogTokUQueryEngine
-from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
+from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 
 __all__ = [
     "GenerationCapture",

@@ -1,6 +1,6 @@
 """What :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` hands the core driver: its generate and retrieve.
 
-The driver (:mod:`logtoku_guard.driver`) runs the loop for every query, sync and async, held or
+The driver (:mod:`logtoku_guard.guard.driver`) runs the loop for every query, sync and async, held or
 ``"live"``; this module answers its requests the LlamaIndex way:
 
 * **retrieve**: the re-query (:meth:`EngineIO.retrieve`): the decision's non-final event, then,
@@ -10,13 +10,13 @@ The driver (:mod:`logtoku_guard.driver`) runs the loop for every query, sync and
   re-query for a later one) and check it (:func:`~._route.answer_of`);
 * **draft** (``"live"``): the answer's pieces as they come, after ``"\\n\\n"`` for a re-queried
   one. A reader who closes the stream stops the generation; the driver decides and records the
-  answer so far (:meth:`~logtoku_guard.guard_steps.Progress.abandon`: no retrieval is spent,
+  answer so far (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`: no retrieval is spent,
   the reason says the stream was closed), and the query's GUARDRAIL span ends with that
   decision, with its open generation span. Closed before any generation began: the span ends
   marked ``logtoku.abandoned``, nothing to decide.
 
 A synthesis is made before the driver asks for its answer (with its retrieval, inside one
-re-query span), so its capture carries its own :class:`~logtoku_guard.driver.Watch` (made by
+re-query span), so its capture carries its own :class:`~logtoku_guard.guard.driver.Watch` (made by
 :meth:`LogTokUQueryEngine._synthesize` from the guard's decider): the ``early_stop`` rules are
 watched there, token by token, by the same code as everywhere else.
 """
@@ -30,10 +30,10 @@ from typing import Any, Protocol
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
 from llama_index.core.schema import QueryBundle
 
-from logtoku_guard.driver import ABANDONED, Watch, adrive_live, drive_live
-from logtoku_guard.guard import Guard
-from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
-from logtoku_guard.results import GuardResult
+from logtoku_guard.decision.results import GuardResult
+from logtoku_guard.guard.driver import ABANDONED, Watch, adrive_live, drive_live
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 
 from ._responses import QueryRun, apieces, atext_of, tail, text_of
 

@@ -20,11 +20,11 @@ from llama_index.core.base.response.schema import RESPONSE_TYPE, AsyncStreamingR
 from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.decision.results import Attempt
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard_steps import Progress
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import Attempt
-from logtoku_guard.telemetry import GenerationSpan, RunSpan
+from logtoku_guard.guard.guard_steps import Progress
+from logtoku_guard.guard.telemetry import GenerationSpan, RunSpan
 
 from .base import LogTokULLM
 

@@ -1,7 +1,7 @@
 """How :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` answers the core guard loop, without I/O.
 
-The loop is the core's, :func:`~logtoku_guard.guard_steps.guard_steps`, run by the core's one
-driver (:mod:`logtoku_guard.driver`): it decides each answer, counts the re-queries, falls back.
+The loop is the core's, :func:`~logtoku_guard.guard.guard_steps.guard_steps`, run by the core's one
+driver (:mod:`logtoku_guard.guard.driver`): it decides each answer, counts the re-queries, falls back.
 The engine's I/O (:mod:`._engine_io`) answers its requests the LlamaIndex way::
 
     Generate(1)  -> the first answer, synthesised before the loop: read it (a live stream yields
@@ -26,8 +26,8 @@ from llama_index.core.base.response.schema import RESPONSE_TYPE
 from llama_index.core.schema import NodeWithScore
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.generation_capture import GenerationCapture
-from logtoku_guard.guard_steps import Answer, Retrieved
+from logtoku_guard.guard.generation_capture import GenerationCapture
+from logtoku_guard.guard.guard_steps import Answer, Retrieved
 from logtoku_guard.types import Generation
 
 from ._responses import QueryRun

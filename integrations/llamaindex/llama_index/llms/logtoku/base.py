@@ -3,7 +3,7 @@
 It runs a :mod:`logtoku_guard` backend (the embedded SmolLM2 model by default, loaded on first
 use; or any :class:`~logtoku_guard.backends.base.Backend`, e.g. ``ScriptedBackend`` in tests).
 Every response carries, in ``additional_kwargs["logtoku"]``, the core payloads
-(:mod:`logtoku_guard.payloads`)::
+(:mod:`logtoku_guard.guard.payloads`)::
 
     {"tokens": [TokenPayload, ...],   # index, token, id, au, eu, quadrant, logprob, entropy, top_logits
      "summary": SummaryPayload}       # model, reliability*, quadrant_shares, n_tokens, finish_reason, k,
@@ -15,7 +15,7 @@ Streamed chunks carry their own token(s) under ``"tokens"``; the summary (and th
 message) comes on the last chunk only, so each chunk is held back until the next token exists.
 
 Because query engines drop response metadata (``llm.predict()`` returns a string), every
-finished generation is also handed to the active :func:`~logtoku_guard.generation_capture.capture_generations` blocks.
+finished generation is also handed to the active :func:`~logtoku_guard.guard.generation_capture.capture_generations` blocks.
 While a :class:`~llama_index.llms.logtoku.withheld.WithheldCapture` is active (a guard holds the
 answer back until it has decided), ``stream()``/``astream()`` generate the whole answer first
 (``predict()``) and yield it as one piece: no in-progress event carries the draft.
@@ -52,10 +52,10 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.generation_capture import GenerationCapture, active_captures
-from logtoku_guard.payloads import SummaryPayload, TokenPayload
-from logtoku_guard.payloads import summary_payload as _summary_payload
-from logtoku_guard.payloads import token_payload as _token_payload
+from logtoku_guard.guard.generation_capture import GenerationCapture, active_captures
+from logtoku_guard.guard.payloads import SummaryPayload, TokenPayload
+from logtoku_guard.guard.payloads import summary_payload as _summary_payload
+from logtoku_guard.guard.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
@@ -83,12 +83,12 @@ class _LogTokUKwargs(TypedDict, total=False):
 
 
 def token_payload(token: TokenScore) -> TokenPayload:
-    """One token's JSON-ready scores (:func:`logtoku_guard.payloads.token_payload`, no quadrant thresholds)."""
+    """One token's JSON-ready scores (:func:`logtoku_guard.guard.payloads.token_payload`, no quadrant thresholds)."""
     return _token_payload(token)
 
 
 def summary_payload(generation: Generation) -> SummaryPayload:
-    """The response-level summary of one generation (:func:`logtoku_guard.payloads.summary_payload`)."""
+    """The response-level summary of one generation (:func:`logtoku_guard.guard.payloads.summary_payload`)."""
     return _summary_payload(generation)
 
 

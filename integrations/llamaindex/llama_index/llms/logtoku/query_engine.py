@@ -1,7 +1,7 @@
 """``LogTokUQueryEngine``: a retrieval query engine that knows when to say "I don't know".
 
 It wraps a retriever query engine (``index.as_query_engine(...)``) and runs the core
-:class:`~logtoku_guard.policy.Policy` on the LogTokU scores of the answer it synthesised::
+:class:`~logtoku_guard.decision.policy.Policy` on the LogTokU scores of the answer it synthesised::
 
     retrieve -> synthesise (LogTokULLM, scores captured) -> decide -> act -> record -> event
 
@@ -10,22 +10,22 @@ more context: a copy of the retriever with a larger ``similarity_top_k``, or the
 ``retry_query_engines`` you give, as many times as the policy allows,
 then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
-(:class:`~logtoku_guard.guard.GuardRejectedError`).
+(:class:`~logtoku_guard.guard.guard.GuardRejectedError`).
 
 The loop itself (how many re-queries, the fallback and its reason, the record, the ``early_stop``
-watch, live or held drafts) is the core's: its one driver (:mod:`logtoku_guard.driver`) runs
-:func:`~logtoku_guard.guard_steps.guard_steps` with the guard's
-:class:`~logtoku_guard.decider.Decider`, and this engine only hands it its generate and retrieve
+watch, live or held drafts) is the core's: its one driver (:mod:`logtoku_guard.guard.driver`) runs
+:func:`~logtoku_guard.guard.guard_steps.guard_steps` with the guard's
+:class:`~logtoku_guard.decision.decider.Decider`, and this engine only hands it its generate and retrieve
 (:mod:`._engine_io`: retriever calls, re-query engines, synthesis, events, spans). What those
 answers are (the checks on a synthesised answer, the engine of each re-query, "no new
 context") is written once, without I/O, in :mod:`._route`.
 
-The scores come through :func:`logtoku_guard.generation_capture.capture_generations`, because the
+The scores come through :func:`logtoku_guard.guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
 (with the route: each attempt's action and rule) and the spans opened to act on it are tagged
-with the flat decision attributes of :func:`logtoku_guard.payloads.decision_attributes`
+with the flat decision attributes of :func:`logtoku_guard.guard.payloads.decision_attributes`
 (``logtoku.action``, ``logtoku.rule``, ``logtoku.attempts``, ``logtoku.route``, ...).
 """
 
@@ -44,14 +44,14 @@ from llama_index.core.instrumentation.dispatcher import active_instrument_tags, 
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from logtoku_guard.driver import Watch, adrive, drive
+from logtoku_guard.decision.policy import Decision, Policy
+from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
-from logtoku_guard.guard import Guard
-from logtoku_guard.guard_steps import Answer, Retrieve, Retrieved
-from logtoku_guard.payloads import decision_attributes
-from logtoku_guard.policy import Decision, Policy
-from logtoku_guard.results import GuardRejectedError, GuardResult
+from logtoku_guard.guard.driver import Watch, adrive, drive
+from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
+from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.guard_steps import Answer, Retrieve, Retrieved
+from logtoku_guard.guard.payloads import decision_attributes
 
 from ._engine_io import AsyncEngineIO, EngineIO, alive, live
 from ._responses import (
@@ -89,7 +89,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         retriever: build ``RetrieverQueryEngine.from_args(retriever, llm=llm, streaming=streaming)``.
         llm: the :class:`LogTokULLM` the engine's synthesiser uses (default ``Settings.llm``);
             its backend names the model the profile must match.
-        policy, profile, store: as for :class:`~logtoku_guard.guard.Guard` (default policy:
+        policy, profile, store: as for :class:`~logtoku_guard.guard.guard.Guard` (default policy:
             quantiles of the model's profile; when ``profile`` is None and the policy needs one,
             the saved profile of the model is loaded, as ``logtoku-guard ask`` does).
         retry_query_engines: the engines used for re-queries (attempt ``i`` uses item
@@ -113,7 +113,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     The returned response's ``metadata["logtoku"]`` holds the decision (action, rule, reason,
     checks, statistics, per-token scores, trace and review ids, attempts with their source
-    nodes); ``metadata["logtoku_result"]`` the typed :class:`~logtoku_guard.guard.GuardResult`;
+    nodes); ``metadata["logtoku_result"]`` the typed :class:`~logtoku_guard.guard.guard.GuardResult`;
     ``source_nodes`` the nodes of the final attempt.
     """
 
@@ -292,7 +292,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return Synthesis(capture, response)
 
     def _new_capture(self) -> GenerationCapture:
-        """The capture of one synthesis, with its ``early_stop`` :class:`~logtoku_guard.driver.Watch`;
+        """The capture of one synthesis, with its ``early_stop`` :class:`~logtoku_guard.guard.driver.Watch`;
         after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
         watch = Watch(self._guard.decider, self._guard.backend.top_n)
         return WithheldCapture(watch=watch) if self._stream_mode == "after_decision" else GenerationCapture(watch=watch)

@@ -3,14 +3,14 @@
 without streaming, so no ``LLMChatInProgressEvent``/``LLMCompletionInProgressEvent`` carries a
 draft that a guard may still withdraw (``LogTokUQueryEngine(stream_mode="after_decision")``).
 
-The capture channel itself is the core's, :mod:`logtoku_guard.generation_capture`.
+The capture channel itself is the core's, :mod:`logtoku_guard.guard.generation_capture`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from logtoku_guard.generation_capture import GenerationCapture, active_captures
+from logtoku_guard.guard.generation_capture import GenerationCapture, active_captures
 
 __all__ = ["WithheldCapture", "withheld"]
 

@@ -1,9 +1,9 @@
 """The conditions of a tool-call rule: comparisons of one argument's statistic with a number,
 and their ``all`` / ``any`` / ``not`` combinations. Each node evaluates itself on one
-:class:`~logtoku_guard.tool_gate.scores.ScoredToolCall`, recording an :class:`ArgumentCheck`
+:class:`~logtoku_guard.decision.tool_gate.scores.ScoredToolCall`, recording an :class:`ArgumentCheck`
 per argument it compared. The combinators, the meaning of an undefined statistic and the
-evaluation are the one rule engine's (:mod:`logtoku_guard.rules`), shared with the answer
-conditions of :mod:`logtoku_guard.conditions`; this module supplies only the comparison.
+evaluation are the one rule engine's (:mod:`logtoku_guard.decision.rules`), shared with the answer
+conditions of :mod:`logtoku_guard.decision.conditions`; this module supplies only the comparison.
 
 A comparison names the tool (``tool: transfer``, or ``"*"`` for any) and the argument
 (``argument: amount``, or ``"*"``: fires when any argument of the call does). It never fires
@@ -22,8 +22,17 @@ from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from logtoku_guard.rules import Combinator, Negation, Op, RuleContext, StrictModel, combinator_kind, compare, refuse_non_number
-from logtoku_guard.tool_gate.scores import ArgumentStat, ScoredToolCall
+from logtoku_guard.decision.rules import (
+    Combinator,
+    Negation,
+    Op,
+    RuleContext,
+    StrictModel,
+    combinator_kind,
+    compare,
+    refuse_non_number,
+)
+from logtoku_guard.decision.tool_gate.scores import ArgumentStat, ScoredToolCall
 
 __all__ = ["ArgumentCheck", "ArgumentCompare", "ToolAllOf", "ToolAnyOf", "ToolCondition", "ToolNotOf"]
 
@@ -80,7 +89,7 @@ class ArgumentCompare(StrictModel):
 
     def evaluate(self, call: ScoredToolCall, ctx: RuleContext, checks: list[ArgumentCheck]) -> bool:
         """Whether the comparison fires on ``call`` (any matching argument), recording its checks;
-        an undefined statistic follows the policy's ``undefined`` (:func:`~logtoku_guard.rules.compare`)."""
+        an undefined statistic follows the policy's ``undefined`` (:func:`~logtoku_guard.decision.rules.compare`)."""
         if self.tool not in ("*", call.name):
             return False
         names = sorted({*call.args, *call.scores}) if self.argument == "*" else [self.argument]

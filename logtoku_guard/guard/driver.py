@@ -1,7 +1,7 @@
 """The one driver of the guard loop: every entry point hands it *generate* and *retrieve*, nothing more.
 
-:func:`~logtoku_guard.guard_steps.guard_steps` decides (written once, without I/O); this module
-answers its requests, for every way of guarding: :class:`~logtoku_guard.guard.Guard` (``run``,
+:func:`~logtoku_guard.guard.guard_steps.guard_steps` decides (written once, without I/O); this module
+answers its requests, for every way of guarding: :class:`~logtoku_guard.guard.guard.Guard` (``run``,
 ``arun``, ``stream``; the server runs ``Guard.run``), LangChain's ``LogTokUGuard`` and
 ``LogTokUMiddleware``, LlamaIndex's ``LogTokUQueryEngine`` (every stream mode). An entry point
 supplies a :class:`GuardIO` (how it generates and retrieves) and, to stream its drafts, a
@@ -9,16 +9,16 @@ supplies a :class:`GuardIO` (how it generates and retrieves) and, to stream its 
 
 * **early stop**: every generation gets a :class:`Watch`, the one place ``early_stop`` rules are
   watched. The entry point reports each token to it as it is made (a core backend's stream:
-  :class:`~logtoku_guard.guard_io.BackendIO`; a framework model: a
-  :class:`~logtoku_guard.generation_capture.GenerationCapture` made with ``watch=``) and stops
+  :class:`~logtoku_guard.guard.guard_io.BackendIO`; a framework model: a
+  :class:`~logtoku_guard.guard.generation_capture.GenerationCapture` made with ``watch=``) and stops
   generating when :meth:`Watch.token` says so; the driver marks the answer ``stopped_early``.
 * **the draft**: held by default (``live="held"``: nothing of an answer leaves before the guard
   decides); ``live="first"`` streams the first answer's pieces as they are made (a later answer
   is read whole), ``live="all"`` every answer's. A reader who closes a live stream stops the
   draft, which is decided and recorded as abandoned
-  (:meth:`~logtoku_guard.guard_steps.Progress.abandon`; no retrieval is spent).
+  (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`; no retrieval is spent).
 * **records**: each generation and retrieval in its child span of the question's
-  :class:`~logtoku_guard.telemetry.RunSpan` (when one is given), the result on that span.
+  :class:`~logtoku_guard.guard.telemetry.RunSpan` (when one is given), the result on that span.
 
 Sync (:func:`drive`, :func:`drive_live`) and async (:func:`adrive`, :func:`adrive_live`): the same
 loop, once per colour.
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard_steps import Answer, Conclude, Generate, Progress, Request, Retrieve, Retrieved, Steps, guard_steps
-from logtoku_guard.telemetry import GenerationSpan, RunSpan
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
+from logtoku_guard.guard.guard_steps import Answer, Conclude, Generate, Progress, Request, Retrieve, Retrieved, Steps, guard_steps
+from logtoku_guard.guard.telemetry import GenerationSpan, RunSpan
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
-    from logtoku_guard.decider import Decider
-    from logtoku_guard.results import GuardResult
+    from logtoku_guard.decision.decider import Decider
+    from logtoku_guard.decision.results import GuardResult
     from logtoku_guard.types import ChatMessage, TokenScore
 
 __all__ = [
@@ -253,7 +253,7 @@ def drive_live(
 ) -> Generator[P, None, GuardResult]:
     """Guard ``question``: yields the pieces of the answers ``live`` streams, returns the result.
 
-    ``question``: the question, or its :class:`~logtoku_guard.guard_steps.Progress` when the
+    ``question``: the question, or its :class:`~logtoku_guard.guard.guard_steps.Progress` when the
     entry point spent time on it before the loop (counted in the timings). ``io``: the entry
     point's generations and retrievals (a :class:`LiveIO` when ``live`` is not ``"held"``).
     ``span``: the question's run span (each request gets a child span; the result goes on it;

@@ -1,12 +1,12 @@
 """``GuardStream``: a guarded answer token by token, recorded even when the caller stops early.
 
-Returned by :meth:`~logtoku_guard.guard.Guard.stream`: the one driver
-(:func:`~logtoku_guard.driver.drive_live`, ``live="first"``) with
-:class:`~logtoku_guard.guard_io.BackendIO`. Iterating streams the first answer's tokens while the
+Returned by :meth:`~logtoku_guard.guard.guard.Guard.stream`: the one driver
+(:func:`~logtoku_guard.guard.driver.drive_live`, ``live="first"``) with
+:class:`~logtoku_guard.guard.guard_io.BackendIO`. Iterating streams the first answer's tokens while the
 driver watches the policy's ``early_stop`` rules; when the stream ends that answer is decided,
 retrieved for and recorded. Closed or dropped before its end (``close()``, a ``with`` block,
 ``break`` then garbage collection), the backend stream is cancelled and what was generated is
-recorded (:meth:`~logtoku_guard.guard_steps.Progress.abandon`). Recording happens when the token
+recorded (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`). Recording happens when the token
 generator is finalized; should the store fail then, Python reports the exception through
 ``sys.unraisablehook`` (it cannot propagate from a finalizer).
 """
@@ -16,24 +16,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from logtoku_guard.driver import drive_live
+from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard_io import BackendIO
-from logtoku_guard.results import GuardRejectedError, GuardResult
-from logtoku_guard.telemetry import Guarded
+from logtoku_guard.guard.driver import drive_live
+from logtoku_guard.guard.guard_io import BackendIO
+from logtoku_guard.guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore, question_of
 
 if TYPE_CHECKING:
-    from logtoku_guard.decider import Decider
-    from logtoku_guard.retriever_calls import RetrieverLike
-    from logtoku_guard.telemetry import GuardTelemetry
+    from logtoku_guard.decision.decider import Decider
+    from logtoku_guard.guard.retriever_calls import RetrieverLike
+    from logtoku_guard.guard.telemetry import GuardTelemetry
     from logtoku_guard.types import DecodingOptions
 
 __all__ = ["GuardStream", "StreamingGuard"]
 
 
 class StreamingGuard(Guarded, Protocol):
-    """What a stream drives (:class:`~logtoku_guard.guard.Guard` has it): the backend, options
+    """What a stream drives (:class:`~logtoku_guard.guard.guard.Guard` has it): the backend, options
     and retriever, the decider and the telemetry."""
 
     @property

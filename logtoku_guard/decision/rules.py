@@ -2,12 +2,12 @@
 
 A policy holds two kinds of rules and both run here:
 
-- its answer rules (:mod:`logtoku_guard.policy`): the subject is one answer's
-  :class:`~logtoku_guard.stats.ResponseStats`, the comparison a
-  :class:`~logtoku_guard.conditions.Compare` of a statistic with a threshold;
-- its ``tool_calls`` rules (:mod:`logtoku_guard.tool_gate.call_policy`): the subject is one
-  :class:`~logtoku_guard.tool_gate.scores.ScoredToolCall`, the comparison an
-  :class:`~logtoku_guard.tool_gate.call_conditions.ArgumentCompare` of one argument's statistic.
+- its answer rules (:mod:`logtoku_guard.decision.policy`): the subject is one answer's
+  :class:`~logtoku_guard.scoring.stats.ResponseStats`, the comparison a
+  :class:`~logtoku_guard.decision.conditions.Compare` of a statistic with a threshold;
+- its ``tool_calls`` rules (:mod:`logtoku_guard.decision.tool_gate.call_policy`): the subject is one
+  :class:`~logtoku_guard.decision.tool_gate.scores.ScoredToolCall`, the comparison an
+  :class:`~logtoku_guard.decision.tool_gate.call_conditions.ArgumentCompare` of one argument's statistic.
 
 Each kind supplies only its comparison (what it reads from its subject, the check it records)
 and its actions. Written once here: the operators, the ``all`` / ``any`` / ``not`` combinators

@@ -1,6 +1,6 @@
 """What a guarded question ends with: each attempt, the timings, the result, and the ``raise`` error.
 
-Below :mod:`logtoku_guard.guard` (which builds them) and everything that reads them (payloads,
+Below :mod:`logtoku_guard.guard.guard` (which builds them) and everything that reads them (payloads,
 audit records, telemetry, the adapters); :class:`GuardRejectedError` lives here, beside the
 :class:`GuardResult` it carries, so :mod:`logtoku_guard.errors` stays the bottom layer.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from logtoku_guard.decision.policy import ActionName, Decision
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.policy import ActionName, Decision
 from logtoku_guard.types import Generation
 
 __all__ = ["WITHHOLDING_ACTIONS", "Attempt", "GuardRejectedError", "GuardResult", "GuardTimings"]

@@ -1,14 +1,14 @@
 """``BackendIO``: the guard loop's requests answered with a backend and a retriever.
 
-The driver (:mod:`logtoku_guard.driver`) asks; this answers, for
-:class:`~logtoku_guard.guard.Guard` (and LangChain's ``LogTokUGuard``, whose backend is its chat
-model): a :class:`~logtoku_guard.guard_steps.Generate` with the backend (the retrieved context in
+The driver (:mod:`logtoku_guard.guard.driver`) asks; this answers, for
+:class:`~logtoku_guard.guard.guard.Guard` (and LangChain's ``LogTokUGuard``, whose backend is its chat
+model): a :class:`~logtoku_guard.guard.guard_steps.Generate` with the backend (the retrieved context in
 the last user turn, trimmed passage by passage while the prompt is too long for the model's
 window; token by token through ``backend.stream`` while the driver's
-:class:`~logtoku_guard.driver.Watch` watches ``early_stop`` rules, else ``backend.generate``), a
-:class:`~logtoku_guard.guard_steps.Retrieve` with the retriever (in a worker thread with the
-policy's timeout: :func:`~logtoku_guard.retriever_calls.call_retriever`), and a live
-:class:`~logtoku_guard.driver.Draft` over ``backend.stream``.
+:class:`~logtoku_guard.guard.driver.Watch` watches ``early_stop`` rules, else ``backend.generate``), a
+:class:`~logtoku_guard.guard.guard_steps.Retrieve` with the retriever (in a worker thread with the
+policy's timeout: :func:`~logtoku_guard.guard.retriever_calls.call_retriever`), and a live
+:class:`~logtoku_guard.guard.driver.Draft` over ``backend.stream``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from logtoku_guard.driver import Watch
 from logtoku_guard.errors import PromptTooLongError
-from logtoku_guard.guard_steps import Answer, Generate, Retrieve, Retrieved
-from logtoku_guard.retriever_calls import RetrieverLike, call_retriever
+from logtoku_guard.guard.driver import Watch
+from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
+from logtoku_guard.guard.retriever_calls import RetrieverLike, call_retriever
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend, TokenStream
-    from logtoku_guard.policy import Policy, RetrieveSettings
+    from logtoku_guard.decision.policy import Policy, RetrieveSettings
 
 __all__ = ["BackendIO", "TokenDraft", "retrieve_passages"]
 
@@ -40,7 +40,7 @@ def retrieve_passages(retriever: RetrieverLike | None, request: Retrieve, settin
 
 
 class _Generating(Protocol):
-    """What :meth:`BackendIO.of` reads (a :class:`~logtoku_guard.guard.Guard` has it)."""
+    """What :meth:`BackendIO.of` reads (a :class:`~logtoku_guard.guard.guard.Guard` has it)."""
 
     @property
     def backend(self) -> Backend: ...
@@ -129,7 +129,7 @@ class BackendIO:
 
 
 class TokenDraft:
-    """A backend's token stream as a live :class:`~logtoku_guard.driver.Draft`: each token goes to
+    """A backend's token stream as a live :class:`~logtoku_guard.guard.driver.Draft`: each token goes to
     the reader, then to ``watch``; a rule that fires stops the generation."""
 
     def __init__(self, stream: TokenStream, watch: Watch) -> None:

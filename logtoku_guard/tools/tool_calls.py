@@ -17,12 +17,12 @@ is the one used here; the LangChain adapter and ``logtoku-guard serve`` both use
   as in training (:func:`add_tool_result` puts consecutive results in one user turn);
 - :func:`parse_tool_calls`: an answer split into its prose and its calls (:class:`ParsedCall`,
   :class:`InvalidCall`): each call object of a block (a list of them, or one object;
-  :func:`~logtoku_guard.constraints.call_spans`); an empty list is no call; a whole answer that
+  :func:`~logtoku_guard.tools.constraints.call_spans`); an empty list is no call; a whole answer that
   is one such JSON object naming a known tool (no tags) counts too;
 - :func:`tool_call_scores`: each parsed call's per-argument scores (over the tokens of each
-  argument's value, :mod:`logtoku_guard.tool_scores`), as ``{"id", "name", "arguments"}``.
+  argument's value, :mod:`logtoku_guard.scoring.tool_scores`), as ``{"id", "name", "arguments"}``.
 
-Under constrained decoding (:class:`~logtoku_guard.constraints.ToolCalls`) the model can only
+Under constrained decoding (:class:`~logtoku_guard.tools.constraints.ToolCalls`) the model can only
 write calls of this format, so every call parses.
 """
 
@@ -35,7 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logtoku_guard.constraints import (
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.tool_scores import score_tool_calls
+from logtoku_guard.tools.constraints import (
     CALL_BLOCK,
     CALL_LIST_CLOSE,
     CALL_LIST_OPEN,
@@ -44,8 +46,6 @@ from logtoku_guard.constraints import (
     JsonSchema,
     call_spans,
 )
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.tool_scores import score_tool_calls
 from logtoku_guard.types import ChatMessage, TokenScore
 
 __all__ = [

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from logtoku_guard.audit.records import AuditRecord
+from logtoku_guard.decision.tool_gate.call_policy import ToolDecision
+from logtoku_guard.decision.tool_gate.scores import ScoredToolCall
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.tool_gate.call_policy import ToolDecision
-from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import ReviewItem
-    from logtoku_guard.quadrants import QuadrantThresholds
+    from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
 __all__ = ["ToolReviewRequest", "ToolReviewResponse", "arguments_json", "tool_call_record"]
 

@@ -9,7 +9,7 @@ a risk target on the profile's fitted guard (``{coverage: 0.85, confidence: 0.9}
 ``{selective_risk: 0.2, confidence: 0.9}``: :class:`Risk`, :mod:`logtoku_guard.calibration.risk`); a comparison may
 name a ``fallback`` statistic (with its own ``fallback_value``) used when its own is
 unavailable. Undefined statistics (NaN) count as the least reliable value unless the policy
-says ``undefined: never_fires`` (see :mod:`logtoku_guard.policy`).
+says ``undefined: never_fires`` (see :mod:`logtoku_guard.decision.policy`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.rules import (
+from logtoku_guard.decision.rules import (
     Combinator,
     Negation,
     Op,
@@ -32,12 +31,13 @@ from logtoku_guard.rules import (
     leaves,
     refuse_non_number,
 )
-from logtoku_guard.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
+from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.calibration.risk import RiskThreshold
-    from logtoku_guard.guard_score import GuardModel
+    from logtoku_guard.scoring.guard_score import GuardModel
 
 __all__ = [
     "AllOf",
@@ -171,7 +171,7 @@ class Compare(StrictModel):
     def evaluate(self, stats: ResponseStats, ctx: RuleContext, checks: list[Check]) -> bool:
         """Compare on ``stats``, appending the :class:`Check` to ``checks``; an undefined value is
         the least reliable one unless the policy says ``undefined: never_fires``
-        (:func:`~logtoku_guard.rules.compare`)."""
+        (:func:`~logtoku_guard.decision.rules.compare`)."""
         stat = _stat_used(self, stats, ctx.profile)
         threshold, q, guarantee = resolve_threshold(self, ctx.profile, stat)
         observed = stats.get(stat)
@@ -221,7 +221,7 @@ def is_monotone(node: Condition) -> bool:
 
 
 def comparisons(node: Condition) -> list[Compare]:
-    """The comparisons of a condition (:func:`~logtoku_guard.rules.leaves`)."""
+    """The comparisons of a condition (:func:`~logtoku_guard.decision.rules.leaves`)."""
     return list(leaves(node))
 
 

@@ -9,7 +9,7 @@ One guarded question is one span tree::
     └── chat <model>            the answer made with the retrieved context
     events on the GUARDRAIL span: gen_ai.evaluation.result, one per scored answer
 
-:class:`GuardTelemetry` is what :class:`~logtoku_guard.guard.Guard` (and through it the
+:class:`GuardTelemetry` is what :class:`~logtoku_guard.guard.guard.Guard` (and through it the
 LangChain and LlamaIndex adapters) calls; spans go to the ``tracer_provider`` given, else to
 OpenTelemetry's global one. Names follow the OpenTelemetry GenAI semantic conventions (still
 "development" status) and OpenInference; ``apply_guardrail`` is from the draft GenAI security
@@ -30,13 +30,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.payloads import decision_attributes
+from logtoku_guard.guard.payloads import decision_attributes
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.policy import Policy
-    from logtoku_guard.results import GuardResult
+    from logtoku_guard.decision.policy import Policy
+    from logtoku_guard.decision.results import GuardResult
     from logtoku_guard.types import ChatMessage, Generation
 
 __all__ = ["EVALUATION_EVENT", "GenerationSpan", "GuardTelemetry", "Guarded", "RetrievalSpan", "RunSpan"]
@@ -47,7 +47,7 @@ _PROVIDERS = {"TransformersBackend": "transformers", "OpenAICompatibleBackend": 
 
 
 class Guarded(Protocol):
-    """What the spans read from a guard (:class:`~logtoku_guard.guard.Guard` has it): the model
+    """What the spans read from a guard (:class:`~logtoku_guard.guard.guard.Guard` has it): the model
     and provider, the policy's name and version, the profile for the reliability percentile."""
 
     @property
@@ -234,7 +234,7 @@ class RunSpan(_Span):
         super().end()
 
     def fail(self, exc: BaseException) -> None:
-        from logtoku_guard.results import GuardRejectedError
+        from logtoku_guard.decision.results import GuardRejectedError
 
         if isinstance(exc, GuardRejectedError) and self._live and not self._ended:
             self._span.record_exception(exc)  # the status was set by concluded()

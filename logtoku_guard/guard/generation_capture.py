@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 from logtoku_guard.types import Generation, TokenScore
 
 if TYPE_CHECKING:
-    from logtoku_guard.driver import Watch
+    from logtoku_guard.guard.driver import Watch
 
 __all__ = ["GenerationCapture", "active_captures", "capture_generations", "captured_aiter", "captured_iter"]
 
@@ -50,7 +50,7 @@ class GenerationCapture:
     generation starts), each with its AU/EU as soon as the backend produced it.
     ``cancel_stream()`` stops the generation being streamed (its ``finish_reason`` becomes
     ``"cancelled"``); the stream then ends normally with what was generated. ``watch``: the
-    driver's :class:`~logtoku_guard.driver.Watch` of the generation this capture is made for;
+    driver's :class:`~logtoku_guard.guard.driver.Watch` of the generation this capture is made for;
     each token is reported to it, and the generation is stopped when it says so.
     """
 

@@ -5,8 +5,8 @@ Every statistic is named with its direction: ``reliability*`` higher = more reli
 statistic is undefined; :meth:`ResponseStats.undefined_reason` says why (an empty answer,
 NaN token scores), and policies count it as the least reliable value by default.
 
-Quadrants follow :mod:`logtoku_guard.uncertainty` (:func:`~logtoku_guard.quadrants.quadrant_of`,
-:func:`~logtoku_guard.quadrants.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
+Quadrants follow :mod:`logtoku_guard.scoring.uncertainty` (:func:`~logtoku_guard.scoring.quadrants.quadrant_of`,
+:func:`~logtoku_guard.scoring.quadrants.quadrant_shares`): a token whose AU or EU is undefined (NaN, raw
 evidence mode) is in no quadrant, and shares divide by *all* tokens of the answer, so the
 policy's ``quadrant_*_share`` statistics agree with every JSON payload.
 """
@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from logtoku_guard.claims import ClaimStats
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.prompt_stats import PromptStats
-from logtoku_guard.quadrants import Quadrant, QuadrantThresholds, quadrant_shares
+from logtoku_guard.scoring.claims import ClaimStats
+from logtoku_guard.scoring.prompt_stats import PromptStats
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds, quadrant_shares
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N, word_scores
 from logtoku_guard.types import Generation, ResponseScore, TokenScore
-from logtoku_guard.uncertainty import DEFAULT_TOP_N, word_scores
 
 StatName = Literal[
     "reliability",
@@ -89,17 +89,17 @@ class ResponseStats:
     ``first_eu``: mean EU over the first ``first_tokens`` content tokens (whitespace-only and
     empty pieces skipped). ``quadrant_*_share``: share of *all* tokens in quadrant I / II / I or
     II (``unreliable_share``) against the given quadrant thresholds (NaN without thresholds); a
-    token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.quadrants.quadrant_shares`).
+    token with undefined AU/EU is in no quadrant (see :func:`~logtoku_guard.scoring.quadrants.quadrant_shares`).
     ``first_max_eu``: max EU over those first content tokens; ``word_mean_eu``: mean over the
-    answer's words of each word's max EU (:func:`~logtoku_guard.uncertainty.word_scores`).
+    answer's words of each word's max EU (:func:`~logtoku_guard.scoring.uncertainty.word_scores`).
     ``prompt_*``: the question's own tokens, teacher-forced at the prefill pass
-    (:class:`~logtoku_guard.prompt_stats.PromptStats`; NaN without prompt scores).
-    ``claim_*``: the words the answer asserts beyond the question (:mod:`logtoku_guard.claims`:
+    (:class:`~logtoku_guard.scoring.prompt_stats.PromptStats`; NaN without prompt scores).
+    ``claim_*``: the words the answer asserts beyond the question (:mod:`logtoku_guard.scoring.claims`:
     max/mean word EU, min/mean log-probability; NaN when it asserts no new content word);
     ``question_echo``: the share of the question's content words the answer repeats (NaN when
     the question has none; higher = the answer addresses the question).
     ``reliability_debiased`` and ``guard_score`` need a fitted guard model
-    (:func:`logtoku_guard.guard_score.with_guard_score`; NaN otherwise): reliability minus its
+    (:func:`logtoku_guard.scoring.guard_score.with_guard_score`; NaN otherwise): reliability minus its
     expected value at this answer length, and the predicted probability that the answer is
     correct/known (both higher = more reliable).
     """
@@ -177,7 +177,7 @@ class ResponseStats:
         return "NaN token scores"
 
     def as_dict(self) -> dict[str, float | None]:
-        """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.payloads.stats_payload`)."""
+        """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.guard.payloads.stats_payload`)."""
         values = {name: self.get(name) for name in STAT_NAMES}
         return {name: (v if math.isfinite(v) else None) for name, v in values.items()}
 

@@ -19,7 +19,7 @@ person approves, edits the arguments or rejects), ``reask`` (the tool does not r
 is told why and asked again, at most ``reask.max_attempts`` times in a row, then
 ``reask.fallback``), ``refuse`` (the tool does not run; the agent gets a tool message saying
 it was refused for uncertainty). A separate section because its rules read other statistics
-(per argument, :data:`~logtoku_guard.tool_gate.scores.ARGUMENT_STATS`) and take other actions
+(per argument, :data:`~logtoku_guard.decision.tool_gate.scores.ARGUMENT_STATS`) and take other actions
 than the answer rules; it shares the policy's ``undefined`` mode, name and version.
 """
 
@@ -32,11 +32,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from logtoku_guard.decision.rules import RuleContext, StrictModel, UndefinedMode, first_firing
+from logtoku_guard.decision.tool_gate.call_conditions import ArgumentCheck, ToolCondition
+from logtoku_guard.decision.tool_gate.scores import ScoredToolCall
 from logtoku_guard.errors import short_repr
-from logtoku_guard.rules import RuleContext, StrictModel, UndefinedMode, first_firing
 from logtoku_guard.templates import check_template
-from logtoku_guard.tool_gate.call_conditions import ArgumentCheck, ToolCondition
-from logtoku_guard.tool_gate.scores import ScoredToolCall
 
 __all__ = ["ReaskSettings", "RefuseSettings", "ToolAction", "ToolCallPolicy", "ToolDecision", "ToolRule"]
 

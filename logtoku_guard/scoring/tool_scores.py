@@ -9,7 +9,7 @@ not the keys or punctuation) and scores the tokens whose text overlaps them
 with no leaf characters (``""``, ``{}``, ``[]``) is scored over the tokens of its whole text.
 
 :func:`value_spans` is the pure mapping on a JSON text (:func:`leaf_spans` per value);
-:func:`score_tool_calls` applies it to every call (:func:`~logtoku_guard.constraints.call_spans`)
+:func:`score_tool_calls` applies it to every call (:func:`~logtoku_guard.tools.constraints.call_spans`)
 of a generation. AU/EU: higher = more uncertain; ``logprob``: higher = more confident.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from logtoku_guard.constraints import call_spans
 from logtoku_guard.errors import ConfigurationError, short_repr
+from logtoku_guard.tools.constraints import call_spans
 from logtoku_guard.types import TokenScore
 
 __all__ = ["ARGUMENT_STATS", "ArgumentScore", "ArgumentStat", "ToolCallScore", "leaf_spans", "score_tool_calls", "value_spans"]

@@ -26,8 +26,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from logtoku_guard.scoring.uncertainty import word_scores
 from logtoku_guard.types import TokenScore
-from logtoku_guard.uncertainty import word_scores
 
 __all__ = ["CLAIM_WORDS", "FUNCTION_WORDS", "ClaimStats", "ClaimWord", "claim_words", "question_echo"]
 

@@ -2,7 +2,7 @@
 
 ``guard_score`` = predicted probability that an answer is correct (or its question is about
 something the model knows), higher = more reliable. It combines a few statistics of
-:class:`~logtoku_guard.stats.ResponseStats` (:data:`FEATURES`: answer reliability, EU and AU, the
+:class:`~logtoku_guard.scoring.stats.ResponseStats` (:data:`FEATURES`: answer reliability, EU and AU, the
 question's own teacher-forced surprise, the answer length), each standardised with the mean
 and standard deviation of the data it was fit on, with an L2 penalty. A statistic that is
 undefined for an answer (NaN: an empty answer, a backend without prompt scores) takes the
@@ -13,7 +13,7 @@ coefficients, intercept, penalty, the data it was fit on (dataset names, n, posi
 its cross-validated AUROC. It is saved inside the model's
 :class:`~logtoku_guard.calibration.profiles.ModelProfile` (field ``guard``); a profile
 without one (made by an older version) still loads, ``guard_score`` is then NaN and the
-default policy falls back to reliability (:func:`logtoku_guard.policy.default_policy`).
+default policy falls back to reliability (:func:`logtoku_guard.decision.policy.default_policy`).
 
 :func:`fit_guard` is deterministic for a seed (Newton iterations, no random start; the seed
 only draws the cross-validation folds). :func:`with_guard_score` fills ``guard_score`` and
@@ -36,7 +36,7 @@ from logtoku_guard.errors import ConfigurationError
 if TYPE_CHECKING:
     import numpy as np
 
-    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.scoring.stats import ResponseStats
     from logtoku_guard.types import Generation
 
 __all__ = ["FEATURES", "GuardModel", "StatsLike", "auroc", "feature_matrix", "fit_guard", "ranking_arrays", "with_guard_score"]
@@ -133,7 +133,7 @@ class GuardModel(BaseModel):
 
 class StatsLike(Protocol):
     """What a fit reads of one answer: each statistic by name, its reliability and its length
-    (a :class:`~logtoku_guard.stats.ResponseStats`, or the statistics an audit record kept)."""
+    (a :class:`~logtoku_guard.scoring.stats.ResponseStats`, or the statistics an audit record kept)."""
 
     def get(self, name: str) -> float: ...
 
@@ -362,7 +362,7 @@ def with_guard_score(stats: ResponseStats, guard: GuardModel | Any | None, gener
         return dataclasses.replace(stats, guard_score=math.nan, reliability_debiased=math.nan)
     basis = stats
     if generation is not None and model.max_tokens is not None and len(generation.tokens) > model.max_tokens:
-        from logtoku_guard.stats import ResponseStats
+        from logtoku_guard.scoring.stats import ResponseStats
 
         basis = ResponseStats.from_tokens(
             generation.tokens[: model.max_tokens],

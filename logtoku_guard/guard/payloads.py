@@ -9,8 +9,8 @@ JSON has no NaN or infinity: every float that is not finite is written as ``None
 (:func:`json_float`). Quadrants: a token whose AU or EU is undefined (raw evidence mode) has
 quadrant ``None``; quadrant shares divide by *all* tokens of the answer, so undefined tokens
 count in no quadrant (the four shares then sum to less than 1). Both come from
-:func:`logtoku_guard.quadrants.quadrant_of` and :func:`~logtoku_guard.quadrants.quadrant_shares`,
-which :mod:`logtoku_guard.stats` uses for the policy's ``quadrant_*_share`` statistics too, so
+:func:`logtoku_guard.scoring.quadrants.quadrant_of` and :func:`~logtoku_guard.scoring.quadrants.quadrant_shares`,
+which :mod:`logtoku_guard.scoring.stats` uses for the policy's ``quadrant_*_share`` statistics too, so
 every adapter, payload and policy agrees on both.
 
 Directions: ``au``/``eu`` (and ``*_au``/``*_eu``/``*_share``) higher = more uncertain;
@@ -50,14 +50,14 @@ from typing import TYPE_CHECKING, Literal
 
 from typing_extensions import NotRequired, TypedDict  # pydantic reads these on Python < 3.12 (the wire protocol's extras)
 
-from logtoku_guard.quadrants import QuadrantThresholds, quadrant_of, quadrant_shares
+from logtoku_guard.scoring.quadrants import QuadrantThresholds, quadrant_of, quadrant_shares
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.conditions import Check
-    from logtoku_guard.policy import Decision
-    from logtoku_guard.results import Attempt, GuardResult
-    from logtoku_guard.stats import ResponseStats
+    from logtoku_guard.decision.conditions import Check
+    from logtoku_guard.decision.policy import Decision
+    from logtoku_guard.decision.results import Attempt, GuardResult
+    from logtoku_guard.scoring.stats import ResponseStats
     from logtoku_guard.types import Generation, TokenScore
 
 __all__ = [
@@ -333,7 +333,7 @@ def generation_payload(generation: Generation, thresholds: QuadrantThresholds | 
 
 
 def stats_payload(stats: ResponseStats) -> dict[str, float | None]:
-    """Every response statistic by name, in :data:`~logtoku_guard.stats.STAT_NAMES` order (undefined -> ``None``)."""
+    """Every response statistic by name, in :data:`~logtoku_guard.scoring.stats.STAT_NAMES` order (undefined -> ``None``)."""
     return stats.as_dict()
 
 

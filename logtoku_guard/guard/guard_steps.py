@@ -2,7 +2,7 @@
 
 One guarded question is answer -> decide -> (retrieve -> answer with the context -> decide)* ->
 conclude. :func:`guard_steps` owns every decision of that loop (through a
-:class:`~logtoku_guard.decider.Decider`): how many retrievals, the fallback and its reason, what
+:class:`~logtoku_guard.decision.decider.Decider`): how many retrievals, the fallback and its reason, what
 each attempt records, the timings. It never generates, retrieves or records by itself: it
 yields a request and is sent the answer::
 
@@ -14,7 +14,7 @@ yields a request and is sent the answer::
         Retrieve(question, number)   -> send Retrieved(passages) or Retrieved(why=...)
     request.result                            # the GuardResult, recorded (raise it yourself for "raise")
 
-One driver answers it for every way of guarding (:mod:`logtoku_guard.driver`: early stop, held
+One driver answers it for every way of guarding (:mod:`logtoku_guard.guard.driver`: early stop, held
 or live drafts, spans); the entry points hand that driver only their generations and retrievals.
 
 The time between a request and its answer is the driver's: the generator adds it to the
@@ -29,12 +29,12 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from logtoku_guard.decision.results import Attempt, GuardResult, GuardTimings
 from logtoku_guard.errors import UsageError
-from logtoku_guard.results import Attempt, GuardResult, GuardTimings
 
 if TYPE_CHECKING:
-    from logtoku_guard.decider import Decider
-    from logtoku_guard.policy import Decision, RetrieveSettings
+    from logtoku_guard.decision.decider import Decider
+    from logtoku_guard.decision.policy import Decision, RetrieveSettings
     from logtoku_guard.types import Generation
 
 __all__ = ["Answer", "Conclude", "Generate", "Progress", "Request", "Retrieve", "Retrieved", "Steps", "guard_steps"]
@@ -78,7 +78,7 @@ class Retrieve:
 @dataclass(frozen=True)
 class Conclude:
     """The loop is over: ``result`` is decided and recorded. The driver reports it (and raises
-    :class:`~logtoku_guard.results.GuardRejectedError` for the ``raise`` action)."""
+    :class:`~logtoku_guard.decision.results.GuardRejectedError` for the ``raise`` action)."""
 
     result: GuardResult
 

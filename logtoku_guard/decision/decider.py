@@ -2,9 +2,9 @@
 
 Backend-free: a :class:`Decider` holds the policy, the model's profile (quantile thresholds,
 quadrant thresholds, the learned guard score) and the audit store, and nothing that generates
-or retrieves. :class:`~logtoku_guard.guard.Guard` builds one over its backend; adapters that
+or retrieves. :class:`~logtoku_guard.guard.guard.Guard` builds one over its backend; adapters that
 generate through their framework (LangChain's agent middleware, LlamaIndex's query engine) use
-one through :func:`~logtoku_guard.guard_steps.guard_steps`, the one guard loop::
+one through :func:`~logtoku_guard.guard.guard_steps.guard_steps`, the one guard loop::
 
     decider = Decider(policy, profile, store=store)
     decision = decider.decide(generation)                 # the policy on one answer
@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from logtoku_guard.decision.policy import Decision, Policy, default_policy
+from logtoku_guard.decision.results import Attempt, GuardResult, GuardTimings
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard_score import with_guard_score
-from logtoku_guard.policy import Decision, Policy, default_policy
-from logtoku_guard.results import Attempt, GuardResult, GuardTimings
-from logtoku_guard.stats import ResponseStats
-from logtoku_guard.uncertainty import DEFAULT_TOP_N
+from logtoku_guard.scoring.guard_score import with_guard_score
+from logtoku_guard.scoring.stats import ResponseStats
+from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
@@ -43,7 +43,7 @@ class Decider:
     """Decide on answers with ``policy`` and the model's ``profile``; record results in ``store``.
 
     Args:
-        policy: a :class:`~logtoku_guard.policy.Policy` (default: :func:`default_policy`,
+        policy: a :class:`~logtoku_guard.decision.policy.Policy` (default: :func:`default_policy`,
             which needs a profile).
         profile: the model's :class:`~logtoku_guard.calibration.ModelProfile`, needed for
             quantile thresholds, quadrant shares and the guard score.

@@ -7,11 +7,11 @@ and LlamaIndex adapters are thin layers over the same pieces.
 
 Its public surface is what a user needs: :meth:`Guard.run` (and :meth:`~Guard.arun`),
 :meth:`Guard.stream`, and the attributes it was built from, with :attr:`Guard.decider` (the
-backend-free :class:`~logtoku_guard.decider.Decider`: ``decide`` an answer you already have,
+backend-free :class:`~logtoku_guard.decision.decider.Decider`: ``decide`` an answer you already have,
 ``conclude`` a decision into a recorded result) and :attr:`Guard.quadrants`. The loop itself is
-:func:`~logtoku_guard.guard_steps.guard_steps` (written once, without I/O), driven by the one
-driver (:mod:`logtoku_guard.driver`, which also watches ``early_stop`` rules in :meth:`Guard.run`)
-with :class:`~logtoku_guard.guard_io.BackendIO` (the backend and the retriever).
+:func:`~logtoku_guard.guard.guard_steps.guard_steps` (written once, without I/O), driven by the one
+driver (:mod:`logtoku_guard.guard.driver`, which also watches ``early_stop`` rules in :meth:`Guard.run`)
+with :class:`~logtoku_guard.guard.guard_io.BackendIO` (the backend and the retriever).
 
 Failures stay contained: the retriever runs in a daemon worker thread and is given up after
 ``policy.retrieve.timeout_s`` (the stuck thread is abandoned, not killed: Python cannot stop
@@ -27,14 +27,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.decider import Decider
-from logtoku_guard.driver import GuardIO, drive
-from logtoku_guard.guard_io import BackendIO
-from logtoku_guard.guard_stream import GuardStream
-from logtoku_guard.policy import Policy, default_policy
-from logtoku_guard.results import GuardRejectedError, GuardResult
-from logtoku_guard.retriever_calls import RetrieverLike
-from logtoku_guard.telemetry import GuardTelemetry
+from logtoku_guard.decision.decider import Decider
+from logtoku_guard.decision.policy import Policy, default_policy
+from logtoku_guard.decision.results import GuardRejectedError, GuardResult
+from logtoku_guard.guard.driver import GuardIO, drive
+from logtoku_guard.guard.guard_io import BackendIO
+from logtoku_guard.guard.guard_stream import GuardStream
+from logtoku_guard.guard.retriever_calls import RetrieverLike
+from logtoku_guard.guard.telemetry import GuardTelemetry
 from logtoku_guard.types import DecodingOptions, Prompt, question_of, to_messages
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Guard:
 
     Methods: :meth:`run`, :meth:`arun`, :meth:`stream`. Attributes: the arguments above,
     :attr:`telemetry`, :attr:`decider` (the policy, profile and store as a backend-free
-    :class:`~logtoku_guard.decider.Decider`) and :attr:`quadrants`.
+    :class:`~logtoku_guard.decision.decider.Decider`) and :attr:`quadrants`.
     """
 
     def __init__(
@@ -101,8 +101,8 @@ class Guard:
         An ``early_stop`` rule stops a generation as soon as it fires on the answer so far (the
         result says ``stopped_early``), as in :meth:`stream`. ``io``: what makes the generations
         and retrievals the loop asks for (default: this guard's backend, options and retriever,
-        :class:`~logtoku_guard.guard_io.BackendIO`); an adapter that generates its own way passes
-        its own :class:`~logtoku_guard.driver.GuardIO` for the same prompt.
+        :class:`~logtoku_guard.guard.guard_io.BackendIO`); an adapter that generates its own way passes
+        its own :class:`~logtoku_guard.guard.driver.GuardIO` for the same prompt.
         """
         messages = to_messages(prompt, self.system)
         io = io if io is not None else BackendIO.of(self, messages)

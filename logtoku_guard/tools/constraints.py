@@ -2,7 +2,7 @@
 
 A constraint rides on :class:`~logtoku_guard.types.DecodingOptions` (``constraint=``) and is
 backend-agnostic: it only says *what* the answer must look like. A backend that supports
-constrained decoding compiles it into a token grammar (:mod:`logtoku_guard.grammar`, the
+constrained decoding compiles it into a token grammar (:mod:`logtoku_guard.tools.grammar`, the
 ``tools`` extra) and masks, at every step, the tokens that would leave the grammar: the mask
 is applied *after* the raw logits were recorded, so AU/EU and log p stay the model's.
 

@@ -13,7 +13,7 @@ entry per top-level argument, over the tokens of the argument's value (not the J
 around it): ``tokens`` how many, AU/EU their mean and maximum (higher = more uncertain),
 ``logprob`` the summed log-probability of those tokens (natural log, higher = more likely).
 :func:`parse_tool_call_scores` turns this into frozen :class:`ScoredToolCall` objects (each
-argument an :class:`~logtoku_guard.tool_scores.ArgumentScore`, the type the scorer makes) and
+argument an :class:`~logtoku_guard.scoring.tool_scores.ArgumentScore`, the type the scorer makes) and
 refuses malformed metadata with an error naming the bad value. Framework-free: the input is plain data.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.tool_scores import ARGUMENT_STATS, ArgumentScore, ArgumentStat
+from logtoku_guard.scoring.tool_scores import ARGUMENT_STATS, ArgumentScore, ArgumentStat
 
 __all__ = ["ARGUMENT_STATS", "ArgumentScore", "ArgumentStat", "ScoredToolCall", "parse_tool_call_scores"]
 

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding: a :mod:`~logtoku_guard.constraints` constraint as a per-step token mask.
+"""Grammar-constrained decoding: a :mod:`~logtoku_guard.tools.constraints` constraint as a per-step token mask.
 
 The engine is `llguidance <https://github.com/guidance-ai/llguidance>`_ (the ``tools`` extra,
 imported lazily), chosen on measurements (``benchmarks/tool_calls/RESULTS.md``): no
@@ -15,7 +15,7 @@ advances each row's grammar with the chosen token (:meth:`RowGrammar.advance`) a
 row when the grammar is complete.
 
 Tool calls with ``choice="auto"`` are a trigger: no mask while the model writes prose; once
-its text contains :data:`~logtoku_guard.constraints.TOOL_CALL_OPEN`, the bytes after it are
+its text contains :data:`~logtoku_guard.tools.constraints.TOOL_CALL_OPEN`, the bytes after it are
 fed to a grammar of ``"[\n" call "\n]</tool_call>"`` and every later token is masked by it.
 """
 
@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from logtoku_guard.constraints import (
+from logtoku_guard.errors import ConfigurationError, GrammarError, MissingDependencyError, short_repr
+from logtoku_guard.tools.constraints import (
     CALL_LIST_CLOSE,
     CALL_LIST_OPEN,
     JSON_STYLE,
@@ -41,7 +42,6 @@ from logtoku_guard.constraints import (
     bounded_schema,
     tool_call_schema,
 )
-from logtoku_guard.errors import ConfigurationError, GrammarError, MissingDependencyError, short_repr
 
 __all__ = ["GrammarEngine", "RowGrammar", "allowed_tokens", "grammar_text", "require_llguidance"]
 

@@ -28,10 +28,10 @@ asks "less reliable than the threshold" fires on them (``<``/``<=`` on ``reliabi
 ``>``/``>=`` on the uncertainty statistics and ``n_tokens``), and the reason says
 ``undefined: empty answer``. With ``undefined: never_fires`` no comparison on a NaN or
 infinite value fires. Files are read within bounds (size, values, nesting, no
-YAML aliases: :mod:`logtoku_guard.policy_loading`).
+YAML aliases: :mod:`logtoku_guard.decision.policy_loading`).
 
 A ``tool_calls:`` section holds the rules for an agent's tool calls (per-argument statistics;
-actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.tool_gate.call_policy`.
+actions ``run``, ``human_review``, ``reask``, ``refuse``): :mod:`logtoku_guard.decision.tool_gate.call_policy`.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from logtoku_guard.conditions import Check, Condition, comparisons, describe_checks, is_monotone
+from logtoku_guard.decision.conditions import Check, Condition, comparisons, describe_checks, is_monotone
+from logtoku_guard.decision.policy_loading import check_bounds, read_policy_file
+from logtoku_guard.decision.rules import RuleContext, StrictModel, UndefinedMode, first_firing
+from logtoku_guard.decision.tool_gate.call_policy import ToolCallPolicy
 from logtoku_guard.errors import PolicyError, short_repr
-from logtoku_guard.policy_loading import check_bounds, read_policy_file
-from logtoku_guard.rules import RuleContext, StrictModel, UndefinedMode, first_firing
-from logtoku_guard.stats import ResponseStats
+from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.templates import check_template
-from logtoku_guard.tool_gate.call_policy import ToolCallPolicy
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
@@ -175,7 +175,7 @@ class Policy(StrictModel):
     undefined: UndefinedMode = "least_reliable"
     tool_calls: ToolCallPolicy = ToolCallPolicy()
     """Rules for the tool calls of an agent's answers, applied before each tool runs
-    (:mod:`logtoku_guard.tool_gate.call_policy`; used by ``LogTokUMiddleware``)."""
+    (:mod:`logtoku_guard.decision.tool_gate.call_policy`; used by ``LogTokUMiddleware``)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:
@@ -188,7 +188,7 @@ class Policy(StrictModel):
     # -- loading ----------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
-        """Validate ``data`` (at most :data:`~logtoku_guard.policy_loading.MAX_POLICY_NODES` values)."""
+        """Validate ``data`` (at most :data:`~logtoku_guard.decision.policy_loading.MAX_POLICY_NODES` values)."""
         if not isinstance(data, Mapping):
             msg = f"a policy must be a mapping (name, rules, ...), got {type(data).__name__} {short_repr(data)}"
             raise PolicyError(msg)
@@ -204,7 +204,7 @@ class Policy(StrictModel):
     @classmethod
     def from_file(cls, path: str | Path) -> Policy:
         """Load a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds of
-        :mod:`~logtoku_guard.policy_loading` (size, values, nesting, no YAML aliases, UTF-8)."""
+        :mod:`~logtoku_guard.decision.policy_loading` (size, values, nesting, no YAML aliases, UTF-8)."""
         p = Path(path)
         data = read_policy_file(p)
         if not isinstance(data, dict):
@@ -278,7 +278,7 @@ fabrications at the slightly lower threshold passing 85% on tune). The guarantee
 the calibration answers; a guard fit on another model's labels (``calibrate --labels``) gets its
 own threshold for the same statement; too few labelled correct answers (fewer than 11 at these
 settings) cannot support it, and the policy then says so (a
-:class:`~logtoku_guard.conditions.RiskTargetWarning` with the best bound it could give) and flags on
+:class:`~logtoku_guard.decision.conditions.RiskTargetWarning` with the best bound it could give) and flags on
 its fallback, a quantile of ``reliability``, instead of guessing a guard-score threshold."""
 
 DEFAULT_FLAG_QUANTILE = 0.796
@@ -292,7 +292,7 @@ def default_policy() -> Policy:
     the threshold that passes at least :data:`DEFAULT_COVERAGE` of correct answers with confidence
     :data:`DEFAULT_CONFIDENCE`; every other answer passes.
 
-    ``guard_score`` (:mod:`logtoku_guard.guard_score`) is the profile's learned combination of
+    ``guard_score`` (:mod:`logtoku_guard.scoring.guard_score`) is the profile's learned combination of
     answer and prompt-side statistics, the predicted probability that the answer is right
     (higher = more reliable). Flagged answers go to retrieval, then abstention when still
     uncertain or without a retriever. A profile without a fitted guard (an older version, a
