@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
+from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 from langchain_core.runnables import RunnableConfig
@@ -27,7 +28,7 @@ from langchain_logtoku._calls import CallSettings
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.backends.base import TokenStream
 from logtoku_guard.scoring.uncertainty import EvidenceMode
-from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore, to_messages
+from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
 
 __all__ = ["DRAFT_TAG", "NOSTREAM_TAG", "TracedBackend"]
 
@@ -67,14 +68,14 @@ class TracedBackend:
     def top_n(self) -> int:
         return self.llm.core_backend.top_n
 
-    def _open(self, prompt: Prompt) -> tuple[Any, CallSettings, list[Any]]:
+    def _open(self, prompt: Prompt) -> tuple[CallbackManagerForLLMRun, CallSettings, list[ChatMessage]]:
         """A chat-model run for ``prompt``, the call's settings and the core prompt to generate from."""
         tags = [*self.config.get("tags", []), DRAFT_TAG, *(() if self.live else (NOSTREAM_TAG,))]
         messages = to_messages(prompt)
         run, call = self.llm.open_run(messages, {**self.config, "tags": tags}, self.llm_kwargs)
         return run, call, self.llm.core_prompt(messages, call)
 
-    def _close(self, run: Any, generation: Generation, call: CallSettings) -> Generation:
+    def _close(self, run: CallbackManagerForLLMRun, generation: Generation, call: CallSettings) -> Generation:
         generation = self.llm.finished(generation, call)
         run.on_llm_end(LLMResult(generations=[[ChatGeneration(message=self.llm.message_for(generation, call))]]))
         self.generations.append(generation)

@@ -318,7 +318,9 @@ class ChatLogTokU(BaseChatModel):
         prompt = _tools.with_tool_prompt(messages, call.schema_prompt)
         return _tools.with_tool_prompt(prompt, _tools.tool_prompt(call.tools, call.tool_choice))
 
-    def open_run(self, messages: list[CoreMessage], config: RunnableConfig, kwargs: dict[str, Any]) -> tuple[Any, CallSettings]:
+    def open_run(
+        self, messages: list[CoreMessage], config: RunnableConfig, kwargs: dict[str, Any]
+    ) -> tuple[CallbackManagerForLLMRun, CallSettings]:
         """A chat-model run of this model for core ``messages`` under ``config`` (its callbacks, tags and
         metadata), started as ``invoke`` starts one; returns its run manager and the call's settings.
         The caller generates with :attr:`core_backend` and ends the run (``on_llm_end``/``on_llm_error``)."""
