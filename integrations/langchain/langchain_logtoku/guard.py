@@ -3,10 +3,11 @@
 The policy, the statistics and the actions are the core's; this module only feeds the core
 guard from LangChain inputs and makes every step a traced run:
 
-- each generation is a call of the :class:`~langchain_logtoku.ChatLogTokU` (a child chat-model
-  run, with the guard's callbacks, tags and metadata, tagged ``logtoku:draft``); a draft the
-  guard may withdraw is never streamed to callbacks (``nostream``, ``stream=False``: see
-  :mod:`langchain_logtoku._traced`), except the first attempt's tokens in ``stream_mode="retract"``;
+- each generation is made from the core messages by the :class:`~langchain_logtoku.ChatLogTokU`'s
+  core backend and traced as a child chat-model run of that model (with the guard's callbacks,
+  tags and metadata, tagged ``logtoku:draft``); a draft the guard may withdraw is never streamed
+  to callbacks (``nostream``, no token reported: see :mod:`langchain_logtoku._traced`), except
+  the first attempt's tokens in ``stream_mode="retract"``;
 - the ``retrieve`` route calls the LangChain retriever with the child config (a child
   retriever run);
 - the guard's own run gets the decision as its output (``response_metadata["logtoku_guard"]``)
