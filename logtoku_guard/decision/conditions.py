@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from logtoku_guard.decision.rules import (
+    AllOfParts,
+    AnyOfParts,
     Combinator,
     Negation,
     Op,
@@ -182,24 +184,18 @@ class Compare(StrictModel):
         return ok
 
 
-class AllOf(Combinator):
+class AllOf(AllOfParts):
     all: list[Condition] = Field(min_length=1)
 
     def parts(self) -> list[Condition]:
         return self.all
 
-    def combine(self, outcomes: list[bool]) -> bool:
-        return all(outcomes)
 
-
-class AnyOf(Combinator):
+class AnyOf(AnyOfParts):
     any: list[Condition] = Field(min_length=1)
 
     def parts(self) -> list[Condition]:
         return self.any
-
-    def combine(self, outcomes: list[bool]) -> bool:
-        return any(outcomes)
 
 
 class NotOf(Negation):

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPS",
+    "AllOfParts",
+    "AnyOfParts",
     "Combinator",
     "Negation",
     "Op",
@@ -106,6 +108,20 @@ class Combinator(StrictModel):
 
     def evaluate(self, subject: Any, ctx: RuleContext, checks: list[Any]) -> bool:
         return self.combine([part.evaluate(subject, ctx, checks) for part in self.parts()])
+
+
+class AllOfParts(Combinator):
+    """``all``: fires when every part does (each kind declares the field ``all`` and returns it from ``parts``)."""
+
+    def combine(self, outcomes: list[bool]) -> bool:
+        return all(outcomes)
+
+
+class AnyOfParts(Combinator):
+    """``any``: fires when a part does (each kind declares the field ``any`` and returns it from ``parts``)."""
+
+    def combine(self, outcomes: list[bool]) -> bool:
+        return any(outcomes)
 
 
 class Negation(StrictModel):

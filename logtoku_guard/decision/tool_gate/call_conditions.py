@@ -23,7 +23,8 @@ from typing import Annotated, Any, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from logtoku_guard.decision.rules import (
-    Combinator,
+    AllOfParts,
+    AnyOfParts,
     Negation,
     Op,
     RuleContext,
@@ -113,24 +114,18 @@ class ArgumentCompare(StrictModel):
         return fired
 
 
-class ToolAllOf(Combinator):
+class ToolAllOf(AllOfParts):
     all: list[ToolCondition] = Field(min_length=1)
 
     def parts(self) -> list[ToolCondition]:
         return self.all
 
-    def combine(self, outcomes: list[bool]) -> bool:
-        return all(outcomes)
 
-
-class ToolAnyOf(Combinator):
+class ToolAnyOf(AnyOfParts):
     any: list[ToolCondition] = Field(min_length=1)
 
     def parts(self) -> list[ToolCondition]:
         return self.any
-
-    def combine(self, outcomes: list[bool]) -> bool:
-        return any(outcomes)
 
 
 class ToolNotOf(Negation):
