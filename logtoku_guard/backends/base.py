@@ -6,8 +6,10 @@ carries its raw top-K logits and AU/EU. Three calls: ``generate`` (one prompt), 
 four read-only properties saying how it scores: ``model_name``, ``k``, ``evidence`` and
 ``top_n`` (each equal to the same field of every generation it returns).
 
-Implementations: :class:`~logtoku_guard.backends.transformers.TransformersBackend` (a local
-model) and :class:`~logtoku_guard.backends.fake.ScriptedBackend` (scripted logits, for tests).
+Implementations share :class:`ScoringIdentity` (the four properties, validated once) and are
+built by name through :mod:`logtoku_guard.backends.registry` (``transformers``, ``llamacpp``,
+``openai``; :class:`~logtoku_guard.backends.fake.ScriptedBackend` is built directly, for tests).
+Each names its ``provider`` (the ``gen_ai.provider.name`` of its spans): :func:`provider_of`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from logtoku_guard.errors import UsageError
-from logtoku_guard.scoring.uncertainty import EvidenceMode
+from logtoku_guard.scoring.uncertainty import EvidenceMode, validate_evidence, validate_k, validate_top_n
 from logtoku_guard.types import DecodingOptions, Generation, Prompt, TokenScore
 
 
@@ -56,6 +58,49 @@ class Backend(Protocol):
     def stream(self, prompt: Prompt, options: DecodingOptions | None = None) -> TokenStream: ...
 
     def batch(self, prompts: Sequence[Prompt], options: DecodingOptions | None = None) -> list[Generation]: ...
+
+
+class ScoringIdentity:
+    """The four properties every backend shares, validated once: a base for implementations.
+
+    ``provider``: who runs the model, as OpenTelemetry's ``gen_ai.provider.name`` names it (a class
+    attribute each implementation sets; read with :func:`provider_of`).
+    """
+
+    provider: ClassVar[str | None] = None
+    _name: str
+    _k: int
+    _evidence: EvidenceMode
+    _top_n: int
+
+    def _identify(self, model_name: str, k: int, evidence: str, top_n: int, *, vocab_size: int | None = None) -> None:
+        """Set (and check) the model's name, K, evidence mode and top-N."""
+        self._evidence = validate_evidence(evidence)
+        self._top_n = validate_top_n(top_n)
+        self._k = validate_k(k, vocab_size)
+        self._name = model_name
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def evidence(self) -> EvidenceMode:
+        return self._evidence
+
+    @property
+    def top_n(self) -> int:
+        return self._top_n
+
+
+def provider_of(backend: object) -> str | None:
+    """``backend``'s provider (``ScoringIdentity.provider``; a wrapper forwards its inner backend's), or None."""
+    provider = getattr(backend, "provider", None)
+    return provider if isinstance(provider, str) else None
 
 
 class TokenStream:

@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.base import ScoringIdentity, TokenStream
 from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, Timings, TokenScore, question_of, to_messages
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.batching import Batcher, PreparedRow
-    from logtoku_guard.scoring.uncertainty import EvidenceMode
 
 __all__ = ["BatchedBackend", "fit_new_tokens"]
 
@@ -52,36 +51,16 @@ def fit_new_tokens(n_prompt: int, max_new_tokens: int, context: int | None) -> i
     return max_new_tokens
 
 
-class BatchedBackend:
+class BatchedBackend(ScoringIdentity):
     """The shared half of a local backend; see the module docstring."""
 
-    _name: str
-    _k: int
-    _evidence: EvidenceMode
-    _top_n: int
     _max_logprobs: int
     _tokenizer: Any
     _batcher: Batcher
     _stream_thread = "logtoku-generate"
     """The name of the thread that runs a stream's generation."""
 
-    # -- properties -------------------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return self._evidence
-
-    @property
-    def top_n(self) -> int:
-        return self._top_n
-
+    # -- properties (model_name, k, evidence, top_n: ScoringIdentity) ---------------------
     @property
     def max_logprobs(self) -> int:
         """Raw top logits kept per token for ``top_logprobs`` (at least K)."""

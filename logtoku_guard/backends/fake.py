@@ -15,8 +15,9 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.base import ScoringIdentity, TokenStream
 from logtoku_guard.backends.stop_strings import truncate_at_stop
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.scoring.uncertainty import (
@@ -25,9 +26,6 @@ from logtoku_guard.scoring.uncertainty import (
     EvidenceMode,
     rescore,
     row_lse_entropy,
-    validate_evidence,
-    validate_k,
-    validate_top_n,
 )
 from logtoku_guard.tools.constraints import refuse_constraint
 from logtoku_guard.types import (
@@ -61,7 +59,7 @@ class ScriptedAnswer:
 Script = Sequence[ScriptedAnswer] | Callable[[list[ChatMessage]], ScriptedAnswer]
 
 
-class ScriptedBackend:
+class ScriptedBackend(ScoringIdentity):
     """Replays answers in order (a list) or answers each prompt with ``script(messages)``.
 
     Args:
@@ -76,6 +74,9 @@ class ScriptedBackend:
     ``calls`` lists the chat turns of every call, in order.
     """
 
+    provider: ClassVar[str | None] = "logtoku_guard"
+    """The ``gen_ai.provider.name`` of this backend's spans."""
+
     def __init__(
         self,
         script: Script,
@@ -85,30 +86,11 @@ class ScriptedBackend:
         top_n: int = DEFAULT_TOP_N,
         model_name: str = "scripted",
     ) -> None:
-        self._k = validate_k(k)
-        self._evidence = validate_evidence(evidence)
-        self._top_n = validate_top_n(top_n)
-        self._name = model_name
+        self._identify(model_name, k, evidence, top_n)
         self._script = script
         self._queue: Iterator[ScriptedAnswer] | None = None if callable(script) else iter(list(script))
         self._lock = threading.Lock()
         self.calls: list[list[ChatMessage]] = []
-
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return self._evidence
-
-    @property
-    def top_n(self) -> int:
-        return self._top_n
 
     def _next(self, messages: list[ChatMessage]) -> ScriptedAnswer:
         with self._lock:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
@@ -111,6 +111,9 @@ class LlamaCppBackend(BatchedBackend):
         verbose: let llama.cpp print its log (None: ``$LOGTOKU_GUARD_VERBOSE``, default off).
     """
 
+    provider: ClassVar[str | None] = "llama.cpp"
+    """The ``gen_ai.provider.name`` of this backend's spans."""
+
     def __init__(
         self,
         model: str | Path | None = None,
@@ -176,6 +179,9 @@ class LlamaCppBackend(BatchedBackend):
     constrained_decoding = True
     """This backend honours ``DecodingOptions.constraint`` (grammar masks, the ``tools`` extra)."""
 
+    honours_logit_params = True
+    """This backend applies ``logit_bias`` and the penalties (:func:`~logtoku_guard.backends.processors.penalise_row`)."""
+
     def grammar_engine(self) -> GrammarEngine:
         """The vocabulary's grammar engine for constrained decoding (built on first use)."""
         with self._grammars_lock:
@@ -209,7 +215,8 @@ class LlamaCppBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer.encode(text))
+        """Tokens of ``text`` read as text (control-token strings in it are not control tokens)."""
+        return len(self._tokenizer.encode(text, special=False))
 
     def close(self) -> None:
         """Finish queued requests, then free the llama.cpp context and model."""
@@ -229,8 +236,21 @@ class LlamaCppBackend(BatchedBackend):
 
     def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
-        text = self._render(messages)
-        ids = self._tokenizer.encode(text)
+        from logtoku_guard.backends.prompt_text import prompt_parts
+
+        tok = self._tokenizer
+
+        def control_text(content: str) -> str | None:
+            ids = tok.encode(content)
+            plain = tok.encode(content, special=False)
+            return (
+                None if ids == plain else next((tok.piece(i).decode("utf-8", "replace") for i in ids if i not in plain), content)
+            )
+
+        # Only the template's markup is parsed for control tokens; the messages' text is text.
+        parts = prompt_parts(self._render, messages, control_text)
+        text = "".join(p for p, _ in parts)
+        ids = [t for part, is_content in parts for t in tok.encode(part, special=not is_content)]
         if not ids:
             msg = "the rendered prompt has no tokens; pass a non-empty question"
             raise ConfigurationError(msg)

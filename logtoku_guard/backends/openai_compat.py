@@ -37,12 +37,12 @@ import time
 import warnings
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
 
 from logtoku_guard import openai_protocol as proto
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.base import ScoringIdentity, TokenStream
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
@@ -50,9 +50,6 @@ from logtoku_guard.scoring.uncertainty import (
     EvidenceMode,
     row_lse_entropy,
     token_logtoku,
-    validate_evidence,
-    validate_k,
-    validate_top_n,
 )
 from logtoku_guard.tools.constraints import refuse_constraint
 from logtoku_guard.types import (
@@ -67,7 +64,7 @@ from logtoku_guard.types import (
     to_messages,
 )
 
-__all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend"]
+__all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend", "served_models"]
 
 
 class MissingPromptScoresWarning(UserWarning):
@@ -78,7 +75,7 @@ _CHECK_TOKENS = 8
 """How many first tokens of an answer the log-probability check looks at."""
 
 
-class OpenAICompatibleBackend:
+class OpenAICompatibleBackend(ScoringIdentity):
     """LogTokU-scored generation on a remote OpenAI-compatible server returning raw top-K logits.
 
     Args:
@@ -91,6 +88,12 @@ class OpenAICompatibleBackend:
         max_concurrency: requests :meth:`batch` keeps in flight (the server batches them).
         client: an ``httpx.Client`` to use (custom TLS, proxies, a mock transport in tests).
     """
+
+    honours_logit_params = True
+    """``logit_bias`` and the penalties are sent to the remote server (which applies them, or refuses them with a 400)."""
+
+    provider: ClassVar[str | None] = "openai"
+    """The ``gen_ai.provider.name`` of this backend's spans."""
 
     def __init__(
         self,
@@ -117,9 +120,7 @@ class OpenAICompatibleBackend:
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             msg = f"max_concurrency must be a positive integer, got {max_concurrency!r}"
             raise ConfigurationError(msg)
-        self._k = validate_k(k)
-        self._evidence = validate_evidence(evidence)
-        self._top_n = validate_top_n(top_n)
+        self._identify(model, k, evidence, top_n)
         self.base_url = base_url.rstrip("/")
         self._model = model
         self._max_concurrency = max_concurrency
@@ -132,23 +133,6 @@ class OpenAICompatibleBackend:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client if client is not None else httpx.Client(timeout=timeout)
         self._headers = headers
-
-    # -- properties -------------------------------------------------------------------
-    @property
-    def model_name(self) -> str:
-        return self._model
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def evidence(self) -> EvidenceMode:
-        return self._evidence
-
-    @property
-    def top_n(self) -> int:
-        return self._top_n
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -176,6 +160,7 @@ class OpenAICompatibleBackend:
         data = self._parse(proto.ChatCompletionResponse, response.text, "a chat completion")
         total = time.perf_counter() - start
         choice = data.choices[0]
+        self._refuse_withheld(choice.message.refusal, choice.logtoku_guard)
         entries = _entries(choice.logprobs)
         text = choice.message.content or ""
         finish, stop = choice.finish_reason, choice.stop_reason
@@ -247,6 +232,12 @@ class OpenAICompatibleBackend:
             fields["seed"] = options.seed
         if options.stop:
             fields["stop"] = list(options.stop)
+        if options.logit_bias:
+            fields["logit_bias"] = {str(token): bias for token, bias in options.logit_bias}
+        if options.frequency_penalty:
+            fields["frequency_penalty"] = float(options.frequency_penalty)
+        if options.presence_penalty:
+            fields["presence_penalty"] = float(options.presence_penalty)
         try:
             request = proto.ChatCompletionRequest(**fields)
         except proto.ValidationError as exc:
@@ -268,6 +259,25 @@ class OpenAICompatibleBackend:
     def _unreachable(self, exc: Exception) -> RemoteServerError:
         msg = f"cannot reach {self._url} ({exc.__class__.__name__}: {exc}); is the server running and base_url right?"
         return RemoteServerError(msg)
+
+    def _refuse_withheld(self, refusal: str | None, decision: Any) -> None:
+        """Raise :class:`RemoteServerError` when the server sent a refusal instead of an answer: a guarded
+        ``logtoku-guard serve`` that withheld its draft (its decision named), or a model's own refusal.
+        There are no tokens to score: point this backend at an unguarded server to guard locally."""
+        withheld = isinstance(decision, dict) and bool(decision.get("withheld"))
+        if refusal is None and not withheld:
+            return
+        if withheld:
+            d = decision
+            review = f", review id {d['review_id']}" if d.get("review_id") is not None else ""
+            msg = (
+                f"{self._url} withheld the answer: its own guard decided {d.get('action')!r} (rule {d.get('rule')!r}"
+                f"{review}) and sent the refusal {refusal!r}, with no tokens to score; point this backend at a server "
+                "without --policy to guard its answers here"
+            )
+        else:
+            msg = f"{self._url} sent a refusal instead of an answer ({refusal!r}), with no tokens to score"
+        raise RemoteServerError(msg)
 
     def _raise_for_status(self, status: int, text: str) -> None:
         if status < 400:
@@ -375,10 +385,13 @@ class OpenAICompatibleBackend:
                         state.prompt_tokens = chunk.usage.prompt_tokens
                     for choice in chunk.choices:
                         state.text += choice.delta.content or ""
+                        if choice.delta.refusal is not None:
+                            state.refusal = (state.refusal or "") + choice.delta.refusal
                         if choice.finish_reason:
                             state.finish = choice.finish_reason
                             state.stop = choice.stop_reason
                             state.summary = choice.logtoku
+                            self._refuse_withheld(state.refusal, choice.logtoku_guard)
                         entries = _entries(choice.logprobs)
                         new = self._tokens(entries, start_index=len(state.tokens), check=False)
                         if new and state.first_s is None:
@@ -457,6 +470,7 @@ class _StreamState:
         self.checked = False
         self.sent = 0
         self.summary: Any = None
+        self.refusal: str | None = None
 
 
 _CHUNK_OR_ERROR: TypeAdapter[proto.ChatCompletionChunk | proto.ErrorResponse] = TypeAdapter(
@@ -476,3 +490,36 @@ def _topk_stats(chosen: float, z: Sequence[float]) -> tuple[float, float]:
     """``(log p, entropy)`` under the softmax of the K raw logits ``z`` (the wire has no more)."""
     (lse,), (entropy,) = row_lse_entropy([z])
     return (chosen - lse if math.isfinite(chosen) else math.nan), entropy
+
+
+MAX_MODELS_BYTES = 1 << 20
+"""The most of a ``GET /models`` answer :func:`served_models` reads."""
+
+
+def served_models(base_url: str, api_key: str | None = None, *, timeout: float = 30.0) -> list[str]:
+    """The model names an OpenAI-compatible server lists at ``GET {base_url}/models`` (bounded read)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/models"
+    try:
+        with httpx.Client(timeout=timeout) as client, client.stream("GET", url, headers=headers) as response:
+            body = b""
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_MODELS_BYTES:
+                    msg = f"{url} sent more than {MAX_MODELS_BYTES} bytes for its model list; name the model with --model"
+                    raise RemoteServerError(msg)
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        msg = f"cannot reach {url}: {exc}; is the server running (logtoku-guard serve) and the address right?"
+        raise RemoteServerError(msg) from exc
+    if status != 200:
+        msg = f"{url} answered HTTP {status}; check --base-url and the key (LOGTOKU_GUARD_REMOTE_API_KEY or OPENAI_API_KEY)"
+        raise RemoteServerError(msg)
+    try:
+        listed = proto.ModelList.model_validate_json(body)
+    except ValueError as exc:
+        msg = f"{url} did not send an OpenAI model list ({exc.__class__.__name__}); name the model with --model"
+        raise RemoteServerError(msg) from exc
+    return [m.id for m in listed.data]

@@ -27,7 +27,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
@@ -128,6 +128,9 @@ class TransformersBackend(BatchedBackend):
             generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
             :mod:`logtoku_guard.backends.quiet`).
     """
+
+    provider: ClassVar[str | None] = "transformers"
+    """The ``gen_ai.provider.name`` of this backend's spans."""
 
     def __init__(
         self,
@@ -234,6 +237,9 @@ class TransformersBackend(BatchedBackend):
     constrained_decoding = True
     """This backend honours ``DecodingOptions.constraint`` (grammar masks, the ``tools`` extra)."""
 
+    honours_logit_params = True
+    """This backend applies ``logit_bias`` and the penalties (:mod:`~logtoku_guard.backends.processors`)."""
+
     def grammar_engine(self) -> GrammarEngine:
         """The tokenizer's grammar engine for constrained decoding (built on first use, ~0.3 s)."""
         with self._grammars_lock:
@@ -245,7 +251,8 @@ class TransformersBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Tokens of ``text`` read as text (control-token strings in it are not control tokens)."""
+        return len(self._tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:
@@ -266,15 +273,46 @@ class TransformersBackend(BatchedBackend):
 
     def _prepare(self, messages: list[ChatMessage], options: DecodingOptions) -> PreparedRow:
         """Render and tokenize one prompt in the caller's thread; check it fits the context."""
-        has_template = bool(getattr(self._tokenizer, "chat_template", None))
-        text = self._render(messages)
-        fast = bool(getattr(self._tokenizer, "is_fast", False))
-        enc = self._tokenizer(text, add_special_tokens=not has_template, return_offsets_mapping=fast)
-        ids = list(enc["input_ids"])
-        span = question_span(text, question_of(messages), enc["offset_mapping"], [1] * len(ids)) if fast else None
+        text, ids, offsets = self._tokenize_prompt(messages)
+        span = question_span(text, question_of(messages), offsets, [1] * len(ids)) if offsets is not None else None
         limit = fit_new_tokens(len(ids), options.max_new_tokens, self.context_window)
         grammar = self.grammar_engine().start(options.constraint) if options.constraint is not None else None
         return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
+
+    def _tokenize_prompt(self, messages: list[ChatMessage]) -> tuple[str, list[int], list[tuple[int, int]] | None]:
+        """The rendered prompt, its token ids and (fast tokenizers) each token's character offsets.
+
+        Only the chat template's markup is parsed for special tokens; the messages' text is
+        tokenised with ``split_special_tokens`` (:func:`~logtoku_guard.backends.prompt_text.prompt_parts`).
+        """
+        from logtoku_guard.backends.prompt_text import prompt_parts
+
+        tok = self._tokenizer
+        fast = bool(getattr(tok, "is_fast", False))
+        if not getattr(tok, "chat_template", None):  # a plain prompt: all of it is the messages' text
+            text = self._render(messages)
+            enc = tok(text, add_special_tokens=True, split_special_tokens=True, return_offsets_mapping=fast)
+            return text, list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]] if fast else None
+
+        def control_text(content: str) -> str | None:
+            ids = tok(content, add_special_tokens=False)["input_ids"]
+            if ids == tok(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]:
+                return None
+            special = set(tok.all_special_ids) | {i for t, i in tok.get_added_vocab().items() if t in content}
+            return next((tok.convert_ids_to_tokens(i) for i in ids if i in special), content)
+
+        parts = prompt_parts(self._render, messages, control_text)
+        text = "".join(p for p, _ in parts)
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        start = 0
+        for part, is_content in parts:
+            enc = tok(part, add_special_tokens=False, split_special_tokens=is_content, return_offsets_mapping=fast)
+            ids.extend(enc["input_ids"])
+            if fast:
+                offsets.extend((start + a, start + b) for a, b in enc["offset_mapping"])
+            start += len(part)
+        return text, ids, offsets if fast else None
 
     def _generate_jobs(self, jobs: list[Job]) -> None:
         """Run ``jobs`` (compatible options) as one continuous batch; each job completes as its rows end."""

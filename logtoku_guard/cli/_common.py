@@ -98,34 +98,54 @@ def print_json(data: Any) -> None:
     typer.echo(_TERMINAL_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
-BACKENDS = ("transformers", "llamacpp")
-"""The ``--backend`` choices: transformers (default) and llama.cpp (GGUF files, the ``llamacpp`` extra)."""
+BACKENDS = ("transformers", "llamacpp", "openai")
+"""The ``--backend`` choices: transformers (default), llama.cpp (GGUF files, the ``llamacpp`` extra) and
+openai (a remote OpenAI-compatible server that sends raw top-K logits, e.g. ``logtoku-guard serve``)."""
 BackendOpt = Annotated[
     str,
     typer.Option(
         "--backend",
         # "\\[": typer renders help as Rich markup, where an unescaped [llamacpp] is a tag and vanishes
-        help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
-        "pip install 'logtoku-guard\\[llamacpp]'). Each has its own profile.",
+        help="Inference backend: transformers (default), llamacpp (a .gguf model run by llama.cpp; "
+        "pip install 'logtoku-guard\\[llamacpp]') or openai (a remote 'logtoku-guard serve' or other "
+        "OpenAI-compatible server sending raw top-K logits: give --base-url; the key is read from "
+        "LOGTOKU_GUARD_REMOTE_API_KEY or OPENAI_API_KEY). Each has its own profile.",
+    ),
+]
+BaseUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-url",
+        help="With --backend openai: the server's address, e.g. http://127.0.0.1:8000/v1 (--model: the served "
+        "name; default: the one model the server lists).",
     ),
 ]
 
 
-def check_backend(backend: str, device: str = "auto", dtype: str = "auto") -> None:
-    """``--backend`` is known, and ``--device``/``--dtype`` are not given for one that ignores them."""
-    if backend not in BACKENDS:
-        msg = f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+def check_backend(backend: str, device: str = "auto", dtype: str = "auto", base_url: str | None = None) -> None:
+    """``--backend`` is known, and ``--device``/``--dtype``/``--base-url`` are not given for one that ignores them."""
+    from logtoku_guard.backends.registry import backend_names
+
+    if backend not in backend_names():
+        msg = f"--backend must be one of {', '.join(backend_names())}, got {backend!r}"
         raise ConfigurationError(msg)
-    if backend == "llamacpp" and (device not in ("auto", "cpu") or dtype != "auto"):
+    if backend in ("llamacpp", "openai") and (device not in ("auto", "cpu") or dtype != "auto"):
+        where = "llama.cpp runs the GGUF file's own weights on the CPU" if backend == "llamacpp" else "the remote server chooses"
         msg = (
-            f"--device {device} / --dtype {dtype} apply to the transformers backend; llama.cpp runs the GGUF file's "
-            "own weights on the CPU: leave them out with --backend llamacpp"
+            f"--device {device} / --dtype {dtype} apply to the transformers backend; {where}: "
+            f"leave them out with --backend {backend}"
         )
+        raise ConfigurationError(msg)
+    if backend == "openai" and not base_url:
+        msg = "--backend openai needs the server's address: --base-url http://HOST:PORT/v1"
+        raise ConfigurationError(msg)
+    if backend != "openai" and base_url:
+        msg = f"--base-url is for --backend openai (a remote server); --backend {backend} runs the model here: leave it out"
         raise ConfigurationError(msg)
 
 
 def load_backend(
-    model: str,
+    model: str | None,
     k: int,
     device: str,
     dtype: str,
@@ -133,25 +153,32 @@ def load_backend(
     evidence: str = "clamped",
     top_n: int = DEFAULT_TOP_N,
     backend: str = "transformers",
+    base_url: str | None = None,
 ) -> Any:
-    """Load the ``backend`` (a TransformersBackend by default) with a spinner on stderr (stdout stays clean for --json)."""
-    check_backend(backend, device, dtype)
+    """Build the ``backend`` (:func:`~logtoku_guard.backends.registry.create_backend`) with a spinner on
+    stderr (stdout stays clean for --json)."""
+    from logtoku_guard.backends.registry import BackendSettings, create_backend
+
+    check_backend(backend, device, dtype, base_url)
+    settings = BackendSettings(model=model, k=k, evidence=evidence, top_n=top_n)
+    if backend == "openai":
+        # --model's default names the embedded model: for a remote server it means "the model it serves"
+        served = None if model == EMBEDDED_MODEL else model
+        with err.status(f"Connecting to {base_url}..."):
+            return create_backend("openai", settings, model=served, base_url=base_url)
     if backend == "llamacpp":
-        from logtoku_guard.backends.llamacpp import LlamaCppBackend
-
-        with err.status(f"Loading {model} with llama.cpp..."):
-            return LlamaCppBackend(model, k=k, evidence=evidence, top_n=top_n)  # type: ignore[arg-type]
-
-    from logtoku_guard.backends.transformers import TransformersBackend
-
+        with err.status(f"Loading {model or 'the embedded model'} with llama.cpp..."):
+            return create_backend("llamacpp", settings)
+    if backend != "transformers":  # a backend registered by a plugin: it takes what it honours
+        with err.status(f"Loading {model or 'the embedded model'} with {backend}..."):
+            given = {"device": device if device != "auto" else None, "dtype": dtype if dtype != "auto" else None}
+            return create_backend(backend, settings, cache_dir=cache_dir, **given)
     # No global switch here: the backend keeps transformers quiet around its own calls and
     # restores the settings after (LOGTOKU_GUARD_VERBOSE=1 shows the bars again).
-    with err.status(f"Loading {model}...") as status:
-        return TransformersBackend(
-            model,
-            k=k,
-            evidence=evidence,  # type: ignore[arg-type]
-            top_n=top_n,
+    with err.status(f"Loading {model or 'the embedded model'}...") as status:
+        return create_backend(
+            "transformers",
+            settings,
             device=device,
             dtype=dtype,
             cache_dir=cache_dir,

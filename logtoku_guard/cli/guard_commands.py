@@ -68,13 +68,22 @@ def calibrate(
         str | None,
         typer.Option(
             help="Audit store (SQLite path or database URL) whose review verdicts refit the guard: approved = right, "
-            "rejected or edited = wrong; the refit replaces the current guard only if not worse out of fold."
+            "rejected or edited = wrong; the refit replaces the current guard only if strictly better out of fold, "
+            "by a margin the labels support (DeLong's paired test on AUROC)."
         ),
     ] = None,
     since: Annotated[
         str | None, typer.Option(help="With --labels-from-store: only verdicts given at or after this ISO date/time (UTC).")
     ] = None,
     min_labels: Annotated[int, typer.Option(help="With --labels-from-store: fewest verdicts a refit accepts.")] = 30,
+    allow_inverted: Annotated[
+        bool,
+        typer.Option(
+            "--allow-inverted",
+            help="With --labels-from-store: let a better refit replace the current guard even when the verdicts "
+            "rank that guard backwards (by default such verdicts are reported and keep the current guard).",
+        ),
+    ] = False,
     fit_guard: Annotated[
         bool | None,
         typer.Option(
@@ -84,12 +93,13 @@ def calibrate(
         ),
     ] = None,
     backend_name: BackendOpt = "transformers",
+    base_url: _common.BaseUrlOpt = None,
 ) -> None:
     """Profile a model over a calibration set so policies can use quantile thresholds.
 
     The profile also holds the guard score: fitted on ``--labels`` when given, refit on the
-    reviewers' verdicts of ``--labels-from-store`` (kept only if not worse than the current
-    guard on those answers), else the project's shipped fit for the embedded model, else
+    reviewers' verdicts of ``--labels-from-store`` (kept only if strictly better than the current
+    guard on those answers, by a margin the labels support), else the project's shipped fit for the embedded model, else
     (``--fit-guard``, the default for a model with no shipped fit) fit on the shipped questions
     whose answers judge themselves; ``--no-fit-guard`` leaves it out (``guard_score`` is then
     unavailable and the default policy uses reliability).
@@ -101,7 +111,7 @@ def calibrate(
         validate_k(top_k)
         _common.check_at_least_one(("--n", n), ("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
         _common.check_load_options(device, cache_dir)
-        _common.check_backend(backend_name, device, dtype)
+        _common.check_backend(backend_name, device, dtype, base_url)
         _common.check_profile_out(out_path, force)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         if fit_guard and (labels is not None or labels_from_store is not None):
@@ -110,12 +120,12 @@ def calibrate(
         labelled = read_labels(labels) if labels is not None else None
         reviews = _review_store(labels, labels_from_store, since, min_labels)  # checked before the model loads
         guard: GuardModel | None
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, backend=backend_name)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, backend=backend_name, base_url=base_url)
         opts = DecodingOptions(max_new_tokens=max_new_tokens)
         if labels is not None and labelled is not None:
             guard = fit_on_labels(backend, labelled, opts, batch_size, source=f"labels {labels.name}")
         elif reviews is not None:
-            guard = _refit_on_reviews(backend, cache_dir, *reviews, min_labels)
+            guard = _refit_on_reviews(backend, cache_dir, *reviews, min_labels, allow_inverted)
         else:
             guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
             if fit_guard or (fit_guard is None and guard is None):
@@ -179,7 +189,7 @@ def _review_store(
     when = _common.parse_since(since)
     store = _common.open_store(url, read_only=True)
     try:
-        decided = len(store.decided(since=when))
+        decided = store.count_decided(since=when)
         if decided < min_labels:
             window = f" since {since}" if since else ""
             msg = f"the store holds {decided} review verdicts{window}; a refit needs at least {min_labels}"
@@ -191,21 +201,32 @@ def _review_store(
 
 
 def _refit_on_reviews(
-    backend: Backend, cache_dir: Path | None, store: AuditStore, since: datetime | None, min_labels: int
+    backend: Backend,
+    cache_dir: Path | None,
+    store: AuditStore,
+    since: datetime | None,
+    min_labels: int,
+    allow_inverted: bool = False,
 ) -> GuardModel | None:
-    """Refit the guard on the store's verdicts for this model; print before and after; the guard to keep."""
+    """Refit the guard on the store's verdicts for this model (streamed); print what the labels look like,
+    before and after, and the verdict; the guard to keep."""
     from logtoku_guard.calibration import find_profile_for
     from logtoku_guard.calibration.guard_fit import shipped_guard
-    from logtoku_guard.calibration.review_labels import refit_on_reviews, reviewer_labels
+    from logtoku_guard.calibration.review_labels import read_label_matrix, refit_on_reviews
+    from logtoku_guard.scoring.guard_score import FEATURES
 
     found = find_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
     current = found[0].guard if found is not None and found[0].guard is not None else None
     current = current or shipped_guard(backend.model_name, backend.k, backend.evidence)
     try:
-        labels = reviewer_labels(store, backend.model_name, since=since)
+        features = current.features if current is not None else FEATURES
+        labels = read_label_matrix(store, backend.model_name, features=features, since=since)
     finally:
         store.close()
-    refit = refit_on_reviews(current, labels, min_labels=min_labels)
+    from logtoku_guard.cli.audit import report_skipped
+
+    report_skipped(labels.skipped)
+    refit = refit_on_reviews(current, labels, min_labels=min_labels, allow_inverted=allow_inverted)
     for line in refit.lines():
         _common.out.print(line, highlight=False, markup=False)
     return refit.guard if refit.replace else current
@@ -294,6 +315,7 @@ def ask(
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
     backend_name: BackendOpt = "transformers",
+    base_url: _common.BaseUrlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Answer PROMPT through the guard: pass, warn, retrieve, abstain or send to human review."""
@@ -306,12 +328,12 @@ def ask(
         to_messages(prompt, system)
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
-        _common.check_backend(backend_name, device, dtype)
+        _common.check_backend(backend_name, device, dtype, base_url)
         rules = Policy.from_file(policy) if policy else default_policy()
         retriever = _common.read_context_file(context_file) if context_file else None
         audit = _common.open_store(store, cache_dir)
         explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, backend=backend_name)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, backend=backend_name, base_url=base_url)
         prof, _ = _common.profile_for(backend, explicit, profile, cache_dir)
         if prof is None and (rules.uses_quantiles() or rules.rules):
             path = profile_path(backend.model_name, backend.k, backend.evidence, cache_dir)
@@ -347,24 +369,30 @@ def ask(
     _common.render_generation(result.generation, thresholds, percentile)
     d = result.decision
     score = d.stats.as_dict().get("guard_score")
+    # rule names, reasons and answers come from the policy file and the model: printed through safe_text
+    # (no markup read, ESC and U+202E shown as escapes), never as markup
     _common.out.print(
-        (
-            f"Guard score: {score:.4g} (the answer's predicted probability of being right)"
-            if isinstance(score, float) and math.isfinite(score)
-            else "Guard score: - (the profile has no fitted guard)"
-        )
-        + "; "
-        + ("; ".join(c.describe() for c in d.checks) if d.checks else f"no rule fired ({_thresholds(guard.policy)})"),
-        highlight=False,
-        markup=False,
-    )
-    _common.out.print(
-        f"Action: [{ACTION_STYLE[result.action]}]{result.action}[/] (rule: {d.rule or '-'}; {d.reason}); "
-        f"attempts: {len(result.attempts)}; trace: {result.trace_id}"
-        + (f"; review id: {result.review_id}" if result.review_id is not None else ""),
+        _common.safe_text(
+            (
+                f"Guard score: {score:.4g} (the answer's predicted probability of being right)"
+                if isinstance(score, float) and math.isfinite(score)
+                else "Guard score: - (the profile has no fitted guard)"
+            )
+            + "; "
+            + ("; ".join(c.describe() for c in d.checks) if d.checks else f"no rule fired ({_thresholds(guard.policy)})")
+        ),
         highlight=False,
     )
-    _common.out.print(Text("Returned: ", style="bold") + Text(result.answer))
+    _common.out.print(
+        Text("Action: ")
+        + _common.safe_text(result.action, style=ACTION_STYLE.get(result.action, ""))
+        + _common.safe_text(
+            f" (rule: {d.rule or '-'}; {d.reason}); attempts: {len(result.attempts)}; trace: {result.trace_id}"
+            + (f"; review id: {result.review_id}" if result.review_id is not None else "")
+        ),
+        highlight=False,
+    )
+    _common.out.print(Text("Returned: ", style="bold") + _common.safe_text(result.answer))
 
 
 def _thresholds(policy: Policy) -> str:

@@ -51,6 +51,7 @@ def score(
     dtype: DtypeOpt = "auto",
     cache_dir: CacheOpt = None,
     backend_name: BackendOpt = "transformers",
+    base_url: _common.BaseUrlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the coloured view.")] = False,
 ) -> None:
     """Answer PROMPT and show every token's AU/EU, its quadrant and the response reliability.
@@ -63,7 +64,7 @@ def score(
         to_messages(prompt, system)  # fail on a bad prompt before spending seconds on loading
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
-        _common.check_backend(backend_name, device, dtype)
+        _common.check_backend(backend_name, device, dtype, base_url)
         _common.check_seed(seed)
         explicit = _common.read_profile(profile, model, top_k, evidence) if profile else None
         options = DecodingOptions(
@@ -74,13 +75,13 @@ def score(
             stop=tuple(stop or ()),
             dynamic=DynamicTemperature(t_max=t_max, t_min=t_min) if dynamic else None,
         )
-        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, top_n, backend_name)
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, evidence, top_n, backend_name, base_url)
         if given is None or explicit:
             prof, prof_path = _common.profile_for(backend, explicit, profile, cache_dir)
         else:
             prof, prof_path = None, None
         thresholds = given or (_common.profile_thresholds(prof, prof_path) if prof is not None else None)
-        generation = backend.generate(prompt, options, system=system)
+        generation = backend.generate(to_messages(prompt, system), options)  # the Backend protocol: messages
     except LogTokUError as exc:
         raise _common.fail(exc) from exc
     if thresholds is None:

@@ -59,20 +59,53 @@ def serve(
     ] = DEFAULT_K,
     top_n: Annotated[int, typer.Option(help="Least reliable tokens averaged into the response reliability.")] = DEFAULT_TOP_N,
     max_tokens: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for.")] = 1024,
+    default_max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="max_tokens of a chat request that sends none (default: 256, or --max-tokens if lower; "
+            "ask and the guard's calibration answer with 64). /v1/completions keeps OpenAI's 16."
+        ),
+    ] = None,
+    default_temperature: Annotated[
+        float,
+        typer.Option(
+            help="temperature of a request that sends none: OpenAI's 1 (sampled) by default; 0 is greedy, "
+            "as ask and the guard's calibration answer."
+        ),
+    ] = 1.0,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 1_000_000,
     served_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's name).")] = None,
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Weights dtype: auto, float32, bfloat16, float16.")] = "auto",
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder of the embedded model.")] = None,
     graceful_timeout: Annotated[float, typer.Option(help="Seconds to let requests in flight finish on shutdown.")] = 30.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Open connections at most (default: the open-file limit, ulimit -n, less 128). A connection over it "
+            "closes the oldest one still sending its request head, else gets a 503.",
+        ),
+    ] = None,
+    header_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's head (request line and headers).")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's body once its head is in.")
+    ] = 30.0,
     backend_name: Annotated[
         str,
         typer.Option(
             "--backend",
-            help="Inference backend: transformers (default) or llamacpp (a .gguf model run by llama.cpp; "
-            "pip install 'logtoku-guard\\[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply).",
+            help="Inference backend: transformers (default), llamacpp (a .gguf model run by llama.cpp; "
+            "pip install 'logtoku-guard\\[llamacpp]'; --threads sets its threads, --prefix-cache-mb does not apply) "
+            "or openai (guard a remote OpenAI-compatible server that sends raw top-K logits: --base-url; key from "
+            "LOGTOKU_GUARD_REMOTE_API_KEY or OPENAI_API_KEY).",
         ),
     ] = "transformers",
+    base_url: Annotated[
+        str | None,
+        typer.Option(help="With --backend openai: the remote server's address, e.g. http://127.0.0.1:8001/v1."),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -94,6 +127,7 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
+    from logtoku_guard.server.connections import ConnectionLimits, connection_cap
     from logtoku_guard.server.routes import ServerSettings, check_api_key, require_serve_extra
     from logtoku_guard.server.run import check_graceful_timeout, check_host, run_server, url
     from logtoku_guard.server.wire import Limits
@@ -105,10 +139,12 @@ def serve(
         require_serve_extra()
         from logtoku_guard.cli._common import check_backend
 
-        check_backend(backend_name, device, dtype)
+        check_backend(backend_name, device, dtype, base_url)
         check_host(host, allow_remote)
         check_port(port)
         check_graceful_timeout(graceful_timeout)
+        connections = ConnectionLimits(max_connections, header_timeout, body_timeout)
+        connection_cap(connections.max_connections)  # the open-file limit, checked before the model loads
         check_api_key(api_key)
         if api_key is None and os.environ.get("LOGTOKU_GUARD_API_KEY") == "":
             msg = (
@@ -128,8 +164,16 @@ def serve(
         if max_tokens < 1 or max_body_bytes < 1:
             msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
             raise ConfigurationError(msg)
+        if default_max_tokens is not None and not 1 <= default_max_tokens <= max_tokens:
+            msg = f"--default-max-tokens must be from 1 to --max-tokens ({max_tokens}), got {default_max_tokens}"
+            raise ConfigurationError(msg)
         mode: Any = logprobs_mode  # checked by Limits
-        limits = Limits(max_tokens=max_tokens, default_max_tokens=min(256, max_tokens), logprobs_mode=mode)
+        limits = Limits(
+            max_tokens=max_tokens,
+            default_max_tokens=min(256, max_tokens) if default_max_tokens is None else default_max_tokens,
+            logprobs_mode=mode,
+            default_temperature=default_temperature,
+        )
         from logtoku_guard.server.metrics import METRICS_MODES
 
         if metrics not in METRICS_MODES:
@@ -159,28 +203,23 @@ def serve(
             from logtoku_guard.embedded import EMBEDDED_MODEL
 
             prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
-        backend: Backend
-        if backend_name == "llamacpp":
-            from logtoku_guard.backends.llamacpp import LlamaCppBackend
+        from logtoku_guard.backends.registry import BackendSettings, create_backend
 
-            backend = LlamaCppBackend(
-                model, k=top_k, top_n=top_n, max_batch=max_batch, n_threads=threads or None, prefill_chunk=prefill_chunk
-            )
-        else:
-            from logtoku_guard.backends.transformers import TransformersBackend
-
-            backend = TransformersBackend(
-                model,
-                k=top_k,
-                top_n=top_n,
-                device=device,
-                dtype=dtype,
-                cache_dir=cache_dir,
-                max_batch=max_batch,
-                threads=threads,
-                prefix_cache_mb=prefix_cache_mb,
-                prefill_chunk=prefill_chunk,
-            )
+        local = backend_name != "openai"
+        backend_settings = BackendSettings(
+            model=model,  # None: the embedded model here, the one the server serves with --backend openai
+            k=top_k,
+            top_n=top_n,
+            device=device if backend_name == "transformers" else None,
+            dtype=dtype if backend_name == "transformers" else None,
+            cache_dir=cache_dir if backend_name == "transformers" else None,
+            max_batch=max_batch if local else None,
+            threads=threads if backend_name == "transformers" else (threads or None),
+            prefix_cache_mb=prefix_cache_mb if backend_name == "transformers" else None,
+            prefill_chunk=prefill_chunk if local else None,
+            base_url=base_url,
+        )
+        backend: Backend = create_backend(backend_name, backend_settings)
         if pol is not None and prof is None and pol.uses_quantiles():
             from logtoku_guard.calibration import load_profile_for
 
@@ -203,7 +242,12 @@ def serve(
             audit.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"serving {backend.model_name!r} on {url(host, port)} (K={backend.k}, max batch {backend.max_batch})", err=True)
+    typer.echo(
+        f"serving {backend.model_name!r} on {url(host, port)} (K={backend.k}, max batch {backend.max_batch}; "
+        f"a request that sends no temperature or max_tokens gets temperature {limits.default_temperature:g} "
+        f"and {limits.default_max_tokens} tokens)",
+        err=True,
+    )
     run_server(
         backend,
         host=host,
@@ -215,4 +259,5 @@ def serve(
         settings=settings,
         graceful_timeout=graceful_timeout,
         sock=sock,
+        connections=connections,
     )

@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from logtoku_guard.backends.base import provider_of
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.payloads import decision_attributes
 
@@ -37,13 +38,13 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.decision.policy import Policy
     from logtoku_guard.decision.results import GuardResult
+    from logtoku_guard.scoring.second_look import Measurement
     from logtoku_guard.types import ChatMessage, Generation
 
 __all__ = ["EVALUATION_EVENT", "GenerationSpan", "GuardTelemetry", "Guarded", "RetrievalSpan", "RunSpan"]
 
 INSTRUMENTATION_NAME = "logtoku_guard"
 EVALUATION_EVENT = "gen_ai.evaluation.result"
-_PROVIDERS = {"TransformersBackend": "transformers", "OpenAICompatibleBackend": "openai", "ScriptedBackend": "logtoku_guard"}
 
 
 class Guarded(Protocol):
@@ -146,6 +147,21 @@ class RetrievalSpan(_Span):
                 self._span.set_attribute("logtoku.retrieval.error", why)
 
 
+class SecondLookSpan(_Span):
+    """The ``second_look`` span of one round of second looks (:mod:`logtoku_guard.scoring.second_look`)."""
+
+    def record(self, measurements: Sequence[Measurement]) -> None:
+        """Each look's statistics, cost (tokens, seconds) and inputs as ``logtoku.second_look.<look>.*``."""
+        if self._live:
+            for m in measurements:
+                attributes: dict[str, Any] = {f"logtoku.{k}": v for k, v in m.values.items() if _finite(v)}
+                attributes.update({f"logtoku.{k}": v for k, v in m.cost().items()})
+                attributes.update({f"logtoku.second_look.{m.look}.{k}": v for k, v in m.inputs.items()})
+                if m.why is not None:
+                    attributes[f"logtoku.second_look.{m.look}.undefined"] = m.why
+                self._span.set_attributes(attributes)
+
+
 class RunSpan(_Span):
     """The GUARDRAIL span of one guarded question; its children and evaluation events.
 
@@ -179,7 +195,7 @@ class RunSpan(_Span):
             "gen_ai.request.model": model,
             "logtoku.attempt": attempt,
         }
-        provider = _PROVIDERS.get(type(guard.backend).__name__)
+        provider = provider_of(guard.backend)
         if provider is not None:
             attributes["gen_ai.provider.name"] = provider
         if telemetry is not None and telemetry.capture_content and messages is not None:
@@ -192,6 +208,17 @@ class RunSpan(_Span):
             return _NOOP_RETRIEVAL
         attributes = {"openinference.span.kind": "RETRIEVER", "logtoku.retrieval.number": number}
         return RetrievalSpan(self._telemetry, self._child("retrieve", attributes))
+
+    def second_look(self, attempt: int, looks: Sequence[str]) -> SecondLookSpan:
+        """Start the span of the second ``looks`` taken on attempt ``attempt``'s answer."""
+        if not self._live:
+            return SecondLookSpan(None)
+        attributes = {
+            "openinference.span.kind": "EVALUATOR",
+            "logtoku.attempt": attempt,
+            "logtoku.second_look.looks": list(looks),
+        }
+        return SecondLookSpan(self._telemetry, self._child("second_look", attributes))
 
     def concluded(self, result: GuardResult) -> None:
         """The final decision as ``logtoku.*`` attributes, one evaluation event per scored answer;

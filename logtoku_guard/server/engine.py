@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.decision.policy import Policy
+    from logtoku_guard.guard.guard import Guard
 
 T = TypeVar("T")
 
@@ -35,6 +36,10 @@ class Runner(Protocol):
     backend: Backend
 
     async def run(self, fn: Callable[[Backend], T]) -> T: ...
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the runner's threads (a step of a streamed generation, inside its :meth:`slot`)."""
+        ...
 
     def slot(self) -> Any:
         """An async context manager held for the life of a stream (one generation).
@@ -54,6 +59,11 @@ class ThreadRunner:
     The slots are a semaphore, not an :class:`anyio.CapacityLimiter`: a limiter's token belongs to
     the task that borrowed it, and a stream whose client hung up may be closed by another task
     (the event loop finalizing the abandoned generator), which a limiter refuses, losing the slot.
+
+    The threads are the runner's own: every call runs under a :class:`anyio.CapacityLimiter` of
+    ``workers`` tokens, never AnyIO's default 40-token limiter, which everything else in the
+    process shares (FastAPI's sync routes, the gate's policy checks, other libraries): whatever
+    fills that one, generation still gets a thread as soon as it holds a slot.
     """
 
     def __init__(self, backend: Backend, workers: int | None = None) -> None:
@@ -67,6 +77,7 @@ class ThreadRunner:
         self.backend = backend
         self.workers = workers
         self._slots = anyio.Semaphore(workers)
+        self._threads = anyio.CapacityLimiter(workers)
 
     @property
     def busy(self) -> int:
@@ -79,7 +90,13 @@ class ThreadRunner:
         import anyio.to_thread
 
         async with self.slot():
-            return await anyio.to_thread.run_sync(fn, self.backend, abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(fn, self.backend, abandon_on_cancel=True, limiter=self._threads)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the runner's threads (a step of a streamed generation, inside its :meth:`slot`)."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -166,8 +183,13 @@ class Engine:
         self.policy = policy
         self.profile = profile
         self.store = store
+        self.guard: Guard | None = None
+        """The guard, built and checked once at start-up (policy, profile, store, decider, telemetry);
+        each request runs it with its own backend (watching the client) and options."""
         if policy is not None:
-            self._guard(DecodingOptions())  # validate policy/profile/store at start-up, not per request
+            from logtoku_guard.guard.guard import Guard
+
+            self.guard = Guard(self.backend, policy, profile=profile, store=store)
             if "human_review" in policy.tool_calls.actions() and store is None:
                 msg = f"policy {policy.name!r} can send tool calls to human review, which needs store=AuditStore(...)"
                 raise ConfigurationError(msg)
@@ -175,11 +197,6 @@ class Engine:
     @property
     def backend(self) -> Backend:
         return self.runner.backend
-
-    def _guard(self, options: DecodingOptions, backend: Backend | None = None) -> Any:
-        from logtoku_guard.guard.guard import Guard
-
-        return Guard(backend or self.backend, self.policy, profile=self.profile, store=self.store, options=options)
 
     async def answer(
         self, messages: list[ChatMessage], options: DecodingOptions, cancel: threading.Event | None = None
@@ -190,10 +207,11 @@ class Engine:
         decoding step (:class:`CancellableBackend`)."""
         stop = cancel if cancel is not None else threading.Event()
         try:
-            if self.policy is None:
+            guard = self.guard
+            if guard is None:
                 g = await self.runner.run(lambda b: CancellableBackend(b, stop).generate(messages, options))
                 return Answer(g, g.text)
-            result = await self.runner.run(lambda b: self._guard(options, CancellableBackend(b, stop)).run(messages))
+            result = await self.runner.run(lambda b: guard.run(messages, backend=CancellableBackend(b, stop), options=options))
         except BaseException:
             stop.set()  # cancelled (client gone) or failed: the worker thread stops at its next step
             raise
@@ -207,18 +225,16 @@ class Engine:
         close it with ``aclose()`` (:func:`contextlib.aclosing`) in the task that iterates it; one
         that is merely dropped frees the slot when the event loop finalizes it, from another task.
         """
-        import anyio.to_thread
-
         if self.policy is not None:
             msg = "a guarded answer is decided before it is sent: call Engine.answer, not Engine.stream"
             raise UsageError(msg)
         async with self.runner.slot():
-            stream: TokenStream = await anyio.to_thread.run_sync(lambda: self.backend.stream(messages, options))
+            stream: TokenStream = await self.runner.call(lambda: self.backend.stream(messages, options))
             done = False
             try:
                 it = iter(stream)
                 while True:
-                    token: TokenScore | None = await anyio.to_thread.run_sync(next, it, None)
+                    token: TokenScore | None = await self.runner.call(next, it, None)
                     if token is None:
                         break
                     yield token
@@ -228,7 +244,7 @@ class Engine:
                     # cancelled (client disconnected) or failed: stop generating, without blocking the loop
                     closer = threading.Thread(target=_close_quietly, args=(stream,), name="logtoku-stream-close", daemon=True)
                     closer.start()
-            g = await anyio.to_thread.run_sync(lambda: stream.generation)
+            g = await self.runner.call(lambda: stream.generation)
         yield Answer(g, g.text)
 
 

@@ -35,6 +35,7 @@ def scripted_loader(answer: Any, calls: list[tuple[str, int, str]] | None = None
         evidence: str = "clamped",
         top_n: int = 25,
         backend: str = "transformers",
+        base_url: str | None = None,
     ) -> Any:
         if calls is not None:
             calls.append((model, k, evidence))

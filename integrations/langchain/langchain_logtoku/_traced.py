@@ -26,7 +26,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_logtoku import _convert
 from langchain_logtoku._calls import CallSettings
 from langchain_logtoku.chat_models import ChatLogTokU
-from logtoku_guard.backends.base import TokenStream
+from logtoku_guard.backends.base import TokenStream, provider_of
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, Prompt, TokenScore, to_messages
 
@@ -67,6 +67,11 @@ class TracedBackend:
     @property
     def top_n(self) -> int:
         return self.llm.core_backend.top_n
+
+    @property
+    def provider(self) -> str | None:
+        """The chat model's core backend's provider (the spans' ``gen_ai.provider.name``)."""
+        return provider_of(self.llm.core_backend)
 
     def _open(self, prompt: Prompt) -> tuple[CallbackManagerForLLMRun, CallSettings, list[ChatMessage]]:
         """A chat-model run for ``prompt``, the call's settings and the core prompt to generate from."""

@@ -45,11 +45,11 @@ from langchain_logtoku._traced import TracedBackend
 from langchain_logtoku.callbacks import FLAGGED_EVENT, RETRACTED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from logtoku_guard.audit import RecordSink
-from logtoku_guard.calibration import ModelProfile, load_profile_for
+from logtoku_guard.calibration import ModelProfile
 from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.guard import Guard, GuardCall
 from logtoku_guard.guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
@@ -139,7 +139,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     system: str | None = None
     tracer_provider: Any = None
 
-    _profile: list[ModelProfile | None] = PrivateAttr(default_factory=list)
+    _guard: Guard = PrivateAttr()
 
     @model_validator(mode="after")
     def _validate(self) -> LogTokUGuard:
@@ -149,30 +149,26 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
                 f"retriever must be a LangChain retriever/Runnable, an object with .retrieve(query) or a callable, got {r!r:.80}"
             )
             raise ConfigurationError(msg)
-        self._core_guard(TracedBackend(self.llm, {}, {}), {}, None)  # the core validates policy, profile and store
+        # built and checked once (policy, profile, store, decider, telemetry); each call only binds its I/O
+        self._guard = Guard(
+            TracedBackend(self.llm, {}, {}),
+            self.policy,
+            store=self.store,
+            profile=self.profile,  # "auto" is resolved there, once
+            system=self.system,
+            tracer_provider=self.tracer_provider,
+            cache_dir=self.llm.cache_dir,
+        )
         return self
 
     # -- building the core guard -------------------------------------------------------------
     def resolved_profile(self) -> ModelProfile | None:
-        """The profile in use (``"auto"`` resolved once: the saved profile of the model, or None)."""
-        if not self._profile:
-            profile = self.profile
-            if profile == "auto":
-                llm = self.llm
-                profile = load_profile_for(llm.model_name, llm.scoring_k, llm.scoring_evidence, llm.cache_dir)
-            self._profile.append(profile)
-        return self._profile[0]
+        """The profile in use (``"auto"`` resolved once, when the guard was built: the saved profile of the model, or None)."""
+        return self._guard.profile
 
-    def _core_guard(self, backend: TracedBackend, config: RunnableConfig, question: str | None) -> Guard:
-        return Guard(
-            backend,
-            self.policy,
-            retriever=self._retriever(config, question),
-            store=self.store,
-            profile=self.resolved_profile(),
-            system=self.system,
-            tracer_provider=self.tracer_provider,
-        )
+    def _core_guard(self, backend: TracedBackend, config: RunnableConfig, question: str | None) -> GuardCall:
+        """The guard built at validation, bound to this call's traced backend and retriever."""
+        return self._guard.call(backend=backend, retriever=self._retriever(config, question))
 
     def _retriever(self, config: RunnableConfig, question: str | None) -> RetrieverLike | None:
         r = self.retriever
@@ -356,7 +352,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
         yield AIMessageChunk(content=tail, response_metadata=meta, usage_metadata=message.usage_metadata, chunk_position="last")
 
     @staticmethod
-    def _held(guard: Guard, prompt: _Prompt) -> GuardResult:
+    def _held(guard: GuardCall, prompt: _Prompt) -> GuardResult:
         """``invoke`` and buffer mode: the core guard's run over a held :class:`TracedBackend` (drafts never
         streamed to callbacks; an ``early_stop`` rule still stops a generation as soon as it fires)."""
         return guard.run(prompt.messages)

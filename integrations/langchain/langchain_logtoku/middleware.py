@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -387,7 +388,8 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
         if "human_review" in self.policy.actions() and store is None:
             msg = f"policy {self.policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
             raise ConfigurationError(msg)
-        self._profiles: dict[tuple[str, int, str], ModelProfile | None] = {}
+        self._deciders: dict[tuple[str, int, str], Decider] = {}
+        self._lock = threading.Lock()
         q = self.policy.quadrants
         self.tool_gate = ToolGate(
             self.policy, store, profile.quadrant_thresholds(q.au_quantile, q.eu_quantile) if profile else None
@@ -399,13 +401,19 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
 
     def decider_of(self, model: str, k: int, evidence: EvidenceMode) -> Decider:
         """The decider for ``model`` scored with top-``k`` ``evidence`` (the profile, given or the
-        model's saved one, checked against the model name, K and evidence)."""
+        model's saved one, checked against the model name, K and evidence): built once per model
+        and kept, every later call of that model reuses it."""
+        key = (model, k, evidence)
+        with self._lock:
+            decider = self._deciders.get(key)
+            if decider is None:
+                decider = self._deciders[key] = self._build_decider(model, k, evidence)
+            return decider
+
+    def _build_decider(self, model: str, k: int, evidence: EvidenceMode) -> Decider:
         profile = self.profile
         if profile is None and self.policy.uses_quantiles():
-            key = (model, k, evidence)
-            if key not in self._profiles:
-                self._profiles[key] = load_profile_for(*key)
-            profile = self._profiles[key]
+            profile = load_profile_for(model, k, evidence)
         if profile is not None:
             profile.check_matches(model, k, evidence)
         store = _CheckpointedStore(self.store) if self.store is not None else None

@@ -156,12 +156,10 @@ class LogTokUQueryEngine(BaseQueryEngine):
             msg = f"retry_top_k_step must be a positive integer, got {retry_top_k_step!r}"
             raise ConfigurationError(msg)
         self._llm = llm
-        backend = llm.backend
-        if profile is None and policy_uses_quantiles(policy):
-            from logtoku_guard.calibration import load_profile_for
-
-            profile = load_profile_for(backend.model_name, backend.k, backend.evidence, llm.cache_dir)
-        self._guard = Guard(backend, policy, store=store, profile=profile, tracer_provider=tracer_provider)
+        wanted = "auto" if profile is None and policy_uses_quantiles(policy) else profile  # "auto": resolved by the Guard
+        self._guard = Guard(
+            llm.backend, policy, store=store, profile=wanted, tracer_provider=tracer_provider, cache_dir=llm.cache_dir
+        )
         self._engine = query_engine
         step, count = retry_top_k_step or self.policy.retrieve.passages, self._guard.decider.retrievals_allowed
         self._retries = list(retry_query_engines) if retry_query_engines is not None else wider_engines(query_engine, step, count)
