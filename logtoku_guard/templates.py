@@ -42,9 +42,21 @@ def check_template(template: str, allowed: set[str], what: str, **example: Any) 
             raise ValueError(msg)
         if spec:
             match = _SPEC.fullmatch(spec)
-            sizes = [int(n) for n in (match.group("width"), match.group("precision")) if n] if match else None
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + f":{spec}" + "}"
+            if match is not None and spec.endswith("c"):
+                msg = (
+                    f"{what} formats {short_repr(shown)}: the 'c' format turns the number into a character (1 prints "
+                    f"as an invisible control character); use {{{name}}} bare or a number format such as {{{name}:04d}}"
+                )
+                raise ValueError(msg)
+            digits = [n for n in (match.group("width"), match.group("precision")) if n] if match else None
+            # compared as digits first: int() of a 5000-digit width fails with Python's own digit-limit message
+            sizes = (
+                [int(n) if len(n.lstrip("0")) <= len(str(MAX_WIDTH)) else MAX_WIDTH + 1 for n in digits]
+                if digits is not None
+                else None
+            )
             if sizes is None or any(n > MAX_WIDTH for n in sizes):
-                shown = "{" + name + (f"!{conversion}" if conversion else "") + f":{spec}" + "}"
                 msg = (
                     f"{what} formats {short_repr(shown)}: a format spec may hold a width and a precision of at most "
                     f"{MAX_WIDTH} and nothing nested (e.g. {{{name}:04d}}), or use {{{name}}} bare"

@@ -9,6 +9,7 @@ racing on the same item cannot both decide it. A claim holds until released, dec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,22 +26,90 @@ from logtoku_guard.audit.records import (
     AuditRecord,
     ReviewItem,
     ReviewStatus,
+    SkippedRow,
+    StoredRows,
     _check_text,
     _check_verdict_text,
     _utcnow,
+    utc_since,
 )
-from logtoku_guard.audit.schema import _item_select, _records, _reviews, _row_to_item, _UTCDateTime
+from logtoku_guard.audit.schema import (
+    _NO_RECORD,
+    _BadColumn,
+    _BadRecordOfItem,
+    _int,
+    _item_row,
+    _item_select,
+    _numbers,
+    _records,
+    _reviews,
+    _row_to_item,
+    _text,
+    _time,
+    _UTCDateTime,
+    read_one,
+    read_rows,
+)
 from logtoku_guard.errors import (
     AuditStoreError,
     ConfigurationError,
     ReviewStateError,
     UnknownReviewItemError,
     UnknownTraceError,
+    short_repr,
 )
 
-__all__ = ["ReviewHints", "ReviewQueue"]
+__all__ = ["ReviewHints", "ReviewQueue", "Verdict"]
 
-"""The largest review item id any store can hold (a signed 64-bit integer column)."""
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a refit reads of one decided review item (:meth:`ReviewQueue.verdicts`): no texts, no tokens.
+
+    ``correct``: approved as written (an approval with an edited answer, or a rejection, says the
+    answer was wrong); ``stats``: the statistics the policy saw, as the record kept them."""
+
+    review_id: int
+    trace_id: str
+    model: str
+    correct: bool
+    decided_at: datetime
+    stats: dict[str, float | None]
+
+
+def _verdict(m: Any) -> Verdict:
+    status = m["r_status"]
+    if status not in _DECIDED:
+        raise _BadColumn("status", status, "not a verdict (approved or rejected)")
+    decided_at = _time(m, "r_decided_at", "decided_at")
+    edited = _text(m, "r_edited_answer", "edited_answer", optional=True)
+    if m["a_row_id"] is None:
+        raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
+    try:  # the record's columns: a bad one names the record's row
+        model = _text(m, "a_model", "model")
+        stats = _numbers(m, "a_stats", "stats")
+    except _BadColumn as e:
+        raise _BadRecordOfItem(e) from None
+    return Verdict(
+        review_id=_int(m, "r_id", "id"),  # type: ignore[arg-type]
+        trace_id=_text(m, "r_trace_id", "trace_id"),  # type: ignore[arg-type]
+        model=model,  # type: ignore[arg-type]
+        correct=status == "approved" and edited is None,
+        decided_at=decided_at,  # type: ignore[arg-type]
+        stats=stats,
+    )
+
+
+_VERDICT_SELECT = sa.select(
+    _reviews.c.id.label("r_id"),
+    _reviews.c.trace_id.label("r_trace_id"),
+    _reviews.c.status.label("r_status"),
+    _reviews.c.decided_at.label("r_decided_at"),
+    _reviews.c.edited_answer.label("r_edited_answer"),
+    _records.c.model.label("a_model"),
+    _records.c.stats.label("a_stats"),
+    _records.c.id.label("a_row_id"),
+).select_from(_reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id))
 
 
 @dataclass(frozen=True)
@@ -121,7 +190,7 @@ class ReviewQueue:
         if row is None:
             msg = f"no review item with id {item_id} in the audit store at {self._where}; {self.review_hints.list_open}"
             raise UnknownReviewItemError(msg)
-        return _row_to_item(row)
+        return read_one(row, _row_to_item, _item_row)
 
     # -- review queue
 
@@ -141,27 +210,68 @@ class ReviewQueue:
             self._insert_record(conn, rec)
             return self._load_item(conn, self._enqueue(conn, rec.trace_id))
 
-    def pending(self, *, include_claimed: bool = False, limit: int | None = None) -> list[ReviewItem]:
-        """Undecided items, oldest first: ``pending`` ones, plus ``claimed`` ones if ``include_claimed``."""
+    def pending(self, *, include_claimed: bool = False, limit: int | None = None) -> StoredRows[ReviewItem]:
+        """Undecided items, oldest first: ``pending`` ones, plus ``claimed`` ones if ``include_claimed``.
+        An item whose row cannot be read is left out and listed in the result's ``skipped``."""
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             msg = f"limit must be a non-negative integer or None, got {limit!r}"
             raise ConfigurationError(msg)
         statuses = _OPEN if include_claimed else ("pending",)
         stmt = _item_select.where(_reviews.c.status.in_(statuses)).order_by(_reviews.c.created_at, _reviews.c.id).limit(limit)
-        with self._transaction("read", write=False) as conn:
-            return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
+        return self._items(stmt)
 
-    def decided(self, *, since: datetime | None = None) -> list[ReviewItem]:
-        """Decided items (approved or rejected), oldest decision first; ``since``: decided at or after it (UTC)."""
-        if since is not None and since.tzinfo is None:
-            msg = f"since must be a timezone-aware datetime (UTC), got {since!r}"
-            raise ConfigurationError(msg)
+    def _items(self, stmt: sa.Select[Any]) -> StoredRows[ReviewItem]:
+        skipped: list[SkippedRow] = []
+        with self._transaction("read", write=False) as conn:
+            items = list(read_rows(conn.execute(stmt).mappings(), _row_to_item, _item_row, skipped))
+        return StoredRows(items, skipped)
+
+    def decided(self, *, since: datetime | None = None) -> StoredRows[ReviewItem]:
+        """Decided items (approved or rejected), oldest decision first; ``since``: decided at or after it (UTC).
+        Every item is read whole (tokens included): a refit streams :meth:`verdicts` instead."""
+        since = utc_since(since)
         stmt = _item_select.where(_reviews.c.status.in_(_DECIDED))
         if since is not None:
             stmt = stmt.where(_reviews.c.decided_at >= since)
-        stmt = stmt.order_by(_reviews.c.decided_at, _reviews.c.id)
+        return self._items(stmt.order_by(_reviews.c.decided_at, _reviews.c.id))
+
+    def count_decided(self, *, since: datetime | None = None) -> int:
+        """How many items are decided (at or after ``since``), counted in SQL."""
+        since = utc_since(since)
+        stmt = sa.select(sa.func.count()).select_from(_reviews).where(_reviews.c.status.in_(_DECIDED))
+        if since is not None:
+            stmt = stmt.where(_reviews.c.decided_at >= since)
         with self._transaction("read", write=False) as conn:
-            return [_row_to_item(m) for m in conn.execute(stmt).mappings()]
+            return int(conn.execute(stmt).scalar_one())
+
+    def verdicts(
+        self,
+        *,
+        model: str | None = None,
+        since: datetime | None = None,
+        skipped: list[SkippedRow] | None = None,
+        batch_size: int = 1000,
+    ) -> Iterator[Verdict]:
+        """The verdicts of decided items (of answers by ``model``, decided at or after ``since``),
+        oldest first, streamed: rows are fetched ``batch_size`` at a time and only the columns a
+        refit reads (status, edit, time, model, statistics), so memory stays flat however large the
+        store. A row that cannot be read is logged, appended to ``skipped`` and left out. The read
+        transaction stays open until the iterator is exhausted or closed."""
+        since = utc_since(since)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            msg = f"batch_size must be a positive integer, got {short_repr(batch_size)}"
+            raise ConfigurationError(msg)
+        stmt = _VERDICT_SELECT.where(_reviews.c.status.in_(_DECIDED))
+        if model is not None:
+            stmt = stmt.where(_records.c.model == model)
+        if since is not None:
+            stmt = stmt.where(_reviews.c.decided_at >= since)
+        stmt = stmt.order_by(_reviews.c.decided_at, _reviews.c.id).execution_options(yield_per=batch_size)
+        return self._stream(stmt, skipped if skipped is not None else [])
+
+    def _stream(self, stmt: sa.Select[Any], skipped: list[SkippedRow]) -> Iterator[Verdict]:
+        with self._transaction("read", write=False) as conn:
+            yield from read_rows(conn.execute(stmt).mappings(), _verdict, _item_row, skipped)
 
     def review_item(self, item_id: int) -> ReviewItem:
         """The review item with this id; :class:`UnknownReviewItemError` if none."""

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-from logtoku_guard.errors import ConfigurationError, short_repr
+from logtoku_guard.errors import AuditStoreError, ConfigurationError, short_repr
 from logtoku_guard.guard.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.scoring.tool_scores import score_tool_calls
 
@@ -33,7 +33,16 @@ if TYPE_CHECKING:
     from logtoku_guard.decision.results import GuardResult
     from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
-__all__ = ["AuditRecord", "PurgeSummary", "RecordSink", "ReviewItem", "ReviewStatus"]
+__all__ = [
+    "AuditRecord",
+    "PurgeSummary",
+    "RecordSink",
+    "ReviewItem",
+    "ReviewStatus",
+    "SkippedRow",
+    "StoredRows",
+    "UnreadableRowError",
+]
 
 ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
 """``pending``: waiting for a reviewer; ``claimed``: a reviewer took it; ``approved`` /
@@ -41,6 +50,7 @@ ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
 
 _OPEN: tuple[ReviewStatus, ...] = ("pending", "claimed")
 _DECIDED: tuple[ReviewStatus, ...] = ("approved", "rejected")
+_REVIEW_STATUSES: tuple[ReviewStatus, ...] = (*_OPEN, *_DECIDED)
 
 
 def _utcnow() -> datetime:
@@ -56,6 +66,25 @@ class _NotJSONError(Exception):
 
 
 _PLAIN = (str, int, bool, type(None))
+
+
+def utc_since(since: Any, name: str = "since (CLI: --since)") -> datetime | None:
+    """``since`` as an aware UTC datetime (None stays None): refused with a clear message when it is
+    naive, or when in UTC it falls outside the years 1 to 9999 (``0001-01-01T00:00:00+01:00`` is
+    still in year 0 in UTC, which Python cannot represent)."""
+    if since is None:
+        return None
+    if not isinstance(since, datetime) or since.tzinfo is None:
+        msg = f"{name} must be a timezone-aware datetime (UTC), got {short_repr(since)}"
+        raise ConfigurationError(msg)
+    try:
+        return since.astimezone(timezone.utc)
+    except OverflowError:
+        msg = (
+            f"{name} {since.isoformat()} is out of range: in UTC it falls before 0001-01-01 or after 9999-12-31; "
+            "give a time within those years (e.g. 0001-01-01T00:00:00+00:00 for everything)"
+        )
+        raise ConfigurationError(msg) from None
 
 
 def _json_copy(value: Any) -> Any:
@@ -341,6 +370,65 @@ class ReviewItem:
         if self.status == "rejected":
             return None
         return self.final_answer if self.status == "approved" else self.record.answer
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """A stored row that could not be read and was left out of what a read returned.
+
+    The store's rows are data: anything with write access to the database (a script, a repair,
+    a damaged file) can leave a value its column's type cannot hold (``created_at='garbage'``, a
+    number stored as text, bytes that are not UTF-8). Reads that return many rows skip such a row,
+    log it (logger ``logtoku_guard.audit``) and list it here, so one bad row never takes down a
+    whole listing. ``table``: ``audit_records`` or ``review_items``; ``row_id``: the row's id in
+    that table (the review item id for ``review_items``); ``column``: the first unreadable
+    column; ``value``: a short ``repr`` of what it holds; ``problem``: what it should be.
+    """
+
+    table: str
+    row_id: int | None
+    column: str
+    value: str
+    problem: str
+    trace_id: str | None = None
+
+    def describe(self) -> str:
+        """``audit_records row 17 (trace 1f2e...): created_at holds 'garbage', not a date and time``."""
+        trace = f" (trace {self.trace_id})" if self.trace_id else ""
+        return f"{self.table} row {self.row_id}{trace}: {self.column} holds {self.value}, {self.problem}"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "table": self.table,
+            "id": self.row_id,
+            "trace_id": self.trace_id,
+            "column": self.column,
+            "value": self.value,
+            "problem": self.problem,
+        }
+
+
+_T = TypeVar("_T")
+
+
+class StoredRows(list[_T], Generic[_T]):
+    """The rows a store read returned (a plain list), with :attr:`skipped`: the rows it could not
+    read and left out (each a :class:`SkippedRow`; empty when every row was readable)."""
+
+    def __init__(self, rows: Any = (), skipped: Any = ()) -> None:
+        super().__init__(rows)
+        self.skipped: list[SkippedRow] = list(skipped)
+
+
+class UnreadableRowError(AuditStoreError):
+    """The one row asked for (a review item, a record by trace id) holds a value that cannot be read
+    (see :class:`SkippedRow`, in :attr:`row`); the message names the row, the column and the value.
+    The store itself is reachable: other rows still read."""
+
+    def __init__(self, row: SkippedRow) -> None:
+        msg = f"the audit store's {row.describe()}; the row cannot be read. Fix or delete it with SQL (other rows are unaffected)"
+        super().__init__(msg)
+        self.row = row
 
 
 @dataclass(frozen=True)

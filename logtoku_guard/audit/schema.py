@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 
-from logtoku_guard.audit.records import AuditRecord, ReviewItem
+from logtoku_guard.audit.records import _REVIEW_STATUSES, AuditRecord, ReviewItem, SkippedRow, UnreadableRowError
+from logtoku_guard.errors import short_repr
+
+logger = logging.getLogger("logtoku_guard.audit")
+logger.addHandler(logging.NullHandler())  # reported by the callers (the CLI prints them); shown when logging is configured
 
 SCHEMA_VERSION = 1
 """Version of the tables below; a store written by another version is refused, not altered.
@@ -47,6 +54,55 @@ class _UTCDateTime(sa.types.TypeDecorator[datetime]):
 
     def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         return None if value is None else value.replace(tzinfo=timezone.utc)
+
+    def result_processor(self, dialect: sa.Dialect, coltype: object) -> Callable[[Any], Any]:
+        """Never raises while rows are fetched: a stored value that is not a date and time (text
+        such as ``'garbage'`` or ``'2026-13-45'``, a number: SQLite keeps whatever was written)
+        comes back as :class:`Unreadable`, which the row's reader reports and skips."""
+        inner = super().result_processor(dialect, coltype)
+
+        def process(value: Any) -> Any:
+            if value is None or isinstance(value, Unreadable):
+                return value
+            try:
+                out = inner(value) if inner is not None else value
+            except (ValueError, TypeError, OverflowError, AttributeError):
+                return Unreadable(value)
+            return out if isinstance(out, datetime) else Unreadable(value)
+
+        return process
+
+
+class Unreadable:
+    """A stored value its column's type cannot read (kept raw, for the report); see :func:`read_rows`."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: object) -> None:
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return short_repr(self.raw, 60)
+
+
+def _json_loads(text: str | bytes) -> Any:
+    """The JSON columns' reader (``create_engine(json_deserializer=...)``): text that is not JSON
+    comes back as :class:`Unreadable` instead of failing the whole fetch."""
+    if isinstance(text, Unreadable):
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return Unreadable(text)
+
+
+def _sqlite_text(raw: bytes) -> str | Unreadable:
+    """SQLite's ``text_factory``: a TEXT value that is not UTF-8 comes back as :class:`Unreadable`
+    (the default would fail the whole query with "Could not decode to UTF-8 column")."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Unreadable(raw)
 
 
 _JSON = sa.JSON().with_variant(JSONB(), "postgresql")
@@ -107,26 +163,207 @@ _REVIEW_FIELDS = tuple(f.name for f in dataclasses.fields(ReviewItem) if f.name 
 _item_select = sa.select(
     *(_reviews.c[name].label(f"r_{name}") for name in _REVIEW_FIELDS),
     *(_records.c[name].label(f"a_{name}") for name in _RECORD_FIELDS),
-).select_from(_reviews.join(_records, _reviews.c.trace_id == _records.c.trace_id))
-_record_select = sa.select(*(_records.c[name] for name in _RECORD_FIELDS))
+    _records.c.id.label("a_row_id"),
+).select_from(_reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id))
+"""Review items with their records; an outer join, so an item whose record is missing is reported, not lost."""
+_record_select = sa.select(*(_records.c[name] for name in _RECORD_FIELDS), _records.c.id.label("row_id"))
 _record_insert = sa.insert(_records)
 
 _json_dumps = partial(json.dumps, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+class _BadColumn(Exception):
+    """Internal: one column of a row holds what its field cannot be."""
+
+    def __init__(self, column: str, value: Any, problem: str) -> None:
+        super().__init__(column)
+        self.column, self.value, self.problem = column, value, problem
+
+
+_TEXT = "not text"
+_TIME = "not a date and time"
+_NUMBER = "not a number"
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, Unreadable) else short_repr(value, 60)
+
+
+def _text(m: sa.RowMapping, key: str, column: str, *, optional: bool = False) -> str | None:
+    v = m[key]
+    if type(v) is str or (v is None and optional):
+        return v
+    raise _BadColumn(column, v, "missing (NULL)" if v is None else _TEXT)
+
+
+def _time(m: sa.RowMapping, key: str, column: str, *, optional: bool = False) -> datetime | None:
+    v = m[key]
+    if isinstance(v, datetime) or (v is None and optional):
+        return v
+    raise _BadColumn(column, v, "missing (NULL)" if v is None else _TIME)
+
+
+def _int(m: sa.RowMapping, key: str, column: str, *, optional: bool = False) -> int | None:
+    v = m[key]
+    if (type(v) is int) or (v is None and optional):
+        return v
+    raise _BadColumn(column, v, "missing (NULL)" if v is None else "not a whole number")
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _numbers(m: sa.RowMapping, key: str, column: str) -> dict[str, float | None]:
+    v = m[key]
+    if type(v) is not dict:
+        raise _BadColumn(column, v, "not a JSON object of numbers")
+    for name, x in v.items():
+        if not _number(x):
+            raise _BadColumn(f"{column}[{name!r}]", x, _NUMBER)
+    return v
+
+
+def _dicts(m: sa.RowMapping, key: str, column: str, *, optional: bool = False) -> list[dict[str, Any]]:
+    v = m[key]
+    if v is None and optional:
+        return []
+    if type(v) is not list:
+        raise _BadColumn(column, v, "not a JSON list of objects")
+    for i, x in enumerate(v):
+        if type(x) is not dict:
+            raise _BadColumn(f"{column}[{i}]", x, "not a JSON object")
+    return v
+
+
 def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
+    """The record of one ``audit_records`` row, every column checked (:class:`_BadColumn` names the first
+    that cannot be read: a row written by this code always reads, one edited by hand may not)."""
     # Rows were validated and made JSON-safe when written: rebuild without __post_init__'s copies
-    # (the dominant cost of pending() and export otherwise).
+    # (the dominant cost of pending() and export otherwise); only the types are checked here.
+    p = prefix
+    reliability = m[p + "reliability"]
+    if not _number(reliability) or (isinstance(reliability, float) and not math.isfinite(reliability)):
+        raise _BadColumn("reliability", reliability, "not a finite number")
+    attempts = _int(m, p + "attempts", "attempts")
+    if attempts is not None and attempts < 0:
+        raise _BadColumn("attempts", attempts, "negative")
+    values: dict[str, Any] = {
+        "trace_id": _text(m, p + "trace_id", "trace_id"),
+        "created_at": _time(m, p + "created_at", "created_at"),
+        "model": _text(m, p + "model", "model"),
+        "policy_name": _text(m, p + "policy_name", "policy_name"),
+        "policy_version": _text(m, p + "policy_version", "policy_version"),
+        "prompt": _text(m, p + "prompt", "prompt"),
+        "answer": _text(m, p + "answer", "answer"),
+        "action": _text(m, p + "action", "action"),
+        "reason": _text(m, p + "reason", "reason"),
+        "rule": _text(m, p + "rule", "rule", optional=True),
+        "reliability": reliability,
+        "attempts": attempts,
+        "tokens": _dicts(m, p + "tokens", "tokens"),
+        "stats": _numbers(m, p + "stats", "stats"),
+        "timings": _numbers(m, p + "timings", "timings"),
+        "tool_calls": _dicts(m, p + "tool_calls", "tool_calls", optional=True),  # None: written before the column
+        "review_id": _int(m, p + "review_id", "review_id", optional=True),
+    }
     rec = object.__new__(AuditRecord)
     for name in _RECORD_FIELDS:
-        object.__setattr__(rec, name, m[prefix + name])
-    if rec.tool_calls is None:  # a row written before the column existed
-        object.__setattr__(rec, "tool_calls", [])
+        object.__setattr__(rec, name, values[name])
     return rec
 
 
 def _row_to_item(m: sa.RowMapping) -> ReviewItem:
-    return ReviewItem(**{name: m[f"r_{name}"] for name in _REVIEW_FIELDS}, record=_row_to_record(m, "a_"))
+    """The review item of one joined row (see :func:`_row_to_record`; its own columns checked too)."""
+    status = m["r_status"]
+    if status not in _REVIEW_STATUSES:
+        raise _BadColumn("status", status, f"not one of {', '.join(_REVIEW_STATUSES)}")
+    return ReviewItem(
+        id=_int(m, "r_id", "id"),  # type: ignore[arg-type]
+        trace_id=_text(m, "r_trace_id", "trace_id"),  # type: ignore[arg-type]
+        status=status,
+        created_at=_time(m, "r_created_at", "created_at"),  # type: ignore[arg-type]
+        claimed_by=_text(m, "r_claimed_by", "claimed_by", optional=True),
+        claimed_at=_time(m, "r_claimed_at", "claimed_at", optional=True),
+        reviewer=_text(m, "r_reviewer", "reviewer", optional=True),
+        decided_at=_time(m, "r_decided_at", "decided_at", optional=True),
+        edited_answer=_text(m, "r_edited_answer", "edited_answer", optional=True),
+        note=_text(m, "r_note", "note", optional=True),
+        claimed_os_user=_text(m, "r_claimed_os_user", "claimed_os_user", optional=True),
+        reviewer_os_user=_text(m, "r_reviewer_os_user", "reviewer_os_user", optional=True),
+        record=_record_of_item(m),
+    )
+
+
+_NO_RECORD = "a trace id with no audit record (the record was deleted or its trace_id edited)"
+
+
+def _record_of_item(m: sa.RowMapping) -> AuditRecord:
+    if m["a_row_id"] is None:  # the outer join found no record: the item's trace_id names none
+        raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
+    try:
+        return _row_to_record(m, "a_")
+    except _BadColumn as e:  # the item's own row is fine, its record's is not: name the record's table
+        raise _BadRecordOfItem(e) from None
+
+
+class _BadRecordOfItem(Exception):
+    def __init__(self, bad: _BadColumn) -> None:
+        super().__init__(bad.column)
+        self.bad = bad
+
+
+_R = TypeVar("_R")
+
+
+def _skipped(m: sa.RowMapping, table: str, id_key: str, trace_key: str, exc: Exception) -> SkippedRow:
+    if isinstance(exc, _BadRecordOfItem):  # a review item whose record is the unreadable row
+        table, id_key, trace_key, exc = "audit_records", "a_row_id", "a_trace_id", exc.bad
+    assert isinstance(exc, _BadColumn)
+    row_id = m.get(id_key)
+    trace = m.get(trace_key, m.get("r_trace_id"))
+    return SkippedRow(
+        table=table,
+        row_id=row_id if type(row_id) is int else None,
+        column=exc.column,
+        value=_shown(exc.value),
+        problem=exc.problem,
+        trace_id=trace if type(trace) is str else None,
+    )
+
+
+def _item_row(m: sa.RowMapping, exc: Exception) -> SkippedRow:
+    return _skipped(m, "review_items", "r_id", "r_trace_id", exc)
+
+
+def _record_row(m: sa.RowMapping, exc: Exception) -> SkippedRow:
+    return _skipped(m, "audit_records", "row_id", "trace_id", exc)
+
+
+def read_rows(
+    rows: Iterable[sa.RowMapping],
+    convert: Callable[[sa.RowMapping], _R],
+    where: Callable[[sa.RowMapping, Exception], SkippedRow],
+    skipped: list[SkippedRow],
+) -> Iterator[_R]:
+    """``convert`` each row; a row that cannot be read is logged, appended to ``skipped`` and left out."""
+    for m in rows:
+        try:
+            yield convert(m)
+        except (_BadColumn, _BadRecordOfItem) as exc:
+            row = where(m, exc)
+            logger.warning("skipped an unreadable row of the audit store: %s", row.describe())
+            skipped.append(row)
+
+
+def read_one(
+    m: sa.RowMapping, convert: Callable[[sa.RowMapping], _R], where: Callable[[sa.RowMapping, Exception], SkippedRow]
+) -> _R:
+    """``convert`` the one row asked for; an unreadable one raises :class:`UnreadableRowError`."""
+    try:
+        return convert(m)
+    except (_BadColumn, _BadRecordOfItem) as exc:
+        raise UnreadableRowError(where(m, exc)) from None
 
 
 def _add_missing_columns(conn: Connection) -> None:
@@ -155,6 +392,7 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
+        dbapi_conn.text_factory = _sqlite_text
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

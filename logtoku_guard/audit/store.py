@@ -50,7 +50,16 @@ from sqlalchemy.engine import Connection, Engine
 
 from logtoku_guard.audit import _files
 from logtoku_guard.audit.queue import ReviewQueue
-from logtoku_guard.audit.records import _OPEN, AuditRecord, DecisionRow, PurgeSummary, _utcnow
+from logtoku_guard.audit.records import (
+    _OPEN,
+    AuditRecord,
+    DecisionRow,
+    PurgeSummary,
+    SkippedRow,
+    StoredRows,
+    _utcnow,
+    utc_since,
+)
 from logtoku_guard.audit.redact import RedactMode, Redactor, redact_record, redactor
 from logtoku_guard.audit.schema import (
     _ADDED_COLUMNS,
@@ -58,16 +67,24 @@ from logtoku_guard.audit.schema import (
     _WRITE_OPTION,
     SCHEMA_VERSION,
     _add_missing_columns,
+    _BadColumn,
     _configure_sqlite,
     _json_dumps,
+    _json_loads,
     _meta,
     _metadata,
+    _numbers,
     _record_insert,
+    _record_row,
     _record_select,
     _records,
     _reviews,
     _row_to_record,
+    _text,
+    _time,
     _UTCDateTime,
+    read_one,
+    read_rows,
 )
 from logtoku_guard.errors import (
     AuditStoreError,
@@ -77,7 +94,7 @@ from logtoku_guard.errors import (
     short_repr,
 )
 
-__all__ = ["AuditStore", "ExportFormat"]
+__all__ = ["AuditStore", "ExportFormat", "ExportedRows"]
 
 ExportFormat = Literal["jsonl", "csv"]
 
@@ -87,7 +104,9 @@ MAX_ROWS = 2**63 - 1
 
 def _init_tables(path: Path) -> None:
     """The tables and schema version, in the new (empty) SQLite file ``path``."""
-    engine = sa.create_engine(sa.URL.create("sqlite", database=str(path)), json_serializer=_json_dumps)
+    engine = sa.create_engine(
+        sa.URL.create("sqlite", database=str(path)), json_serializer=_json_dumps, json_deserializer=_json_loads
+    )
     try:
         with engine.begin() as conn:
             _metadata.create_all(conn)
@@ -126,9 +145,16 @@ def _check_version(version: str | None, where: str) -> None:
     raise AuditStoreError(msg)
 
 
-def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat) -> int:
+class ExportedRows(int):
+    """The number of records :meth:`AuditStore.export` wrote, with :attr:`skipped`: the rows it could
+    not read and left out (see :class:`~logtoku_guard.audit.records.SkippedRow`)."""
+
+    skipped: list[SkippedRow]
+
+
+def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat, skipped: list[SkippedRow]) -> int:
     stmt = _record_select.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
-    rows = (_row_to_record(m).to_dict() for m in conn.execute(stmt).mappings())
+    rows = (rec.to_dict() for rec in read_rows(conn.execute(stmt).mappings(), _row_to_record, _record_row, skipped))
     n = 0
     if fmt == "jsonl":
         for d in rows:
@@ -240,7 +266,9 @@ class AuditStore(ReviewQueue):
         try:
             # pre-ping: a pooled connection that a server restart or an idle timeout closed is
             # replaced before use instead of failing the next write (SQLite has no server)
-            self._engine: Engine = sa.create_engine(url, json_serializer=_json_dumps, pool_pre_ping=not self._sqlite)
+            self._engine: Engine = sa.create_engine(
+                url, json_serializer=_json_dumps, json_deserializer=_json_loads, pool_pre_ping=not self._sqlite
+            )
         except ImportError as e:
             msg = (
                 f"the database driver for {self.url} is not installed ({e}); install it, "
@@ -405,33 +433,40 @@ class AuditStore(ReviewQueue):
         return rec.trace_id
 
     def get(self, trace_id: str) -> AuditRecord:
-        """The record with this trace id; :class:`UnknownTraceError` (an AuditStoreError) if none."""
+        """The record with this trace id; :class:`UnknownTraceError` (an AuditStoreError) if none,
+        :class:`~logtoku_guard.audit.records.UnreadableRowError` if its row cannot be read."""
         with self._transaction("read", write=False) as conn:
             row = conn.execute(_record_select.where(_records.c.trace_id == trace_id)).mappings().one_or_none()
         if row is None:
             msg = f"no audit record with trace id {trace_id!r} in {self._where}; list recent ones with tail()"
             raise UnknownTraceError(msg)
-        return _row_to_record(row)
+        return read_one(row, _row_to_record, _record_row)
 
-    def tail(self, n: int = 20) -> list[AuditRecord]:
-        """The ``n`` newest records (by ``created_at``), newest first."""
+    def tail(self, n: int = 20) -> StoredRows[AuditRecord]:
+        """The ``n`` newest records (by ``created_at``), newest first. A row that cannot be read is
+        left out and listed in the result's ``skipped`` (fewer than ``n`` records then)."""
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_ROWS:
             msg = f"n must be an integer from 0 to {MAX_ROWS}, got {short_repr(n)}"
             raise ConfigurationError(msg)
         stmt = _record_select.order_by(_records.c.created_at.desc(), _records.c.id.desc()).limit(n)
+        skipped: list[SkippedRow] = []
         with self._transaction("read", write=False) as conn:
-            return [_row_to_record(m) for m in conn.execute(stmt).mappings()]
+            rows = list(read_rows(conn.execute(stmt).mappings(), _row_to_record, _record_row, skipped))
+        return StoredRows(rows, skipped)
 
-    def decisions(self, since: datetime | None = None) -> list[DecisionRow]:
+    def decisions(self, since: datetime | None = None) -> StoredRows[DecisionRow]:
         """Each record's time, model, policy, rule, action and statistics (no tokens), oldest first;
-        ``since``: at or after it (aware, UTC)."""
-        cols = [_records.c[c] for c in ("created_at", "model", "policy_name", "rule", "action", "stats")]
-        stmt = sa.select(*cols).order_by(_records.c.created_at, _records.c.id)
+        ``since``: at or after it (aware, UTC). Unreadable rows are left out and listed in ``skipped``."""
+        since = utc_since(since)
+        names = ("created_at", "model", "policy_name", "rule", "action", "stats", "trace_id")
+        stmt = sa.select(*(_records.c[c] for c in names), _records.c.id.label("row_id"))
+        stmt = stmt.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
         if since is not None:
             stmt = stmt.where(_records.c.created_at >= since)
+        skipped: list[SkippedRow] = []
         with self._transaction("read", write=False) as conn:
-            rows = conn.execute(stmt).all()
-        return [DecisionRow(t, m, p, r, a, dict(s) if isinstance(s, dict) else {}) for t, m, p, r, a, s in rows]
+            rows = list(read_rows(conn.execute(stmt).mappings(), _decision_row, _record_row, skipped))
+        return StoredRows(rows, skipped)
 
     def count(self) -> int:
         """Number of records in the store."""
@@ -479,8 +514,9 @@ class AuditStore(ReviewQueue):
         reviews = {str(status): int(k) for status, k in by_status}
         return PurgeSummary(records=n, reviews=reviews, kept_undecided=kept, cutoff=cutoff, dry_run=dry_run)
 
-    def export(self, path: str | os.PathLike[str], fmt: ExportFormat = "jsonl", *, overwrite: bool = False) -> int:
-        """Write every record, oldest first, to ``path``; returns the number of rows written.
+    def export(self, path: str | os.PathLike[str], fmt: ExportFormat = "jsonl", *, overwrite: bool = False) -> ExportedRows:
+        """Write every record, oldest first, to ``path``; returns the number of rows written (an
+        :class:`ExportedRows`, whose ``skipped`` lists the rows that could not be read and were left out).
 
         ``jsonl``: one :meth:`AuditRecord.to_dict` object a line. ``csv``: a header row, then one
         row a record; ``tokens``, ``stats``, ``timings`` and ``tool_calls`` as JSON strings, None as an empty cell.
@@ -491,5 +527,25 @@ class AuditStore(ReviewQueue):
         if fmt not in ("jsonl", "csv"):
             msg = f"export format must be 'jsonl' or 'csv', got {fmt!r}"
             raise ConfigurationError(msg)
+        skipped: list[SkippedRow] = []
         with self._transaction("export", write=False) as conn:
-            return _files.export_to(path, self._file, overwrite, lambda f: _write_rows(conn, f, fmt))
+            n = _files.export_to(path, self._file, overwrite, lambda f: _write_rows(conn, f, fmt, skipped))
+        out = ExportedRows(n)
+        out.skipped = skipped
+        return out
+
+
+def _decision_row(m: sa.RowMapping) -> DecisionRow:
+    """What drift statistics read of one row, checked like a whole record (:func:`_row_to_record`)."""
+    created = _time(m, "created_at", "created_at")
+    assert created is not None
+    if type(m["action"]) is not str:
+        raise _BadColumn("action", m["action"], "not text")
+    return DecisionRow(
+        created,
+        str(_text(m, "model", "model")),
+        str(_text(m, "policy_name", "policy_name")),
+        _text(m, "rule", "rule", optional=True),
+        m["action"],
+        dict(_numbers(m, "stats", "stats")),
+    )

@@ -110,6 +110,10 @@ def default_calibration_prompts(n: int = 200, data_dir: str | os.PathLike[str] |
     return pick_calibration_questions(tqa, nq, n)
 
 
+MAX_PROMPTS_BYTES = 100_000_000
+"""Largest prompts file read (``calibrate --prompts``)."""
+
+
 def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
     """One prompt per line (``.txt``) or a JSONL file with a ``question`` or ``prompt`` field.
 
@@ -117,21 +121,11 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[str]:
     missing, a folder, unreadable, not UTF-8, or holds a line that is not a JSON object with
     one of those fields. Blank lines are skipped; line numbers count them.
     """
+    from logtoku_guard.files import read_bounded_text
+
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder" if p.is_dir() else "does not exist"
-        msg = f"prompts file {str(p)!r} {what}; give a .txt (one prompt per line) or .jsonl file"
-        raise ConfigurationError(msg)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        msg = (
-            f"prompts file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at byte {exc.start}); save it as UTF-8"
-        )
-        raise ConfigurationError(msg) from exc
-    except OSError as exc:
-        msg = f"prompts file {str(p)!r} cannot be read ({exc.strerror}); check its permissions"
-        raise ConfigurationError(msg) from exc
+    # a regular file only, read bounded: a FIFO or a device is refused before anything is read
+    text = read_bounded_text(p, MAX_PROMPTS_BYTES, "prompts file")
     if p.suffix != ".jsonl":
         return [line for line in text.splitlines() if line.strip()]
     out = []

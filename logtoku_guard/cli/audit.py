@@ -7,8 +7,9 @@ characters shown as escapes). ``export`` writes atomically and never onto the st
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,6 +17,29 @@ from rich.table import Table
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
 from logtoku_guard.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.records import SkippedRow
+    from logtoku_guard.calibration import ModelProfile
+
+MAX_SKIPPED_SHOWN = 20
+"""Unreadable rows named one by one on stderr; the rest are counted."""
+
+
+def report_skipped(skipped: Sequence[SkippedRow]) -> None:
+    """One warning line on stderr per stored row a command could not read and left out (its table, id,
+    column and value), the first :data:`MAX_SKIPPED_SHOWN` of them, then how many more."""
+    for row in skipped[:MAX_SKIPPED_SHOWN]:
+        _common.err.print(safe_text(f"warning: skipped an unreadable row: {row.describe()}"), highlight=False)
+    if len(skipped) > MAX_SKIPPED_SHOWN:
+        more = len(skipped) - MAX_SKIPPED_SHOWN
+        _common.err.print(f"warning: ... and {more} more unreadable row(s) skipped", highlight=False)
+    if skipped:
+        _common.err.print(
+            f"warning: {len(skipped)} stored row(s) could not be read and were left out; fix or delete them with SQL",
+            highlight=False,
+        )
+
 
 audit_app = typer.Typer(help="The audit trail of guard decisions: tail, stats, export, purge.", no_args_is_help=True)
 
@@ -32,6 +56,7 @@ def audit_tail(
     if not 0 <= n <= MAX_ROWS:
         raise _common.fail(ConfigurationError(f"-n {n} is out of range; give a number of records from 0 to {MAX_ROWS}"))
     records = _common.store_read(store, "tail", n)
+    report_skipped(records.skipped)
     if as_json:
         rows = [
             {
@@ -46,7 +71,7 @@ def audit_tail(
             }
             for r in records
         ]
-        _common.print_json({"records": rows})
+        _common.print_json({"records": rows, "skipped": [s.as_json() for s in records.skipped]})
         return
     table = Table(title=f"last {len(records)} decision(s)")
     for col in ("time", "action", "rule", "reliability", "question"):
@@ -77,7 +102,7 @@ def audit_stats(
     """Flag rates (each rule's and in all) and guard_score / max_eu quantiles per day or week, against
     the profile's expected flag rate; a period whose rate leaves its 95% interval is reported as drift."""
 
-    from logtoku_guard.calibration import ModelProfile, find_profile_for
+    from logtoku_guard.calibration import find_profile_for
     from logtoku_guard.calibration.drift import drift_report, expected_flag_rate
 
     if by not in ("day", "week"):
@@ -87,11 +112,11 @@ def audit_stats(
     except ConfigurationError as exc:
         raise _common.fail(exc) from exc
     try:
-        explicit = ModelProfile.load(profile) if profile is not None else None
-    except (OSError, ValueError) as exc:
-        msg = f"--profile {str(profile)!r} is not a model profile ({type(exc).__name__}); make one with `logtoku-guard calibrate`"
-        raise _common.fail(ConfigurationError(msg)) from exc
+        explicit = _read_profile(profile) if profile is not None else None
+    except ConfigurationError as exc:
+        raise _common.fail(exc) from exc
     rows = _common.store_read(store, "decisions", when)
+    report_skipped(rows.skipped)
     expected: dict[str, float | None] = {}
 
     def expect(model: str) -> float | None:
@@ -102,7 +127,8 @@ def audit_stats(
 
     periods = drift_report(rows, by, expect)  # type: ignore[arg-type]
     if as_json:
-        _common.print_json({"by": by, "periods": [p.as_json() for p in periods]})
+        skipped = [s.as_json() for s in rows.skipped]
+        _common.print_json({"by": by, "periods": [p.as_json() for p in periods], "skipped": skipped})
     else:
         table = Table(title=f"{sum(p.n for p in periods)} decision(s) by {by}")
         columns = ("period", "model", "answers", "flagged [95% CI]", "expected", "by rule", "guard_score q10/50/90", "max_eu q50")
@@ -126,6 +152,26 @@ def audit_stats(
             _common.err.print(safe_text(line), highlight=False)
 
 
+def _read_profile(path: Path) -> ModelProfile:
+    """``--profile``, read like every file option (:func:`~logtoku_guard.files.read_bounded`: a pipe or a
+    device is refused before anything is read, a file over the size limit too), then validated; the
+    error names the file and the first problem, never the file's content."""
+    from pydantic import ValidationError
+
+    from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.files import read_bounded_text
+
+    text = read_bounded_text(path, _common.MAX_PROFILE_BYTES, "--profile")
+    try:
+        return ModelProfile.model_validate_json(text)
+    except ValidationError as exc:
+        e = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(map(str, e["loc"]))
+        problem = "not JSON" if e["type"] == "json_invalid" else (f"{where}: {e['msg'][:200]}" if where else e["msg"][:200])
+        msg = f"--profile {str(path)!r} is not a model profile ({problem}); make one with `logtoku-guard calibrate`"
+        raise ConfigurationError(msg) from None
+
+
 @audit_app.command("export")
 def audit_export(
     path: Annotated[Path, typer.Argument(help="Output file (written under a temporary name, then renamed).")],
@@ -139,7 +185,9 @@ def audit_export(
             ConfigurationError(f"cannot export to {path}: the file exists; pass another path, or --force to replace it")
         )
     n = _common.store_read(store, "export", path, fmt, overwrite=force)
-    _common.out.print(safe_text(f"{n} record(s) written to {path}"), highlight=False)
+    report_skipped(n.skipped)
+    left_out = f" ({len(n.skipped)} unreadable row(s) left out)" if n.skipped else ""
+    _common.out.print(safe_text(f"{n} record(s) written to {path}{left_out}"), highlight=False)
 
 
 @audit_app.command("purge")

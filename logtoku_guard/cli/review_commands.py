@@ -79,9 +79,12 @@ def _say(message: str) -> None:
 @review_app.command("list")
 def review_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Items waiting for a verdict (pending or claimed), oldest first."""
+    from logtoku_guard.cli.audit import report_skipped
+
     items = _common.store_read(store, "pending", include_claimed=True)
+    report_skipped(items.skipped)
     if as_json:
-        _common.print_json({"items": [_item_row(i) for i in items]})
+        _common.print_json({"items": [_item_row(i) for i in items], "skipped": [s.as_json() for s in items.skipped]})
         return
     table = Table(title=f"{len(items)} item(s) waiting for review")
     for col in ("id", "status", "claimed by", "created", "question", "reason"):

@@ -159,6 +159,8 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
                 data = loader.get_single_data()
             finally:
                 loader.dispose()
+        except PolicyError:  # a duplicate key, a merge key, an alias, a bound: already says what is wrong
+            raise
         except yaml.YAMLError as exc:
             msg = f"{source} is not valid YAML: {str(exc)[:500]}"
             raise PolicyError(msg) from exc
@@ -168,6 +170,8 @@ def parse_policy_text(text: str, kind: str, source: str) -> Any:
     else:
         try:
             data = json.loads(text, object_pairs_hook=_no_duplicate_keys(source))
+        except PolicyError:  # a duplicate key (PolicyError is a ValueError too: never reworded below)
+            raise
         except json.JSONDecodeError as exc:
             msg = f"{source} is not valid JSON: {exc}"
             raise PolicyError(msg) from exc

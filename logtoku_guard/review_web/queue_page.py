@@ -3,6 +3,10 @@
 A page reads only the light columns (ids, times, people, question, model, rule, reliability),
 never the records' token lists, and pages with ``LIMIT``/``OFFSET`` over the indexed status, so
 a queue of 10 000 items lists in milliseconds (``benchmarks/bench_review_page.py``).
+
+A row that cannot be read (a time that is not a time, a number stored as text: see
+:class:`~logtoku_guard.audit.records.SkippedRow`) is left off the page and listed in
+:attr:`QueuePage.skipped`, which the page shows: one bad row never takes down the queue.
 """
 
 from __future__ import annotations
@@ -14,8 +18,18 @@ from typing import TYPE_CHECKING, Literal
 
 import sqlalchemy as sa
 
-from logtoku_guard.audit.records import _utcnow
-from logtoku_guard.audit.schema import _records, _reviews
+from logtoku_guard.audit.records import _REVIEW_STATUSES, SkippedRow, _utcnow
+from logtoku_guard.audit.schema import (
+    _NO_RECORD,
+    _BadColumn,
+    _BadRecordOfItem,
+    _item_row,
+    _records,
+    _reviews,
+    _text,
+    _time,
+    read_rows,
+)
 from logtoku_guard.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -93,6 +107,8 @@ class QueuePage:
     counts: dict[str, int]
     rules: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    """Rows of this page that could not be read and are left off it."""
 
     def pages(self, per_page: int) -> int:
         """Number of pages (at least 1)."""
@@ -102,9 +118,48 @@ class QueuePage:
 _QUESTION_CHARS = 200
 
 
+def _queue_row(m: sa.RowMapping) -> QueueRow:
+    """One queue line, every column checked (a row edited by hand may hold anything)."""
+    status, item_id = m["r_status"], m["r_id"]
+    if status not in _REVIEW_STATUSES:
+        raise _BadColumn("status", status, f"not one of {', '.join(_REVIEW_STATUSES)}")
+    if type(item_id) is not int:
+        raise _BadColumn("id", item_id, "not a whole number")
+    created_at = _time(m, "r_created_at", "created_at")
+    claimed_by = _text(m, "r_claimed_by", "claimed_by", optional=True)
+    reviewer = _text(m, "r_reviewer", "reviewer", optional=True)
+    decided_at = _time(m, "r_decided_at", "decided_at", optional=True)
+    if m["a_row_id"] is None:
+        raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
+    try:  # the record's columns: a bad one names the record's row
+        reliability = m["a_reliability"]
+        ok = reliability is None or (isinstance(reliability, (int, float)) and not isinstance(reliability, bool))
+        if not ok or (isinstance(reliability, float) and not math.isfinite(reliability)):
+            raise _BadColumn("reliability", reliability, "not a finite number")
+        question = _text(m, "a_question", "prompt")
+        model = _text(m, "a_model", "model")
+        rule = _text(m, "a_rule", "rule", optional=True)
+        action = _text(m, "a_action", "action")
+    except _BadColumn as e:
+        raise _BadRecordOfItem(e) from None
+    return QueueRow(
+        id=item_id,
+        status=status,
+        created_at=created_at,  # type: ignore[arg-type]
+        claimed_by=claimed_by,
+        reviewer=reviewer,
+        decided_at=decided_at,
+        question=question,  # type: ignore[arg-type]
+        model=model,  # type: ignore[arg-type]
+        rule=rule,
+        action=action,  # type: ignore[arg-type]
+        reliability=reliability,
+    )
+
+
 def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
     """One page of the review queue of ``store`` under ``flt`` (one read transaction)."""
-    join = _reviews.join(_records, _reviews.c.trace_id == _records.c.trace_id)
+    join = _reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id)  # an item without its record is reported
     where: list[sa.ColumnElement[bool]] = []
     if flt.rule is not None:
         where.append(_records.c.rule.is_(None) if flt.rule == NO_RULE else _records.c.rule == flt.rule)
@@ -121,17 +176,19 @@ def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
         order = (_reviews.c.decided_at.desc(), _reviews.c.id.desc())
     rows_stmt = (
         sa.select(
-            _reviews.c.id,
-            _reviews.c.status,
-            _reviews.c.created_at,
-            _reviews.c.claimed_by,
-            _reviews.c.reviewer,
-            _reviews.c.decided_at,
-            sa.func.substr(_records.c.prompt, 1, _QUESTION_CHARS + 1).label("question"),
-            _records.c.model,
-            _records.c.rule,
-            _records.c.action,
-            _records.c.reliability,
+            _reviews.c.id.label("r_id"),
+            _reviews.c.trace_id.label("r_trace_id"),
+            _reviews.c.status.label("r_status"),
+            _reviews.c.created_at.label("r_created_at"),
+            _reviews.c.claimed_by.label("r_claimed_by"),
+            _reviews.c.reviewer.label("r_reviewer"),
+            _reviews.c.decided_at.label("r_decided_at"),
+            sa.func.substr(_records.c.prompt, 1, _QUESTION_CHARS + 1).label("a_question"),
+            _records.c.model.label("a_model"),
+            _records.c.rule.label("a_rule"),
+            _records.c.action.label("a_action"),
+            _records.c.reliability.label("a_reliability"),
+            _records.c.id.label("a_row_id"),
         )
         .select_from(join)
         .where(_reviews.c.status.in_(statuses), *where)
@@ -142,15 +199,17 @@ def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
     counts_stmt = sa.select(_reviews.c.status, sa.func.count()).select_from(join).where(*where).group_by(_reviews.c.status)
     rules_stmt = sa.select(_records.c.rule).select_from(join).distinct().order_by(_records.c.rule)
     models_stmt = sa.select(_records.c.model).select_from(join).distinct().order_by(_records.c.model)
+    skipped: list[SkippedRow] = []
     with store._transaction("read", write=False) as conn:
-        rows = [QueueRow(**r._asdict()) for r in conn.execute(rows_stmt)]
+        rows = list(read_rows(conn.execute(rows_stmt).mappings(), _queue_row, _item_row, skipped))
         by_status = {status: int(n) for status, n in conn.execute(counts_stmt)}
-        rules = [NO_RULE if r is None else r for (r,) in conn.execute(rules_stmt)]
-        models = [m for (m,) in conn.execute(models_stmt)]
+        # the filter choices: only text (a value edited into the store by hand is not a choice)
+        rules = [NO_RULE if r is None else r for (r,) in conn.execute(rules_stmt) if r is None or type(r) is str]
+        models = [m for (m,) in conn.execute(models_stmt) if type(m) is str]
     counts = {
         "pending": by_status.get("pending", 0),
         "claimed": by_status.get("claimed", 0),
         "decided": by_status.get("approved", 0) + by_status.get("rejected", 0),
     }
     counts["all"] = sum(counts.values())
-    return QueuePage(rows=rows, total=counts[flt.view], counts=counts, rules=rules, models=models)
+    return QueuePage(rows=rows, total=counts[flt.view], counts=counts, rules=rules, models=models, skipped=skipped)

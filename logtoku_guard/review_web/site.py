@@ -13,7 +13,9 @@ escapes (:func:`~logtoku_guard.review_web.views.visible`), and the Content-Secur
 no script at all. The store's own rules decide races: a claim or verdict the store refuses
 (:class:`~logtoku_guard.errors.ReviewStateError`) becomes a 409 page. Bad query or path values
 are 400 or 404 pages, and an audit store that cannot be reached (its database server down) a
-503 page saying so, on every route.
+503 page saying so, on every route. A stored row that cannot be read (edited by hand, damaged) is
+left off the queue with a notice naming it, and its own item page is a 422 page naming the row,
+the column and the value: one bad row never takes down a view.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from logtoku_guard.audit.records import parse_review_id
+from logtoku_guard.audit.records import UnreadableRowError, parse_review_id
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.store import AuditStore
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
@@ -148,6 +150,9 @@ class ReviewApp:
             return self.error_page(session, 404, "Not found", str(e))
         except ConfigurationError as e:
             return self.error_page(session, 400, "Bad request", str(e))
+        except UnreadableRowError as e:  # one bad row: this page only, the store and other items are fine
+            logger.warning("review page %s %s: %s", request.method, request.url.path, e)
+            return self.error_page(session, 422, "Unreadable item", str(e))
         except AuditStoreError as e:
             logger.warning("review page %s %s: %s", request.method, request.url.path, e)
             page = self.error_page(

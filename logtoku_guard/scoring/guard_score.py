@@ -291,7 +291,9 @@ def fit_guard(
     if oof is not None:
         names = list(groups) if groups is not None else ["correct" if v else "incorrect" for v in y]
         for name, v, label in zip(names, oof.tolist(), y.tolist()):
-            reference.setdefault(name, []).append(round(float(v), 5))
+            # exact, never rounded: a threshold is placed on these very values, and a rounded one can sit
+            # just above the live score of an answer identical to its reference (issue 43, N4)
+            reference.setdefault(name, []).append(float(v))
             seen.setdefault(name, set()).add(bool(label))
     rel = np.array([r.reliability for r in rows])
     n_log = np.log1p(np.array([r.n_tokens for r in rows]))

@@ -57,7 +57,7 @@ def test_ask_context_file_with_invalid_utf8(tmp_path: Path) -> None:
 def test_calibrate_prompts_with_invalid_utf8(tmp_path: Path) -> None:
     bad = tmp_path / "prompts.txt"
     bad.write_bytes(BAD_UTF8)
-    fails("calibrate", "--prompts", str(bad), expect=("prompts.txt", "UTF-8", "byte 3"))
+    fails("calibrate", "--prompts", str(bad), expect=("prompts.txt", "UTF-8", "offset 3"))
 
 
 def test_calibrate_prompts_with_a_bad_jsonl_line(tmp_path: Path) -> None:
