@@ -1,0 +1,154 @@
+"""``logtoku-guard eval ordinary``: the shipped guard and policy, as they are, on ordinary questions
+(:mod:`logtoku_eval.ordinary_eval`), beside the traffic benchmark's real questions.
+
+As the other command modules, only typer, rich and the core CLI's public toolkit are imported
+here; the evaluation harness is imported inside the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from logtoku_eval.cli import paper as ev
+from logtoku_eval.cli.paper import BatchOpt, BootOpt, GenCacheOpt, ModelCacheOpt, ModelOpt, OutDirOpt, eval_app
+from logtoku_guard.cli import toolkit
+from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
+
+SPLIT_CHOICES = ("tune", "test", "all")
+
+
+@eval_app.command("ordinary")
+def ordinary(
+    model: ModelOpt = "smollm2-135m-instruct",
+    split: Annotated[str, typer.Option(help="Half to report: test (the default), tune or all.")] = "test",
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            help="Only the first N questions of the half (each in its three wordings), and the first N real "
+            "questions of the traffic half (each in both styles), for a quick run."
+        ),
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Profile whose guard decides (a JSON saved by `logtoku-guard calibrate`). Default: the profile "
+            "shipped for the model; nothing is refit."
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (YAML or JSON) to decide with. Default: the default policy.")
+    ] = None,
+    traffic: Annotated[
+        bool,
+        typer.Option(
+            "--traffic/--no-traffic",
+            help="Also report the traffic benchmark's real questions of the same half (answered and cached as "
+            "`eval traffic` does; the first run generates them).",
+        ),
+    ] = True,
+    batch_size: BatchOpt = 16,
+    gen_cache_dir: GenCacheOpt = None,
+    out_dir: OutDirOpt = None,
+    n_boot: BootOpt = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (which resamples questions).")] = 0,
+    device: DeviceOpt = "auto",
+    model_cache: ModelCacheOpt = None,
+    backend: BackendOpt = "transformers",
+) -> None:
+    """Ordinary questions in three wordings: the shipped guard's flags on correct and wrong answers, per wording.
+
+    Answers as `ask` makes them (the question alone, greedy, 64 tokens), judged by nq-match against the
+    accepted answers; the profile's guard and the policy decide each answer as in `ask` (nothing refit).
+    Prints wrong answers flagged, correct answers passed and the guard_score AUROC per wording and overall,
+    with 95% intervals resampling questions. Writes ordinary.md, ordinary.json and ordinary-answers.jsonl
+    (every answer with its judgment, decision and first-pass statistics).
+    """
+    from logtoku_eval.datasets import QAItem
+    from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
+    from logtoku_eval.ordinary import dataset_name, load_ordinary
+    from logtoku_eval.ordinary_eval import QuestionRef, evaluate_ordinary, policy_threshold, score_answers, write_ordinary
+    from logtoku_eval.traffic import dataset_name as traffic_dataset
+    from logtoku_eval.traffic import load_traffic
+    from logtoku_eval.traffic_eval import STYLES
+    from logtoku_guard.calibration.profiles import ModelProfile, shipped_profile_path
+    from logtoku_guard.decision.policy import Policy, default_policy
+    from logtoku_guard.errors import ConfigurationError, LogTokUError
+
+    ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
+    ev.check_backend_option(backend, device)
+    if split not in SPLIT_CHOICES:
+        raise toolkit.fail(ConfigurationError(f"--split must be one of {', '.join(SPLIT_CHOICES)}, got {split!r}"))
+    cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
+    try:
+        name = ev.model_name(model, backend)
+        profile_file = profile if profile is not None else shipped_profile_path(name)
+        if not profile_file.is_file():
+            msg = (
+                f"no profile at {str(profile_file)!r} (none is shipped for the model {name!r}); pass --profile with one "
+                f"saved by `logtoku-guard calibrate --model {model} --out FILE`"
+            )
+            raise ConfigurationError(msg)
+        chosen_profile = ModelProfile.load(profile_file)
+        chosen_policy = Policy.from_file(policy) if policy is not None else default_policy()
+        items = load_ordinary(split=split)
+        if limit is not None:
+            keep = list(dict.fromkeys(it.question_id for it in items))[:limit]
+            items = [it for it in items if it.question_id in set(keep)]
+        questions = [QuestionRef.of_ordinary(it) for it in items]
+        work = {"ordinary": [it.to_qa_item() for it in items]}
+        caches = {"ordinary": greedy_cache(cache_dir, name, dataset_name(), SERVING, template=SERVING_TEMPLATE)}
+        traffic_refs: list[QuestionRef] = []
+        if traffic:
+            real = [it for it in load_traffic(split=split) if it.group == "real"]
+            if limit is not None:
+                bases = list(dict.fromkeys(_base_id(it.id) for it in real))[:limit]
+                real = [it for it in real if _base_id(it.id) in set(bases)]
+            traffic_refs = [
+                QuestionRef(
+                    "traffic", it.id, _base_id(it.id), it.category, it.split, STYLES[it.category], it.question, it.answers
+                )
+                for it in real
+            ]
+            work["traffic"] = [QAItem(it.id, it.question, it.answers) for it in real]
+            caches["traffic"] = greedy_cache(cache_dir, name, traffic_dataset(), SERVING, template=SERVING_TEMPLATE)
+        todo = {k: [it for it in v if it.id not in caches[k]] for k, v in work.items()}
+        if any(todo.values()):
+            loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
+            with ev.progress_bar() as progress:
+                for key, qa in work.items():
+                    on = ev.progress_factory(progress)(key, len(qa), len(qa) - len(todo[key]))
+                    run_greedy(loaded, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
+        kwargs = {"model": name, "profile": chosen_profile, "policy": chosen_policy}
+        answers = score_answers(questions, caches["ordinary"].records([q.id for q in questions]), **kwargs)  # type: ignore[arg-type]
+        traffic_answers = (
+            score_answers(traffic_refs, caches["traffic"].records([q.id for q in traffic_refs]), **kwargs)  # type: ignore[arg-type]
+            if traffic
+            else []
+        )
+        report = evaluate_ordinary(
+            answers,
+            model=name,
+            profile=str(profile_file) if profile is not None else f"shipped ({profile_file.name})",
+            policy=f"{chosen_policy.name} v{chosen_policy.version}",
+            threshold=policy_threshold(chosen_policy, chosen_profile),
+            split=split,
+            traffic=traffic_answers,
+            n_boot=n_boot,
+            seed=seed,
+        )
+        files = write_ordinary(report, out_dir)
+    except LogTokUError as exc:
+        raise toolkit.fail(exc) from exc
+    typer.echo(report.to_markdown())
+    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+
+
+def _base_id(traffic_id: str) -> str:
+    """A traffic question's id without its restyled twin's suffix (``known-012-lower`` -> ``known-012``)."""
+    for suffix in ("-lower", "-cased"):
+        if traffic_id.endswith(suffix):
+            return traffic_id[: -len(suffix)]
+    return traffic_id
