@@ -22,9 +22,9 @@ from typing import Any
 from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.errors import ConfigurationError, LogTokUError, MissingDependencyError
+from logtoku_guard.errors import AuditStoreError, ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.server import gate, reviews, sse, tools, wire
-from logtoku_guard.server.body import TOO_DEEP, BodyLimits
+from logtoku_guard.server.body import TOO_DEEP, BodyLimits, nul_refusal
 from logtoku_guard.server.engine import ClientGone, Engine, while_connected
 from logtoku_guard.server.metrics import Tally, require_metrics_extra
 
@@ -142,7 +142,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
     def error(exc: wire.RequestError, extra: Any = None) -> JSONResponse:
         return JSONResponse(exc.body(extra), status_code=exc.status)
 
-    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes)  # inside the key check: added first
+    nul_refused = nul_refusal(engine.store)
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, nul_refused=nul_refused)  # inside the key check: added first
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
@@ -241,11 +242,13 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         return await handle(body, request)
 
     @app.get("/v1/logtoku/reviews/{review_id}", response_model=proto.ReviewVerdict, responses=_ERRORS)
-    async def review(review_id: str, wait: float = 0.0) -> Any:
+    async def review(review_id: str, request: Request, wait: float = 0.0) -> Any:
         """A served answer sent to human review (its id is ``logtoku_guard.review_id``): the verdict and the
         released answer; ``wait`` (seconds, at most 60) holds the request until a reviewer decides."""
         try:
-            item = await reviews.review_item(engine, review_id, wait)
+            item = await while_connected(request, lambda _: reviews.review_item(engine, review_id, wait))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client went away
         except wire.RequestError as exc:
             return error(exc)
         return Response(sse.json_body(reviews.verdict(item)), media_type="application/json")
@@ -296,6 +299,9 @@ def _library_error(exc: LogTokUError, error: Any) -> Any:
         return error(wire.RequestError(400, str(exc)))
     logger.error("generation failed: %s", exc, exc_info=exc)
     return error(wire.RequestError(500, f"generation failed: {exc.__class__.__name__}: {exc}"))
+    if isinstance(exc, AuditStoreError):  # the database's address goes to the log only
+        logger.error("the audit store failed: %s", exc)
+        return error(wire.RequestError(503, "the audit store is unreachable; try again later"))
 
 
 def _token_text(backend: Backend) -> wire.TokenText:
