@@ -146,6 +146,7 @@ def test_eval_ordinary_uses_the_backend_and_profile_given(tmp_path: Path, monkey
         (["--split", "dev"], "--split must be one of tune, test, all, got 'dev'"),
         (["--limit", "0"], "--limit"),
         (["--policy", "nowhere.yaml"], "nowhere.yaml"),
+        (["--profile", __file__], "is not a profile saved by `logtoku-guard calibrate`"),
     ],
 )
 def test_eval_ordinary_refuses_bad_options_with_a_clear_message(

@@ -91,7 +91,13 @@ def ordinary(
                 f"saved by `logtoku-guard calibrate --model {model} --out FILE`"
             )
             raise ConfigurationError(msg)
-        chosen_profile = ModelProfile.load(profile_file)
+        try:
+            chosen_profile = ModelProfile.load(profile_file)
+        except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+            msg = (
+                f"--profile {str(profile_file)!r} is not a profile saved by `logtoku-guard calibrate` ({exc.__class__.__name__})"
+            )
+            raise ConfigurationError(msg) from exc
         chosen_policy = Policy.from_file(policy) if policy is not None else default_policy()
         items = load_ordinary(split=split)
         if limit is not None:
