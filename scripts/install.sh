@@ -128,3 +128,5 @@ if [[ "$dev" == 1 ]] && ! command -v initdb >/dev/null 2>&1 && ! compgen -G "/us
     fi
 fi
 echo "logtoku-guard installed into $VENV"
+# Nothing here changes the caller's PATH: say how the commands of the README are reached.
+echo "next: run 'source $VENV/bin/activate' once per shell (then 'logtoku-guard --help'), or call $VENV/bin/logtoku-guard"

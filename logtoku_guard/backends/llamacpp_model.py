@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -51,8 +50,9 @@ def import_llama_cpp(verbose: bool = False) -> Any:
     except ImportError as exc:
         msg = f"the llama.cpp backend needs llama-cpp-python ({exc}): {INSTALL_HINT}"
         raise MissingDependencyError(msg) from exc
-    # llama-cpp-python routes llama.cpp's log through this logger, printing what its level lets through.
-    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+    from logtoku_guard.backends.quiet import route_llama_cpp_log
+
+    route_llama_cpp_log(llama_cpp, verbose)  # llama.cpp's log at its real levels: errors only unless verbose
     return llama_cpp
 
 

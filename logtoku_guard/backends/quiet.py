@@ -18,10 +18,15 @@ source: :mod:`~logtoku_guard.backends.hf_compat`). Errors are still logged.
 
 ``verbose=True``, or ``LOGTOKU_GUARD_VERBOSE=1`` in the environment, leaves transformers'
 output as it is.
+
+llama.cpp's own log (model loading, warnings about a GGUF file) goes through
+:func:`route_llama_cpp_log`: to the Python logger ``llama-cpp-python`` at its real level (errors
+shown, warnings and information filtered out), or, verbose, all of it to stderr as llama.cpp writes it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -32,7 +37,7 @@ from typing import Any
 
 from logtoku_guard.errors import ConfigurationError
 
-__all__ = ["VERBOSE_ENV", "is_verbose", "quiet_transformers"]
+__all__ = ["LLAMA_CPP_LOGGER", "VERBOSE_ENV", "is_verbose", "quiet_transformers", "route_llama_cpp_log"]
 
 VERBOSE_ENV = "LOGTOKU_GUARD_VERBOSE"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -149,3 +154,55 @@ def _restore_gguf(original: Any) -> None:
 
 _LOGS = _Shared(_save_logs, _silence_logs, _restore_logs)
 _GGUF = _Shared(_save_gguf, _silence_gguf, _restore_gguf)
+
+
+# -- llama.cpp's log -------------------------------------------------------------------------------
+LLAMA_CPP_LOGGER = "llama-cpp-python"
+"""The Python logger llama.cpp's log goes to (llama-cpp-python's own name for it)."""
+GGML_LOG_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+"""ggml's log levels (``ggml.h``: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4; CONT 5 continues the
+previous message) as Python's. llama-cpp-python 0.3.36 still maps an older numbering (its
+``_logger.py``: 2 -> WARNING, 3 -> ERROR, 4 -> DEBUG), so with its logger at ERROR llama.cpp's
+*warnings* were printed (Gemma 3's "control-looking token ... this is probably a bug in the model.
+its type will be overridden", a note about the GGUF's token table that llama.cpp repairs on load)
+and its *errors* were not."""
+_GGML_CONT = 5
+
+
+class _LlamaCppLog:
+    """The C callback: each message to :data:`LLAMA_CPP_LOGGER` at its real level."""
+
+    def __init__(self) -> None:
+        self.last = logging.INFO
+        self.c_callback: Any = None  # the ctypes function object, kept alive while llama.cpp holds it
+
+    def __call__(self, level: int, text: bytes | None, _user_data: Any) -> None:
+        py_level = self.last if level == _GGML_CONT else GGML_LOG_LEVELS.get(level, logging.ERROR)
+        self.last = py_level
+        logger = logging.getLogger(LLAMA_CPP_LOGGER)
+        if text and logger.isEnabledFor(py_level):
+            message = text.decode("utf-8", "replace").rstrip("\n")
+            if message:
+                logger.log(py_level, "%s", message)
+
+
+_LLAMA_CPP_LOG = _LlamaCppLog()
+
+
+def route_llama_cpp_log(llama_cpp: Any, verbose: bool) -> None:
+    """Where llama.cpp's log goes, for the whole process (``llama_cpp``: the imported module).
+
+    Not verbose: to the logger :data:`LLAMA_CPP_LOGGER` at each message's real level
+    (:data:`GGML_LOG_LEVELS`), the logger set to ERROR, so a load prints nothing unless it fails.
+    Verbose: llama-cpp-python's own callback, which prints the whole log to stderr.
+    """
+    logger = logging.getLogger(LLAMA_CPP_LOGGER)
+    logger.setLevel(logging.DEBUG if verbose else logging.ERROR)
+    if verbose:
+        from llama_cpp import _logger
+
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+        return
+    if _LLAMA_CPP_LOG.c_callback is None:
+        _LLAMA_CPP_LOG.c_callback = llama_cpp.llama_log_callback(_LLAMA_CPP_LOG)
+    llama_cpp.llama_log_set(_LLAMA_CPP_LOG.c_callback, ctypes.c_void_p(0))

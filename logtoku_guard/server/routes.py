@@ -120,6 +120,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         int(backend.k),
         max_top_logprobs=wire.kept_alternatives(backend),
         logprobs_mode=settings.limits.logprobs_mode,
+        default_temperature=settings.limits.default_temperature,
     )
     mode = limits.logprobs_mode
     names: Sequence[str] = settings.model_names or (backend.model_name,)

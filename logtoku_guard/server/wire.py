@@ -31,6 +31,7 @@ generated is its ``generated_tokens``).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -98,18 +99,22 @@ OPENAI_MAX_TOP_LOGPROBS = 20
 @dataclass(frozen=True)
 class Limits:
     """What the server accepts: the default and largest ``max_tokens``, the top-K of AU/EU, the most
-    alternatives per token (``top_logprobs``: what the backend keeps, at most OpenAI's 20), and
-    what ``logprob`` holds."""
+    alternatives per token (``top_logprobs``: what the backend keeps, at most OpenAI's 20), what
+    ``logprob`` holds, and the temperature of a request that sends none (OpenAI's 1: sampled)."""
 
     max_tokens: int = 1024
     default_max_tokens: int = 256
     k: int = 2
     max_top_logprobs: int = OPENAI_MAX_TOP_LOGPROBS
     logprobs_mode: LogprobsMode = "raw_logprobs"
+    default_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in LOGPROBS_MODES:
             msg = f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
+            raise ConfigurationError(msg)
+        if not (math.isfinite(self.default_temperature) and self.default_temperature >= 0):
+            msg = f"--default-temperature must be a finite number >= 0 (0: greedy), got {self.default_temperature!r}"
             raise ConfigurationError(msg)
 
 
@@ -153,7 +158,7 @@ def decoding_options(req: AnyRequest, limits: Limits) -> DecodingOptions:
         _check_top(req.logprobs, limits, "logprobs")
     return DecodingOptions(
         max_new_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
+        temperature=limits.default_temperature if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=req.seed,
         stop=req.stop_strings,

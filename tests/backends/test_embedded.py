@@ -309,7 +309,7 @@ def test_the_readme_guard_snippet_does_what_it_says(
     """The README's Python guard example, run as written (in a scratch folder for its audit.db):
     the invented institute is sent to retrieval instead of passing the model's guess."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The guard: pass, warn, retrieve") :]
+    section = readme[readme.index("## In Python") :]
     code = section[section.index("```python\n") + len("```python\n") :]
     code = code[: code.index("```")]
     assert "guard.run(" in code
