@@ -222,16 +222,17 @@ class LlamaTokenizer:
             return None
         return self.piece(token).decode("utf-8", errors="replace")
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, special tokens' text (``<|im_start|>``) parsed as those tokens, no BOS added."""
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of ``text``, no BOS added; with ``special``, special tokens' text (``<|im_start|>``) is
+        parsed as those tokens (the chat template's markup), without it read as text (a user's message)."""
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (ctypes.c_int32 * cap)()
-        n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True))
+        n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, special))
         if n < 0:
             cap = -n
             buf = (ctypes.c_int32 * cap)()
-            n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, True))
+            n = int(self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, special))
         return list(buf[:n])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:

@@ -1,8 +1,11 @@
 """``GET /v1/logtoku/reviews/{id}``: a served answer sent to human review, its verdict and released answer.
 
-The id is bounded before anything parses it (an id of thousands of digits names no item), the
-``wait`` long poll runs in a worker thread on the store's own wait, and a store failure is a 503
-(never the item's fault). The withheld draft is sent only once a reviewer approved it.
+The id is bounded before anything parses it (an id of thousands of digits names no item), and a
+store failure is a 503 (never the item's fault). The ``wait`` long poll holds no thread: it
+sleeps on the event loop between reads of the item (:func:`~logtoku_guard.audit.waiting.await_decision`:
+reads in a small pool of their own, one read per interval shared by every poll of that item), so
+any number of polls leave generation's threads alone, and the route ends it at once when its
+client goes away. The withheld draft is sent only once a reviewer approved it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ class ReviewQueue(Protocol):
 
     def review_item(self, item_id: int) -> ReviewItem: ...
 
-    def wait_for_decision(self, review_id: int, *, timeout: float | None, poll_interval: float = 0.5) -> ReviewItem: ...
-
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,8 @@ async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
     """The review item ``review_id`` of ``engine``'s store, after up to ``wait`` seconds for a verdict."""
     import math
 
-    import anyio.to_thread
-
-    from logtoku_guard.errors import AuditStoreError, ReviewTimeoutError, UnknownReviewItemError
+    from logtoku_guard.audit.waiting import await_decision
+    from logtoku_guard.errors import AuditStoreError, UnknownReviewItemError
 
     store = engine.store
     if not isinstance(store, ReviewQueue):
@@ -56,12 +56,7 @@ async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
     except UnknownReviewItemError as exc:
         raise wire.RequestError(404, str(exc)) from None
     try:
-        item = await anyio.to_thread.run_sync(store.review_item, item_id)
-        if wait > 0 and not item.decided:
-            try:
-                item = await anyio.to_thread.run_sync(lambda: store.wait_for_decision(item_id, timeout=wait))
-            except ReviewTimeoutError as exc:
-                item = exc.item
+        item = await await_decision(store, item_id, timeout=wait)
     except UnknownReviewItemError:
         raise wire.RequestError(404, f"no review item {item_id} in this server's store") from None
     except AuditStoreError as exc:
@@ -72,6 +67,7 @@ async def review_item(engine: Engine, review_id: str, wait: float) -> Any:
 
 def verdict(item: Any) -> proto.ReviewVerdict:
     return proto.ReviewVerdict(
+        object="logtoku.review",  # set, so that the response (its set fields) carries it
         id=item.id,
         trace_id=item.trace_id,
         status=item.status,

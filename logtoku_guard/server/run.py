@@ -5,6 +5,10 @@ of range is refused with a clear :class:`~logtoku_guard.errors.ConfigurationErro
 anything announces the server. Shutdown is graceful: on SIGINT/SIGTERM (or
 :meth:`BackgroundServer.stop`) the server stops accepting connections and waits up to
 ``graceful_timeout`` seconds for the requests in flight, streams included, to finish.
+
+Connections are held to :class:`~logtoku_guard.server.connections.ConnectionLimits` (header and
+body read timeouts, a cap on open connections below the process's open-file limit, checked
+here at start); refused and timed-out connections are logged in one rate-limited line.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.server.connections import ConnectionLimits, connection_cap, limited_protocol, quiet_accept_errors
 from logtoku_guard.server.engine import Engine, ThreadRunner
 from logtoku_guard.server.routes import ServerSettings, create_app
 from logtoku_guard.sockets import bind_socket
@@ -78,10 +83,15 @@ def build_app(
     return create_app(engine, settings)
 
 
-def _config(app: Any, host: str, port: int, graceful_timeout: float, log_level: str) -> Any:
+def _config(
+    app: Any, host: str, port: int, graceful_timeout: float, log_level: str, connections: ConnectionLimits | None = None
+) -> Any:
     import uvicorn
 
     check_graceful_timeout(graceful_timeout)
+    limits = connections or ConnectionLimits()
+    cap = connection_cap(limits.max_connections)
+    quiet_accept_errors()
     return uvicorn.Config(
         app,
         host=host,
@@ -90,6 +100,7 @@ def _config(app: Any, host: str, port: int, graceful_timeout: float, log_level: 
         timeout_graceful_shutdown=max(1, round(graceful_timeout)),
         lifespan="off",
         access_log=False,
+        http=limited_protocol(limits, cap),
     )
 
 
@@ -106,11 +117,13 @@ def run_server(
     graceful_timeout: float = 30.0,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> None:
     """Serve ``backend`` until SIGINT/SIGTERM (then finish the requests in flight).
 
     ``sock``: a socket from :func:`bind_socket` (the CLI binds it before loading the model);
     by default ``host:port`` is bound here. The socket is closed when the server stops.
+    ``connections``: read timeouts and the cap on open connections (defaults: :class:`ConnectionLimits`).
     """
     import uvicorn
 
@@ -119,7 +132,7 @@ def run_server(
     sock = sock or bind_socket(host, port)
     try:
         app = build_app(backend, policy=policy, profile=profile, store=store, settings=settings)
-        uvicorn.Server(_config(app, host, port, graceful_timeout, log_level)).run(sockets=[sock])
+        uvicorn.Server(_config(app, host, port, graceful_timeout, log_level, connections)).run(sockets=[sock])
     finally:
         sock.close()
 
@@ -144,11 +157,12 @@ class BackgroundServer:
         port: int | None = None,
         graceful_timeout: float = 30.0,
         log_level: str = "warning",
+        connections: ConnectionLimits | None = None,
     ) -> None:
         import uvicorn
 
         check_host(host, allow_remote=False)
-        config = _config(app, host, port or 0, graceful_timeout, log_level)
+        config = _config(app, host, port or 0, graceful_timeout, log_level, connections)
         self._sock = bind_socket(host, port or 0)  # bound now: no other process can take the port before start()
         self.host = host
         self.port = int(self._sock.getsockname()[1])
