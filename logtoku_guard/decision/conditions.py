@@ -34,6 +34,7 @@ from logtoku_guard.decision.rules import (
     refuse_non_number,
 )
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.scoring.second_look import LOOK_OF, SECOND_LOOK_HIGHER_IS_RELIABLE, LookedStats, SecondLookStat
 from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING, ResponseStats, StatName
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ __all__ = [
     "is_monotone",
     "resolve_threshold",
     "risk_threshold_for",
+    "settled",
+    "unmeasured",
 ]
 
 
@@ -103,10 +106,10 @@ class Compare(StrictModel):
     for a fixed one), e.g. ``guard_score`` falling back to ``reliability`` with a profile that
     holds no fitted guard; the recorded check names the statistic actually used."""
 
-    stat: StatName
+    stat: Union[StatName, SecondLookStat]  # noqa: UP007 - pydantic union
     op: Op
     value: Union[float, Quantile, Risk]  # noqa: UP007 - pydantic union
-    fallback: Optional[StatName] = None  # noqa: UP045 - pydantic field on 3.10
+    fallback: Optional[Union[StatName, SecondLookStat]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
     fallback_value: Optional[Union[float, Quantile]] = None  # noqa: UP007, UP045 - pydantic field on 3.10
     """The threshold of ``fallback`` when it differs from ``value`` (e.g. an absolute ``guard_score``
     probability falling back to a quantile of ``reliability``); default: ``value``."""
@@ -132,6 +135,17 @@ class Compare(StrictModel):
                 f"'stat: guard_score, op: \"<\"', not 'stat: {self.stat}, op: \"{self.op}\"'"
             )
             raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
+    def _second_look_thresholds_are_numbers(self) -> Compare:
+        for stat in self.stats():
+            if stat in LOOK_OF and isinstance(self.threshold_of(stat), (Quantile, Risk)):
+                msg = (
+                    f"{stat} is a second-look statistic, which a model profile does not hold: give it an absolute "
+                    f"threshold such as 'value: 0.5', not {self.threshold_of(stat)!r}"
+                )
+                raise ValueError(msg)
         return self
 
     @model_validator(mode="after")
@@ -176,9 +190,8 @@ class Compare(StrictModel):
         (:func:`~logtoku_guard.decision.rules.compare`)."""
         stat = _stat_used(self, stats, ctx.profile)
         threshold, q, guarantee = resolve_threshold(self, ctx.profile, stat)
-        observed = stats.get(stat)
-        why = stats.undefined_reason(stat) if math.isnan(observed) else None
-        least_reliable = -math.inf if stat in HIGHER_IS_RELIABLE else math.inf
+        observed, why = _observe(stats, stat)
+        least_reliable = -math.inf if stat in HIGHER_IS_RELIABLE or stat in SECOND_LOOK_HIGHER_IS_RELIABLE else math.inf
         ok = compare(None if why is not None else observed, self.op, threshold, ctx, least_reliable)
         checks.append(Check(stat, self.op, threshold, None if why is not None else observed, ok, q, why, guarantee))
         return ok
@@ -214,6 +227,47 @@ def is_monotone(node: Condition) -> bool:
     if isinstance(node, Combinator):
         return all(is_monotone(part) for part in node.parts())
     return node.is_monotone()
+
+
+def _observe(stats: ResponseStats, stat: str) -> tuple[float, str | None]:
+    """``stat``'s value on ``stats`` and why it is undefined (None: a number); a second-look statistic on
+    statistics that hold no second look (:class:`~logtoku_guard.scoring.second_look.LookedStats`) is undefined."""
+    if stat in LOOK_OF and not isinstance(stats, LookedStats):
+        return math.nan, "not measured: no second look was taken for this answer"
+    observed = stats.get(stat)
+    return observed, (stats.undefined_reason(stat) if math.isnan(observed) else None)
+
+
+def _pending(c: Compare, stats: ResponseStats) -> set[str]:
+    """The second-look statistics ``c`` reads that ``stats`` has not measured."""
+    looks = stats.looks if isinstance(stats, LookedStats) else None
+    return {s for s in c.stats() if s in LOOK_OF and (looks is None or not looks.measured(s))}
+
+
+def settled(node: Condition, stats: ResponseStats, ctx: RuleContext) -> bool | None:
+    """Whether ``node`` fires on ``stats``, or None when that depends on a second-look statistic not yet
+    measured (three-valued: ``all`` is False as soon as one part is, ``any`` True as soon as one part is,
+    ``not`` of unknown is unknown). The guard measures a second look only where this is None."""
+    if isinstance(node, Negation):
+        inner = settled(node.part(), stats, ctx)
+        return None if inner is None else not inner
+    if isinstance(node, Combinator):
+        outcomes = [settled(part, stats, ctx) for part in node.parts()]
+        if isinstance(node, AllOfParts) and any(o is False for o in outcomes):
+            return False
+        if isinstance(node, AnyOfParts) and any(o is True for o in outcomes):
+            return True
+        if any(o is None for o in outcomes):
+            return None
+        return node.combine([bool(o) for o in outcomes])
+    if _pending(node, stats):
+        return None
+    return node.evaluate(stats, ctx, [])
+
+
+def unmeasured(node: Condition, stats: ResponseStats) -> set[str]:
+    """The second-look statistics ``node`` reads that ``stats`` has not measured."""
+    return {s for c in comparisons(node) for s in _pending(c, stats)}
 
 
 def comparisons(node: Condition) -> list[Compare]:
@@ -267,7 +321,7 @@ def _stat_used(c: Compare, stats: ResponseStats, profile: ModelProfile | None) -
     """``c.stat``, or ``c.fallback`` when ``c.stat`` is unavailable (see :class:`Compare`)."""
     if c.fallback is None:
         return c.stat
-    available = _profiled(c, profile) if isinstance(c.value, (Quantile, Risk)) else math.isfinite(stats.get(c.stat))
+    available = _profiled(c, profile) if isinstance(c.value, (Quantile, Risk)) else math.isfinite(_observe(stats, c.stat)[0])
     return c.stat if available else c.fallback
 
 

@@ -28,6 +28,7 @@ from logtoku_guard.decision.policy import Decision, Policy, default_policy
 from logtoku_guard.decision.results import Attempt, GuardResult, GuardTimings
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.scoring.guard_score import with_guard_score
+from logtoku_guard.scoring.second_look import Look, LookedStats, Measurement, SecondLooks
 from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
@@ -95,18 +96,33 @@ class Decider:
         return self.policy.retrieve.max_attempts
 
     # -- one answer -------------------------------------------------------------------------------
-    def _stats(self, generation: Generation) -> ResponseStats:
+    def _stats(self, generation: Generation, looks: SecondLooks = SecondLooks()) -> ResponseStats:  # noqa: B008 - frozen
         stats = ResponseStats.from_generation(generation, self.quadrants, self.policy.first_tokens)
-        return with_guard_score(stats, self.profile, generation)
+        stats = with_guard_score(stats, self.profile, generation)
+        return LookedStats.of(stats, looks) if self.policy.second_look_stats() else stats
 
-    def decide(self, generation: Generation, attempts: Sequence[Attempt] = ()) -> Decision:
+    def looks_needed(self, generation: Generation, looks: SecondLooks = SecondLooks()) -> tuple[Look, ...]:  # noqa: B008
+        """The second looks the decision on ``generation`` needs now, given the ``looks`` taken so far
+        (:meth:`Policy.looks_needed`); empty once the decision is settled. Never any for a policy
+        whose rules read no second-look statistic."""
+        if not self.policy.second_look_stats():
+            return ()
+        return self.policy.looks_needed(self._stats(generation, looks), self.profile)
+
+    def decide(
+        self,
+        generation: Generation,
+        attempts: Sequence[Attempt] = (),
+        looks: SecondLooks = SecondLooks(),  # noqa: B008 - frozen
+    ) -> Decision:
         """The policy's decision on one generation (no action, no record).
 
         ``attempts``: the attempts made before this one; when there are any (this answer was
         made with retrieved context) a decision that does not ask for more retrieval says so:
-        its reason starts with ``"after retrieval: "``.
+        its reason starts with ``"after retrieval: "``. ``looks``: the second looks taken for it
+        (a second-look statistic not measured is undefined).
         """
-        decision = self.policy.decide(self._stats(generation), self.profile)
+        decision = self.policy.decide(self._stats(generation, looks), self.profile)
         if attempts and decision.action != "retrieve":
             decision = replace(decision, reason=f"after retrieval: {decision.reason}")
         return decision
@@ -162,6 +178,7 @@ class Decider:
         *,
         stopped_early: bool = False,
         text: str | None = None,
+        second_looks: Sequence[Measurement] = (),
     ) -> GuardResult:
         """Turn a final decision into the answer to return, and record it in the store.
 
@@ -189,6 +206,7 @@ class Decider:
             stopped_early=stopped_early,
             policy_name=self.policy.name,
             policy_version=self.policy.version,
+            second_looks=tuple(second_looks),
         )
         if self.store is not None:
             result = self._record(self.store, question, draft, result)

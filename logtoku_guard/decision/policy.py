@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from logtoku_guard.decision.conditions import Check, Condition, comparisons, describe_checks, is_monotone
+from logtoku_guard.decision.conditions import Check, Condition, comparisons, describe_checks, is_monotone, settled, unmeasured
 from logtoku_guard.decision.policy_loading import check_bounds, read_policy_file
 from logtoku_guard.decision.rules import RuleContext, StrictModel, UndefinedMode, first_firing
 from logtoku_guard.decision.tool_gate.call_policy import ToolCallPolicy
 from logtoku_guard.errors import PolicyError, short_repr
+from logtoku_guard.scoring.second_look import LOOK_OF, Look, SecondLookSettings, looks_for
 from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.templates import check_template
 
@@ -176,6 +177,9 @@ class Policy(StrictModel):
     tool_calls: ToolCallPolicy = ToolCallPolicy()
     """Rules for the tool calls of an agent's answers, applied before each tool runs
     (:mod:`logtoku_guard.decision.tool_gate.call_policy`; used by ``LogTokUMiddleware``)."""
+    second_look: SecondLookSettings = SecondLookSettings()
+    """How the second looks are taken (prompt, N, temperature, templates) when a rule reaches their
+    statistics (:mod:`logtoku_guard.scoring.second_look`); never taken for a policy whose rules do not read them."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:
@@ -202,6 +206,19 @@ class Policy(StrictModel):
             raise PolicyError(msg) from None
 
     @classmethod
+    def named(cls, name: str) -> Policy:
+        """A policy shipped with the library, by name: ``"default"`` (:func:`default_policy`) or one of
+        :func:`shipped_policies` (a file in ``logtoku_guard/decision/policies/``)."""
+        if name == "default":
+            return default_policy()
+        names = shipped_policies()
+        if name not in names:
+            shipped = ", ".join(["default", *names])
+            msg = f"no shipped policy named {short_repr(name)}; shipped: {shipped} (or load a file with Policy.from_file)"
+            raise PolicyError(msg)
+        return cls.from_file(_SHIPPED / f"{name}.yaml")
+
+    @classmethod
     def from_file(cls, path: str | Path) -> Policy:
         """Load a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds of
         :mod:`~logtoku_guard.decision.policy_loading` (size, values, nesting, no YAML aliases, UTF-8)."""
@@ -225,6 +242,26 @@ class Policy(StrictModel):
     def stats_used(self) -> set[str]:
         """The statistics the rules read, each comparison's ``fallback`` included."""
         return {stat for r in self.rules for c in comparisons(r.when) for stat in c.stats()}
+
+    def second_look_stats(self) -> set[str]:
+        """The second-look statistics the rules read (empty: this policy never takes a second look)."""
+        return {s for s in self.stats_used() if s in LOOK_OF}
+
+    def looks_needed(self, stats: ResponseStats, profile: ModelProfile | None = None) -> tuple[Look, ...]:
+        """The second looks the decision on ``stats`` needs now: those measuring the statistics of the
+        first rule whose firing depends on a second-look statistic not yet measured, where every rule
+        before it is settled without firing (:func:`~logtoku_guard.decision.conditions.settled`).
+        Empty when the decision is settled: a rule before it fires, or none depends on one."""
+        if not self.second_look_stats():
+            return ()
+        ctx = RuleContext(self.undefined, profile)
+        for rule in self.rules:
+            fired = settled(rule.when, stats, ctx)
+            if fired is None:
+                return looks_for(unmeasured(rule.when, stats))
+            if fired:
+                return ()
+        return ()
 
     def check_profile(self, profile: ModelProfile | None) -> None:
         """Raise :class:`ConfigurationError` now when a quantile threshold cannot be resolved
@@ -260,6 +297,14 @@ class Decision:
     reason: str
     checks: tuple[Check, ...]
     stats: ResponseStats
+
+
+_SHIPPED = Path(__file__).with_name("policies")
+
+
+def shipped_policies() -> list[str]:
+    """The names of the policies shipped as files (:meth:`Policy.named`), beside ``"default"``."""
+    return sorted(p.stem for p in _SHIPPED.glob("*.yaml"))
 
 
 DEFAULT_COVERAGE = 0.80

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from logtoku_guard.decision.policy import ActionName, Decision
 from logtoku_guard.errors import LogTokUError
+from logtoku_guard.scoring.second_look import Measurement
 from logtoku_guard.types import Generation
 
 __all__ = ["WITHHOLDING_ACTIONS", "Attempt", "GuardRejectedError", "GuardResult", "GuardTimings"]
@@ -28,10 +29,13 @@ class Attempt:
 
 @dataclass(frozen=True)
 class GuardTimings:
+    """Seconds per stage of one guarded question (``second_look_s``: the second looks a rule asked for)."""
+
     total_s: float
     generation_s: float
     decision_s: float
     retrieval_s: float
+    second_look_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class GuardResult:
     stopped_early: bool = False
     policy_name: str = ""
     policy_version: str = ""
+    second_looks: tuple[Measurement, ...] = ()
+    """Every second look taken for this question (each attempt's, in order): its statistics, cost and
+    inputs, never its samples (:mod:`logtoku_guard.scoring.second_look`)."""
+
+    @property
+    def second_look_tokens(self) -> int:
+        """Tokens the model processed for the second looks (0: none was taken)."""
+        return sum(m.tokens for m in self.second_looks)
 
     @property
     def generation(self) -> Generation:

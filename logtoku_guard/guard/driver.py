@@ -17,6 +17,10 @@ supplies a :class:`GuardIO` (how it generates and retrieves) and, to stream its 
   is read whole), ``live="all"`` every answer's. A reader who closes a live stream stops the
   draft, which is decided and recorded as abandoned
   (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`; no retrieval is spent).
+* **second looks**: a :class:`~logtoku_guard.guard.guard_steps.Measure` (a policy rule reached a
+  second-look statistic) is answered by the entry point's ``measure`` (:class:`MeasuringIO`; an
+  entry point without one cannot run a policy that reads them: :class:`UsageError` before anything
+  is generated), in a ``second_look`` span.
 * **records**: each generation and retrieval in its child span of the question's
   :class:`~logtoku_guard.guard.telemetry.RunSpan` (when one is given), the result on that span.
 
@@ -32,7 +36,19 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard.guard_steps import Answer, Conclude, Generate, Progress, Request, Retrieve, Retrieved, Steps, guard_steps
+from logtoku_guard.guard.guard_steps import (
+    Answer,
+    Conclude,
+    Generate,
+    Measure,
+    Measured,
+    Progress,
+    Request,
+    Retrieve,
+    Retrieved,
+    Steps,
+    guard_steps,
+)
 from logtoku_guard.guard.telemetry import GenerationSpan, RunSpan
 from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
@@ -45,10 +61,12 @@ __all__ = [
     "ABANDONED",
     "AsyncGuardIO",
     "AsyncLiveIO",
+    "AsyncMeasuringIO",
     "Draft",
     "GuardIO",
     "Live",
     "LiveIO",
+    "MeasuringIO",
     "Watch",
     "adrive",
     "adrive_live",
@@ -125,6 +143,13 @@ class GuardIO(Protocol):
     def retrieve(self, request: Retrieve) -> Retrieved: ...
 
 
+class MeasuringIO(GuardIO, Protocol):
+    """A :class:`GuardIO` that can also take second looks (the backend again: a verification prefill,
+    samples, reworded questions), for a policy whose rules read second-look statistics."""
+
+    def measure(self, request: Measure) -> Measured: ...
+
+
 class LiveIO(GuardIO, Protocol[P_co]):
     """A :class:`GuardIO` that can also stream an answer as a :class:`Draft` (for live runs)."""
 
@@ -137,6 +162,12 @@ class AsyncGuardIO(Protocol):
     def generate(self, request: Generate, watch: Watch) -> Awaitable[Answer]: ...
 
     def retrieve(self, request: Retrieve) -> Awaitable[Retrieved]: ...
+
+
+class AsyncMeasuringIO(AsyncGuardIO, Protocol):
+    """:class:`MeasuringIO` for :func:`adrive`."""
+
+    def measure(self, request: Measure) -> Awaitable[Measured]: ...
 
 
 class AsyncLiveIO(AsyncGuardIO, Protocol[P_co]):
@@ -214,6 +245,18 @@ class _Run:
         return request.result
 
 
+def _check_measures(decider: Decider, io: object) -> None:
+    """A policy that reads second-look statistics needs an I/O that can measure them: say so before generating."""
+    wanted = decider.policy.second_look_stats()
+    if wanted and not callable(getattr(io, "measure", None)):
+        msg = (
+            f"policy {decider.policy.name!r} reads second-look statistics {sorted(wanted)}, which need the model again "
+            f"(a verification prefill, samples, reworded questions); this entry point's I/O ({type(io).__name__}) has no "
+            "measure(): guard with logtoku_guard.Guard (or its BackendIO), or use a policy without second-look rules"
+        )
+        raise UsageError(msg)
+
+
 def _recorded(opened: Any, reply: Answer | Retrieved) -> None:
     if isinstance(reply, Retrieved):
         opened.record(reply.passages, reply.why)
@@ -263,14 +306,20 @@ def drive_live(
     streamed and records it as abandoned. ``result``: the result is also appended there
     (concluded, or abandoned: a reader who closed the stream cannot be returned anything).
     """
+    _check_measures(decider, io)
     run = _run(decider, question, top_n, span, span_input, live, result)
     request = run.start(first)
     while not isinstance(request, Conclude):
-        reply: Answer | Retrieved
+        reply: Answer | Retrieved | Measured
         if isinstance(request, Retrieve):
             with run.span.retrieval(request.number) as opened:
                 reply = io.retrieve(request)
                 _recorded(opened, reply)
+        elif isinstance(request, Measure):
+            with run.span.second_look(request.attempt, request.looks) as looked:
+                measured: Measured = io.measure(request)  # type: ignore[union-attr]  # _check_measures: it has one
+                looked.record(measured.measurements)
+                reply = measured
         elif run.streams(request):
             reply = yield from _streamed(run, request, io)
         else:
@@ -333,14 +382,20 @@ async def adrive_live(
 ) -> AsyncGenerator[P, None]:
     """:func:`drive_live` for async entry points; an async generator cannot return, so the result
     is only appended to ``result``."""
+    _check_measures(decider, io)
     run = _run(decider, question, top_n, span, span_input, live, result)
     request = run.start(first)
     while not isinstance(request, Conclude):
-        reply: Answer | Retrieved
+        reply: Answer | Retrieved | Measured
         if isinstance(request, Retrieve):
             with run.span.retrieval(request.number) as opened:
                 reply = await io.retrieve(request)
                 _recorded(opened, reply)
+        elif isinstance(request, Measure):
+            with run.span.second_look(request.attempt, request.looks) as looked:
+                ameasured: Measured = await io.measure(request)  # type: ignore[union-attr]  # _check_measures: it has one
+                looked.record(ameasured.measurements)
+                reply = ameasured
         elif run.streams(request):
             watch, streamed = run.watch(), run.draft_span(request)
             draft = io.draft(request, watch)  # type: ignore[union-attr]

@@ -7,19 +7,26 @@ the last user turn, trimmed passage by passage while the prompt is too long for 
 window; token by token through ``backend.stream`` while the driver's
 :class:`~logtoku_guard.guard.driver.Watch` watches ``early_stop`` rules, else ``backend.generate``), a
 :class:`~logtoku_guard.guard.guard_steps.Retrieve` with the retriever (in a worker thread with the
-policy's timeout: :func:`~logtoku_guard.guard.retriever_calls.call_retriever`), and a live
-:class:`~logtoku_guard.guard.driver.Draft` over ``backend.stream``.
+policy's timeout: :func:`~logtoku_guard.guard.retriever_calls.call_retriever`), a live
+:class:`~logtoku_guard.guard.driver.Draft` over ``backend.stream``, and a
+:class:`~logtoku_guard.guard.guard_steps.Measure` (the second looks a policy rule reached) with the
+backend again: the verification prefill of the self-check (``backend.generate``, one token), the
+samples and the reworded questions (``backend.batch``, rows of one batch). Their samples stay here:
+only the statistics, cost and inputs go back (:mod:`logtoku_guard.scoring.second_look`).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from logtoku_guard.errors import PromptTooLongError
+from logtoku_guard.errors import ConfigurationError, PromptTooLongError
 from logtoku_guard.guard.driver import Watch
-from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
+from logtoku_guard.guard.guard_steps import Answer, Generate, Measure, Measured, Retrieve, Retrieved
 from logtoku_guard.guard.retriever_calls import RetrieverLike, call_retriever
+from logtoku_guard.scoring.second_look import Look, Measurement, agreement, claim_key, looks_stats, verdict
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
@@ -118,6 +125,62 @@ class BackendIO:
             msg = "BackendIO streams the first answer only; a later one is made with its context by generate()"
             raise ValueError(msg)
         return TokenDraft(self.backend.stream(self.messages, self.options), watch)
+
+    def measure(self, request: Measure) -> Measured:
+        """The second looks of ``request``, each with the backend (one :class:`Measurement` per look)."""
+        return Measured(tuple(self._look(request, look) for look in request.looks))
+
+    def _turns(self, request: Measure, question: str) -> list[ChatMessage]:
+        """The question's chat turns with ``question`` as the last user turn (in the retrieval template after a retrieval)."""
+        text = question
+        if request.retrieve is not None and request.passages:
+            text = request.retrieve.prompt(question, request.passages)
+        return [*self.messages[:-1], ChatMessage("user", text)]
+
+    def _look(self, request: Measure, look: Look) -> Measurement:
+        settings, answer, started = request.settings, request.answer, time.perf_counter()
+        base = (self.options or DecodingOptions()).replace(dynamic=None)
+        values: dict[str, float] = dict.fromkeys(looks_stats(look), math.nan)
+        why: str | None = None
+        tokens = 0
+        try:
+            if look == "self_check":
+                check = settings.self_check
+                turn = check.prompt.format(question=request.question, answer=answer.text.strip())
+                generation = self.backend.generate(self._turns(request, turn), base.replace(max_new_tokens=1, temperature=0.0))
+                tokens = generation.prompt_tokens + len(generation.tokens)
+                if generation.tokens:
+                    values, why = verdict(generation.tokens[0], self._text_of, check.yes, check.no, self.backend.evidence)
+                else:
+                    why = "the model gave no verdict token"
+            else:
+                key = claim_key(answer.tokens, request.question)
+                if look == "sampling":
+                    s = settings.sampling
+                    options = base.replace(max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed)
+                    prompts = [self._turns(request, request.question)] * s.n
+                else:
+                    p = settings.paraphrase
+                    options = base.replace(max_new_tokens=p.max_new_tokens, temperature=0.0, seed=None)
+                    prompts = [self._turns(request, t.format(question=request.question)) for t in p.templates]
+                generations = self.backend.batch(prompts, options)
+                tokens = sum(g.prompt_tokens + len(g.tokens) for g in generations)
+                values = {f"{look}_agreement": agreement(key, [g.text for g in generations])}
+                why = None if key else "the answer asserts no content word beyond the question"
+        except PromptTooLongError as exc:
+            why = f"the second look does not fit the model's window ({exc})"
+        return Measurement(look, values, tokens, time.perf_counter() - started, settings.inputs(look), why)
+
+    def _text_of(self, token_id: int) -> str:
+        tokenizer = getattr(self.backend, "tokenizer", None)
+        if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+            msg = (
+                f"the self-check reads the verdict's yes/no tokens by their text, and backend {type(self.backend).__name__} "
+                "has no tokenizer with decode(); use a local backend (transformers, llama.cpp) or a policy without "
+                "self_check_* rules"
+            )
+            raise ConfigurationError(msg)
+        return str(tokenizer.decode([token_id]))
 
     def _generate(self, messages: list[ChatMessage], watch: Watch) -> Generation:
         if not watch.watching:

@@ -12,6 +12,8 @@ yields a request and is sent the answer::
         Generate(attempt, passages)  -> send an Answer (the generation; for attempt > 1 made
                                         with request.prompt(...), the retrieved context)
         Retrieve(question, number)   -> send Retrieved(passages) or Retrieved(why=...)
+        Measure(looks, question, answer, ...) -> send Measured(measurements): the second looks a
+                                        policy rule reached (never the samples' text)
     request.result                            # the GuardResult, recorded (raise it yourself for "raise")
 
 One driver answers it for every way of guarding (:mod:`logtoku_guard.guard.driver`: early stop, held
@@ -31,13 +33,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from logtoku_guard.decision.results import Attempt, GuardResult, GuardTimings
 from logtoku_guard.errors import UsageError
+from logtoku_guard.scoring.second_look import Look, Measurement, SecondLooks, SecondLookSettings
 
 if TYPE_CHECKING:
     from logtoku_guard.decision.decider import Decider
     from logtoku_guard.decision.policy import Decision, RetrieveSettings
     from logtoku_guard.types import Generation
 
-__all__ = ["Answer", "Conclude", "Generate", "Progress", "Request", "Retrieve", "Retrieved", "Steps", "guard_steps"]
+__all__ = [
+    "Answer",
+    "Conclude",
+    "Generate",
+    "Measure",
+    "Measured",
+    "Progress",
+    "Request",
+    "Retrieve",
+    "Retrieved",
+    "Steps",
+    "guard_steps",
+]
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -76,6 +91,22 @@ class Retrieve:
 
 
 @dataclass(frozen=True)
+class Measure:
+    """Take the second ``looks`` of ``answer`` (the answer to attempt ``attempt``, made from ``question``
+    and, after a retrieval, ``passages`` through ``retrieve``'s template), measured with ``settings``:
+    a policy rule reached their statistics. Send back :class:`Measured`. The looks' samples stay
+    with whoever takes them: nothing of them but the statistics, cost and inputs comes back."""
+
+    looks: tuple[Look, ...]
+    question: str
+    answer: Generation
+    attempt: int
+    settings: SecondLookSettings
+    passages: tuple[str, ...] = ()
+    retrieve: RetrieveSettings | None = None
+
+
+@dataclass(frozen=True)
 class Conclude:
     """The loop is over: ``result`` is decided and recorded. The driver reports it (and raises
     :class:`~logtoku_guard.decision.results.GuardRejectedError` for the ``raise`` action)."""
@@ -83,10 +114,10 @@ class Conclude:
     result: GuardResult
 
 
-Request = Generate | Retrieve | Conclude
+Request = Generate | Retrieve | Measure | Conclude
 Steps = Generator[Request, Any, None]
 """What :func:`guard_steps` returns: send an :class:`Answer` to a :class:`Generate`, a
-:class:`Retrieved` to a :class:`Retrieve`."""
+:class:`Retrieved` to a :class:`Retrieve`, a :class:`Measured` to a :class:`Measure`."""
 
 
 # -- answers ----------------------------------------------------------------------------------------
@@ -119,8 +150,15 @@ class Retrieved:
     why: str | None = None
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a :class:`Measure` measured: one :class:`~logtoku_guard.scoring.second_look.Measurement` per look asked for."""
+
+    measurements: tuple[Measurement, ...]
+
+
 # -- the state of one question --------------------------------------------------------------------
-Stage = Literal["generation", "retrieval"]
+Stage = Literal["generation", "retrieval", "second_look"]
 
 
 @dataclass
@@ -138,33 +176,65 @@ class Progress:
     generation_s: float = 0.0
     decision_s: float = 0.0
     retrieval_s: float = 0.0
+    second_look_s: float = 0.0
+    second_looks: list[Measurement] = field(default_factory=list)
     waiting: tuple[Stage, float] | None = None  # the request being answered now, since when
 
     def timings(self) -> GuardTimings:
         """The timings so far (a request being answered counts up to now)."""
         now = time.perf_counter()
-        spent = {"generation": self.generation_s, "retrieval": self.retrieval_s}
+        spent = {"generation": self.generation_s, "retrieval": self.retrieval_s, "second_look": self.second_look_s}
         if self.waiting is not None:
             stage, since = self.waiting
             spent[stage] += now - since
-        return GuardTimings(now - self.started, spent["generation"], self.decision_s, spent["retrieval"])
+        return GuardTimings(
+            now - self.started, spent["generation"], self.decision_s, spent["retrieval"], second_look_s=spent["second_look"]
+        )
 
     def abandon(self, decider: Decider, generation: Generation) -> GuardResult:
         """Decide and record ``generation``, whose stream the reader closed before it ended (no retrieval)."""
         return decider.abandon(self.question, generation, self.attempts, self.timings())
 
 
-def _ask(progress: Progress, request: Generate | Retrieve) -> Generator[Request, Any, Any]:
-    stage: Stage = "generation" if isinstance(request, Generate) else "retrieval"
+def _ask(progress: Progress, request: Generate | Retrieve | Measure) -> Generator[Request, Any, Any]:
+    stage: Stage = (
+        "generation" if isinstance(request, Generate) else "retrieval" if isinstance(request, Retrieve) else "second_look"
+    )
     progress.waiting = (stage, time.perf_counter())
     reply = yield request
     spent = time.perf_counter() - progress.waiting[1]
     progress.waiting = None
     if stage == "generation":
         progress.generation_s += spent
-    else:
+    elif stage == "retrieval":
         progress.retrieval_s += spent
+    else:
+        progress.second_look_s += spent
     return reply
+
+
+def _second_looks(
+    decider: Decider, progress: Progress, generation: Generation, answer: Answer, attempt: int
+) -> Generator[Request, Any, SecondLooks]:
+    """The second looks ``generation``'s decision needs, asked for one round at a time (a rule's looks
+    at once, then the next undetermined rule's, if any) until the decision is settled."""
+    looks = SecondLooks()
+    policy = decider.policy
+    while needed := decider.looks_needed(generation, looks):
+        retrieve = policy.retrieve if answer.passages else None
+        request = Measure(needed, progress.question, generation, attempt, policy.second_look, answer.passages, retrieve)
+        t = time.perf_counter()
+        measured = yield from _ask(progress, request)
+        progress.decision_s -= time.perf_counter() - t  # the caller times the decision around this
+        got = {m.look for m in measured.measurements} if isinstance(measured, Measured) else set()
+        missing = [lk for lk in needed if lk not in got]
+        if missing:
+            msg = f"the second look {missing} was asked for and not measured: answer a Measure with Measured(...) of every look"
+            raise UsageError(msg)
+        taken = [m for m in measured.measurements if m.look in needed and not looks.taken(m.look)]
+        looks = looks.with_(taken)
+        progress.second_looks.extend(taken)
+    return looks
 
 
 # -- the loop ---------------------------------------------------------------------------------------
@@ -189,7 +259,8 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
         if answer.no_context is not None:
             judged = decider.unanswerable(generation, answer.no_context)
         else:
-            judged = decider.decide(generation, attempts)
+            looks = yield from _second_looks(decider, progress, generation, answer, len(attempts) + 1)
+            judged = decider.decide(generation, attempts, looks)
         attempts.append(Attempt(generation, judged, answer.passages, answer.note))
         decision = decider.settle(attempts)
         progress.decision_s += time.perf_counter() - t
@@ -209,4 +280,7 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
         decision = decider.give_up(decision, why)
         break
     timings = progress.timings()
-    yield Conclude(decider.conclude(question, decision, attempts, timings, stopped_early=progress.stopped_early, text=text))
+    result = decider.conclude(
+        question, decision, attempts, timings, stopped_early=progress.stopped_early, text=text, second_looks=progress.second_looks
+    )
+    yield Conclude(result)
