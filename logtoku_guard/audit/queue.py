@@ -47,6 +47,7 @@ from logtoku_guard.audit.schema import (
     _text,
     _time,
     _UTCDateTime,
+    at_or_after,
     read_one,
     read_rows,
 )
@@ -135,6 +136,7 @@ class ReviewQueue:
     """The review-queue methods of :class:`~logtoku_guard.audit.store.AuditStore` (not used alone)."""
 
     _where: str
+    _sqlite: bool
     claim_ttl: timedelta | None
     review_hints: ReviewHints = ReviewHints()
     """How review errors name the fix (see :class:`ReviewHints`)."""
@@ -232,7 +234,7 @@ class ReviewQueue:
         since = utc_since(since)
         stmt = _item_select.where(_reviews.c.status.in_(_DECIDED))
         if since is not None:
-            stmt = stmt.where(_reviews.c.decided_at >= since)
+            stmt = stmt.where(at_or_after(_reviews.c.decided_at, since, self._sqlite))
         return self._items(stmt.order_by(_reviews.c.decided_at, _reviews.c.id))
 
     def count_decided(self, *, since: datetime | None = None) -> int:
@@ -240,7 +242,7 @@ class ReviewQueue:
         since = utc_since(since)
         stmt = sa.select(sa.func.count()).select_from(_reviews).where(_reviews.c.status.in_(_DECIDED))
         if since is not None:
-            stmt = stmt.where(_reviews.c.decided_at >= since)
+            stmt = stmt.where(at_or_after(_reviews.c.decided_at, since, self._sqlite))
         with self._transaction("read", write=False) as conn:
             return int(conn.execute(stmt).scalar_one())
 
@@ -265,7 +267,7 @@ class ReviewQueue:
         if model is not None:
             stmt = stmt.where(_records.c.model == model)
         if since is not None:
-            stmt = stmt.where(_reviews.c.decided_at >= since)
+            stmt = stmt.where(at_or_after(_reviews.c.decided_at, since, self._sqlite))
         stmt = stmt.order_by(_reviews.c.decided_at, _reviews.c.id).execution_options(yield_per=batch_size)
         return self._stream(stmt, skipped if skipped is not None else [])
 

@@ -172,6 +172,15 @@ _record_insert = sa.insert(_records)
 _json_dumps = partial(json.dumps, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+def at_or_after(column: sa.ColumnElement[Any], when: datetime, sqlite: bool) -> sa.ColumnElement[bool]:
+    """``column >= when``, and on SQLite also a value not stored as text (a number or bytes written over a
+    time): SQLite sorts those before or after every text, so the window would silently drop or keep them;
+    read, they are reported as unreadable instead (PostgreSQL's timestamp columns hold only times)."""
+    if not sqlite:
+        return column >= when
+    return sa.or_(column >= when, sa.func.typeof(column).not_in(("text", "null")))
+
+
 class _BadColumn(Exception):
     """Internal: one column of a row holds what its field cannot be."""
 

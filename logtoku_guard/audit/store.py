@@ -83,6 +83,7 @@ from logtoku_guard.audit.schema import (
     _text,
     _time,
     _UTCDateTime,
+    at_or_after,
     read_one,
     read_rows,
 )
@@ -462,7 +463,7 @@ class AuditStore(ReviewQueue):
         stmt = sa.select(*(_records.c[c] for c in names), _records.c.id.label("row_id"))
         stmt = stmt.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
         if since is not None:
-            stmt = stmt.where(_records.c.created_at >= since)
+            stmt = stmt.where(at_or_after(_records.c.created_at, since, self._sqlite))
         skipped: list[SkippedRow] = []
         with self._transaction("read", write=False) as conn:
             rows = list(read_rows(conn.execute(stmt).mappings(), _decision_row, _record_row, skipped))

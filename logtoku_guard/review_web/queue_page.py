@@ -28,6 +28,7 @@ from logtoku_guard.audit.schema import (
     _reviews,
     _text,
     _time,
+    at_or_after,
     read_rows,
 )
 from logtoku_guard.errors import ConfigurationError
@@ -169,7 +170,7 @@ def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
     if flt.min_age_h is not None:
         where.append(_reviews.c.created_at <= now - timedelta(hours=flt.min_age_h))
     if flt.max_age_h is not None:
-        where.append(_reviews.c.created_at >= now - timedelta(hours=flt.max_age_h))
+        where.append(at_or_after(_reviews.c.created_at, now - timedelta(hours=flt.max_age_h), store._sqlite))
     statuses = _VIEW_STATUSES[flt.view]
     order: tuple[sa.ColumnElement[object], ...] = (_reviews.c.created_at, _reviews.c.id)
     if flt.view == "decided":
