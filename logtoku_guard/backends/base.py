@@ -127,8 +127,9 @@ class TokenStream:
         self._cancel = cancel
         self._generation: Generation | None = None
         self._lock = threading.Lock()
-        if cancel is not None:
-            weakref.finalize(self, cancel)  # garbage-collected unfinished: stop generating
+        # Garbage-collected unfinished: stop generating. Detached once the stream is closed or ends, so a
+        # generation that failed is not cancelled again (and its error raised again) at interpreter exit.
+        self._finalizer = weakref.finalize(self, cancel) if cancel is not None else None
 
     def __iter__(self) -> Iterator[TokenScore]:
         try:
@@ -147,6 +148,8 @@ class TokenStream:
 
     def close(self) -> None:
         """Stop generating; tokens already produced stay in :attr:`generation`."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
         with self._lock:
             if self._generation is not None:
                 return
@@ -155,6 +158,8 @@ class TokenStream:
         self._finish()
 
     def _finish(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
         with self._lock:
             if self._generation is None:
                 self._generation = self._result()
