@@ -144,13 +144,25 @@ class DynamicTemperature:
         return self.t_min + (self.t_max - self.t_min) * (1.0 - e) ** self.power
 
 
+GREEDY_BELOW = 1e-3
+"""A positive temperature below this decodes greedily. Dividing the logits by a temperature of 1e-38
+overflows even float32 (the draw is then noise), and half precision overflows below about 5e-4;
+at 1e-3 a logit ahead by 0.01 is already drawn 22,000 times as often as the one behind it."""
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
-    """How to decode. ``temperature == 0`` means greedy; ``dynamic`` overrides temperature.
+    """How to decode. ``temperature == 0`` means greedy (so does one below :data:`GREEDY_BELOW`); ``dynamic`` overrides temperature.
 
     ``constraint``: what the answer must look like (:class:`~logtoku_guard.tools.constraints.JsonSchema`
     or :class:`~logtoku_guard.tools.constraints.ToolCalls`), enforced by grammar-constrained decoding
     (the ``tools`` extra); the scores stay those of the raw, unmasked logits. None: free text.
+
+    ``logit_bias`` (``(token id, bias)`` pairs, bias from -100 to 100), ``frequency_penalty`` and
+    ``presence_penalty`` (-2 to 2) act as OpenAI defines them on the logits that choose the next token
+    (a token's logit minus ``frequency_penalty`` times its count in the answer so far, minus
+    ``presence_penalty`` once it appears, plus its bias); the scores stay those of the raw logits
+    (:mod:`logtoku_guard.backends.processors`). A backend that cannot apply them refuses them.
     """
 
     max_new_tokens: int = 256
@@ -160,6 +172,9 @@ class DecodingOptions:
     stop: tuple[str, ...] = ()
     dynamic: DynamicTemperature | None = None
     constraint: Constraint | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.constraint is not None and not isinstance(self.constraint, (JsonSchema, ToolCalls)):
@@ -195,10 +210,38 @@ class DecodingOptions:
             msg = f"stop strings must be non-empty strings, got {self.stop!r}"
             raise ConfigurationError(msg)
         object.__setattr__(self, "stop", stop)
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (-2 <= value <= 2):
+                msg = f"{name} must be a number from -2 to 2 (0: none), got {value!r}"
+                raise ConfigurationError(msg)
+        try:
+            bias = tuple((int(i), float(b)) for i, b in dict(self.logit_bias).items())
+        except (TypeError, ValueError):
+            bias = None
+        if bias is None or any(isinstance(i, bool) or i < 0 or not (-100 <= b <= 100) for i, b in bias):
+            msg = f"logit_bias must be (token id >= 0, bias from -100 to 100) pairs, got {self.logit_bias!r:.120}"
+            raise ConfigurationError(msg)
+        object.__setattr__(self, "logit_bias", tuple(sorted(bias)))
 
     @property
     def sampling(self) -> bool:
-        return self.dynamic is not None or self.temperature > 0
+        """Whether tokens are drawn (else the arg-max is taken): a dynamic temperature, or a temperature of
+        at least :data:`GREEDY_BELOW` (a smaller positive one decodes greedily on every backend)."""
+        return self.dynamic is not None or self.temperature >= GREEDY_BELOW
+
+    @property
+    def logit_params(self) -> tuple[str, ...]:
+        """The names of the logit parameters set (``logit_bias``, ``frequency_penalty``, ``presence_penalty``)."""
+        return tuple(
+            name
+            for name, on in (
+                ("logit_bias", bool(self.logit_bias)),
+                ("frequency_penalty", self.frequency_penalty != 0),
+                ("presence_penalty", self.presence_penalty != 0),
+            )
+            if on
+        )
 
     def replace(self, **changes: Any) -> DecodingOptions:
         """A copy with some fields changed (validated again)."""

@@ -10,6 +10,15 @@ top-h, top-k, top-p, min-p, typical, epsilon and eta cut-offs), run on the whole
 ``renormalize_logits`` last. A config that asks for what a single decode pass cannot apply
 (classifier-free guidance, watermarking) is refused by :func:`check_generation_config`.
 
+**The request's.** :func:`request_processors` builds, per row, what an OpenAI request asks of the
+logits: ``logit_bias`` (transformers' ``SequenceBiasLogitsProcessor``, one-token sequences) and the
+``frequency_penalty``/``presence_penalty`` (:class:`OpenAIPenaltiesLogitsProcessor`, as OpenAI and
+vLLM define them: over the tokens of the answer so far, not the prompt);
+:func:`penalise_row` is the same for one numpy row (the llama.cpp loop). Both act on a copy of the
+logits that choose the next token, after the step's raw logits were recorded: AU/EU, log p and the
+guard's scores stay the model's own. :func:`check_logit_params` refuses them on a backend that
+cannot apply them (:data:`LOGIT_PARAMS`).
+
 **Ours.** :class:`DynamicTemperatureLogitsWarper` samples each step at the temperature that
 :class:`~logtoku_guard.types.DynamicTemperature` gives for that step's epistemic uncertainty
 (as in the paper, Ma et al. 2025). It never reads the model: the EU comes from a callable (the backend wires
@@ -22,13 +31,52 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.types import DynamicTemperature
+from logtoku_guard.types import DecodingOptions, DynamicTemperature
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 
-__all__ = ["DynamicTemperatureLogitsWarper", "check_generation_config", "row_processors", "sampling_warpers"]
+__all__ = [
+    "LOGIT_PARAMS",
+    "DynamicTemperatureLogitsWarper",
+    "OpenAIPenaltiesLogitsProcessor",
+    "UnsupportedParameterError",
+    "check_generation_config",
+    "check_logit_params",
+    "penalise_row",
+    "request_processors",
+    "row_processors",
+    "sampling_warpers",
+]
+
+
+class UnsupportedParameterError(ConfigurationError):
+    """A decoding parameter the backend cannot apply: ``param`` names it (the server's 400 names it too)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+LOGIT_PARAMS = ("logit_bias", "frequency_penalty", "presence_penalty")
+"""The request's logit parameters (:class:`~logtoku_guard.types.DecodingOptions`), applied by a backend
+whose class sets ``honours_logit_params = True``, refused by :func:`check_logit_params` on any other."""
+
+
+def check_logit_params(options: DecodingOptions, backend: Any) -> None:
+    """Raise :class:`UnsupportedParameterError` naming the first logit parameter
+    ``options`` sets that ``backend`` cannot apply (one without ``honours_logit_params``)."""
+    names = options.logit_params
+    if names and not getattr(backend, "honours_logit_params", False):
+        kind = type(backend).__name__
+        msg = (
+            f"{names[0]} is set but the {kind} backend cannot apply it to its logits; leave it out, or serve the "
+            "model on the transformers or llama.cpp backend (or a remote server that applies it)"
+        )
+        raise UnsupportedParameterError(msg, names[0])
+
 
 _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance needs a second, unconditional forward pass per step",
@@ -210,3 +258,56 @@ class DynamicTemperatureLogitsWarper:
         if self.on_temperatures is not None:
             self.on_temperatures(temperatures)
         return scores / temperatures[:, None].to(device=scores.device, dtype=scores.dtype)  # type: ignore[return-value]
+
+
+def request_processors(options: DecodingOptions, prompt_length: int) -> list[Any]:
+    """The processors ``options``' logit parameters ask for, for one row whose prompt is ``prompt_length``
+    tokens: call each with that row's ``(1, prompt + answer so far)`` ids, as :func:`row_processors`.
+    Empty when none is set."""
+    out: list[Any] = []
+    if options.frequency_penalty or options.presence_penalty:
+        out.append(OpenAIPenaltiesLogitsProcessor(options.frequency_penalty, options.presence_penalty, prompt_length))
+    if options.logit_bias:
+        from transformers import SequenceBiasLogitsProcessor
+
+        out.append(SequenceBiasLogitsProcessor(sequence_bias=[[[token], bias] for token, bias in options.logit_bias]))
+    return out
+
+
+class OpenAIPenaltiesLogitsProcessor:
+    """OpenAI's ``frequency_penalty`` and ``presence_penalty`` over the answer's tokens.
+
+    ``logit[j] -= frequency * count[j] + presence * (count[j] > 0)``, ``count[j]``: how often token ``j``
+    appears among the ids after the first ``prompt_length`` (the answer so far; the prompt is not
+    penalised, as vLLM and OpenAI do). Call: ``input_ids`` ``(batch, seq_len)`` long, ``scores``
+    ``(batch, vocab)`` float; returns new scores (the input is left as it is).
+    """
+
+    def __init__(self, frequency: float, presence: float, prompt_length: int) -> None:
+        self.frequency = float(frequency)
+        self.presence = float(presence)
+        self.prompt_length = int(prompt_length)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        import torch
+
+        answer = input_ids[:, self.prompt_length :]
+        if answer.shape[-1] == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(1, answer.to(scores.device), torch.ones_like(answer, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)  # type: ignore[return-value]
+
+
+def penalise_row(logits: np.ndarray, answer: Sequence[int], options: DecodingOptions) -> np.ndarray:
+    """One row's logits with ``options``' logit bias and penalties applied (a new float32 array; ``answer``:
+    the ids generated so far). As :func:`request_processors`, for the numpy decode loop (llama.cpp)."""
+    import numpy as np
+
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if answer and (options.frequency_penalty or options.presence_penalty):
+        counts = np.bincount(np.asarray(answer, dtype=np.int64), minlength=out.shape[-1])[: out.shape[-1]].astype(np.float32)
+        out -= np.float32(options.frequency_penalty) * counts + np.float32(options.presence_penalty) * (counts > 0)
+    for token, bias in options.logit_bias:
+        if token < out.shape[-1]:
+            out[token] += np.float32(bias)
+    return out

@@ -163,6 +163,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         try:
             wire.check_model(req.model, names)
             options = wire.decoding_options(req, limits)
+            wire.check_backend_params(req, options, backend)
             plan = tools.NO_TOOLS
             if isinstance(req, proto.ChatCompletionRequest):
                 plan = tools.plan(req, backend)
@@ -213,7 +214,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             body = wire.completion_response(
                 req, answer.generation, answer.text, names[0], text_of, answer.guard_result, mode=mode, answer_tokens=sent
             )
-        return Response(sse.json_body(body), media_type="application/json")
+        return Response(sse.json_body(body), media_type="application/json", headers=wire.decision_headers(answer.guard_result))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -298,11 +299,11 @@ def _library_error(exc: LogTokUError, error: Any) -> Any:
         return error(wire.RequestError(422, str(exc), kind="guard_rejected"), extra)
     if isinstance(exc, ConfigurationError):  # bad prompt, prompt too long, bad options
         return error(wire.RequestError(400, str(exc)))
-    logger.error("generation failed: %s", exc, exc_info=exc)
-    return error(wire.RequestError(500, f"generation failed: {exc.__class__.__name__}: {exc}"))
     if isinstance(exc, AuditStoreError):  # the database's address goes to the log only
         logger.error("the audit store failed: %s", exc)
         return error(wire.RequestError(503, "the audit store is unreachable; try again later"))
+    logger.error("generation failed: %s", exc, exc_info=exc)
+    return error(wire.RequestError(500, f"generation failed: {exc.__class__.__name__}: {exc}"))
 
 
 def _token_text(backend: Backend) -> wire.TokenText:

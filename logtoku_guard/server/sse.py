@@ -2,7 +2,11 @@
 
 Under a policy nothing is sent before the guard has decided (the answer is made whole by
 :meth:`~logtoku_guard.server.engine.Engine.answer`, its tool calls gated by
-:mod:`~logtoku_guard.server.gate`), then sent: a withheld draft never reaches the client.
+:mod:`~logtoku_guard.server.gate`), then sent: a withheld draft never reaches the client. Its
+first chunk is ``{"role": "assistant"}`` alone (the answer may yet be content or a refusal); a
+withheld chat answer then comes as one ``delta.refusal`` chunk (with ``logprobs``
+``{"content": [], "refusal": []}`` when they were asked), and the last chunk's ``finish_reason``
+is ``stop``, as OpenAI streams a refusal.
 Unguarded, each token is sent as it is generated and a client that hangs up stops the generation.
 """
 
@@ -60,11 +64,12 @@ async def events(
     chat = isinstance(req, proto.ChatCompletionRequest)
     prose = tools.ProseStream() if plan.names else None
     cid, created = wire.new_id("chatcmpl" if chat else "cmpl"), wire.now()
-    if chat:
-        yield sse_data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(role="assistant", content="")))
     offset = 0
     answer: Answer | None = None
     guarded = engine.policy is not None
+    if chat:  # guarded: the answer may yet be a refusal, so no content is promised
+        first = proto.DeltaMessage(role="assistant") if guarded else proto.DeltaMessage(role="assistant", content="")
+        yield sse_data(wire.chat_chunk(cid, created, model, first))
     gated: gate.GatedAnswer | None = None
     try:
         if guarded and chat:
@@ -114,20 +119,27 @@ async def events(
     held = gated is not None and gated.withheld_calls
     out = gated.reply if gated is not None else gate.reply_of(plan, answer)
     sent = wire.answer_tokens(engine.backend, answer.guard_result, answer.text, out.content if held else None)
-    replaced = guarded and (answer.text != g.text or held)
+    refused = wire.withheld(answer.guard_result)
+    replaced = guarded and (refused or answer.text != g.text or held)
     if guarded and not replaced:  # the guard passed the draft: its tokens, as an unguarded stream sends them
         for t in g.tokens:
             chunk = _token_chunk(req, cid, created, model, t, offset, text_of, prose, mode)
             if chunk:
                 yield chunk
             offset += len(t.text)
-    if replaced:  # the guard replaced the answer (warn/abstain/review, a call held back): one chunk with its text
+    if refused and chat:  # the guard withheld the draft: its message on the refusal channel
+        lp = wire.withheld_logprobs() if req.logprobs else None
+        yield sse_data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(refusal=answer.text), logprobs=lp))
+    elif replaced:  # the guard replaced the answer (warn, a call held back; a legacy completion): one chunk with its text
         text = out.content if chat else answer.text
         if text or not chat:
+            lp_chat = proto.ChatLogprobs(content=[]) if chat and req.logprobs and held else None
             yield sse_data(
-                wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=text))
+                wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=text), logprobs=lp_chat)
                 if chat
-                else wire.completion_chunk(cid, created, model, answer.text)
+                else wire.completion_chunk(
+                    cid, created, model, answer.text, logprobs=_empty_completion_logprobs(req, text_of, mode) if refused else None
+                )
             )
     elif prose is not None and not out.tool_calls and len(prose.text) > prose.sent:  # no call after all: the held text
         yield sse_data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(content=prose.text[prose.sent :])))
@@ -153,6 +165,15 @@ async def events(
     if req.include_usage:
         yield sse_data(final.model_copy(update={"choices": [], "usage": wire.usage(g, answer.guard_result, sent)}))
     yield b"data: [DONE]\n\n"
+
+
+def _empty_completion_logprobs(
+    req: wire.AnyRequest, text_of: wire.TokenText, mode: wire.LogprobsMode
+) -> proto.CompletionLogprobs | None:
+    """A withheld legacy completion's ``logprobs`` when asked: empty lists (no draft token), not null."""
+    if isinstance(req, proto.ChatCompletionRequest) or req.logprobs is None:
+        return None
+    return wire.completion_logprobs((), req.logprobs, text_of, mode=mode)
 
 
 def _token_chunk(

@@ -21,12 +21,19 @@ vLLM-style clients) writes the raw logits there instead, ``null`` for a chosen t
 kept ones. Either way the raw top-K logits, AU, EU and ids are in each token's ``logtoku``
 extension.
 
-A withheld answer (:attr:`~logtoku_guard.decision.results.GuardResult.withheld`: abstain, human review,
-raise) carries nothing of its draft: no ``logprobs``, no per-token or summary ``logtoku``,
-``finish_reason`` ``content_filter`` (OpenAI's value for content the server withheld), ``usage``
-counting the tokens of the answer sent, and the decision as
-:class:`~logtoku_guard.guard.payloads.ServedDecisionPayload` (no draft, no tokens; what every attempt
-generated is its ``generated_tokens``).
+A withheld answer (:attr:`~logtoku_guard.decision.results.GuardResult.withheld`: abstain, human review;
+raise is a 422) carries nothing of its draft. A chat answer goes on OpenAI's refusal channel, as a
+model's own refusal: ``message.content`` null and ``message.refusal`` the guard's message (the
+policy's abstain message, or the review notice with its id), ``finish_reason`` ``stop`` (what
+OpenAI sends with a refusal; ``content_filter`` would make the openai SDK's ``.parse()`` raise before
+it reads the refusal), and, when logprobs were asked, ``logprobs`` ``{"content": [], "refusal": []}``
+(never null: no draft token, and no log-probability of a message the model did not generate);
+streamed, the message comes as ``delta.refusal``. A legacy completion has no refusal channel: its
+``text`` is the message, ``finish_reason`` ``content_filter``, its ``logprobs`` (when asked) empty
+lists. Either way: no per-token or summary ``logtoku``, ``usage`` counting the tokens of the
+message sent, and the decision as :class:`~logtoku_guard.guard.payloads.ServedDecisionPayload` in
+the choice's ``logtoku_guard`` (no draft, no tokens; what every attempt generated is its
+``generated_tokens``).
 """
 
 from __future__ import annotations
@@ -54,17 +61,21 @@ AnyRequest = proto.ChatCompletionRequest | proto.CompletionRequest
 
 
 class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` and an OpenAI error body."""
+    """A request the server refuses: HTTP ``status`` and an OpenAI error body (``code``: a string or None,
+    by default the status's in :data:`ERROR_CODES`)."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, kind: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.kind = kind or _ERROR_TYPES.get(status, "invalid_request_error")
+        self.code = code
 
     def body(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return error_body(self.message, self.status, param=self.param, kind=self.kind, extra=extra)
+        return error_body(self.message, self.status, param=self.param, kind=self.kind, extra=extra, code=self.code)
 
 
 _ERROR_TYPES = {
@@ -78,12 +89,34 @@ _ERROR_TYPES = {
 }
 
 
+ERROR_CODES: dict[int, str] = {
+    401: "invalid_api_key",
+    413: "request_too_large",
+    422: "guard_rejected",
+    499: "client_closed_request",
+    503: "service_unavailable",
+}
+"""The ``code`` of an error body by HTTP status, where no more precise one is given (else ``null``, as OpenAI's
+many invalid-request errors): OpenAI's ``code`` is a string or null, never the status."""
+
+
 def error_body(
-    message: str, status: int, *, param: str | None = None, kind: str | None = None, extra: Mapping[str, Any] | None = None
+    message: str,
+    status: int,
+    *,
+    param: str | None = None,
+    kind: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    code: str | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}`` (:class:`~.openai_protocol.ErrorResponse`)."""
+    """OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}`` (:class:`~.openai_protocol.ErrorResponse`;
+    ``code``: a string or None, by default :data:`ERROR_CODES`' for ``status``)."""
     info = proto.ErrorInfo(
-        message=message, type=kind or _ERROR_TYPES.get(status, "invalid_request_error"), param=param, code=status, **(extra or {})
+        message=message,
+        type=kind or _ERROR_TYPES.get(status, "invalid_request_error"),
+        param=param,
+        code=code if code is not None else ERROR_CODES.get(status),
+        **(extra or {}),
     )
     return proto.ErrorResponse(error=info).model_dump(mode="json", exclude_unset=True)  # no logtoku_guard unless given
 
@@ -135,8 +168,32 @@ def check_model(model: str | None, served: Sequence[str]) -> None:
             404,
             f"the model {short_repr(model)} does not exist on this server; it serves {served[0]!r} (see GET /v1/models)",
             param="model",
-            kind="model_not_found",
+            kind="invalid_request_error",
+            code="model_not_found",
         )
+
+
+def check_backend_params(req: AnyRequest, options: DecodingOptions, backend: Backend) -> None:
+    """400 naming the parameter when the backend cannot apply a logit parameter the request sets
+    (:func:`~logtoku_guard.backends.processors.check_logit_params`), or ``logit_bias`` names a token id
+    outside the served model's vocabulary."""
+    from logtoku_guard.backends.processors import UnsupportedParameterError, check_logit_params
+
+    try:
+        check_logit_params(options, backend)
+    except UnsupportedParameterError as exc:
+        raise RequestError(400, str(exc), param=exc.param, code="unsupported_parameter") from None
+    vocab_size = getattr(backend, "vocab_size", None)
+    if not isinstance(vocab_size, int):
+        return
+    for token, _ in req.logit_bias_pairs:
+        if token >= vocab_size:
+            raise RequestError(
+                400,
+                f"logit_bias names token {token}, outside this model's vocabulary of {vocab_size} tokens (ids 0 to "
+                f"{vocab_size - 1})",
+                param="logit_bias",
+            )
 
 
 def decoding_options(req: AnyRequest, limits: Limits) -> DecodingOptions:
@@ -162,6 +219,9 @@ def decoding_options(req: AnyRequest, limits: Limits) -> DecodingOptions:
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=req.seed,
         stop=req.stop_strings,
+        logit_bias=req.logit_bias_pairs,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
     )
 
 
@@ -298,11 +358,69 @@ def choice_extras(
 
 
 def tool_finish(g: Generation, called: bool, guard_result: Any = None, held: bool = False) -> str:
-    """The finish reason: ``content_filter`` when the guard withheld the draft (or ``held`` back a call),
-    ``tool_calls`` when the answer ended with a call, else the generation's."""
-    if withheld(guard_result) or held:
-        return "content_filter"
+    """A chat answer's finish reason: ``stop`` when the guard withheld the draft (a refusal, as OpenAI
+    sends one) or ``held`` back a call (the answer is then the kept calls, or the note that says why
+    none runs), ``tool_calls`` when the answer ended with a call, else the generation's."""
+    if withheld(guard_result):
+        return "stop"
+    if held:
+        return "tool_calls" if called else "stop"
     return "tool_calls" if called and g.finish_reason == "stop" else _finish(g)
+
+
+def completion_finish(g: Generation, guard_result: Any = None) -> str:
+    """A legacy completion's finish reason: ``content_filter`` when the guard withheld the draft (that API
+    has no refusal channel), else the generation's."""
+    return "content_filter" if withheld(guard_result) else _finish(g)
+
+
+DECISION_HEADERS = (
+    "x-logtoku-action",
+    "x-logtoku-withheld",
+    "x-logtoku-rule",
+    "x-logtoku-guard-score",
+    "x-logtoku-review-id",
+    "x-logtoku-trace-id",
+)
+"""The response headers that carry the guard's decision on a whole (not streamed) guarded answer."""
+
+
+def decision_headers(guard_result: Any) -> dict[str, str]:
+    """The guard's decision as response headers (:data:`DECISION_HEADERS`; none without a policy), for
+    clients that keep headers but drop unknown body fields (``ChatOpenAI(include_response_headers=True)``
+    puts them in ``response_metadata["headers"]``). A streamed answer's headers are sent before the guard
+    decides, so they carry none: its decision is the last chunk's ``logtoku_guard``. The rule name is
+    percent-encoded (a policy's names are free text)."""
+    if guard_result is None:
+        return {}
+    from urllib.parse import quote
+
+    from logtoku_guard.guard.payloads import served_decision_payload
+
+    d = served_decision_payload(guard_result)
+    out = {"x-logtoku-action": str(d["action"]), "x-logtoku-withheld": "true" if d["withheld"] else "false"}
+    if d["rule"] is not None:
+        out["x-logtoku-rule"] = quote(str(d["rule"]), safe="")
+    score = d["stats"].get("guard_score")
+    if score is not None:
+        out["x-logtoku-guard-score"] = repr(float(score))
+    if d["review_id"] is not None:
+        out["x-logtoku-review-id"] = str(d["review_id"])
+    out["x-logtoku-trace-id"] = quote(str(d["trace_id"]), safe="")
+    return out
+
+
+def withheld_logprobs() -> proto.ChatLogprobs:
+    """The ``logprobs`` of a withheld chat answer when the request asked for them: two empty lists, not null."""
+    return proto.ChatLogprobs(content=[], refusal=[])
+
+
+def chat_message(answer: str | None, guard_result: Any = None, tool_calls: Sequence[Any] = ()) -> proto.AssistantMessage:
+    """The choice's ``message``: the answer (``refusal`` null), or, when the guard withheld the draft,
+    ``content`` null and the guard's message as ``refusal``."""
+    if withheld(guard_result):
+        return proto.AssistantMessage(role="assistant", content=None, refusal=answer)
+    return proto.AssistantMessage(role="assistant", content=answer, refusal=None, tool_calls=list(tool_calls))
 
 
 def chat_response(
@@ -325,14 +443,16 @@ def chat_response(
     rules held a call back, so nothing token-level of the draft may be sent)."""
     n_top = req.top_logprobs or 0
     hidden = withheld(guard_result) or held
-    logprobs = (
-        proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of, mode) for t in g.tokens])
-        if req.logprobs and not hidden
-        else None
-    )
+    logprobs = None
+    if req.logprobs and withheld(guard_result):
+        logprobs = withheld_logprobs()
+    elif req.logprobs and held:  # the content is the kept prose and the notes: no token of the generation
+        logprobs = proto.ChatLogprobs(content=[])
+    elif req.logprobs:
+        logprobs = proto.ChatLogprobs(content=[chat_logprob(t, n_top, text_of, mode) for t in g.tokens])
     choice = proto.ChatChoice(
         index=0,
-        message=proto.AssistantMessage(role="assistant", content=answer, tool_calls=list(tool_calls)),
+        message=chat_message(answer, guard_result, tool_calls),
         logprobs=logprobs,
         finish_reason=tool_finish(g, bool(tool_calls), guard_result, held),
         stop_reason=None if hidden else g.stop_sequence,
@@ -408,12 +528,14 @@ def completion_response(
 ) -> proto.CompletionResponse:
     """A whole ``text_completion`` body."""
     hidden = withheld(guard_result)
-    logprobs = None if req.logprobs is None or hidden else completion_logprobs(g.tokens, req.logprobs, text_of, mode=mode)
+    logprobs = None
+    if req.logprobs is not None:  # asked for: a withheld answer's are empty lists, not null
+        logprobs = completion_logprobs(() if hidden else g.tokens, req.logprobs, text_of, mode=mode)
     choice = proto.CompletionChoice(
         index=0,
         text=answer,
         logprobs=logprobs,
-        finish_reason=tool_finish(g, False, guard_result),
+        finish_reason=completion_finish(g, guard_result),
         stop_reason=None if hidden else g.stop_sequence,
         **choice_extras(g, guard_result),
     )
@@ -443,7 +565,7 @@ def completion_chunk(
             index=0,
             text=text,
             logprobs=logprobs,
-            finish_reason=tool_finish(finish, False, guard_result),
+            finish_reason=completion_finish(finish, guard_result),
             stop_reason=None if withheld(guard_result) else finish.stop_sequence,
             **choice_extras(finish, guard_result),
         )

@@ -79,7 +79,7 @@ def test_chat_logprobs_are_openai_log_probabilities_with_raw_logits_in_the_exten
     body = r.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == len(local.tokens)
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": local.text, "tool_calls": []}
+    assert choice["message"] == {"role": "assistant", "content": local.text, "refusal": None, "tool_calls": []}
     content = choice["logprobs"]["content"]
     assert len(content) == len(local.tokens)
     for entry, t in zip(content, local.tokens):
@@ -200,7 +200,8 @@ def test_bad_requests_get_4xx_with_a_message(client: Any, body: Any, status: int
     r = chat(client, **body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert needle in err["message"] and err["code"] == status and err["type"]
+    assert needle in err["message"] and err["type"]
+    assert err["code"] == {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large"}.get(status)  # not the status
 
 
 def test_bad_json_and_unknown_route(client: Any) -> None:

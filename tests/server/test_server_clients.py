@@ -115,13 +115,14 @@ def test_openai_sdk_sees_an_abstention_without_the_draft(abstaining: Any) -> Non
     client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
     ask: dict[str, Any] = {"model": "scripted", "messages": [{"role": "user", "content": "Who founded it?"}], "max_tokens": 16}
     r = client.chat.completions.create(logprobs=True, top_logprobs=2, **ask)
-    assert r.choices[0].message.content == policy.abstain.message and r.choices[0].finish_reason == "content_filter"
-    assert r.choices[0].logprobs is None
+    message = r.choices[0].message
+    assert message.refusal == policy.abstain.message and message.content is None and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].logprobs is not None and r.choices[0].logprobs.content == []  # asked for: never null
     extra = r.choices[0].model_extra or {}
     assert extra["logtoku_guard"]["action"] == "abstain" and extra["logtoku_guard"]["withheld"] is True  # the README's read
     no_secret(r.model_dump_json())
     streamed = list(client.chat.completions.create(stream=True, logprobs=True, **ask))
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == policy.abstain.message
+    assert "".join(c.choices[0].delta.refusal or "" for c in streamed if c.choices) == policy.abstain.message
     no_secret(json.dumps([c.model_dump() for c in streamed]))
 
 
@@ -157,7 +158,9 @@ def test_langchain_chat_openai(served: Any, abstaining: Any) -> None:
     asrv, policy = abstaining
     guarded = ChatOpenAI(base_url=asrv.base_url, api_key=KEY, model="scripted", max_tokens=16, max_retries=0)
     withheld = guarded.bind(logprobs=True).invoke("Who founded it?")
-    assert withheld.content == policy.abstain.message and withheld.response_metadata["finish_reason"] == "content_filter"
+    assert (
+        withheld.additional_kwargs["refusal"] == policy.abstain.message and withheld.response_metadata["finish_reason"] == "stop"
+    )
     assert "logtoku_guard" not in withheld.response_metadata  # ChatOpenAI drops the extension (the README says so)
     no_secret(withheld.model_dump_json())
     no_secret(json.dumps([c.model_dump() for c in guarded.stream("Who founded it?")], default=str))
@@ -189,8 +192,8 @@ def test_llamaindex_openai_like(served: Any, abstaining: Any) -> None:
     asrv, policy = abstaining
     guarded = OpenAILike(api_base=asrv.base_url, api_key=KEY, model="scripted", is_chat_model=True, max_tokens=16, max_retries=0)
     withheld = guarded.chat([ChatMessage(role="user", content="Who founded it?")])
-    assert withheld.message.content == policy.abstain.message
     raw = withheld.raw if isinstance(withheld.raw, dict) else withheld.raw.model_dump()  # type: ignore[union-attr]
+    assert raw["choices"][0]["message"]["refusal"] == policy.abstain.message  # the refusal, in .raw
     assert raw["choices"][0]["logtoku_guard"]["action"] == "abstain"  # OpenAILike keeps the extension in .raw
     no_secret(json.dumps(withheld.raw if isinstance(withheld.raw, dict) else withheld.raw.model_dump(), default=str))  # type: ignore[union-attr]
     no_secret(str(withheld))

@@ -46,11 +46,17 @@ def requests() -> list[tuple[str, dict[str, Any]]]:
     chat = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16, "logprobs": True, "top_logprobs": 2}
     completion = {"prompt": QUESTION, "max_tokens": 16, "logprobs": 2}
     usage = {"stream_options": {"include_usage": True}}
+    plain_chat = {k: v for k, v in chat.items() if k not in ("logprobs", "top_logprobs")}
+    plain_completion = {k: v for k, v in completion.items() if k != "logprobs"}
     return [
         ("/chat/completions", chat),
         ("/chat/completions", {**chat, "stream": True, **usage}),
+        ("/chat/completions", plain_chat),
+        ("/chat/completions", {**plain_chat, "stream": True, **usage}),
         ("/completions", completion),
         ("/completions", {**completion, "stream": True, **usage}),
+        ("/completions", plain_completion),
+        ("/completions", {**plain_completion, "stream": True, **usage}),
     ]
 
 
@@ -80,20 +86,37 @@ def test_a_withheld_draft_is_in_no_byte_of_any_response(action: str, store: Any)
             for word in SECRET:
                 assert word not in raw, (action, path, body.get("stream"), word, raw[:2000])
             events = bodies(r.text, bool(body.get("stream")))
+            chat = path == "/chat/completions"
             ends = [c for e in events for c in e["choices"] if c.get("finish_reason")]
-            assert len(ends) == 1 and ends[0]["finish_reason"] == "content_filter"
+            # a chat answer is a refusal (OpenAI's finish_reason stop); the legacy API has no refusal channel
+            assert len(ends) == 1 and ends[0]["finish_reason"] == ("stop" if chat else "content_filter")
             decision = ends[0]["logtoku_guard"]
             assert decision["withheld"] is True and decision["action"] == ("abstain" if action == "retrieve" else action)
             assert not {"draft", "tokens", "answer"} & set(decision)
             assert decision["generated_tokens"] == len(DRAFT)  # the guard's own cost, in its extension
+            asked = "logprobs" in body
             for event in events:
                 for choice in event["choices"]:
-                    assert choice.get("logprobs") is None and "logtoku" not in choice
-            text = "".join(
-                (c.get("delta", {}).get("content") or "") if "delta" in c else (c.get("text") or "")
-                for e in events
-                for c in e["choices"]
-            ) or events[0]["choices"][0].get("message", {}).get("content", "")
+                    lp = choice.get("logprobs")
+                    assert "logtoku" not in choice
+                    if lp is None:
+                        continue
+                    assert asked  # never sent unasked; asked, never null on the whole answer (below)
+                    if chat:
+                        assert lp == {"content": [], "refusal": []}
+                    else:
+                        assert lp["tokens"] == [] and lp["token_logprobs"] == [] and lp["logtoku"] == []
+            if asked:
+                assert any(c.get("logprobs") is not None for e in events for c in e["choices"])
+            if chat:
+                text = "".join(c.get("delta", {}).get("refusal") or "" for e in events for c in e["choices"]) or (
+                    events[0]["choices"][0].get("message", {}).get("refusal") or ""
+                )
+                assert not any(
+                    c.get("delta", {}).get("content") or c.get("message", {}).get("content") for e in events for c in e["choices"]
+                )
+            else:
+                text = "".join(c.get("text") or "" for e in events for c in e["choices"])
             if action == "human_review":
                 assert str(decision["review_id"]) in text and decision["review_id"] is not None
             else:
@@ -110,7 +133,7 @@ def test_usage_counts_the_answer_sent_in_the_backends_tokens(tiny_backend: Any) 
     with BackgroundServer(build_app(tiny_backend, policy=pol)) as srv:
         body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 8, "temperature": 0}
         r = httpx.post(srv.base_url + "/chat/completions", json=body, timeout=60).json()
-    assert r["choices"][0]["message"]["content"] == pol.abstain.message
+    assert r["choices"][0]["message"]["refusal"] == pol.abstain.message
     assert r["usage"]["completion_tokens"] == tiny_backend.count_tokens(pol.abstain.message)
     assert r["choices"][0]["logtoku_guard"]["generated_tokens"] == 8
 
@@ -124,7 +147,7 @@ def test_raise_answers_422_with_the_decision_and_without_the_draft() -> None:
             events = [json.loads(r.text)] if not body.get("stream") else bodies(r.text, True)
             error = next(e["error"] for e in events if "error" in e)
             assert (
-                error["code"] == 422
+                error["code"] == "guard_rejected"
                 and error["logtoku_guard"]["action"] == "raise"
                 and error["logtoku_guard"]["withheld"] is True
             )
@@ -141,7 +164,7 @@ def test_a_delivered_draft_comes_with_its_logprobs_and_scores(action: str) -> No
             end = next(c for e in events for c in e["choices"] if c.get("finish_reason"))
             assert end["finish_reason"] == "stop" and end["logtoku_guard"]["withheld"] is False and "logtoku" in end
             if action == "pass":
-                assert any(c.get("logprobs") for e in events for c in e["choices"])
+                assert any(c.get("logprobs") for e in events for c in e["choices"]) == ("logprobs" in body)
             used = [e["usage"] for e in events if e.get("usage")]
             assert used[-1]["completion_tokens"] == len(DRAFT)
 
@@ -161,7 +184,8 @@ def test_a_served_human_review_from_request_to_released_answer(tmp_path: Path) -
         body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16}
         answer = httpx.post(srv.base_url + "/chat/completions", json=body, timeout=60).json()["choices"][0]
         review_id = answer["logtoku_guard"]["review_id"]
-        assert answer["finish_reason"] == "content_filter" and isinstance(review_id, int)
+        assert answer["finish_reason"] == "stop" and isinstance(review_id, int)
+        assert answer["message"]["content"] is None and str(review_id) in answer["message"]["refusal"]
         url = f"{srv.base_url}/logtoku/reviews/{review_id}"
         pending = httpx.get(url, timeout=30)
         assert pending.status_code == 200 and pending.json()["status"] == "pending" and pending.json()["answer"] is None
