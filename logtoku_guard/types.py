@@ -152,7 +152,7 @@ at 1e-3 a logit ahead by 0.01 is already drawn 22,000 times as often as the one 
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    """How to decode. ``temperature == 0`` means greedy (so does one below :data:`GREEDY_BELOW`); ``dynamic`` overrides temperature.
+    """How to decode. ``temperature == 0`` is greedy (so is one below :data:`GREEDY_BELOW`); ``dynamic`` overrides temperature.
 
     ``constraint``: what the answer must look like (:class:`~logtoku_guard.tools.constraints.JsonSchema`
     or :class:`~logtoku_guard.tools.constraints.ToolCalls`), enforced by grammar-constrained decoding
