@@ -59,23 +59,25 @@ def test_eval_ordinary_answers_judges_and_applies_the_shipped_guard_per_wording(
     from logtoku_guard.decision.decider import Decider
     from logtoku_guard.decision.policy import default_policy
 
-    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "4", "--no-traffic")
+    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "1", "--no-traffic")
     assert res.exit_code == 0, res.output
     test = load_ordinary(split="test")
-    first4 = list(dict.fromkeys(it.question_id for it in test))[:4]
-    assert sorted(res.asked) == sorted(it.question for it in test if it.question_id in first4)  # 12 questions asked
-    assert "| sentence | 4 | 4 (100.0%) | 0 |" in res.output and "| lower | 4 | 0 (0.0%) | 4 |" in res.output
+    first = {next(it.question_id for it in test if it.category == c) for c in {it.category for it in test}}
+    assert len(first) == 15  # --limit 1: the first question of each category, in its three wordings
+    assert sorted(res.asked) == sorted(it.question for it in test if it.question_id in first)
+    assert "| sentence | 15 | 15 (100.0%) | 0 |" in res.output and "| lower | 15 | 0 (0.0%) | 15 |" in res.output
     assert (
-        "| all | 12 | 8 (66.7%) | 4 |" in res.output and "shipped (profile-smollm2-135m-instruct-k2-clamped.json)" in res.output
+        "| all | 45 | 30 (66.7%) | 15 |" in res.output and "shipped (profile-smollm2-135m-instruct-k2-clamped.json)" in res.output
     )
+    assert "| capital | 3 | 2 (66.7%) | 1 |" in res.output  # per category
     table = json.loads((tmp_path / "out" / "ordinary.json").read_text(encoding="utf-8"))
     rows = {r["label"]: r for r in table["rows"]}
     assert list(rows) == ["sentence", "lower", "paraphrase", ALL]
-    assert rows[ALL]["n_correct"] == 8 and rows[ALL]["n_wrong"] == 4 and table["split"] == "test"
+    assert rows[ALL]["n_correct"] == 30 and rows[ALL]["n_wrong"] == 15 and table["split"] == "test"
     assert rows["sentence"]["wrong_flagged"][0] is None  # no wrong answer there: undefined, not 0
     assert table["traffic"] == [] and table["threshold"] is not None
     answers = read_answers(tmp_path / "out" / "ordinary-answers.jsonl")
-    assert len(answers) == 12 and {a.benchmark for a in answers} == {"ordinary"}
+    assert len(answers) == 45 and {a.benchmark for a in answers} == {"ordinary"}
     assert all(a.correct == (a.group != "lower") for a in answers)
     # the decision is the shipped guard's, through the Decider `ask` uses, on the cached answer
     profile = ModelProfile.load(shipped_profile_path("smollm2-135m-instruct"))
@@ -89,8 +91,10 @@ def test_eval_ordinary_answers_judges_and_applies_the_shipped_guard_per_wording(
     wrong_flagged = np.mean([a.flagged for a in answers if not a.correct])
     assert rows[ALL]["wrong_flagged"][0] == pytest.approx(wrong_flagged)
     # a second run answers nothing again: everything comes from the generation cache
-    again = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "4", "--no-traffic")
+    again = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "1", "--no-traffic")
     assert again.exit_code == 0 and again.asked == []
+    more = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "2", "--no-traffic")
+    assert more.exit_code == 0 and len(more.asked) == 45  # a larger --limit asks only the new questions
 
 
 def test_eval_ordinary_decides_with_the_policy_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,11 +102,11 @@ def test_eval_ordinary_decides_with_the_policy_given(tmp_path: Path, monkeypatch
     policy = tmp_path / "strict.json"
     rule = {"name": "unsure", "when": {"stat": "max_eu", "op": ">", "value": 0.3}, "action": "abstain"}
     policy.write_text(json.dumps({"name": "strict", "rules": [rule], "default_action": "pass"}), encoding="utf-8")
-    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "3", "--no-traffic", "--policy", str(policy))
+    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "1", "--no-traffic", "--policy", str(policy))
     assert res.exit_code == 0, res.output
     assert "Policy: strict v1 (no guard_score threshold)" in res.output
-    assert "| lower | 3 | 0 (0.0%) | 3 | 100.0 [100.0, 100.0] | n/a (n=0) |" in res.output
-    assert "| all | 9 | 6 (66.7%) | 3 | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] |" in res.output
+    assert "| lower | 15 | 0 (0.0%) | 15 | 100.0 [100.0, 100.0] | n/a (n=0) |" in res.output
+    assert "| all | 45 | 30 (66.7%) | 15 | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] |" in res.output
     answers = read_answers(tmp_path / "out" / "ordinary-answers.jsonl")
     assert {(a.group, a.action, a.rule) for a in answers} == {
         ("sentence", "pass", None),
@@ -113,22 +117,25 @@ def test_eval_ordinary_decides_with_the_policy_given(tmp_path: Path, monkeypatch
 
 
 def test_eval_ordinary_reports_the_traffic_half_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "3", "--split", "tune")
+    res = _run(tmp_path, monkeypatch, "--model", "smollm2-135m-instruct", "--limit", "1", "--split", "tune")
     assert res.exit_code == 0, res.output
     assert "The traffic benchmark's real questions, tune half" in res.output
     table = json.loads((tmp_path / "out" / "ordinary.json").read_text(encoding="utf-8"))
     assert [r["label"] for r in table["traffic"]] == ["cased", "lower", ALL]
-    assert table["traffic"][-1]["n"] == 6 and table["traffic"][-1]["n_correct"] == 0  # 3 questions, both styles, all wrong
+    # --limit 1: the first known fact and the first NQ-open question of the half, both styles, all answered wrong
+    assert table["traffic"][-1]["n"] == 4 and table["traffic"][-1]["n_correct"] == 0
     answers = read_answers(tmp_path / "out" / "ordinary-answers.jsonl")
     traffic = [a for a in answers if a.benchmark == "traffic"]
-    assert len(traffic) == 6 and len({a.question_id for a in traffic}) == 3 and {a.split for a in answers} == {"tune"}
+    assert len(traffic) == 4 and {a.split for a in answers} == {"tune"}
+    assert {a.question_id for a in traffic} == {traffic[0].question_id, traffic[-1].question_id}
+    assert {a.category for a in traffic} == {"known", "known-lower", "nq", "nq-cased"}
 
 
 def test_eval_ordinary_uses_the_backend_and_profile_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from logtoku_guard.calibration.profiles import shipped_profile_path
 
     backends: list[str] = []
-    common = ["--model", "m", "--backend", "llamacpp", "--limit", "2", "--no-traffic"]
+    common = ["--model", "m", "--backend", "llamacpp", "--limit", "1", "--no-traffic"]
     missing = _run(tmp_path, monkeypatch, *common, backends=backends)
     assert missing.exit_code == 2 and "none is shipped for the model 'm@llamacpp'" in " ".join(missing.output.split())
     assert "Traceback" not in missing.output and not backends  # refused before any model loads

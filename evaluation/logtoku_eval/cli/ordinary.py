@@ -7,6 +7,7 @@ here; the evaluation harness is imported inside the command.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -27,8 +28,9 @@ def ordinary(
     limit: Annotated[
         int | None,
         typer.Option(
-            help="Only the first N questions of the half (each in its three wordings), and the first N real "
-            "questions of the traffic half (each in both styles), for a quick run."
+            help="Only the first N questions of each category of the half (each in its three wordings), and the "
+            "first N known-fact and N NQ-open questions of the traffic half (each in both styles), for a quick run "
+            "that keeps every category; a larger N reuses the answers of a smaller one."
         ),
     ] = None,
     profile: Annotated[
@@ -101,8 +103,8 @@ def ordinary(
         chosen_policy = Policy.from_file(policy) if policy is not None else default_policy()
         items = load_ordinary(split=split)
         if limit is not None:
-            keep = list(dict.fromkeys(it.question_id for it in items))[:limit]
-            items = [it for it in items if it.question_id in set(keep)]
+            keep = _first_of_each(((it.category, it.question_id) for it in items), limit)
+            items = [it for it in items if it.question_id in keep]
         questions = [QuestionRef.of_ordinary(it) for it in items]
         work = {"ordinary": [it.to_qa_item() for it in items]}
         caches = {"ordinary": greedy_cache(cache_dir, name, dataset_name(), SERVING, template=SERVING_TEMPLATE)}
@@ -110,8 +112,8 @@ def ordinary(
         if traffic:
             real = [it for it in load_traffic(split=split) if it.group == "real"]
             if limit is not None:
-                bases = list(dict.fromkeys(_base_id(it.id) for it in real))[:limit]
-                real = [it for it in real if _base_id(it.id) in set(bases)]
+                bases = _first_of_each(((it.source, _base_id(it.id)) for it in real), limit)
+                real = [it for it in real if _base_id(it.id) in bases]
             traffic_refs = [
                 QuestionRef(
                     "traffic", it.id, _base_id(it.id), it.category, it.split, STYLES[it.category], it.question, it.answers
@@ -150,6 +152,16 @@ def ordinary(
         raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
     toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+
+
+def _first_of_each(pairs: Iterable[tuple[str, str]], limit: int) -> set[str]:
+    """The first ``limit`` distinct ids of each group, from (group, id) pairs in file order."""
+    seen: dict[str, list[str]] = {}
+    for group, ident in pairs:
+        ids = seen.setdefault(group, [])
+        if ident not in ids and len(ids) < limit:
+            ids.append(ident)
+    return {i for ids in seen.values() for i in ids}
 
 
 def _base_id(traffic_id: str) -> str:
