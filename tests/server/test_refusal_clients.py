@@ -198,3 +198,41 @@ def test_llamaindex_keeps_the_refusal_and_the_decision_in_raw(guarded: Any) -> N
     assert choice["message"]["refusal"] == policy.abstain.message and choice["logtoku_guard"]["action"] == "abstain"
     assert not out.message.content  # the refusal is not presented as the model's answer
     json.dumps(raw, default=str)
+
+
+# -- the default policy on the embedded model ----------------------------------------------------
+@pytest.mark.slow
+def test_the_default_policy_abstains_on_an_invented_question_as_a_refusal() -> None:
+    """The issue's case, as a user meets it: ``serve`` (embedded model on llama.cpp, its shipped profile,
+    the default policy), an invented question, structured output: the SDK's ``.parse()`` gives
+    ``parsed=None`` and the policy's message as the refusal, and ChatOpenAI raises its refusal error."""
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+    from langchain_openai.chat_models.base import OpenAIRefusalError
+    from support.served import llamacpp_served
+
+    from logtoku_guard.calibration import load_profile_for
+    from logtoku_guard.decision.policy import default_policy
+
+    backend = llamacpp_served(n_ctx=2048, max_batch=2)
+    policy = default_policy()
+    question = "In which year did the Zorblax Institute of Quantum Pastry open its third campus, and in which city?"
+    try:
+        app = build_app(backend, policy=policy, profile=load_profile_for(backend.model_name))
+        with BackgroundServer(app) as srv:
+            done = sdk(srv).chat.completions.parse(
+                model=backend.model_name,
+                messages=[{"role": "user", "content": question}],
+                response_format=Campus,
+                max_tokens=40,
+                temperature=0,
+            )
+            llm = ChatOpenAI(base_url=srv.base_url, api_key="x", model=backend.model_name, max_tokens=40, temperature=0)
+            with pytest.raises(OpenAIRefusalError, match=policy.abstain.message):
+                llm.with_structured_output(Campus, method="json_schema").invoke(question)
+    finally:
+        backend.close()
+    choice = done.choices[0]
+    decision = (choice.model_extra or {})["logtoku_guard"]
+    assert decision["action"] == "abstain" and decision["rule"] is not None
+    assert choice.message.parsed is None and choice.message.refusal == policy.abstain.message and choice.finish_reason == "stop"
