@@ -155,7 +155,7 @@ def test_the_connection_cap_is_checked_against_the_file_limit() -> None:
 def test_connection_limits_check_their_numbers() -> None:
     for bad in ({"max_connections": 0}, {"max_connections": True}, {"header_timeout": 0}, {"body_timeout": float("nan")}):
         with pytest.raises(ConfigurationError, match="must be"):
-            ConnectionLimits(**bad)  # type: ignore[arg-type]
+            ConnectionLimits(**bad)
 
 
 def test_serve_refuses_a_cap_above_the_file_limit(tmp_path: Path) -> None:

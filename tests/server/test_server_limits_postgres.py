@@ -60,8 +60,9 @@ def test_a_database_error_is_a_503_without_its_address(
     caplog.set_level(logging.ERROR)
     with AuditStore(url) as store, BackgroundServer(build_app(tiny_backend, policy=warn_always(), store=store)) as srv:
         assert httpx.post(f"{srv.base_url}/chat/completions", json=chat("Paris"), timeout=60).status_code == 200
-        with psycopg.connect(host="127.0.0.1", port=postgres_server.port, user=SUPERUSER, dbname="postgres", autocommit=True) as c:
-            c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+        admin = {"host": "127.0.0.1", "port": postgres_server.port, "user": SUPERUSER, "dbname": "postgres"}
+        with psycopg.connect(**admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         r = httpx.post(f"{srv.base_url}/chat/completions", json=chat("Paris"), timeout=60)
         review = httpx.get(f"{srv.base_url}/logtoku/reviews/1", timeout=60)
     for response in (r, review):
