@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from logtoku_guard.cli import _common
@@ -21,6 +22,7 @@ from logtoku_guard.errors import ConfigurationError
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import SkippedRow
     from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.calibration.drift import Period
 
 MAX_SKIPPED_SHOWN = 20
 """Unreadable rows named one by one on stderr; the rest are counted."""
@@ -73,9 +75,9 @@ def audit_tail(
         ]
         _common.print_json({"records": rows, "skipped": [s.as_json() for s in records.skipped]})
         return
-    table = Table(title=f"last {len(records)} decision(s)")
-    for col in ("time", "action", "rule", "reliability", "question"):
-        table.add_column(col)
+    table = Table(title=f"last {len(records)} decision(s)", box=box.SIMPLE_HEAD)
+    for col in ("time", "action", "rule", "reliability", "question"):  # folded, never cut, at 80 columns
+        table.add_column(col, overflow="fold", max_width=10 if col == "time" else None)
     for r in records:
         rel = "n/a" if r.reliability is None else f"{r.reliability:.4f}"
         table.add_row(
@@ -99,8 +101,10 @@ def audit_stats(
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder of saved profiles.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object ({periods: [...]}) instead of a table.")] = False,
 ) -> None:
-    """Flag rates (each rule's and in all) and guard_score / max_eu quantiles per day or week, against
-    the profile's expected flag rate; a period whose rate leaves its 95% interval is reported as drift."""
+    """Flag rates and guard_score / max_eu quantiles per day or week, against the profile's expected flag rate.
+
+    A period whose expected rate lies outside the observed rate's 95% interval is reported as drift (on stderr).
+    """
 
     from logtoku_guard.calibration import find_profile_for
     from logtoku_guard.calibration.drift import drift_report, expected_flag_rate
@@ -130,26 +134,34 @@ def audit_stats(
         skipped = [s.as_json() for s in rows.skipped]
         _common.print_json({"by": by, "periods": [p.as_json() for p in periods], "skipped": skipped})
     else:
-        table = Table(title=f"{sum(p.n for p in periods)} decision(s) by {by}")
-        columns = ("period", "model", "answers", "flagged [95% CI]", "expected", "by rule", "guard_score q10/50/90", "max_eu q50")
-        for col in columns:
-            table.add_column(col)
-        for p in periods:
-            lo, hi = p.interval
-            table.add_row(
-                p.period,
-                safe_text(p.model),
-                str(p.n),
-                f"{100 * p.flag_rate:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
-                "-" if p.expected is None else f"{100 * p.expected:.0f}%",
-                safe_text(", ".join(f"{r} {100 * k / p.n:.0f}%" for r, k in sorted(p.by_rule.items())) or "-"),
-                "/".join("-" if v is None else f"{v:.3f}" for v in p.guard_score),
-                "-" if p.max_eu[1] is None else f"{p.max_eu[1]:.3f}",
-            )
-        _common.out.print(table)
+        _common.out.print(f"{sum(p.n for p in periods)} decision(s) by {by}", highlight=False)
+        for model in dict.fromkeys(p.model for p in periods):  # one table per model: fits 80 columns, values whole
+            _common.out.print(_stats_table(model, [p for p in periods if p.model == model]))
     for p in periods:
         if (line := p.warning()) is not None:
             _common.err.print(safe_text(line), highlight=False)
+
+
+def _stats_table(model: str, periods: Sequence[Period]) -> Table:
+    """``audit stats``' table of one model: numbers never wrap or get cut, rules one per line."""
+    expected = periods[0].expected
+    title = safe_text(f"{model}: the profile expects {'-' if expected is None else f'{100 * expected:.0f}%'} flagged")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, fits in (("period", True), ("n", True), ("flagged\n[95% CI]", True), ("by rule", False)):
+        table.add_column(col, no_wrap=fits, overflow="fold", justify="right" if col == "n" else "left")
+    table.add_column("guard_score\nq10 q50 q90", no_wrap=True)
+    table.add_column("max_eu\nq50", no_wrap=True)
+    for p in periods:
+        lo, hi = p.interval
+        table.add_row(
+            p.period,
+            str(p.n),
+            f"{100 * p.flag_rate:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
+            safe_text("\n".join(f"{r} {100 * k / p.n:.0f}%" for r, k in sorted(p.by_rule.items())) or "-"),
+            " ".join("-" if v is None else f"{v:.3f}" for v in p.guard_score),
+            "-" if p.max_eu[1] is None else f"{p.max_eu[1]:.3f}",
+        )
+    return table
 
 
 def _read_profile(path: Path) -> ModelProfile:

@@ -95,14 +95,19 @@ def calibrate(
     backend_name: BackendOpt = "transformers",
     base_url: _common.BaseUrlOpt = None,
 ) -> None:
-    """Profile a model over a calibration set so policies can use quantile thresholds.
+    """Profile a model over a calibration set, so policies can use quantile thresholds.
 
-    The profile also holds the guard score: fitted on ``--labels`` when given, refit on the
-    reviewers' verdicts of ``--labels-from-store`` (kept only if strictly better than the current
-    guard on those answers, by a margin the labels support), else the project's shipped fit for the embedded model, else
-    (``--fit-guard``, the default for a model with no shipped fit) fit on the shipped questions
-    whose answers judge themselves; ``--no-fit-guard`` leaves it out (``guard_score`` is then
-    unavailable and the default policy uses reliability).
+    The profile also holds the guard score, from the first of these that applies.
+
+    With --labels FILE: fitted on your labelled questions.
+
+    With --labels-from-store URL: refit on your reviewers' verdicts, kept only if strictly better than the current guard.
+
+    For the embedded model: the project's shipped fit.
+
+    For any other model: fitted on the shipped questions whose answers judge themselves (--fit-guard, the default).
+
+    --no-fit-guard leaves it out: guard_score is then unavailable and the default policy uses reliability.
     """
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
     from logtoku_guard.calibration.guard_fit import fit_on_labels, read_labels, shipped_guard

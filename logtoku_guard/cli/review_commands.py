@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -86,17 +87,16 @@ def review_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         _common.print_json({"items": [_item_row(i) for i in items], "skipped": [s.as_json() for s in items.skipped]})
         return
-    table = Table(title=f"{len(items)} item(s) waiting for review")
-    for col in ("id", "status", "claimed by", "created", "question", "reason"):
-        table.add_column(col)
+    table = Table(title=f"{len(items)} item(s) waiting for review", box=box.SIMPLE_HEAD)
+    for col in ("id", "status", "created", "question", "reason"):  # folded, never cut, at 80 columns
+        table.add_column(col, overflow="fold", no_wrap=col == "id", min_width=10 if col == "created" else None)
     for i in items:
         table.add_row(
             str(i.id),
-            i.status,
-            safe_text(i.claimed_by or "-"),
+            safe_text(i.status if i.claimed_by is None else f"{i.status} by {i.claimed_by}"),
             i.created_at.strftime("%Y-%m-%d %H:%M"),
-            safe_text(i.record.prompt[:60]),
-            safe_text(i.record.reason[:60]),
+            safe_text(i.record.prompt[:120]),
+            safe_text(i.record.reason[:120]),
         )
     _common.out.print(table)
 

@@ -56,8 +56,9 @@ def score(
 ) -> None:
     """Answer PROMPT and show every token's AU/EU, its quadrant and the response reliability.
 
-    Quadrant thresholds: --au-threshold/--eu-threshold, else the model's profile (--profile or
-    the one `logtoku-guard calibrate` saved), else the median of this answer (uncalibrated).
+    Quadrant thresholds: --au-threshold and --eu-threshold when given, else the model's profile.
+
+    The profile is --profile, else the one `logtoku-guard calibrate` saved; without one, the median of this answer.
     """
     given = _common.cli_thresholds(au_threshold, eu_threshold)
     try:
