@@ -84,6 +84,7 @@ _REFUSED = {
     "web_search_options": "this server has no web search; leave it out",
     "reasoning_effort": "the served model is not a reasoning model; leave it out",
     "verbosity": "the served model has no verbosity setting; leave it out",
+    "moderation": "this server runs no moderation (its guard is the --policy, its decision in logtoku_guard); leave it out",
 }
 """Standard chat-completions fields this server refuses (a 400 naming the field) when they are set."""
 
@@ -183,6 +184,10 @@ class _SamplingRequest(BaseModel):
     safety_identifier: StrictStr | None = Field(default=None, description="Accepted and ignored (as user).")
     prompt_cache_key: StrictStr | None = Field(
         default=None, description="Accepted and ignored (a cache hint; this server caches prompt prefixes by itself)."
+    )
+    prompt_cache_retention: StrictStr | None = Field(default=None, description="Accepted and ignored (as prompt_cache_key).")
+    prompt_cache_options: dict[StrictStr, Any] | None = Field(
+        default=None, description="Accepted and ignored (as prompt_cache_key)."
     )
     metadata: dict[StrictStr, StrictStr] | None = Field(
         default=None, description="Accepted and ignored (tags of a stored completion; this server stores none)."
