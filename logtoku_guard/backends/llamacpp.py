@@ -38,6 +38,7 @@ from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
+from logtoku_guard.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
@@ -106,6 +107,12 @@ class LlamaCppBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 feeds every prompt whole at once.
+        weights: the embedded model's weights (:data:`~logtoku_guard.embedded.LLAMA_WEIGHTS`):
+            ``"q4_1"`` the shipped file (default, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
+            ``"q8_0"`` or ``"f16"`` a copy converted once into the cache
+            (:func:`~logtoku_guard.embedded.embedded_llama_gguf`), each a model of its own name
+            (``smollm2-135m-instruct-q8_0@llamacpp``) and profile. Only for the embedded model.
+        cache_dir: where a converted copy is kept (default: the library's cache folder).
         model_name: the name recorded on generations and used to find profiles (default: the
             model's name followed by ``@llamacpp``).
         verbose: let llama.cpp print its log (None: ``$LOGTOKU_GUARD_VERBOSE``, default off).
@@ -128,6 +135,8 @@ class LlamaCppBackend(BatchedBackend):
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         model_name: str | None = None,
         verbose: bool | None = None,
+        weights: str | None = None,
+        cache_dir: str | Path | None = None,
     ) -> None:
         from logtoku_guard.backends.llamacpp_check import ensure_decodes
         from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer, import_llama_cpp
@@ -147,6 +156,12 @@ class LlamaCppBackend(BatchedBackend):
         self._n_threads = default_n_threads(n_threads)
         self._prefill_chunk = check_prefill_chunk(prefill_chunk)
         path, default_name = resolve_gguf(model)
+        if default_name == EMBEDDED_MODEL:
+            kind = llama_weights(weights)
+            path, default_name = embedded_llama_gguf(kind, cache_dir), llama_model_name(kind)
+        elif weights is not None:
+            msg = f"weights={weights!r} converts the embedded model only; {str(model)!r} runs as its file is"
+            raise ConfigurationError(msg)
         # Before llama.cpp's libraries enter this process: a build this CPU cannot run is a
         # BackendError naming the signal and the rebuild, not the end of the process (llamacpp_check).
         ensure_decodes(path, n_threads=self._n_threads)

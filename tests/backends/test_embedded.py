@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -322,3 +323,70 @@ def test_the_readme_guard_snippet_does_what_it_says(
     assert route[0] == "retrieve", (route, result.decision.reason)  # type: ignore[attr-defined]
     assert "Marwick" in result.answer and result.action != "abstain", result.answer  # type: ignore[attr-defined]
     scope["guard"].store.close()  # type: ignore[attr-defined]
+
+
+# -- the embedded model's weights for llama.cpp (a copy re-quantised once, issue 42) --------------
+
+
+def test_llama_weights_are_checked_and_each_type_is_a_model_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(embedded.LLAMA_WEIGHTS_ENV, raising=False)
+    assert embedded.llama_weights(None) == "q4_1"
+    assert embedded.llama_weights("Q8_0") == "q8_0"
+    monkeypatch.setenv(embedded.LLAMA_WEIGHTS_ENV, "f16")
+    assert embedded.llama_weights(None) == "f16"
+    monkeypatch.setenv(embedded.LLAMA_WEIGHTS_ENV, "q5_k")
+    with pytest.raises(ConfigurationError, match=r"\$LOGTOKU_GUARD_LLAMACPP_WEIGHTS must be one of q4_1, q8_0, f16.*'q5_k'"):
+        embedded.llama_weights(None)
+    with pytest.raises(ConfigurationError, match=r"weights must be one of .*got 8"):
+        embedded.llama_weights(8)  # type: ignore[arg-type]
+    assert embedded.llama_model_name("q4_1") == embedded.EMBEDDED_MODEL  # the shipped file keeps its profiles
+    assert embedded.llama_model_name("q8_0") == f"{embedded.EMBEDDED_MODEL}-q8_0"
+
+
+def test_the_shipped_weights_are_the_shipped_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_package(monkeypatch, tmp_path)
+    assert embedded.embedded_llama_gguf("q4_1", tmp_path / "cache") == tmp_path / "model.gguf"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_conversion_llama_cpp_cannot_do_is_an_error_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The child process runs llama.cpp's real quantiser on a file that is not a model: it fails there,
+    and this process gets a ModelLoadError naming the type and the way out; no file is left."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    fake_package(monkeypatch, tmp_path)
+    with pytest.raises(ModelLoadError, match=r"could not convert the embedded model model\.gguf to q8_0.*weights='q4_1'"):
+        embedded.embedded_llama_gguf("q8_0", tmp_path / "cache")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_a_converted_copy_is_reused_and_a_changed_source_converts_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_package(monkeypatch, tmp_path)
+    runs: list[list[str]] = []
+
+    def child(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        runs.append(command)
+        assert command[1:4] == ["-m", "logtoku_guard.embedded", "--requantize"] and command[-1] == "q8_0"
+        Path(command[-2]).write_bytes(b"GGUF q8_0")  # the temporary file the parent renames into place
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(embedded.subprocess, "run", child)
+    first = embedded.embedded_llama_gguf("q8_0", tmp_path / "cache")
+    assert first.read_bytes() == b"GGUF q8_0" and first.name.endswith(".q8_0.gguf")
+    assert stat.S_IMODE(first.stat().st_mode) == 0o600
+    assert embedded.embedded_llama_gguf("q8_0", tmp_path / "cache") == first and len(runs) == 1
+    (tmp_path / "model.gguf").write_bytes(b"GGUF, another build")  # a reinstalled package: another size and time
+    second = embedded.embedded_llama_gguf("q8_0", tmp_path / "cache")
+    assert second != first and len(runs) == 2
+    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == sorted([first.name, second.name])
+
+
+@pytest.mark.slow
+def test_llama_cpp_converts_the_real_embedded_model_to_q8_0(tmp_path: Path) -> None:
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs llama-cpp-python and gguf")
+    from gguf import GGUFReader
+
+    path = embedded.embedded_llama_gguf("q8_0", tmp_path)
+    types = {t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types == {"Q8_0", "F32"}  # every matrix Q8_0 (llamafile_sgemm's type), the norms float

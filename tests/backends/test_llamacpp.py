@@ -511,3 +511,24 @@ def test_the_shipped_guard_flags_the_answer_to_france_that_is_not_about_france(b
         assert first.decision.stats.question_echo == 0.0  # nothing of the question in the answer
     else:
         assert "Paris" in first.generation.text and result.action == "pass", first.generation.text
+
+
+@pytest.mark.slow  # converts the embedded model (seconds) and loads the copy
+def test_q8_0_weights_are_a_model_of_their_own_that_reuses_no_profile(tmp_path: Any) -> None:
+    """weights='q8_0' runs llama.cpp's Q8_0 copy of the embedded model (converted once into the cache)
+    under a name of its own, so the profile and guard fitted on the shipped Q4_1 outputs are not used for it."""
+    from logtoku_guard.calibration import load_profile_for
+
+    b = LlamaCppBackend("embedded", n_threads=1, n_ctx=256, weights="q8_0", cache_dir=tmp_path)
+    try:
+        assert b.model_name == "smollm2-135m-instruct-q8_0@llamacpp"
+        assert b.model_path.parent == tmp_path / "models" and b.model_path.name.endswith(".q8_0.gguf")
+        assert b._model.metadata("general.file_type") == "7"  # LLAMA_FTYPE_MOSTLY_Q8_0
+        assert load_profile_for("smollm2-135m-instruct@llamacpp", 2, "clamped") is not None  # the shipped one
+        assert load_profile_for(b.model_name, b.k, b.evidence, cache_dir=tmp_path) is None
+        g = b.generate(QUESTION, GREEDY)
+        assert g.model == b.model_name and len(g.tokens) > 0 and g.prompt_scores
+    finally:
+        b.close()
+    with pytest.raises(ConfigurationError, match=r"weights='q8_0' converts the embedded model only"):
+        LlamaCppBackend(embedded_gguf_path(), weights="q8_0")
