@@ -172,3 +172,30 @@ def test_serve_refuses_a_cap_above_the_file_limit(tmp_path: Path) -> None:
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--max-connections 1000 needs 1128 open files" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unreadable_bodies_are_refused_with_what_is_wrong(tiny_backend: object) -> None:
+    """Invalid UTF-8, a number too long to read and a lone surrogate each get a 400 saying so, streamed or
+    not: the body is refused before any stream opens (not a 200 and then an error event)."""
+    from logtoku_guard.server import BackgroundServer, build_app
+
+    ok = b'{"messages": [{"role": "user", "content": "Paris"}], "max_tokens": 2, "temperature": 0'
+    cases = [
+        (ok + b', "user": "\xff\xfe"}', "not valid UTF-8 (byte 0xff at offset"),
+        (ok + b', "seed": ' + b"9" * 5000 + b"}", "a number of more than"),
+        (ok.replace(b"Paris", b"Par\\ud800is") + b"}", "body.messages[0].content holds the lone surrogate '\\ud800'"),
+    ]
+    with BackgroundServer(build_app(tiny_backend)) as srv:  # type: ignore[arg-type]
+        url = f"{srv.base_url}/chat/completions"
+        for body, expected in cases:
+            for stream in (b"", b', "stream": true'):
+                sent = body[:-1] + stream + b"}"
+                r = httpx.post(url, content=sent, headers={"Content-Type": "application/json"}, timeout=60)
+                assert r.status_code == 400, r.text
+                assert r.headers["content-type"].startswith("application/json")
+                assert expected in r.json()["error"]["message"], r.text
+        pair = ok.replace(b"Paris", b"\\ud83d\\ude00") + b"}"  # a surrogate pair is one character
+        assert httpx.post(url, content=pair, headers={"Content-Type": "application/json"}, timeout=60).status_code == 200
+        digits = ok.replace(b"Paris", b"7" * 5000) + b"}"  # digits in a string are text (too long for the tiny model)
+        r = httpx.post(url, content=digits, headers={"Content-Type": "application/json"}, timeout=60)
+        assert "context window" in r.json()["error"]["message"], r.text
