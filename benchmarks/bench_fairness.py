@@ -1,20 +1,28 @@
-"""Fairness: the latency of short requests while one long prompt is prefilled beside them.
+"""Fairness: the latency of short requests alone, beside one long prompt, and beside a queue of long prompts.
 
-One client sends a long prompt (default ~7.7k tokens, near the embedded model's 8192-token
-context); while it is being answered, ``--clients`` client threads send short questions back to
-back. Printed for each ``--chunk`` setting: the short requests' latency (median, p99, max, how
-many were answered while the long one ran), the same short request alone, and the long request's
-own time. ``--chunk 0`` prefills every prompt whole (the behaviour before chunked prefill: each
-short request that arrives during the long prefill waits for all of it); a chunk of N tokens
-feeds the long prompt N tokens per decoding step (:mod:`logtoku_guard.backends.chunked_prefill`).
+For each backend (``--backend``, both by default) and each ``--chunk`` setting, three scenarios on
+the embedded model, each short request "Who wrote Hamlet?" with ``--short-tokens`` tokens:
+
+- **alone**: the short request with nothing beside it (median of 5);
+- **one long**: one client sends a ``--long-tokens`` prompt (``--long-max-tokens`` answer tokens);
+  while it is in flight, ``--clients`` threads send short requests back to back;
+- **queue**: ``--queue`` such long prompts are sent ``--gap`` seconds apart, then the short
+  clients start, until every long request is answered. On llama.cpp the KV cache is sized
+  (``--n-ctx``, by default one long request plus 256 cells) so that a second long request does not
+  fit beside the first: issue 43's N2, where that request blocked every short one behind it.
+
+Printed per scenario: how many short requests were answered, their median, p99 and max latency
+and the ratios of median and p99 to alone, and each long request's time. ``--chunk 0`` prefills
+every prompt whole (the behaviour before chunked prefill); the default is the backend's own.
 
 The requests go straight to the backend's batcher from threads, as the server's worker threads
-send them: the server adds HTTP parsing, not scheduling. The load average is printed before and
-after: on a shared machine the figures move with the other processes.
+send them: the server adds HTTP parsing, not scheduling. The load average and this process's CPU
+time are printed: on a shared machine the wall-clock figures move with the other processes, and
+the ratios to alone (measured in the same run) are what to compare.
 
-    python benchmarks/bench_fairness.py --backend llamacpp                  # chunks 0, 256, 128
+    python benchmarks/bench_fairness.py                                         # both backends, defaults
+    python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 2930 --long-max-tokens 1024 --n-ctx 4096
     python benchmarks/bench_fairness.py --backend transformers --chunk 0 --chunk 256
-    python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 2000 --clients 1
 """
 
 from __future__ import annotations
@@ -36,21 +44,23 @@ PASSAGE = (
 SHORT = "Who wrote Hamlet?"
 
 
-def build(kind: str, chunk: int, n_ctx: int) -> Any:
+def build(kind: str, chunk: int | None, n_ctx: int) -> Any:
+    from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK
+
+    size = DEFAULT_PREFILL_CHUNK if chunk is None else chunk
     if kind == "llamacpp":
         from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend("embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=chunk)
+        return LlamaCppBackend("embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=size)
     from logtoku_guard.backends.transformers import TransformersBackend
 
-    return TransformersBackend(prefill_chunk=chunk, threads=1)
+    return TransformersBackend(threads=1, prefill_chunk=size)
 
 
-def long_prompt(backend: Any, tokens: int) -> str:
-    """A user turn of about ``tokens`` tokens once rendered, ending with a question."""
+def long_prompt(backend: Any, tokens: int, n: int = 0) -> str:
+    """A user turn of about ``tokens`` tokens once rendered, ending with a question (``n`` makes each distinct)."""
     unit = backend.count_tokens(PASSAGE)
-    text = PASSAGE * max(1, (tokens - 40) // unit) + "What was reviewed?"
-    return text
+    return f"Report {n}. " + PASSAGE * max(1, (tokens - 40) // unit) + "What was reviewed?"
 
 
 def p99(values: list[float]) -> float:
@@ -58,81 +68,112 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def measure(backend: Any, prompt: str, clients: int, short_tokens: int) -> dict[str, Any]:
-    short = DecodingOptions(max_new_tokens=short_tokens)
-    alone = []
-    for _ in range(3):
-        t = time.perf_counter()
-        backend.generate(SHORT, short)
-        alone.append(time.perf_counter() - t)
-    done = threading.Event()
+def beside(
+    backend: Any, prompts: list[str], long_opts: DecodingOptions, clients: int, short: DecodingOptions, gap: float
+) -> dict[str, Any]:
+    """Short requests sent back to back by ``clients`` threads while the long ``prompts`` (sent ``gap`` s apart) are in flight."""
     latencies: list[float] = []
+    long_times: list[float] = []
     lock = threading.Lock()
-    long_time: list[float] = []
+    pending = threading.Semaphore(0)
+    left = [len(prompts)]
 
-    def long_client() -> None:
+    def long_client(prompt: str) -> None:
         t = time.perf_counter()
-        g = backend.generate(prompt, DecodingOptions(max_new_tokens=4))
-        long_time.extend([time.perf_counter() - t, float(g.prompt_tokens)])
-        done.set()
+        backend.generate(prompt, long_opts)
+        with lock:
+            long_times.append(time.perf_counter() - t)
+            left[0] -= 1
+        pending.release()
 
     def short_client() -> None:
-        while not done.is_set():  # each short request sent while the long one is in flight counts
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
             t = time.perf_counter()
             backend.generate(SHORT, short)
-            with lock:
+            with lock:  # every short request sent while a long one was in flight counts
                 latencies.append(time.perf_counter() - t)
 
-    runner = threading.Thread(target=long_client)
-    runner.start()
-    while backend.running_rows == 0 and not done.is_set():
+    runners = []
+    for prompt in prompts:
+        runners.append(threading.Thread(target=long_client, args=(prompt,)))
+        runners[-1].start()
+        time.sleep(gap)
+    while backend.running_rows == 0 and left[0]:
         time.sleep(0.01)
     threads = [threading.Thread(target=short_client) for _ in range(clients)]
     for th in threads:
         th.start()
-    runner.join()
-    for th in threads:
+    for th in runners + threads:
         th.join()
-    return {"alone": statistics.median(alone), "short": latencies, "long_s": long_time[0], "long_tokens": int(long_time[1])}
+    return {"short": latencies, "long": sorted(long_times)}
+
+
+def report(scenario: str, r: dict[str, Any], alone: float) -> None:
+    short = r["short"]
+    longs = ", ".join(f"{t:.1f}" for t in r["long"])
+    if not short:
+        print(f"  {scenario}: long request(s) {longs} s; no short request answered beside them", flush=True)
+        return
+    med, tail = statistics.median(short), p99(short)
+    print(
+        f"  {scenario}: {len(short)} short requests: median {med:.2f} s ({med / alone:.1f}x alone), "
+        f"p99 {tail:.2f} s ({tail / alone:.1f}x), max {max(short):.2f} s; long request(s) answered in {longs} s",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["llamacpp", "transformers"], default="llamacpp")
-    parser.add_argument("--chunk", type=int, action="append", help="prefill chunk(s) to compare; 0 = whole (default: 0 256 128)")
-    parser.add_argument("--long-tokens", type=int, default=7700)
+    parser.add_argument("--backend", choices=["llamacpp", "transformers"], action="append", help="default: both")
+    parser.add_argument(
+        "--chunk", type=int, action="append", help="prefill chunk(s) to compare; 0 = whole (default: the backend's)"
+    )
+    parser.add_argument("--long-tokens", type=int, default=2000, help="tokens of each long prompt")
+    parser.add_argument("--long-max-tokens", type=int, default=64, help="max_new_tokens of each long request")
+    parser.add_argument("--queue", type=int, default=2, help="long prompts in the queue scenario")
+    parser.add_argument("--gap", type=float, default=0.5, help="seconds between the long requests of the queue")
+    parser.add_argument("--n-ctx", type=int, default=0, help="llama.cpp KV cells (default: one long request + 256)")
     parser.add_argument("--clients", type=int, default=2, help="threads sending short requests back to back")
     parser.add_argument("--short-tokens", type=int, default=8, help="max_new_tokens of each short request")
+    parser.add_argument("--scenario", choices=["one", "queue"], action="append", help="default: both")
     args = parser.parse_args()
-    chunks = args.chunk or [0, 256, 128]
+    kinds = args.backend or ["transformers", "llamacpp"]
+    chunks: list[int | None] = list(args.chunk) if args.chunk else [None]
+    scenarios = args.scenario or ["one", "queue"]
+    n_ctx = args.n_ctx or args.long_tokens + args.long_max_tokens + 256
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-    rows = []
-    for chunk in chunks:
-        backend = build(args.backend, chunk, n_ctx=args.long_tokens + 400)
-        prompt = long_prompt(backend, args.long_tokens)
-        r = measure(backend, prompt, args.clients, args.short_tokens)
-        if hasattr(backend, "close"):
-            backend.close()
-        short = r["short"]
-        rows.append((chunk, r))
-        label = "whole" if chunk == 0 else f"{chunk} tokens/step"
-        if short:
+    short = DecodingOptions(max_new_tokens=args.short_tokens)
+    long_opts = DecodingOptions(max_new_tokens=args.long_max_tokens)
+    cpu0 = time.process_time()
+    for kind in kinds:
+        for chunk in chunks:
+            backend = build(kind, chunk, n_ctx)
+            label = "whole" if chunk == 0 else f"chunk {getattr(backend, 'prefill_chunk', chunk)}"
+            extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""
+            prompts = [long_prompt(backend, args.long_tokens, n) for n in range(max(args.queue, 1))]
+            n_long = backend.count_tokens(backend.render(prompts[0]))
+            backend.generate(SHORT, short)  # warm-up
+            alone = []
+            for _ in range(5):
+                t = time.perf_counter()
+                backend.generate(SHORT, short)
+                alone.append(time.perf_counter() - t)
+            base = statistics.median(alone)
             print(
-                f"{args.backend} chunk {label}: long prompt {r['long_tokens']} tokens answered in {r['long_s']:.1f} s; "
-                f"{len(short)} short requests beside it: median {statistics.median(short):.2f} s, "
-                f"p99 {p99(short):.2f} s, max {max(short):.2f} s (alone {r['alone']:.2f} s)",
+                f"{kind}, {label}{extra}: long prompts {n_long} tokens + {args.long_max_tokens}; short alone median {base:.2f} s",
                 flush=True,
             )
-        else:
-            print(f"{args.backend} chunk {label}: long prompt {r['long_s']:.1f} s; no short request beside it", flush=True)
-    base = next((r for c, r in rows if c == 0 and r["short"]), None)
-    for chunk, r in rows:
-        if base is not None and chunk != 0 and r["short"]:
-            print(
-                f"chunk {chunk} vs whole: short p99 {p99(base['short']) / p99(r['short']):.1f}x lower, "
-                f"long prompt {r['long_s'] / base['long_s']:.2f}x the time"
-            )
-    print(f"load after {os.getloadavg()[0]:.2f}")
+            if "one" in scenarios:
+                report("beside one long prompt", beside(backend, prompts[:1], long_opts, args.clients, short, 0.0), base)
+            if "queue" in scenarios:
+                r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap)
+                report(f"beside a queue of {args.queue} long prompts", r, base)
+            if hasattr(backend, "close"):
+                backend.close()
+    print(f"load after {os.getloadavg()[0]:.2f}; this process's CPU time {time.process_time() - cpu0:.0f} s")
 
 
 if __name__ == "__main__":

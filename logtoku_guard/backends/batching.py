@@ -16,10 +16,15 @@ continuous batching, as in vLLM or TGI, at step granularity.
 
 Joining is first come, first served: only the longest run of compatible jobs at the head of
 the queue that fits the free rows joins, so a request with other settings (or too many rows)
-is never overtaken forever: it waits until the running batch drains, then runs next. Seeded
-sampling runs alone and nothing joins it (its random stream must not depend on other
-requests); every other row gets the same greedy tokens and AU/EU as alone (left padding,
-attention mask and position ids from the mask; float differences ~1e-6).
+is never overtaken forever: it waits until the running batch drains, then runs next. Every job
+is compatible with every other but for a dynamic temperature schedule (:meth:`Job.key`):
+greedy and sampled rows share a batch, each row sampled with its own temperature, top-p and
+random stream (:func:`row_seed`: a seeded request draws the same tokens whatever runs beside it,
+up to the ~1e-6 float differences of a batched forward pass), as vLLM samples per request; every
+row gets the same greedy tokens and AU/EU as alone (left padding, attention mask and position
+ids from the mask; float differences ~1e-6). Which admitted rows the model's cache can hold is
+the decode loop's own decision (llama.cpp's shared KV cache:
+:mod:`~logtoku_guard.backends.llamacpp_loop`).
 
 The batcher is generic: the backend gives it a ``run(jobs)`` function that completes every
 job's future. No torch import here.
@@ -42,7 +47,7 @@ from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenS
 if TYPE_CHECKING:
     from logtoku_guard.backends.prompt_scoring import QuestionSpan
 
-__all__ = ["DEFAULT_MAX_BATCH", "Batcher", "Job", "PreparedRow"]
+__all__ = ["DEFAULT_MAX_BATCH", "Batcher", "Job", "PreparedRow", "row_seed"]
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_WINDOW_S = 0.02
@@ -100,17 +105,24 @@ class Job:
         """Its future already completed (a failed request) or its caller cancelled it: nothing more to generate."""
         return self.future.done() or (self.cancel is not None and self.cancel.is_set())
 
-    @property
-    def exclusive(self) -> bool:
-        """Seeded sampling: reproducible only alone."""
-        return self.options.sampling and self.options.seed is not None
-
     def key(self) -> tuple[Any, ...]:
-        """Jobs with equal keys can share one ``generate`` call."""
-        o = self.options
-        if not o.sampling:
-            return ("greedy", o.dynamic)
-        return ("sample", float(o.temperature), float(o.top_p), o.dynamic)
+        """Jobs with equal keys can share one batch: all of them but those of another dynamic
+        temperature schedule (its warper runs on the whole batch); temperature, top-p, seed,
+        ``max_new_tokens``, stop strings and constraints are per row."""
+        dynamic = self.options.dynamic
+        return ("plain",) if dynamic is None else ("dynamic", dynamic)
+
+
+def row_seed(seed: int | None, index: int) -> int | None:
+    """The seed of row ``index`` of a request seeded with ``seed`` (None: unseeded).
+
+    Row 0 gets ``seed`` itself; every further row of a multi-prompt request a seed of its own
+    (the prompts of one ``batch`` call must not draw the same random stream), the same at
+    every call: a row's samples depend on its request's seed and its own logits only.
+    """
+    if seed is None:
+        return None
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
 
 
 class Batcher:
@@ -204,18 +216,17 @@ class Batcher:
         Called by ``run`` (in the worker thread) between decoding steps (with ``live_rows == 0``
         once the batch has drained: the jobs taken then start a new batch). Takes the longest
         run of jobs at the head of the queue that share the running batch's settings and fit
-        in ``max_batch - live_rows`` rows, so that no request is overtaken forever; nothing
-        joins a seeded (exclusive) batch. The returned jobs are the batch's from now on: the
-        worker fails them too if ``run`` raises.
+        in ``max_batch - live_rows`` rows, so that no request is overtaken forever. The returned
+        jobs are the batch's from now on: the worker fails them too if ``run`` raises.
         """
         with self._cond:
-            if not self._running or self._running[0].exclusive:
+            if not self._running:
                 return []
             key = self._running[0].key()
             rows = live_rows
             taken: list[Job] = []
             for job in self._queue:
-                if job.exclusive or job.key() != key or rows + len(job.rows) > self.max_batch:
+                if job.key() != key or rows + len(job.rows) > self.max_batch:
                     break
                 taken.append(job)
                 rows += len(job.rows)
@@ -270,14 +281,13 @@ class Batcher:
                 return None
             self._cond.wait(left)
         head = self._queue[0]
-        if not head.exclusive:
-            # Requests sent together arrive a little apart: give a batch that is not full a moment.
-            while self._rows(self._compatible(head)) < self.max_batch:
-                left = head.submitted + self.window_s - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-        batch = [head] if head.exclusive else self._compatible(head)
+        # Requests sent together arrive a little apart: give a batch that is not full a moment.
+        while self._rows(self._compatible(head)) < self.max_batch:
+            left = head.submitted + self.window_s - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        batch = self._compatible(head)
         for job in batch:
             self._queue.remove(job)
         self.batches += 1
@@ -287,7 +297,7 @@ class Batcher:
     def _compatible(self, head: Job) -> list[Job]:
         batch, rows, key = [head], len(head.rows), head.key()
         for job in self._queue[1:]:
-            if job.exclusive or rows + len(job.rows) > self.max_batch or job.key() != key:
+            if rows + len(job.rows) > self.max_batch or job.key() != key:
                 continue
             batch.append(job)
             rows += len(job.rows)

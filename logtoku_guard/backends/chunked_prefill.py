@@ -10,12 +10,19 @@ follow one schedule, vLLM's chunked prefill with short prompts first (its
 
 1. decodes one token of every live row;
 2. prefills whole every newly admitted prompt that has at most ``chunk`` tokens left;
-3. feeds the next ``chunk`` tokens of the oldest longer prompt (:func:`plan`), when its turn has
+3. feeds the next chunk of the oldest longer prompt (:func:`plan`), when its turn has
    come (:class:`FairShare`): while rows are decoding, a chunk runs only once they have had as
    much time since the last chunk as that chunk took. On a CPU a chunk deep in a long prompt takes
    seconds (256 tokens at position 7k: ~4 s on the embedded model), so one chunk per decoding
    step would still hold a short answer for seconds per token; sharing time evenly bounds its
    wait by one chunk, and slows the long prompt at most 2x, only while others decode.
+
+A chunk's cost grows with its depth (each of its tokens attends to every token before it), and a
+request that arrives while a chunk runs waits for that chunk: so chunks shrink as they go deeper
+(:func:`chunk_at`: ``chunk`` tokens at the start, about half as many ``DEPTH_SCALE`` tokens in,
+never fewer than :data:`MIN_PREFILL_CHUNK`), which keeps each chunk's time, hence a short
+request's wait, about level along the prompt. A chunk's size depends on its position alone,
+never on what runs beside it, so a prompt's chunks (and every logit) are the same whatever the load.
 
 A long prompt whose rest fits in one chunk is prefilled as a short one and joins the batch with its
 first answer token. Each chunk scores the question tokens that its positions predict
@@ -38,7 +45,16 @@ from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import TokenScore
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "MIN_PREFILL_CHUNK", "FairShare", "StagedRow", "check_prefill_chunk", "plan"]
+__all__ = [
+    "DEFAULT_PREFILL_CHUNK",
+    "DEPTH_SCALE",
+    "MIN_PREFILL_CHUNK",
+    "FairShare",
+    "StagedRow",
+    "check_prefill_chunk",
+    "chunk_at",
+    "plan",
+]
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompt tokens a long prompt feeds per step by default (see ``benchmarks/bench_fairness.py`` for
@@ -49,6 +65,12 @@ or 64 tokens moved a long prompt's log p by up to 0.5 from one whole prefill (gg
 ubatches another way), chunks of 128 to 512 by 0.17 at most (0.0 on 635- and 1115-token prompts,
 0.03 and 0.17 on 815-token ones: the rounding any change of ``n_ubatch`` gives). Below 128, a step's fixed
 cost also dominates. A prompt of at most one chunk is prefilled exactly as before."""
+
+DEPTH_SCALE = 2048
+"""Prompt depth (tokens already in the cache) at which a chunk is cut to half of ``chunk``
+(:func:`chunk_at`): about where a token's attention over the tokens before it costs as much as the
+rest of its forward pass on the embedded model (30 layers of 576-wide attention against ~0.2 GFLOP
+of weights per token)."""
 
 
 T = TypeVar("T")
@@ -68,14 +90,26 @@ def check_prefill_chunk(value: object) -> int | None:
     return value
 
 
-def plan(rest: Sequence[tuple[T, int]], chunk: int | None) -> tuple[list[T], list[T]]:
-    """Split waiting rows into those to prefill whole this step (their ``rest`` of prompt tokens fits
-    in one chunk, or chunking is off) and the longer ones, which feed one chunk a step, oldest first.
+def chunk_at(fed: int, chunk: int | None) -> int | None:
+    """Prompt tokens the next chunk feeds when ``fed`` tokens are in the cache already: ``chunk`` at
+    the start of the prompt, ``chunk * DEPTH_SCALE / (DEPTH_SCALE + fed)`` deeper (a multiple of 16),
+    never fewer than :data:`MIN_PREFILL_CHUNK` (nor than ``chunk``, if smaller). None: chunking is off."""
+    if chunk is None:
+        return None
+    scaled = chunk * DEPTH_SCALE // (DEPTH_SCALE + max(fed, 0)) // 16 * 16
+    return max(scaled, min(chunk, MIN_PREFILL_CHUNK))
 
-    ``rest`` lists each waiting row with its prompt tokens not yet fed, oldest first.
+
+def plan(rest: Sequence[tuple[T, int, int]], chunk: int | None) -> tuple[list[T], list[T]]:
+    """Split waiting rows into those to prefill whole this step (a new prompt whose tokens fit in one
+    chunk, or every prompt when chunking is off) and the longer ones, which feed one chunk a step
+    (:func:`chunk_at`), oldest first, taking turns with the decoding rows (a prompt partly fed
+    already stays with them to its end).
+
+    ``rest`` lists each waiting row with its prompt tokens not yet fed and those fed, oldest first.
     """
-    whole = [row for row, n in rest if chunk is None or n <= chunk]
-    longer = [row for row, n in rest if chunk is not None and n > chunk]
+    whole = [row for row, n, fed in rest if chunk is None or (fed == 0 and n <= chunk)]
+    longer = [row for row, n, fed in rest if chunk is not None and (fed > 0 or n > chunk)]
     return whole, longer
 
 

@@ -28,8 +28,12 @@ Each row gives the same tokens and scores as alone (float differences ~1e-6): pa
 masked out, positions are per row, and the model's own history-dependent logits processors
 (repetition penalty, ``min_new_tokens``... from its ``generation_config``, built as ``generate``
 builds them: :mod:`~logtoku_guard.backends.processors`) run per row on that row's own tokens.
-The sampling warpers (dynamic temperature, temperature, top-p and the config's others) are
-row-wise and run batched.
+Greedy and sampled rows share a batch: each sampled row runs the sampling warpers of its own
+request (temperature, top-p and the config's others; rows of equal settings together, a dynamic
+temperature schedule on the whole batch, since every row of a batch shares it) and draws from
+its own ``torch.Generator`` (seeded by :func:`~logtoku_guard.backends.batching.row_seed`), so a
+seeded row samples the same tokens whatever runs beside it (up to the float differences of a
+batched forward pass, ~1e-6).
 
 A cache whose layers are not all plain ``DynamicLayer`` (sliding-window or hybrid models)
 cannot be merged: its batch still loses its ended rows, but nothing joins it.
@@ -43,12 +47,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.backends.batching import Job, JobRows, PreparedRow
-from logtoku_guard.backends.chunked_prefill import FairShare, StagedRow, plan
+from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
+from logtoku_guard.backends.chunked_prefill import FairShare, StagedRow, chunk_at, plan
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
-from logtoku_guard.backends.processors import DynamicTemperatureLogitsWarper, row_processors, sampling_warpers
+from logtoku_guard.backends.processors import (
+    DynamicTemperatureLogitsWarper,
+    request_processors,
+    row_processors,
+    sampling_warpers,
+)
 from logtoku_guard.backends.prompt_scoring import for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
 from logtoku_guard.scoring.uncertainty import EvidenceMode
@@ -101,6 +110,7 @@ class LiveRow:
     first_token_s: float | None = None
     processors: Any = None  # the model's history-dependent logits processors for this row (None: none)
     history: list[int] = field(default_factory=list)  # prompt + generated ids, kept only with processors
+    generator: Any = None  # the row's torch.Generator when its request samples (None: greedy)
 
 
 class DecodeLoop(JobRows):
@@ -109,8 +119,9 @@ class DecodeLoop(JobRows):
     Args:
         model, tokenizer: the transformers model (decoder-only) and its tokenizer.
         scoring: what is recorded of each step (:class:`Scoring`).
-        options: the batch's decoding settings (every job shares them but ``max_new_tokens``
-            and ``stop``, which are per row).
+        options: the batch's decoding settings: its dynamic temperature schedule is every row's
+            (:meth:`~logtoku_guard.backends.batching.Job.key`); the rest is read per row, from
+            each row's own request.
         take_joiners: ``take_joiners(live_rows)`` returns the jobs that join now (the
             batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`).
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
@@ -158,10 +169,6 @@ class DecodeLoop(JobRows):
         """Generate ``jobs`` and every job that joins; each job's future completes as its rows end."""
         import torch
 
-        if self.options.seed is not None:
-            torch.manual_seed(self.options.seed)
-            if torch.cuda.is_available():
-                torch.cuda.manual_seed_all(self.options.seed)
         joining = list(jobs)
         with torch.inference_mode():
             while self.live or joining or self.staged:
@@ -218,7 +225,7 @@ class DecodeLoop(JobRows):
         """
         import torch
 
-        whole, longer = plan([((job, i, p), len(p.ids)) for job in jobs for i, p in enumerate(job.rows)], self.prefill_chunk)
+        whole, longer = plan([((job, i, p), len(p.ids), 0) for job in jobs for i, p in enumerate(job.rows)], self.prefill_chunk)
         now = time.perf_counter()
         self.staged.extend(StagedRow(job, i, p, now) for job, i, p in longer)
         groups: dict[tuple[int, ...], list[tuple[Job, int, PreparedRow]]] = {}
@@ -239,7 +246,8 @@ class DecodeLoop(JobRows):
             self._drop(self.staged.pop(0))
         if not self.staged or not (self.batch.mergeable or not self.live):
             return None
-        row, chunk = self.staged[0], self.prefill_chunk or 0
+        row = self.staged[0]
+        chunk = chunk_at(row.fed, self.prefill_chunk) or 0
         if row.rest > chunk:
             try:
                 row.feed(self.model, chunk, self.scoring.k, self.scoring.evidence)
@@ -318,9 +326,16 @@ class DecodeLoop(JobRows):
             state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
             before = tuple(staged.scores) if staged is not None else ()  # scored by its earlier chunks
             row = LiveRow(job, i, p, state, start, before + tuple(prompt_scores[b]))
-            if self.has_row_processors:
-                row.processors = row_processors(self.config, p.ids, p.limit, self.device)
+            row.processors = self._row_processors(job, p)
+            if row.processors is not None:
                 row.history = list(p.ids)
+            if job.options.sampling:
+                row.generator = torch.Generator(device=self.device)
+                seed = row_seed(job.options.seed, i)
+                if seed is None:
+                    row.generator.seed()  # a fresh random stream
+                else:
+                    row.generator.manual_seed(seed % 2**64)
             self.live.append(row)
             self.recorder.rows.append(state)
         return out.logits[:, -1, :], ids[:, -1]
@@ -364,29 +379,55 @@ class DecodeLoop(JobRows):
 
         self.recorder.record(logits)
         scores = logits.float()
-        if self.has_row_processors:
+        if any(row.processors is not None for row in self.live):
             scores = torch.cat([self._apply_row(row, scores[b : b + 1]) for b, row in enumerate(self.live)])
         if any(row.state.grammar is not None for row in self.live):
             scores = self._mask(scores)
-        if self.warpers:
-            scores = self.warpers(fed[:, None], scores.clone() if scores is logits else scores)  # type: ignore[arg-type]
-        if self.options.sampling:
-            probs = torch.softmax(scores, dim=-1)
-            broken = ~torch.isfinite(probs).all(dim=-1)
-            if bool(broken.any()):  # non-finite logits: the recorder ends these rows with the error
-                probs = probs.masked_fill(broken[:, None], 1.0)
-            chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
-        else:
-            chosen = torch.argmax(scores, dim=-1)
+        sampled = [b for b, row in enumerate(self.live) if row.generator is not None]
+        if sampled:
+            scores = self._warp(scores.clone() if scores is logits else scores, fed, sampled)
+        chosen = torch.argmax(scores, dim=-1)
+        for b in sampled:
+            probs = torch.softmax(scores[b : b + 1], dim=-1)
+            if not bool(torch.isfinite(probs).all()):  # non-finite logits: the recorder ends this row with the error
+                probs = torch.ones_like(probs)
+            chosen[b] = torch.multinomial(probs, num_samples=1, generator=self.live[b].generator)[0, 0]
         now = time.perf_counter()
         for row in self.live:
             if row.first_token_s is None:
                 row.first_token_s = now - row.start
         self.batch.last = chosen
         self.recorder(chosen[:, None])
-        if self.has_row_processors:
-            for row, token in zip(self.live, chosen.tolist(), strict=True):
+        for row, token in zip(self.live, chosen.tolist(), strict=True):
+            if row.processors is not None:
                 row.history.append(int(token))
+
+    def _warp(self, scores: torch.Tensor, fed: torch.Tensor, sampled: list[int]) -> torch.Tensor:
+        """``scores`` with each sampled row's warpers applied: the batch's dynamic temperature on
+        every row (all of them sample under it), then each request's temperature and top-p, rows
+        of equal settings together (greedy rows are left as they are: only their arg-max is read)."""
+        import torch
+
+        if self.dynamic is not None:
+            scores = self.dynamic(fed[:, None], scores)  # type: ignore[arg-type]
+        groups: dict[tuple[float, float], list[int]] = {}
+        for b in sampled:
+            o = self.live[b].job.options
+            groups.setdefault((1.0 if o.dynamic is not None else float(o.temperature), float(o.top_p)), []).append(b)
+        for settings, rows in groups.items():
+            warpers = self.warpers.get(settings)
+            if warpers is None:
+                config = copy.deepcopy(self.config)
+                config.update(do_sample=True, temperature=settings[0], top_p=settings[1], top_k=0)
+                warpers = self.warpers[settings] = sampling_warpers(config, self.device)
+            if not warpers:
+                continue
+            if len(rows) == len(scores):
+                scores = warpers(fed[:, None], scores)  # type: ignore[arg-type]
+                continue
+            index = torch.tensor(rows, dtype=torch.long, device=scores.device)
+            scores[index] = warpers(fed[index][:, None], scores[index])  # type: ignore[arg-type]
+        return scores
 
     def _mask(self, scores: torch.Tensor) -> torch.Tensor:
         """``scores`` with every token the rows' grammars disallow set to ``-inf`` (a new tensor: the raw logits stay)."""
@@ -414,27 +455,35 @@ class DecodeLoop(JobRows):
 
         ``has_row_processors``: whether the ones that read a row's tokens (repetition penalty,
         ``min_new_tokens``...) exist; they run per row (:func:`~logtoku_guard.backends.processors.row_processors`).
-        ``warpers``: the rest, row-wise, run batched: dynamic temperature, then temperature,
-        top-p and any other sampling warper of the config.
+        ``dynamic``: the batch's dynamic temperature warper (None without a schedule).
+        ``warpers``: the sampling warpers of each ``(temperature, top_p)`` that a sampled row asked
+        for (temperature, top-p and the config's others, row-wise), built when first needed.
         """
-        options = self.options
         config = copy.deepcopy(self.model.generation_config)
-        if options.sampling:
-            temperature = 1.0 if options.dynamic is not None else float(options.temperature)
-            config.update(do_sample=True, temperature=temperature, top_p=float(options.top_p), top_k=0)
-        else:
-            config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         config.update(eos_token_id=sorted(self.scoring.eos_ids) or None, pad_token_id=self.pad)
         self.config = config
-        custom = []
-        if options.dynamic is not None:
+        self.dynamic: DynamicTemperatureLogitsWarper | None = None
+        if self.options.dynamic is not None:
             rec = self.recorder
-            custom.append(DynamicTemperatureLogitsWarper(options.dynamic, rec.current_eu, rec.record_temperatures))
+            self.dynamic = DynamicTemperatureLogitsWarper(self.options.dynamic, rec.current_eu, rec.record_temperatures)
         self.has_row_processors = len(row_processors(config, [self.pad], 1, self.device)) > 0
-        self.warpers = sampling_warpers(config, self.device, custom)
+        self.warpers: dict[tuple[float, float], Any] = {}
+
+    def _row_processors(self, job: Job, p: PreparedRow) -> Any:
+        """A row's history-dependent processors: the model's own (its generation config), then its
+        request's logit bias and penalties (:func:`~logtoku_guard.backends.processors.request_processors`);
+        None when there are none."""
+        from transformers import LogitsProcessorList
+
+        out = row_processors(self.config, p.ids, p.limit, self.device) if self.has_row_processors else LogitsProcessorList()
+        out.extend(request_processors(job.options, len(p.ids)))
+        return out or None
 
     def _apply_row(self, row: LiveRow, scores: torch.Tensor) -> torch.Tensor:
         import torch
 
+        if row.processors is None:
+            return scores
         ids = torch.tensor([row.history], dtype=torch.long, device=scores.device)
         return row.processors(ids, scores.clone())

@@ -22,12 +22,20 @@
    the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
    (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the
    recorder's :func:`~logtoku_guard.scoring.uncertainty.au_eu`), and the next token is
-   chosen (arg-max, or temperature / top-p sampling);
+   chosen: arg-max for a greedy row; a sampled row draws with its own request's temperature
+   (or the batch's dynamic schedule) and top-p, from its own random stream (seeded by
+   :func:`~logtoku_guard.backends.batching.row_seed`), so greedy and sampled rows share a batch
+   and a seeded row draws the same tokens whatever runs beside it;
 4. **leave**: rows that ended drop their sequence from the KV cache; their requests complete.
 
 A row is admitted only when its prompt plus its token limit fits in the KV cells the live rows
 have not reserved, so a running batch never runs out of cache; a request alone always fits
-(its limit is clamped to the context when it is prepared).
+(its limit is clamped to the context when it is prepared, and a prompt that fills the context
+is refused then, before it is queued: :func:`~logtoku_guard.backends.batched.fit_new_tokens`).
+A waiting row that does not fit does not hold up the rows behind it that do (:meth:`LlamaDecodeLoop._admit`):
+they are admitted around it, EASY backfilling as batch schedulers do it, as long as they do not
+delay the step at which the first row that waits is sure to fit (:func:`shadow`), so that row
+is never starved by a stream of short requests.
 """
 
 from __future__ import annotations
@@ -37,8 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from logtoku_guard.backends.batching import Job, JobRows, PreparedRow
-from logtoku_guard.backends.chunked_prefill import FairShare, plan
+from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
+from logtoku_guard.backends.chunked_prefill import FairShare, chunk_at, plan
 from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
@@ -49,7 +57,7 @@ if TYPE_CHECKING:
 
     from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
 
-__all__ = ["DECODE_ROWS", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence"]
+__all__ = ["DECODE_ROWS", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence", "shadow"]
 
 OUTPUT_BUDGET = 256
 """Most logits rows one ``llama_decode`` asks for (bounds llama.cpp's ``rows x vocabulary`` output buffer)."""
@@ -74,11 +82,50 @@ class Sequence:
     state: Row | None = None  # set when its first answer token's logits are read
     prompt_scores: tuple[TokenScore, ...] = ()
     first_token_s: float | None = None
+    rng: np.random.Generator | None = None  # the row's random stream when its request samples (None: greedy)
 
     @property
     def reserved(self) -> int:
         """KV cells this row may use: its prompt and its token limit."""
         return len(self.prepared.ids) + self.prepared.limit
+
+    def steps_left(self, chunk: int | None) -> int:
+        """Most decoding steps before this row ends: the chunks of its prompt still to feed, then its
+        tokens still to generate (each row ends by its token limit at the latest)."""
+        made = 0 if self.state is None else len(self.state.tokens) + len(self.state.held)
+        return prefill_steps(len(self.prepared.ids), self.fed, chunk) + self.prepared.limit - made
+
+
+def prefill_steps(ids: int, fed: int, chunk: int | None) -> int:
+    """Steps that feed the rest of an ``ids``-token prompt with ``fed`` tokens in: one for a new
+    prompt of at most one chunk, else one per chunk (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`)."""
+    if fed >= ids:
+        return 0
+    if chunk is None or (fed == 0 and ids <= chunk):
+        return 1
+    steps = 0
+    while fed < ids:
+        fed += chunk_at(fed, chunk) or ids
+        steps += 1
+    return steps
+
+
+def shadow(running: list[tuple[int, int]], free: int, need: int) -> tuple[int, int]:
+    """When a waiting row of ``need`` KV cells is sure to fit, and how many cells are spare then.
+
+    ``running`` lists each running row's reserved cells and most steps before it ends; ``free``
+    is the cells not reserved now. Returns ``(steps, spare)``: after ``steps`` steps at the
+    latest enough rows have ended for ``need`` cells, and ``spare`` cells are free beside it.
+    A row admitted now around the waiting one delays it only if it runs past ``steps`` and
+    takes more than ``spare`` cells (EASY backfilling).
+    """
+    steps = 0
+    for cells, left in sorted(running, key=lambda r: r[1]):
+        if free >= need:
+            break
+        free += cells
+        steps = left
+    return steps, max(free - need, 0)
 
 
 def question_positions(prepared: PreparedRow) -> range:
@@ -128,14 +175,12 @@ class LlamaDecodeLoop(JobRows):
         self.waiting: list[tuple[Job, int, PreparedRow]] = []
         self.results: dict[Job, dict[int, Generation]] = {}
         self.recorder = scoring.recorder(tokenizer, self._on_token, self._on_row_done)
-        self.rng: np.random.Generator | None = None
+        self.bypassed = 0
+        """Rows admitted while an earlier one waited for KV cells (for tests and benchmarks)."""
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, jobs: list[Job]) -> None:
         """Generate ``jobs`` and every job that joins; each job's future completes as its rows end."""
-        import numpy as np
-
-        self.rng = np.random.default_rng(self.options.seed)  # seeded jobs run alone: their stream is theirs
         self._queue(jobs)
         try:
             while self.live or self.admitted or self.waiting:
@@ -153,14 +198,21 @@ class LlamaDecodeLoop(JobRows):
     def _admit(self) -> None:
         """Admit waiting rows, first come first served, while a sequence and their KV cells are free.
 
-        The cells of rows that ended stay in use until a waiting row needs them
-        (:meth:`_leave`); then all of them are freed at once.
+        A row that does not fit now waits without blocking the rows behind it: a later row that fits
+        is admitted if it ends before the first waiting row is sure to fit, or fits in the cells
+        spare beside it then (:func:`shadow`). The cells of rows that ended stay in use until a
+        waiting row needs them (:meth:`_leave`); then all of them are freed at once.
         """
+        import numpy as np
+
+        chunk = self.prefill_chunk
         used = sum(s.reserved for s in (*self.live, *self.admitted))
-        while self.waiting:
-            job, i, p = self.waiting[0]
+        reserve: tuple[int, int] | None = None  # (steps, spare cells) of the first row that does not fit
+        i = 0
+        while i < len(self.waiting):
+            job, index, p = self.waiting[i]
             if job.future.done():  # failed or already answered: nothing to generate
-                self.waiting.pop(0)
+                self.waiting.pop(i)
                 continue
             need = len(p.ids) + p.limit
             ended = sum(s.pos for s in self.ended)
@@ -169,11 +221,30 @@ class LlamaDecodeLoop(JobRows):
                     self._free(s)
                 self.ended = []
                 continue
-            if not self.free_seqs or (used + need > self.model.n_ctx and (self.live or self.admitted)):
+            if not self.free_seqs:
                 return
-            self.waiting.pop(0)
+            running = self.live or self.admitted
+            if running and used + need > self.model.n_ctx:  # waits; the rows behind it may go around it
+                if reserve is None:
+                    rows = [(s.reserved, s.steps_left(chunk)) for s in (*self.live, *self.admitted)]
+                    reserve = shadow(rows, self.model.n_ctx - used, need)
+                i += 1
+                continue
+            if reserve is not None:
+                steps, spare = reserve
+                if prefill_steps(len(p.ids), 0, chunk) + p.limit > steps:
+                    if need > spare:
+                        i += 1  # it would delay the first waiting row
+                        continue
+                    reserve = (steps, spare - need)
+                self.bypassed += 1
+            self.waiting.pop(i)
             used += need
-            self.admitted.append(Sequence(job, i, p, self.free_seqs.pop(0), time.perf_counter(), question_positions(p)))
+            seed = row_seed(job.options.seed, index)
+            rng = np.random.default_rng(seed) if job.options.sampling else None
+            self.admitted.append(
+                Sequence(job, index, p, self.free_seqs.pop(0), time.perf_counter(), question_positions(p), rng=rng)
+            )
 
     def _step(self) -> None:
         """Decode the live rows' next tokens, prefill the admitted rows, then choose every row's next token."""
@@ -190,14 +261,14 @@ class LlamaDecodeLoop(JobRows):
                 s.pos += 1
                 self.model.logits_into(i, step[lo + i])
         n = len(live)
-        whole, longer = plan([(s, len(s.prepared.ids) - s.fed) for s in self.admitted], self.prefill_chunk)
+        whole, longer = plan([(s, len(s.prepared.ids) - s.fed, s.fed) for s in self.admitted], self.prefill_chunk)
         for s in whole:
             if self._prefill(s, step[n], None):
                 n += 1
         chunk_s = 0.0
         if longer and self.share.chunk_may_run(bool(self.live)):  # rows that just joined count as decoding
             chunk_start = time.perf_counter()
-            if self._prefill(longer[0], step[n], self.prefill_chunk):
+            if self._prefill(longer[0], step[n], chunk_at(longer[0].fed, self.prefill_chunk)):
                 n += 1
             chunk_s = time.perf_counter() - chunk_start
             self.share.chunk_ran(chunk_s)
@@ -277,6 +348,8 @@ class LlamaDecodeLoop(JobRows):
         Constrained rows choose among their grammar's tokens (a masked copy: the raw logits stay recorded).
         """
         record(self.recorder, step)
+        if any(s.job.options.logit_params for s in self.live):
+            step = self._penalise(step)
         if any(s.state is not None and s.state.grammar is not None for s in self.live):
             import numpy as np
 
@@ -285,16 +358,50 @@ class LlamaDecodeLoop(JobRows):
             allowed = allowed_tokens([s.state.grammar if s.state is not None else None for s in self.live], step.shape[-1])
             if allowed is not None:
                 step = np.where(allowed, step, np.float32(-np.inf))
-        if self.options.sampling and self.rng is not None:
-            chosen = sample(self.recorder, step, self.options, self.rng)
-        else:
-            chosen = step.argmax(axis=-1).tolist()
+        chosen = step.argmax(axis=-1).tolist()
+        sampled = [b for b, s in enumerate(self.live) if s.rng is not None]
+        if sampled:
+            self._sample(step, sampled, chosen)
         now = time.perf_counter()
         for s, token in zip(self.live, chosen, strict=True):
             s.last = int(token)
             if s.first_token_s is None:
                 s.first_token_s = now - s.start
         self.recorder.step_tokens(chosen)
+
+    def _sample(self, step: np.ndarray, sampled: list[int], chosen: list[int]) -> None:
+        """Each sampled row's token in ``chosen``: drawn with its own request's settings and random stream."""
+        import numpy as np
+
+        temperatures: list[float] | None = None
+        if self.options.dynamic is not None:  # the batch's schedule, every row's (its jobs share it)
+            pending = self.recorder.pending
+            if pending is None:
+                msg = "internal error: sampling before the step's logits were recorded"
+                raise RuntimeError(msg)
+            temperatures = [self.options.dynamic.temperature(e) for e in self.recorder.au_eu(pending)[1]]
+            self.recorder.record_temperatures(np.asarray(temperatures, dtype=np.float64))  # type: ignore[arg-type]
+        for b in sampled:
+            s = self.live[b]
+            options = s.job.options
+            if temperatures is not None:
+                options = DecodingOptions(temperature=temperatures[b], top_p=options.top_p)
+            if s.rng is not None:
+                chosen[b] = sample(self.recorder, step[b : b + 1], options, s.rng)[0]
+
+    def _penalise(self, step: np.ndarray) -> np.ndarray:
+        """A copy of the step's logits with each row's request logit bias and penalties applied
+        (:func:`~logtoku_guard.backends.processors.penalise_row`; the raw logits are already recorded)."""
+        import numpy as np
+
+        from logtoku_guard.backends.processors import penalise_row
+
+        out = np.array(step, copy=True)
+        for b, s in enumerate(self.live):
+            if s.job.options.logit_params and s.state is not None:
+                answer = [t.id for t in s.state.tokens] + [t.id for t in s.state.held]
+                out[b] = penalise_row(step[b], answer, s.job.options)
+        return out
 
     def _leave(self) -> None:
         """Drop the rows that ended (or whose request already failed) from the batch.

@@ -25,7 +25,7 @@ from support.tiny import make_model
 
 from logtoku_guard.backends.batching import Batcher, Job
 from logtoku_guard.backends.transformers import TransformersBackend
-from logtoku_guard.types import DecodingOptions, Generation
+from logtoku_guard.types import DecodingOptions, DynamicTemperature, Generation
 
 PROMPTS = [
     "What is the capital of France?",
@@ -67,15 +67,19 @@ def test_jobs_queued_while_a_batch_runs_form_the_next_batch() -> None:
     greedy = [batcher.submit(job(max_new_tokens=3 + i, stop=("x",) if i else ())) for i in range(5)]
     sampled = batcher.submit(job(temperature=0.7))
     seeded = [batcher.submit(job(temperature=0.7, seed=1)) for _ in range(2)]
+    dynamic = batcher.submit(job(dynamic=DynamicTemperature(t_max=1.2, t_min=0.2)))
     big = batcher.submit(job(rows=6))
     run.release.set()
-    for f in [first, *greedy, sampled, *seeded, big]:
+    for f in [first, *greedy, sampled, *seeded, dynamic, big]:
         assert f.result(30) == []
     sizes = [[len(j.rows) for j in b] for b in run.batches]
-    # per-row max_new_tokens and stop strings do not split a batch; max_batch rows at most;
-    # seeded sampling runs alone; a job larger than max_batch still runs (alone)
-    assert sizes[1] == [1, 1, 1, 1]
-    assert sorted(map(sum, sizes)) == [1, 1, 1, 1, 1, 4, 6]
+    options = [[j.options for j in b] for b in run.batches]
+    # per-row max_new_tokens, stop strings, temperature and seed do not split a batch (greedy,
+    # sampled and seeded rows share one); max_batch rows at most; another dynamic temperature
+    # schedule does; a job larger than max_batch still runs (alone)
+    assert sizes == [[1], [1, 1, 1, 1], [1, 1, 1, 1], [1], [6]]
+    assert [o.sampling for o in options[2]] == [False, True, True, True] and options[2][2].seed == 1
+    assert options[3][0].dynamic is not None
     assert batcher.largest == 6
     keys = [{j.key() for j in b} for b in run.batches]
     assert all(len(k) == 1 for k in keys)
@@ -131,25 +135,27 @@ def test_queued_compatible_jobs_join_the_running_batch_first_come_first_served()
     assert batcher.joins == 2 and batcher.largest == 4 and batcher.batches == 2
 
 
-def test_other_settings_and_seeded_jobs_neither_join_nor_are_overtaken() -> None:
+def test_sampled_and_seeded_jobs_join_greedy_ones_and_another_schedule_is_not_overtaken() -> None:
     batcher, run = joining_batcher()
     first = batcher.submit(job())
     wait_until(lambda: len(run.started) == 1, "the first batch")
-    sampled, greedy = job(temperature=0.7), job()
-    futures = [batcher.submit(sampled), batcher.submit(greedy)]
+    sampled, seeded, greedy = job(temperature=0.7), job(temperature=0.7, seed=7), job()
+    futures = [batcher.submit(sampled), batcher.submit(seeded), batcher.submit(greedy)]
     run.release.set()
     for f in [first, *futures]:
         assert f.result(30) == []
-    assert run.joined[0] == []  # the sampled job heads the queue: the greedy one behind it waits too
-    assert run.started[1:] == [[sampled], [greedy]] and batcher.joins == 0
+    assert run.joined[0] == [sampled, seeded, greedy] and batcher.joins == 3  # sampling is per row
 
     batcher, run = joining_batcher()
-    seeded = batcher.submit(job(temperature=0.7, seed=3))
-    wait_until(lambda: len(run.started) == 1, "the seeded batch")
-    late = batcher.submit(job(temperature=0.7, seed=3))
+    first = batcher.submit(job())
+    wait_until(lambda: len(run.started) == 1, "the first batch")
+    dynamic, greedy = job(dynamic=DynamicTemperature(t_max=1.2, t_min=0.2)), job()
+    futures = [batcher.submit(dynamic), batcher.submit(greedy)]
     run.release.set()
-    assert seeded.result(30) == [] and late.result(30) == []
-    assert run.joined[0] == [] and len(run.started) == 2  # nothing joins seeded sampling
+    for f in [first, *futures]:
+        assert f.result(30) == []
+    assert run.joined[0] == []  # the dynamic schedule heads the queue: the greedy job behind it waits too
+    assert run.started[1:] == [[dynamic], [greedy]] and batcher.joins == 0
 
 
 def test_a_failing_batch_fails_the_jobs_that_joined_it() -> None:

@@ -19,14 +19,26 @@ from support.joins import queued
 from support.same import assert_same, wait_until
 from support.tiny import make_model
 
-from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK, FairShare, check_prefill_chunk, plan
+from logtoku_guard.backends.chunked_prefill import (
+    DEPTH_SCALE,
+    MIN_PREFILL_CHUNK,
+    FairShare,
+    check_prefill_chunk,
+    chunk_at,
+    plan,
+)
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
 from logtoku_guard.backends.transformers import TransformersBackend
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.types import DecodingOptions
+from logtoku_guard.types import DecodingOptions, to_messages
 
 CHUNK = MIN_PREFILL_CHUNK
 LONG = "Retrieval augmented generation adds context before answering a question. " * 30
+
+
+def prompt_tokens(backend: Any, text: str) -> int:
+    """Tokens of ``text``'s prompt as the backend feeds it (chat template applied)."""
+    return len(backend._prepare(to_messages(text), DecodingOptions()).ids)
 
 
 def backend_for(model: Any, tokenizer: Any, chunk: int, **kwargs: Any) -> TransformersBackend:
@@ -90,7 +102,7 @@ def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(tiny_to
     gate = Gate(model.model)
     ended = Ended(backend)
     alone = backend.generate("Hi", DecodingOptions(max_new_tokens=3))
-    n_long = backend.count_tokens(backend.render(LONG))
+    n_long = prompt_tokens(backend, LONG)
     ended.order.clear()
     results: dict[str, Any] = {}
     long = threading.Thread(target=lambda: results.update(long=backend.generate(LONG, DecodingOptions(max_new_tokens=1))))
@@ -167,9 +179,19 @@ def test_a_bad_chunk_size_is_refused_naming_it(value: Any) -> None:
 
 
 def test_the_plan_prefills_short_prompts_whole_and_long_ones_oldest_first() -> None:
-    whole, longer = plan([("a", 900), ("b", 12), ("c", 300), ("d", 128)], 128)
-    assert whole == ["b", "d"] and longer == ["a", "c"]
-    assert plan([("a", 900), ("b", 12)], None) == (["a", "b"], [])
+    whole, longer = plan([("a", 900, 0), ("b", 12, 0), ("c", 300, 0), ("d", 128, 0), ("e", 40, 600)], 128)
+    # a prompt partly fed already ("e") keeps taking turns with the decoding rows, to its last piece
+    assert whole == ["b", "d"] and longer == ["a", "c", "e"]
+    assert plan([("a", 900, 0), ("b", 12, 0)], None) == (["a", "b"], [])
+
+
+def test_chunks_shrink_with_depth_to_the_floor_and_depend_on_the_position_alone() -> None:
+    assert chunk_at(0, 256) == 256 and chunk_at(5, None) is None
+    sizes = [chunk_at(fed, 256) or 0 for fed in (0, 256, 1024, DEPTH_SCALE, 4096, 8192, 10**6)]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) > 3
+    assert chunk_at(DEPTH_SCALE, 256) == 128 and sizes[-1] == MIN_PREFILL_CHUNK
+    assert all(n % 16 == 0 for n in sizes)
+    assert chunk_at(10**6, MIN_PREFILL_CHUNK) == MIN_PREFILL_CHUNK  # never below the floor, never above chunk
 
 
 def test_a_span_part_keeps_each_tokens_question_index() -> None:

@@ -21,17 +21,22 @@ from support.same import assert_same, wait_until
 
 from logtoku_guard import DynamicTemperature, NonFiniteLogitsError
 from logtoku_guard.backends.transformers import TransformersBackend
-from logtoku_guard.types import DecodingOptions
+from logtoku_guard.types import DecodingOptions, to_messages
 
 RUNNING = "Count from one to ten, slowly, and then stop counting"
 LONG = "Retrieval augmented generation adds context before answering a question. " * 3
+
+
+def prompt_tokens(backend: Any, text: str) -> int:
+    """Tokens of ``text``'s prompt as the backend feeds it (chat template applied)."""
+    return len(backend._prepare(to_messages(text), DecodingOptions()).ids)
 
 
 @pytest.mark.parametrize("ending", ["length and stop strings", "eos"])
 def test_requests_joining_mid_generation_equal_their_solo_runs(tiny_tokenizer: Any, ending: str) -> None:
     """A shorter and a longer prompt join a running row: each side of the merge gets padded."""
     backend, gate, model = gated(tiny_tokenizer)
-    lengths = [backend.count_tokens(backend.render(p)) for p in (RUNNING, "Hi", LONG)]
+    lengths = [prompt_tokens(backend, p) for p in (RUNNING, "Hi", LONG)]
     assert lengths[1] < lengths[0] + 3 < lengths[2]
     if ending == "eos":  # every row ends by EOS once it holds this many tokens: at different steps
         model.eos_at_length = max(lengths) + 5
@@ -62,7 +67,7 @@ def test_rows_leave_and_the_padding_they_leave_is_cut(tiny_tokenizer: Any) -> No
     assert max(f.rows for f in steps) == 2 and steps[-1].rows == 1 and steps[-1].cached_rows == 1
     # once the longer (joined) row has left, the columns only its prompt needed are cut off: the
     # running row's mask is as wide as its own tokens again
-    assert steps[-1].width == backend.count_tokens(backend.render(RUNNING)) + len(together[0].tokens) - 1
+    assert steps[-1].width == prompt_tokens(backend, RUNNING) + len(together[0].tokens) - 1
 
 
 @pytest.mark.parametrize("failure", ["non-finite logits", "prefill error"])
