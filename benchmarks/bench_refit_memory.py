@@ -44,7 +44,8 @@ def build(path: Path, n: int, n_tokens: int, seed: int = 0) -> float:
     rng = random.Random(seed)
     start = time.perf_counter()
     t0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-    with AuditStore(path) as store:
+    part = path.with_name(path.name + ".part")  # renamed when complete: an interrupted build is never measured
+    with AuditStore(part) as store:
         for first in range(0, n, 5000):
             recs, items = [], []
             for i in range(first, min(n, first + 5000)):
@@ -95,6 +96,7 @@ def build(path: Path, n: int, n_tokens: int, seed: int = 0) -> float:
             with store.engine.begin() as conn:
                 conn.execute(sa.insert(_records), recs)
                 conn.execute(sa.insert(_reviews), items)
+    part.rename(path)
     return time.perf_counter() - start
 
 
