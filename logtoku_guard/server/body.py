@@ -17,10 +17,13 @@ import json
 import re
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.server.wire import RequestError
 from logtoku_guard.tools.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
+
+if TYPE_CHECKING:
+    from logtoku_guard.audit.records import RecordSink
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -58,7 +61,7 @@ def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
     return None
 
 
-def nul_refusal(store: Any) -> str | None:
+def nul_refusal(store: RecordSink | None) -> str | None:
     """What cannot keep U+0000 when ``store`` is a PostgreSQL audit store (its text fields refuse it), else None."""
     engine = getattr(store, "engine", None)
     dialect = getattr(getattr(engine, "dialect", None), "name", None)
