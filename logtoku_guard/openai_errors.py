@@ -3,7 +3,8 @@
 :class:`WireValueError` is what a request model's own rules raise (the message and the field);
 :func:`describe_errors` turns pydantic's (or FastAPI's) ``errors()`` into ``(message, param)``
 for the request models it is given (:func:`logtoku_guard.openai_protocol.describe_errors`
-gives it the protocol's). No web framework is imported here.
+gives it the protocol's). On the client's side, :func:`withheld_message` says why a response that is
+a refusal (a guarded server's withheld answer) cannot be scored. No web framework is imported here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 
 from logtoku_guard.errors import short_repr
 
-__all__ = ["WireValueError", "describe_errors"]
+__all__ = ["WireValueError", "describe_errors", "withheld_message"]
 
 
 class WireValueError(ValueError):
@@ -142,3 +143,21 @@ def _range_of(name: str, requests: Sequence[type[BaseModel]]) -> str | None:
 
 
 _OPS = {"ge": "greater_than_equal", "gt": "greater_than", "le": "less_than_equal", "lt": "less_than"}
+
+
+def withheld_message(url: str, refusal: str | None, decision: Any) -> str | None:
+    """Why a chat response from ``url`` that is a refusal has nothing to score (None when it is not one):
+    a guarded ``logtoku-guard serve`` withheld its draft (``decision``: its ``logtoku_guard``, whose
+    action, rule and review id are named), or the model refused. A remote guard needs a server without
+    ``--policy``: it then decides as a local one."""
+    withheld = isinstance(decision, Mapping) and bool(decision.get("withheld"))
+    if refusal is None and not withheld:
+        return None
+    if not withheld:
+        return f"{url} sent a refusal instead of an answer ({refusal!r}), with no tokens to score"
+    review = f", review id {decision['review_id']}" if decision.get("review_id") is not None else ""
+    return (
+        f"{url} withheld the answer: its own guard decided {decision.get('action')!r} (rule {decision.get('rule')!r}"
+        f"{review}) and sent the refusal {refusal!r}, with no tokens to score; point this backend at a server "
+        "without --policy to guard its answers here"
+    )

@@ -32,7 +32,6 @@ own); ``httpx`` is imported only when the backend is created.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Generator, Sequence
@@ -43,7 +42,9 @@ from pydantic import TypeAdapter
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import ScoringIdentity, TokenStream
+from logtoku_guard.backends.openai_reading import CHUNK_OR_ERROR, StreamState, as_float, token_entries, topk_stats
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
+from logtoku_guard.openai_errors import withheld_message
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
@@ -161,7 +162,7 @@ class OpenAICompatibleBackend(ScoringIdentity):
         total = time.perf_counter() - start
         choice = data.choices[0]
         self._refuse_withheld(choice.message.refusal, choice.logtoku_guard)
-        entries = _entries(choice.logprobs)
+        entries = token_entries(choice.logprobs)
         text = choice.message.content or ""
         finish, stop = choice.finish_reason, choice.stop_reason
         prompt_tokens = data.usage.prompt_tokens if data.usage else 0
@@ -179,7 +180,7 @@ class OpenAICompatibleBackend(ScoringIdentity):
         """Each token with its AU/EU as the server streams it (server-sent events)."""
         messages = to_messages(prompt, system)
         body = self._body(messages, options or DecodingOptions(), stream=True)
-        state = _StreamState()
+        state = StreamState()
         tokens = self._stream_tokens(body, state)
 
         def result() -> Generation:
@@ -261,23 +262,10 @@ class OpenAICompatibleBackend(ScoringIdentity):
         return RemoteServerError(msg)
 
     def _refuse_withheld(self, refusal: str | None, decision: Any) -> None:
-        """Raise :class:`RemoteServerError` when the server sent a refusal instead of an answer: a guarded
-        ``logtoku-guard serve`` that withheld its draft (its decision named), or a model's own refusal.
-        There are no tokens to score: point this backend at an unguarded server to guard locally."""
-        withheld = isinstance(decision, dict) and bool(decision.get("withheld"))
-        if refusal is None and not withheld:
-            return
-        if withheld:
-            d = decision
-            review = f", review id {d['review_id']}" if d.get("review_id") is not None else ""
-            msg = (
-                f"{self._url} withheld the answer: its own guard decided {d.get('action')!r} (rule {d.get('rule')!r}"
-                f"{review}) and sent the refusal {refusal!r}, with no tokens to score; point this backend at a server "
-                "without --policy to guard its answers here"
-            )
-        else:
-            msg = f"{self._url} sent a refusal instead of an answer ({refusal!r}), with no tokens to score"
-        raise RemoteServerError(msg)
+        """Raise :class:`RemoteServerError` when the server sent a refusal, not an answer (nothing to score)."""
+        msg = withheld_message(self._url, refusal, decision)
+        if msg is not None:
+            raise RemoteServerError(msg)
 
     def _raise_for_status(self, status: int, text: str) -> None:
         if status < 400:
@@ -305,10 +293,10 @@ class OpenAICompatibleBackend(ScoringIdentity):
             extra = e.logtoku  # only from logtoku-guard serve: ids and the true full-softmax values
             if extra is not None:
                 text, token_id, top_ids = extra["token"], extra["id"], tuple(extra["top_ids"][: self._k])
-                logprob, entropy = _float(extra["logprob"]), _float(extra["entropy"])
+                logprob, entropy = as_float(extra["logprob"]), as_float(extra["entropy"])
             else:
                 text, token_id, top_ids = e.token, -1, (-1,) * self._k
-                logprob, entropy = _topk_stats(_float(e.logprob), z)
+                logprob, entropy = topk_stats(as_float(e.logprob), z)
             out.append(
                 TokenScore(
                     index=int(extra["index"]) if extra is not None else start_index + j,
@@ -362,7 +350,7 @@ class OpenAICompatibleBackend(ScoringIdentity):
             )
             raise LogProbsNotLogitsError(msg)
 
-    def _stream_tokens(self, body: dict[str, Any], state: _StreamState) -> Generator[TokenScore, None, None]:
+    def _stream_tokens(self, body: dict[str, Any], state: StreamState) -> Generator[TokenScore, None, None]:
         import httpx
 
         state.start = time.perf_counter()
@@ -377,7 +365,7 @@ class OpenAICompatibleBackend(ScoringIdentity):
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk = self._parse(_CHUNK_OR_ERROR, payload, "a chat completion chunk")
+                    chunk = self._parse(CHUNK_OR_ERROR, payload, "a chat completion chunk")
                     if isinstance(chunk, proto.ErrorResponse):
                         msg = f"{self._url} failed while streaming: {chunk.error.message}"
                         raise RemoteServerError(msg)
@@ -392,7 +380,7 @@ class OpenAICompatibleBackend(ScoringIdentity):
                             state.stop = choice.stop_reason
                             state.summary = choice.logtoku
                             self._refuse_withheld(state.refusal, choice.logtoku_guard)
-                        entries = _entries(choice.logprobs)
+                        entries = token_entries(choice.logprobs)
                         new = self._tokens(entries, start_index=len(state.tokens), check=False)
                         if new and state.first_s is None:
                             state.first_s = time.perf_counter() - state.start
@@ -455,41 +443,6 @@ class OpenAICompatibleBackend(ScoringIdentity):
             timings=timings,
             prompt_scores=prompt_scores,
         )
-
-
-class _StreamState:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first_s: float | None = None
-        self.text = ""
-        self.tokens: list[TokenScore] = []
-        self.finish: Any = None
-        self.stop: Any = None
-        self.prompt_tokens = 0
-        self.cancelled = False
-        self.checked = False
-        self.sent = 0
-        self.summary: Any = None
-        self.refusal: str | None = None
-
-
-_CHUNK_OR_ERROR: TypeAdapter[proto.ChatCompletionChunk | proto.ErrorResponse] = TypeAdapter(
-    proto.ChatCompletionChunk | proto.ErrorResponse
-)
-
-
-def _entries(logprobs: proto.ChatLogprobs | None) -> list[proto.ChatTokenLogprob]:
-    return (logprobs.content or []) if logprobs is not None else []
-
-
-def _float(x: Any) -> float:
-    return math.nan if x is None else float(x)
-
-
-def _topk_stats(chosen: float, z: Sequence[float]) -> tuple[float, float]:
-    """``(log p, entropy)`` under the softmax of the K raw logits ``z`` (the wire has no more)."""
-    (lse,), (entropy,) = row_lse_entropy([z])
-    return (chosen - lse if math.isfinite(chosen) else math.nan), entropy
 
 
 MAX_MODELS_BYTES = 1 << 20

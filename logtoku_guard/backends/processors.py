@@ -16,8 +16,8 @@ logits: ``logit_bias`` (transformers' ``SequenceBiasLogitsProcessor``, one-token
 vLLM define them: over the tokens of the answer so far, not the prompt);
 :func:`penalise_row` is the same for one numpy row (the llama.cpp loop). Both act on a copy of the
 logits that choose the next token, after the step's raw logits were recorded: AU/EU, log p and the
-guard's scores stay the model's own. :func:`check_logit_params` refuses them on a backend that
-cannot apply them (:data:`LOGIT_PARAMS`).
+guard's scores stay the model's own. :func:`unsupported_logit_param` names the one a backend cannot apply
+(:data:`LOGIT_PARAMS`), for the server's 400.
 
 **Ours.** :class:`DynamicTemperatureLogitsWarper` samples each step at the temperature that
 :class:`~logtoku_guard.types.DynamicTemperature` gives for that step's epistemic uncertainty
@@ -38,44 +38,31 @@ if TYPE_CHECKING:
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 
+    from logtoku_guard.backends.base import Backend
+
 __all__ = [
     "LOGIT_PARAMS",
     "DynamicTemperatureLogitsWarper",
     "OpenAIPenaltiesLogitsProcessor",
-    "UnsupportedParameterError",
     "check_generation_config",
-    "check_logit_params",
     "penalise_row",
     "request_processors",
     "row_processors",
     "sampling_warpers",
+    "unsupported_logit_param",
 ]
-
-
-class UnsupportedParameterError(ConfigurationError):
-    """A decoding parameter the backend cannot apply: ``param`` names it (the server's 400 names it too)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 LOGIT_PARAMS = ("logit_bias", "frequency_penalty", "presence_penalty")
 """The request's logit parameters (:class:`~logtoku_guard.types.DecodingOptions`), applied by a backend
-whose class sets ``honours_logit_params = True``, refused by :func:`check_logit_params` on any other."""
+whose class sets ``honours_logit_params = True``, refused on any other (:func:`unsupported_logit_param`)."""
 
 
-def check_logit_params(options: DecodingOptions, backend: Any) -> None:
-    """Raise :class:`UnsupportedParameterError` naming the first logit parameter
-    ``options`` sets that ``backend`` cannot apply (one without ``honours_logit_params``)."""
+def unsupported_logit_param(options: DecodingOptions, backend: Backend) -> str | None:
+    """The first logit parameter ``options`` sets that ``backend`` cannot apply (one whose class does not
+    set ``honours_logit_params``), else None: the server answers it with a 400 naming it."""
     names = options.logit_params
-    if names and not getattr(backend, "honours_logit_params", False):
-        kind = type(backend).__name__
-        msg = (
-            f"{names[0]} is set but the {kind} backend cannot apply it to its logits; leave it out, or serve the "
-            "model on the transformers or llama.cpp backend (or a remote server that applies it)"
-        )
-        raise UnsupportedParameterError(msg, names[0])
+    return names[0] if names and not getattr(backend, "honours_logit_params", False) else None
 
 
 _UNSUPPORTED = {

@@ -23,7 +23,7 @@ from logtoku_guard import __version__
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, LogTokUError, MissingDependencyError
-from logtoku_guard.server import gate, reviews, sse, tools, wire
+from logtoku_guard.server import gate, refusal, reviews, sse, tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits, nul_refusal
 from logtoku_guard.server.engine import ClientGone, Engine, while_connected
 from logtoku_guard.server.metrics import Tally, require_metrics_extra
@@ -144,7 +144,8 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
         return JSONResponse(exc.body(extra), status_code=exc.status)
 
     nul_refused = nul_refusal(engine.store)
-    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, nul_refused=nul_refused)  # inside the key check: added first
+    # inside the key check: added first
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, nul_refused=nul_refused)
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
@@ -214,7 +215,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
             body = wire.completion_response(
                 req, answer.generation, answer.text, names[0], text_of, answer.guard_result, mode=mode, answer_tokens=sent
             )
-        return Response(sse.json_body(body), media_type="application/json", headers=wire.decision_headers(answer.guard_result))
+        return Response(sse.json_body(body), media_type="application/json", headers=refusal.decision_headers(answer.guard_result))
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from logtoku_guard import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.server import gate, tools, wire
+from logtoku_guard.server import gate, refusal, tools, wire
 from logtoku_guard.server.engine import Answer, ClientGone, Engine
 from logtoku_guard.server.metrics import Tally
 from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
@@ -119,7 +119,7 @@ async def events(
     held = gated is not None and gated.withheld_calls
     out = gated.reply if gated is not None else gate.reply_of(plan, answer)
     sent = wire.answer_tokens(engine.backend, answer.guard_result, answer.text, out.content if held else None)
-    refused = wire.withheld(answer.guard_result)
+    refused = refusal.withheld(answer.guard_result)
     replaced = guarded and (refused or answer.text != g.text or held)
     if guarded and not replaced:  # the guard passed the draft: its tokens, as an unguarded stream sends them
         for t in g.tokens:
@@ -128,7 +128,7 @@ async def events(
                 yield chunk
             offset += len(t.text)
     if refused and chat:  # the guard withheld the draft: its message on the refusal channel
-        lp = wire.withheld_logprobs() if req.logprobs else None
+        lp = refusal.withheld_logprobs() if req.logprobs else None
         yield sse_data(wire.chat_chunk(cid, created, model, proto.DeltaMessage(refusal=answer.text), logprobs=lp))
     elif replaced:  # the guard replaced the answer (warn, a call held back; a legacy completion): one chunk with its text
         text = out.content if chat else answer.text

@@ -21,19 +21,7 @@ vLLM-style clients) writes the raw logits there instead, ``null`` for a chosen t
 kept ones. Either way the raw top-K logits, AU, EU and ids are in each token's ``logtoku``
 extension.
 
-A withheld answer (:attr:`~logtoku_guard.decision.results.GuardResult.withheld`: abstain, human review;
-raise is a 422) carries nothing of its draft. A chat answer goes on OpenAI's refusal channel, as a
-model's own refusal: ``message.content`` null and ``message.refusal`` the guard's message (the
-policy's abstain message, or the review notice with its id), ``finish_reason`` ``stop`` (what
-OpenAI sends with a refusal; ``content_filter`` would make the openai SDK's ``.parse()`` raise before
-it reads the refusal), and, when logprobs were asked, ``logprobs`` ``{"content": [], "refusal": []}``
-(never null: no draft token, and no log-probability of a message the model did not generate);
-streamed, the message comes as ``delta.refusal``. A legacy completion has no refusal channel: its
-``text`` is the message, ``finish_reason`` ``content_filter``, its ``logprobs`` (when asked) empty
-lists. Either way: no per-token or summary ``logtoku``, ``usage`` counting the tokens of the
-message sent, and the decision as :class:`~logtoku_guard.guard.payloads.ServedDecisionPayload` in
-the choice's ``logtoku_guard`` (no draft, no tokens; what every attempt generated is its
-``generated_tokens``).
+A withheld answer goes on OpenAI's refusal channel (:mod:`~logtoku_guard.server.refusal`).
 """
 
 from __future__ import annotations
@@ -49,6 +37,7 @@ from logtoku_guard import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, short_repr
 from logtoku_guard.guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
+from logtoku_guard.server.refusal import chat_message, completion_finish, tool_finish, withheld, withheld_logprobs
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
@@ -175,14 +164,17 @@ def check_model(model: str | None, served: Sequence[str]) -> None:
 
 def check_backend_params(req: AnyRequest, options: DecodingOptions, backend: Backend) -> None:
     """400 naming the parameter when the backend cannot apply a logit parameter the request sets
-    (:func:`~logtoku_guard.backends.processors.check_logit_params`), or ``logit_bias`` names a token id
+    (:func:`~logtoku_guard.backends.processors.unsupported_logit_param`), or ``logit_bias`` names a token id
     outside the served model's vocabulary."""
-    from logtoku_guard.backends.processors import UnsupportedParameterError, check_logit_params
+    from logtoku_guard.backends.processors import unsupported_logit_param
 
-    try:
-        check_logit_params(options, backend)
-    except UnsupportedParameterError as exc:
-        raise RequestError(400, str(exc), param=exc.param, code="unsupported_parameter") from None
+    name = unsupported_logit_param(options, backend)
+    if name is not None:
+        msg = (
+            f"{name} is set but this server's {type(backend).__name__} backend cannot apply it to its logits; leave it "
+            "out, or serve the model on the transformers or llama.cpp backend (or a remote server that applies it)"
+        )
+        raise RequestError(400, msg, param=name, code="unsupported_parameter")
     vocab_size = getattr(backend, "vocab_size", None)
     if not isinstance(vocab_size, int):
         return
@@ -303,15 +295,6 @@ def chat_logprob(t: TokenScore, n_top: int, text_of: TokenText, mode: LogprobsMo
     )
 
 
-def withheld(guard_result: Any) -> bool:
-    """The guard kept the draft from the client (abstain, human review, raise)."""
-    return guard_result is not None and bool(guard_result.withheld)
-
-
-def _finish(g: Generation) -> str:
-    return "abort" if g.finish_reason == "cancelled" else g.finish_reason
-
-
 def answer_tokens(backend: Backend, guard_result: GuardResult | None, text: str, replaced: str | None = None) -> int | None:
     """``None`` when the client gets the draft; else the token count of the text it gets instead (the
     guard's message ``text``, or ``replaced``: the content left once the ``tool_calls`` rules held a call
@@ -355,72 +338,6 @@ def choice_extras(
     if guard_result is not None:
         out["logtoku_guard"] = {**served_decision_payload(guard_result), **(decision_extra or {})}
     return out
-
-
-def tool_finish(g: Generation, called: bool, guard_result: Any = None, held: bool = False) -> str:
-    """A chat answer's finish reason: ``stop`` when the guard withheld the draft (a refusal, as OpenAI
-    sends one) or ``held`` back a call (the answer is then the kept calls, or the note that says why
-    none runs), ``tool_calls`` when the answer ended with a call, else the generation's."""
-    if withheld(guard_result):
-        return "stop"
-    if held:
-        return "tool_calls" if called else "stop"
-    return "tool_calls" if called and g.finish_reason == "stop" else _finish(g)
-
-
-def completion_finish(g: Generation, guard_result: Any = None) -> str:
-    """A legacy completion's finish reason: ``content_filter`` when the guard withheld the draft (that API
-    has no refusal channel), else the generation's."""
-    return "content_filter" if withheld(guard_result) else _finish(g)
-
-
-DECISION_HEADERS = (
-    "x-logtoku-action",
-    "x-logtoku-withheld",
-    "x-logtoku-rule",
-    "x-logtoku-guard-score",
-    "x-logtoku-review-id",
-    "x-logtoku-trace-id",
-)
-"""The response headers that carry the guard's decision on a whole (not streamed) guarded answer."""
-
-
-def decision_headers(guard_result: Any) -> dict[str, str]:
-    """The guard's decision as response headers (:data:`DECISION_HEADERS`; none without a policy), for
-    clients that keep headers but drop unknown body fields (``ChatOpenAI(include_response_headers=True)``
-    puts them in ``response_metadata["headers"]``). A streamed answer's headers are sent before the guard
-    decides, so they carry none: its decision is the last chunk's ``logtoku_guard``. The rule name is
-    percent-encoded (a policy's names are free text)."""
-    if guard_result is None:
-        return {}
-    from urllib.parse import quote
-
-    from logtoku_guard.guard.payloads import served_decision_payload
-
-    d = served_decision_payload(guard_result)
-    out = {"x-logtoku-action": str(d["action"]), "x-logtoku-withheld": "true" if d["withheld"] else "false"}
-    if d["rule"] is not None:
-        out["x-logtoku-rule"] = quote(str(d["rule"]), safe="")
-    score = d["stats"].get("guard_score")
-    if score is not None:
-        out["x-logtoku-guard-score"] = repr(float(score))
-    if d["review_id"] is not None:
-        out["x-logtoku-review-id"] = str(d["review_id"])
-    out["x-logtoku-trace-id"] = quote(str(d["trace_id"]), safe="")
-    return out
-
-
-def withheld_logprobs() -> proto.ChatLogprobs:
-    """The ``logprobs`` of a withheld chat answer when the request asked for them: two empty lists, not null."""
-    return proto.ChatLogprobs(content=[], refusal=[])
-
-
-def chat_message(answer: str | None, guard_result: Any = None, tool_calls: Sequence[Any] = ()) -> proto.AssistantMessage:
-    """The choice's ``message``: the answer (``refusal`` null), or, when the guard withheld the draft,
-    ``content`` null and the guard's message as ``refusal``."""
-    if withheld(guard_result):
-        return proto.AssistantMessage(role="assistant", content=None, refusal=answer)
-    return proto.AssistantMessage(role="assistant", content=answer, refusal=None, tool_calls=list(tool_calls))
 
 
 def chat_response(
