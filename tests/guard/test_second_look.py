@@ -283,3 +283,28 @@ def test_every_look_on_the_real_model(embedded_backend: Any) -> None:
     assert all(math.isfinite(v) for v in values.values()), values
     assert values["sampling_agreement"] >= 0.5 and values["paraphrase_agreement"] >= 0.5  # Paris, however asked
     assert all(m.tokens > 0 and m.seconds > 0 for m in r.second_looks)
+
+
+def test_the_shipped_cascade_loads_by_name_and_looks_only_inside_its_band() -> None:
+    import dataclasses
+
+    from logtoku_guard.calibration.profiles import load_profile_for
+    from logtoku_guard.decision.policy import shipped_policies
+
+    assert "cascade" in shipped_policies()
+    policy = Policy.named("cascade")
+    profile = load_profile_for("smollm2-135m-instruct")
+    assert profile is not None
+    Decider(policy, profile)  # every risk threshold is placed on the shipped profile
+    base = ResponseStats.from_generation(ScriptedBackend([said("Lyon")]).generate("q"))
+
+    def looks_at(guard_score: float) -> tuple[str, ...]:
+        return policy.looks_needed(LookedStats.of(dataclasses.replace(base, guard_score=guard_score)), profile)
+
+    assert looks_at(0.99) == ()  # clearly confident: one pass
+    assert looks_at(0.01) == ()  # clearly unsure: flagged without a look
+    inside = [g for g in np.linspace(0.02, 0.98, 49) if looks_at(float(g))]
+    assert inside and looks_at(float(inside[0]))[0] == "self_check"  # the cheapest look first
+    with pytest.raises(PolicyError, match="no shipped policy named 'nope'; shipped: default, cascade"):
+        Policy.named("nope")
+    assert Policy.named("default").name == "default"
