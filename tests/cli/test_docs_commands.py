@@ -62,6 +62,20 @@ class Command:
         return f"{self.page.relative_to(ROOT)}:{self.line}: {shlex.join(self.words)}"
 
 
+def _unwrap(words: list[str]) -> list[str]:
+    """The command a ``nice -n 10 ...``, ``timeout 60 ...`` or ``env A=b ...`` prefix runs."""
+    while words and words[0] in ("nice", "timeout", "env"):
+        head, words = words[0], words[1:]
+        if head == "nice" and words[:1] == ["-n"]:
+            words = words[2:]
+        elif words and (head == "timeout" or (head == "nice" and re.fullmatch(r"-n?\d+", words[0]))):
+            words = words[1:]
+        elif head == "env":
+            while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+                words = words[1:]
+    return words
+
+
 def _blocks(page: Path) -> list[tuple[str, int, str]]:
     """The fenced code blocks of ``page``: (language, line of the first code line, text)."""
     blocks = []
@@ -168,7 +182,7 @@ def _parse(args: list[str]) -> list[str]:
 
 
 def _ours(c: Command) -> bool:
-    return c.words[0] in ("logtoku-guard", ".venv/bin/logtoku-guard")
+    return _unwrap(c.words)[:1] in (["logtoku-guard"], [".venv/bin/logtoku-guard"])
 
 
 @pytest.mark.parametrize("cmd", [c for c in ALL if _ours(c)], ids=lambda c: c.where()[:120])
@@ -190,10 +204,11 @@ def _defined(cmd: Command) -> set[str]:
 
 
 def _expand(cmd: Command) -> list[str]:
-    """``cmd``'s words with ``$NAME`` replaced by a sample value; a name not defined yet fails."""
+    """``cmd``'s words (wrappers such as ``nice -n 10`` removed) with ``$NAME`` replaced by a sample
+    value; a name the page has not set before fails."""
     defined = _defined(cmd)
     words = []
-    for w in cmd.words:
+    for w in _unwrap(cmd.words):
         for name in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", w):
             assert name in defined, f"{cmd.where()}\n  uses ${name}, which the page does not set before"
         words.append(re.sub(r"\$\(.*\)|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", "sample-key", w))
