@@ -111,4 +111,6 @@ def chat_message(answer: str | None, guard_result: Any = None, tool_calls: Seque
     ``content`` null and the guard's message as ``refusal``."""
     if withheld(guard_result):
         return proto.AssistantMessage(role="assistant", content=None, refusal=answer)
+    if not tool_calls:  # no call: no tool_calls field, as OpenAI's
+        return proto.AssistantMessage(role="assistant", content=answer, refusal=None)
     return proto.AssistantMessage(role="assistant", content=answer, refusal=None, tool_calls=list(tool_calls))

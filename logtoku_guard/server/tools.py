@@ -134,10 +134,10 @@ def reply(tool_plan: ToolPlan, text: str, generation: Generation) -> Reply:
     """``text`` (the answer the client gets: the generation's, or the guard's) as content and tool calls.
 
     A call is read only from a ``<tool_call>`` block naming one of the plan's tools; an answer
-    whose block does not parse (cut by ``max_tokens``) is returned whole as content. Scores are
-    read from ``generation``'s tokens.
+    cut by ``max_tokens`` (even before its closing tag, the call's JSON whole) or whose
+    block does not parse is returned whole as content. Scores are read from ``generation``'s tokens.
     """
-    if not tool_plan.names or TOOL_CALL_OPEN not in text:
+    if not tool_plan.names or TOOL_CALL_OPEN not in text or generation.finish_reason == "length":
         return Reply(text)
     parsed = parse_tool_calls(text, tool_plan.names)
     if parsed.invalid or not parsed.calls:

@@ -79,7 +79,7 @@ def test_chat_logprobs_are_openai_log_probabilities_with_raw_logits_in_the_exten
     body = r.json()
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == len(local.tokens)
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": local.text, "refusal": None, "tool_calls": []}
+    assert choice["message"] == {"role": "assistant", "content": local.text, "refusal": None}
     content = choice["logprobs"]["content"]
     assert len(content) == len(local.tokens)
     for entry, t in zip(content, local.tokens):

@@ -95,7 +95,7 @@ def test_json_schema_answers_with_valid_json(tiny_server: Any) -> None:
     choice = r.json()["choices"][0]
     value = json.loads(choice["message"]["content"])
     assert isinstance(value["ok"], bool) and value["n"] in (1, 2, 3)
-    assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] == [] and "tool_calls" not in choice["logtoku"]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"] and "tool_calls" not in choice["logtoku"]
     obj = _post(tiny_server, response_format={"type": "json_object"}, max_tokens=8, temperature=0).json()
     assert obj["choices"][0]["message"]["content"].startswith("{")  # an object (the random model need not close it)
 
@@ -119,7 +119,7 @@ def test_a_streamed_call_comes_whole_in_one_delta_with_the_scores_last(tiny_serv
 def test_tool_choice_none_and_no_tools_answer_in_prose(tiny_server: Any) -> None:
     free = _post(tiny_server, max_tokens=8, temperature=0).json()["choices"][0]
     none = _post(tiny_server, tools=[TRANSFER], tool_choice="none", max_tokens=8, temperature=0).json()["choices"][0]
-    assert none["message"] == free["message"] and none["message"]["tool_calls"] == []
+    assert none["message"] == free["message"] and "tool_calls" not in none["message"]
 
 
 # -- prose then a call (auto), history, the guard: a scripted backend -------------------------------
@@ -168,8 +168,25 @@ def test_a_cut_call_is_returned_as_content() -> None:
     with BackgroundServer(build_app(_scripted(pieces))) as srv:
         whole = _post(srv, tools=[TRANSFER]).json()["choices"][0]
         events = _events(_post(srv, tools=[TRANSFER], stream=True).text)
-    assert whole["message"]["content"] == "".join(pieces) and whole["message"]["tool_calls"] == []
+    assert whole["message"]["content"] == "".join(pieces) and "tool_calls" not in whole["message"]
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == "".join(pieces)
+
+
+def test_a_call_cut_before_its_closing_tag_is_content_with_finish_reason_length() -> None:
+    """The call's JSON is whole but max_tokens cut the closing tag (which parses as a call): the answer was cut,
+    so it is content."""
+    script = CALL_PIECES
+    pieces = script[:-1]  # what max_tokens lets through: no closing tag
+    with BackgroundServer(build_app(_scripted(script))) as srv:
+        whole = _post(srv, tools=[TRANSFER], max_tokens=len(pieces)).json()["choices"][0]
+        events = _events(_post(srv, tools=[TRANSFER], max_tokens=len(pieces), stream=True).text)
+    assert whole["message"]["content"] == "".join(pieces) and "tool_calls" not in whole["message"]
+    assert whole["finish_reason"] == "length" and "tool_calls" not in whole["logtoku"]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == "".join(pieces)
+    assert not any(e["choices"] and e["choices"][0]["delta"].get("tool_calls") for e in events)
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"] and e["choices"][0].get("finish_reason")] == [
+        "length"
+    ]
 
 
 def test_tool_history_is_rendered_for_the_model() -> None:
@@ -183,7 +200,7 @@ def test_tool_history_is_rendered_for_the_model() -> None:
     with BackgroundServer(build_app(backend)) as srv:
         r = _post(srv, messages=messages, tools=[TRANSFER])
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "Done.", "refusal": None, "tool_calls": []}
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "Done.", "refusal": None}
     system, _, assistant, result = backend.calls[-1]
     assert system.role == "system" and '"name": "transfer"' in system.content
     assert assistant.content == '<tool_call>[\n{"name": "transfer", "arguments": {"amount": 5, "to": "Bob"}}\n]</tool_call>'
@@ -311,7 +328,7 @@ def _tool_policy(action: str, **reask: Any) -> Any:
 
 
 def _call_gone(choice: dict[str, Any], raw: bytes) -> None:
-    assert choice["message"]["tool_calls"] == [] and choice["finish_reason"] == "stop"  # the note is the answer
+    assert not choice["message"].get("tool_calls") and choice["finish_reason"] == "stop"  # the note is the answer
     assert "logtoku" not in choice and choice.get("logprobs") in (None, {"content": []})  # asked for: no token, not null
     assert b"Bob" not in raw and b'"amount"' not in raw  # nothing of the held call's arguments
 
@@ -368,7 +385,7 @@ def test_a_reasked_call_is_asked_again_then_falls_back() -> None:
     assert len(asked) == 2  # the first answer, then once more after the re-ask
     assert "you were unsure of its arguments" in asked[1][-1].content  # the model was told why
     actions = [(d["attempt"], d["action"]) for d in choice["logtoku_guard"]["tool_calls"]]
-    assert actions == [(1, "reask"), (2, "refuse")] and choice["message"]["tool_calls"] == []
+    assert actions == [(1, "reask"), (2, "refuse")] and not choice["message"].get("tool_calls")
 
 
 def test_a_sure_call_runs() -> None:
