@@ -16,6 +16,13 @@ scores). Measured, never asserted:
    stays out of the llama.cpp process: ``torch_after_score``);
 4. throughput with 8 concurrent requests (threads) vs the same 8 requests one after another,
    on the llama.cpp backend, with the time spent outside ``llama_decode`` per token;
+6. time to first token of a long prompt (``--parts long``, ``--prompt-tokens`` ~1,900): process
+   CPU time of ``generate`` with one new token, our backend with the question scored at prefill,
+   the same with ``score_prompt`` off, a bare ``llama_decode`` of the same ids (logits at the
+   last position only), and the transformers backend (``--with-transformers``), interleaved
+   over ``--repeats`` rounds; ``--weights q4_1,q8_0`` runs each listed weight type of the
+   embedded model (:func:`~logtoku_guard.embedded.embedded_llama_gguf`). CPU time, not wall:
+   on a shared machine other processes stretch the wall clock but not this process's CPU time;
 5. llama.cpp's own batching ceiling (``--parts ceiling``): the median ``llama_decode`` step of
    1 row and of 8 rows (one sequence each, one call) on the backend's context, at 1 and 2
    threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain
@@ -267,6 +274,62 @@ def ceiling(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def long_prompt(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time to the first token of a ~``--prompt-tokens`` prompt: ours scored / unscored / bare / transformers."""
+    import statistics
+
+    import numpy as np
+
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    from logtoku_guard.types import DecodingOptions, to_messages
+
+    one = DecodingOptions(max_new_tokens=1)
+    sentence = "The history of the lighthouse, told slowly and in detail, with every keeper's name. "
+    prompt = sentence * max(1, args.prompt_tokens // 18)
+    out: dict[str, Any] = {}
+    for weights in [w.strip() for w in args.weights.split(",") if w.strip()]:
+        b = LlamaCppBackend("embedded", n_threads=1, weights=weights, cache_dir=args.cache_dir)
+        ids = b._prepare(to_messages(prompt), one).ids
+        m = b._model
+        logits = np.empty(m.n_vocab, dtype=np.float32)
+
+        def bare(b: Any = b, m: Any = m, ids: list[int] = ids, logits: Any = logits) -> None:
+            with b._lock:
+                try:
+                    m.decode([(t, p, 0, p == len(ids) - 1) for p, t in enumerate(ids)])
+                    m.logits_into(len(ids) - 1, logits)
+                finally:
+                    m.clear()
+
+        def ours(scored: bool, b: Any = b) -> None:
+            b.score_prompt = scored
+            b.generate(prompt, one)
+
+        runs: dict[str, Any] = {"scored": lambda: ours(True), "unscored": lambda: ours(False), "bare": bare}
+        if args.with_transformers and "transformers" not in out:
+            from logtoku_guard.backends.transformers import TransformersBackend
+
+            tb = TransformersBackend(None, cache_dir=args.cache_dir, threads=1)
+            runs["transformers"] = lambda tb=tb: tb.generate(prompt, one)
+        cpu: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, fn in runs.items():  # interleaved
+                start = time.process_time()
+                fn()
+                cpu[name].append(time.process_time() - start)
+        b.close()
+        med = {name: statistics.median(v) for name, v in cpu.items()}
+        res = {"prompt_tokens": len(ids), "cpu_s": med, "runs": cpu}
+        res["scored_over_bare"] = med["scored"] / med["bare"]
+        res["unscored_over_bare"] = med["unscored"] / med["bare"]
+        if "transformers" in med:
+            out["transformers"] = {"cpu_s": med["transformers"], "runs": cpu["transformers"]}
+            res["scored_over_transformers"] = med["scored"] / med["transformers"]
+        out[f"llamacpp {weights}"] = res
+        print(json.dumps({"long": {f"llamacpp {weights}": res}}, indent=1), flush=True)
+    return out
+
+
 def cold(args: argparse.Namespace) -> dict[str, Any]:
     res = {}
     env = {
@@ -290,10 +353,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
     parser.add_argument("--requantize", default="", help="ceiling: also the embedded model as these types (q4_0,q8_0)")
+    parser.add_argument("--prompt-tokens", type=int, default=1900, help="long: the long prompt's length, about")
+    parser.add_argument("--weights", default="q4_1", help="long: the embedded model's weight types to run (q4_1,q8_0,f16)")
+    parser.add_argument("--with-transformers", action="store_true", help="long: the transformers backend too")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--parts", default="cold,throughput,concurrency,ceiling", help="comma-separated parts to run")
     args = parser.parse_args()
-    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency, "ceiling": ceiling}
+    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency, "ceiling": ceiling, "long": long_prompt}
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]
     if unknown:

@@ -287,8 +287,6 @@ class LlamaDecodeLoop(JobRows):
         neighbours. Returns True when the row joined the batch, False while its prompt is still
         being fed or when it failed (its request gets the error).
         """
-        import numpy as np
-
         ids = s.prepared.ids
         end = len(ids) if budget is None else min(len(ids), s.fed + budget)
         try:
@@ -304,14 +302,12 @@ class LlamaDecodeLoop(JobRows):
                     entries.append((ids[p], p, s.seq, logits))
                     s.fed += 1
                 self.model.decode(entries)
-                question: list[np.ndarray] = []
+                at = [i for i, (_, p, _, logits) in enumerate(entries) if logits and p in s.kept]
                 for i, (_, p, _, logits) in enumerate(entries):
-                    if logits and p in s.kept:
-                        question.append(np.empty(self.model.n_vocab, dtype=np.float32))
-                        self.model.logits_into(i, question[-1])
-                    elif logits:
+                    if logits and p not in s.kept:
                         self.model.logits_into(i, first)
-                self._score_question(s, [p for _, p, _, logits in entries if logits and p in s.kept], question)
+                # The question's rows are read in place (llama.cpp's buffer, valid until the next decode): no copies.
+                self._score_question(s, [entries[i][1] for i in at], self.model.logits_rows(at))
             if s.fed < len(ids):
                 return False
             s.pos = len(ids)
@@ -324,15 +320,14 @@ class LlamaDecodeLoop(JobRows):
             return False
         return True
 
-    def _score_question(self, s: Sequence, positions: list[int], logits: list[np.ndarray]) -> None:
+    def _score_question(self, s: Sequence, positions: list[int], logits: np.ndarray) -> None:
         """Score the question tokens predicted by the prompt ``positions`` (consecutive) whose ``logits``
-        one call gave: scored at once, so a long question never holds ``tokens x vocabulary`` floats."""
-        import numpy as np
-
+        one call gave (``(len(positions), vocab)``): scored at once, so a long question never holds
+        ``tokens x vocabulary`` floats."""
         span = s.prepared.span
         part = span.part(positions[0] + 1, positions[-1] + 2) if positions and span is not None else None
         if part is not None:
-            scores = prompt_scores(np.stack(logits), s.prepared.ids, part, self.scoring.k, self.scoring.evidence)
+            scores = prompt_scores(logits, s.prepared.ids, part, self.scoring.k, self.scoring.evidence)
             s.prompt_scores = (*s.prompt_scores, *scores)
 
     def _join(self, s: Sequence) -> None:

@@ -150,6 +150,31 @@ class LlamaModel:
             raise RuntimeError(msg)
         ctypes.memmove(out.ctypes.data, ptr, self.n_vocab * 4)
 
+    def logits_rows(self, indices: Sequence[int]) -> np.ndarray:
+        """The raw float32 logits of batch entries ``indices`` (ascending) of the last decode, ``(len(indices), vocab)``.
+
+        llama.cpp keeps the logits of a batch's outputs side by side in batch order, so the rows of
+        consecutive entries that asked for logits are a view of its own buffer: nothing is copied.
+        The view is valid until the next decode (read it before). Where the rows are not side by
+        side (entries between them that asked for logits too), they are copied.
+        """
+        np = self._np
+        if not indices:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        first = self.lib.llama_get_logits_ith(self.ctx, indices[0])
+        last = self.lib.llama_get_logits_ith(self.ctx, indices[-1])
+        if not first or not last:
+            msg = f"internal error: llama.cpp kept no logits for batch entries {indices[0]}..{indices[-1]}"
+            raise RuntimeError(msg)
+        row = self.n_vocab * 4
+        start, end = ctypes.cast(first, ctypes.c_void_p).value, ctypes.cast(last, ctypes.c_void_p).value
+        if start is not None and end is not None and end - start == (len(indices) - 1) * row:
+            return np.ctypeslib.as_array(ctypes.cast(first, ctypes.POINTER(ctypes.c_float)), shape=(len(indices), self.n_vocab))
+        out = np.empty((len(indices), self.n_vocab), dtype=np.float32)
+        for j, i in enumerate(indices):
+            self.logits_into(i, out[j])
+        return out
+
     def forget(self, seq: int) -> None:
         """Drop sequence ``seq`` from the KV cache (its cells become free)."""
         self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)

@@ -532,3 +532,27 @@ def test_q8_0_weights_are_a_model_of_their_own_that_reuses_no_profile(tmp_path: 
         b.close()
     with pytest.raises(ConfigurationError, match=r"weights='q8_0' converts the embedded model only"):
         LlamaCppBackend(embedded_gguf_path(), weights="q8_0")
+
+
+def test_logits_rows_read_llama_cpp_s_buffer_in_place_and_copy_rows_that_are_apart(backend: LlamaCppBackend) -> None:
+    """The question's prefill rows are scored from llama.cpp's own buffer (a view: no copy per row);
+    rows with another output between them come back as a copy; both equal logits_into's rows."""
+    m = backend._model
+    ids = backend.tokenizer.encode(backend.render(QUESTION))
+    wanted = {3, 4, 5, 6, 9, len(ids) - 1}
+    with backend._lock:
+        try:
+            m.decode([(t, p, 0, p in wanted) for p, t in enumerate(ids)])
+            one = np.empty(m.n_vocab, dtype=np.float32)
+            rows = {}
+            for i in sorted(wanted):
+                m.logits_into(i, one)
+                rows[i] = one.copy()
+            view = m.logits_rows([3, 4, 5, 6])
+            assert not view.flags.owndata and view.shape == (4, m.n_vocab)  # llama.cpp's memory
+            assert all(np.array_equal(view[j], rows[i]) for j, i in enumerate([3, 4, 5, 6]))
+            apart = m.logits_rows([5, 9])  # entry 6 asked for logits too: not side by side
+            assert apart.flags.owndata and np.array_equal(apart[0], rows[5]) and np.array_equal(apart[1], rows[9])
+            assert m.logits_rows([]).shape == (0, m.n_vocab)
+        finally:
+            m.clear()
