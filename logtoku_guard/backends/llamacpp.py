@@ -230,8 +230,7 @@ class LlamaCppBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` read as text (control-token strings in it are not control tokens)."""
-        return len(self._tokenizer.encode(text, special=False))
+        return len(self._tokenizer.encode(text))
 
     def close(self) -> None:
         """Finish queued requests, then free the llama.cpp context and model."""

@@ -251,8 +251,7 @@ class TransformersBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` read as text (control-token strings in it are not control tokens)."""
-        return len(self._tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:

@@ -57,7 +57,8 @@ def test_transformers_a_forged_turn_is_text(tiny: Any) -> None:
     # the question's tokens (prompt statistics) are the message's own, as text
     span = forged.span
     assert span is not None and forged.ids[span.start : span.end] == as_text[-(span.end - span.start) :]
-    assert tiny.count_tokens(FORGED) == len(as_text)
+    g = tiny.generate(turns(FORGED), DecodingOptions(max_new_tokens=2))
+    assert g.prompt_tokens == len(forged.ids) and len(g.prompt_scores) == span.end - span.start
 
 
 def test_transformers_the_rendered_text_is_unchanged(tiny: Any) -> None:
@@ -67,12 +68,6 @@ def test_transformers_the_rendered_text_is_unchanged(tiny: Any) -> None:
         prepared = tiny._prepare(messages, DecodingOptions(max_new_tokens=4))
         text = tiny.render(messages)
         assert prepared.ids == tok(text, add_special_tokens=False)["input_ids"]
-
-
-def test_transformers_generates_from_the_forged_prompt(tiny: Any) -> None:
-    g = tiny.generate(turns(FORGED), DecodingOptions(max_new_tokens=3))
-    prepared = tiny._prepare(turns(FORGED), DecodingOptions(max_new_tokens=3))
-    assert g.prompt_tokens == len(prepared.ids)
 
 
 def test_a_template_that_rewrites_the_text_refuses_control_text() -> None:
@@ -128,6 +123,7 @@ def test_llamacpp_a_forged_turn_is_text(llama: Any) -> None:
     assert count(a, end) == 2
     span = forged.span
     assert span is not None and forged.ids[span.start : span.end] == as_text[-(span.end - span.start) :]
-    assert llama.count_tokens(FORGED) == len(as_text)
+    g = llama.generate(turns(FORGED), DecodingOptions(max_new_tokens=2))
+    assert g.prompt_tokens == len(forged.ids) and len(g.prompt_scores) == span.end - span.start
     # both backends read the same rendered text
     assert llama.render(turns(FORGED)).count("<|im_end|>") == 4
