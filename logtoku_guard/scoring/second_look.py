@@ -339,13 +339,19 @@ def _norm(word: str) -> str:
     return m.group(0) if m else ""
 
 
+def _stem(word: str) -> str:
+    """``word`` without a possessive ("Latvia's" and "Latvia" are the same word of the question)."""
+    return word[:-2] if word.endswith("'s") else word
+
+
 def claim_key(tokens: Sequence[TokenScore], question: str, size: int = KEY_WORDS) -> tuple[str, ...]:
     """The answer's key claim: its first ``size`` claim words (not in the question, not function or
     answer-frame words), normalised (lower case, punctuation stripped)."""
+    asked = {_stem(_norm(w)) for w in question.split()}
     out: list[str] = []
     for w in claim_words(tokens, question, limit=None):
         key = _norm(w.text)
-        if key and key not in _TEMPLATE_WORDS and key not in FUNCTION_WORDS and key not in out:
+        if key and key not in _TEMPLATE_WORDS and key not in FUNCTION_WORDS and _stem(key) not in asked and key not in out:
             out.append(key)
         if len(out) >= size:
             break

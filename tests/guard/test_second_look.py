@@ -212,6 +212,8 @@ def test_the_key_claim_and_its_agreement() -> None:
     assert key == ("neil", "armstrong")
     assert agreement(key, ["Neil Armstrong.", "Buzz Aldrin", "Armstrong, in 1969"]) == pytest.approx((1 + 0 + 0.5) / 3)
     assert math.isnan(agreement((), ["x"]))
+    said_it = ScriptedBackend([ScriptedAnswer(["Lithuania", " is", " Vilnius", "."], [[3, 1]] * 4)]).generate("q").tokens
+    assert claim_key(said_it, "Which city is Lithuania's capital?") == ("vilnius",)  # a possessive is the question's word
 
 
 def _single_token(tokenizer: Any, words: list[str]) -> tuple[str, int]:
