@@ -199,3 +199,46 @@ def test_unreadable_bodies_are_refused_with_what_is_wrong(tiny_backend: object) 
         digits = ok.replace(b"Paris", b"7" * 5000) + b"}"  # digits in a string are text (too long for the tiny model)
         r = httpx.post(url, content=digits, headers={"Content-Type": "application/json"}, timeout=60)
         assert "context window" in r.json()["error"]["message"], r.text
+
+
+def test_a_connection_over_the_cap_gets_a_503_when_none_is_half_sent(tiny_backend: object) -> None:
+    """Three kept-alive connections (each answered, none sending a head) fill a cap of 3: a fourth gets a 503."""
+    from logtoku_guard.server import BackgroundServer, build_app
+
+    limits = ConnectionLimits(max_connections=3)
+    with BackgroundServer(build_app(tiny_backend), connections=limits) as srv:  # type: ignore[arg-type]
+        kept = []
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            kept.append(s)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := extra.recv(65536):
+                    got += chunk
+        assert got.startswith(b"HTTP/1.1 503") and b"too many open connections" in got, got
+        for s in kept:
+            s.close()
+
+
+def test_out_of_files_accept_errors_are_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+    import logging
+
+    from logtoku_guard.server.connections import quiet_accept_errors
+
+    quiet_accept_errors()
+    quiet_accept_errors()  # idempotent
+    log = logging.getLogger("asyncio")
+    caplog.set_level(logging.WARNING)
+    for _ in range(1000):
+        try:
+            raise OSError(errno.EMFILE, "Too many open files")
+        except OSError:
+            log.error("socket.accept() out of system resource", exc_info=True)
+    lines = [r for r in caplog.records if "accept" in r.getMessage()]
+    assert len(lines) <= 1 and all(r.exc_info is None for r in lines)
+    assert not any("Too many open files" in r.getMessage() and r.exc_info for r in caplog.records)
