@@ -16,6 +16,10 @@ scores). Measured, never asserted:
    stays out of the llama.cpp process: ``torch_after_score``);
 4. throughput with 8 concurrent requests (threads) vs the same 8 requests one after another,
    on the llama.cpp backend, with the time spent outside ``llama_decode`` per token;
+5. llama.cpp's own batching ceiling (``--parts ceiling``): the median ``llama_decode`` step of
+   1 row and of 8 rows (one sequence each, one call) on the backend's context, at 1 and 2
+   threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain
+   (``--requantize q4_0,q8_0``: also for the embedded model re-quantised to those types);
 6. time to first token of a long prompt (``--parts long``, ``--prompt-tokens`` ~1,900): process
    CPU time of ``generate`` with one new token, our backend with the question scored at prefill,
    the same with ``score_prompt`` off, a bare ``llama_decode`` of the same ids (logits at the
@@ -23,10 +27,9 @@ scores). Measured, never asserted:
    over ``--repeats`` rounds; ``--weights q4_1,q8_0`` runs each listed weight type of the
    embedded model (:func:`~logtoku_guard.embedded.embedded_llama_gguf`). CPU time, not wall:
    on a shared machine other processes stretch the wall clock but not this process's CPU time;
-5. llama.cpp's own batching ceiling (``--parts ceiling``): the median ``llama_decode`` step of
-   1 row and of 8 rows (one sequence each, one call) on the backend's context, at 1 and 2
-   threads; 8 rows' tokens/s over 1 row's is the most any batching on top can gain
-   (``--requantize q4_0,q8_0``: also for the embedded model re-quantised to those types).
+7. cold start (``--parts cold_ask``): child CPU time of ``logtoku-guard ask --backend llamacpp
+   --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against a bare
+   llama-cpp-python script answering the same question with one token, interleaved.
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -330,6 +333,54 @@ def long_prompt(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+BARE_ASK = """
+import sys
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=512, n_threads=1, verbose=False)
+out = llm.create_chat_completion([{"role": "user", "content": sys.argv[2]}], max_tokens=1, temperature=0.0)
+print(out["choices"][0]["message"]["content"])
+"""
+
+
+def child_cpu(command: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user + system) of one child process running ``command``."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{command[:3]} failed: {proc.stderr[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
+    """``logtoku-guard ask --backend llamacpp`` (one new token, the default audit store) against a bare
+    llama-cpp-python script answering the same question with one token: child CPU time, interleaved."""
+    import statistics
+
+    from logtoku_guard.embedded import embedded_gguf_path
+
+    question = "What is the capital of France?"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    if args.cache_dir is not None:
+        env["LOGTOKU_GUARD_CACHE"] = str(args.cache_dir)
+    ours = [sys.executable, "-m", "logtoku_guard.cli", "ask", "--backend", "llamacpp", "--max-new-tokens", "1", question]
+    bare = [sys.executable, "-c", BARE_ASK, str(embedded_gguf_path()), question]
+    child_cpu(ours, env)  # the first use checks the build and writes the store: not a cold start's cost
+    runs: dict[str, list[float]] = {"ours": [], "bare": []}
+    for _ in range(args.repeats):
+        runs["ours"].append(child_cpu(ours, env))
+        runs["bare"].append(child_cpu(bare, env))
+    med = {name: statistics.median(v) for name, v in runs.items()}
+    res = {"cpu_s": med, "cpu_ratio": med["ours"] / med["bare"], "runs": runs}
+    print(json.dumps({"cold_ask": res}, indent=1), flush=True)
+    return res
+
+
 def cold(args: argparse.Namespace) -> dict[str, Any]:
     res = {}
     env = {
@@ -359,7 +410,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--parts", default="cold,throughput,concurrency,ceiling", help="comma-separated parts to run")
     args = parser.parse_args()
-    parts = {"cold": cold, "throughput": throughput, "concurrency": concurrency, "ceiling": ceiling, "long": long_prompt}
+    parts = {
+        "cold": cold,
+        "throughput": throughput,
+        "concurrency": concurrency,
+        "ceiling": ceiling,
+        "long": long_prompt,
+        "cold_ask": cold_ask,
+    }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]
     if unknown:
