@@ -24,14 +24,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.cli import rendering
+from logtoku_guard.cli.rendering import QUADRANT_STYLE as QUADRANT_STYLE  # re-exported: the review commands colour by it
+from logtoku_guard.cli.rendering import fmt as fmt  # re-exported: commands format numbers with it
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.safe_text import safe_text as safe_text  # re-exported: the CLI's toolkit hands it to plugins
-from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
+from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 from logtoku_guard.types import Generation
 
@@ -44,7 +46,11 @@ out = Console()
 err = Console(stderr=True)
 """Spinners, progress bars and errors (stderr), so stdout stays clean for ``--json``."""
 
-QUADRANT_STYLE = {Quadrant.I: "bold red", Quadrant.II: "bold yellow", Quadrant.III: "green", Quadrant.IV: "cyan"}
+
+def render_generation(generation: Generation, thresholds: QuadrantThresholds, percentile: float | None = None) -> None:
+    """Answer with tokens coloured by quadrant, a per-token table and the reliability, on the CLI's stdout."""
+    rendering.render_generation(generation, thresholds, percentile, out=out)
+
 
 ModelOpt = Annotated[
     str,
@@ -320,55 +326,6 @@ def reliability_percentile(profile: ModelProfile | None, generation: Generation)
         return None
     p = profile.percentile("reliability", generation.score.reliability)
     return None if math.isnan(p) else 100.0 * p
-
-
-# -- rendering -----------------------------------------------------------------------------------
-def fmt(x: float, digits: int = 4) -> str:
-    return "nan" if math.isnan(x) else f"{x:.{digits}f}"
-
-
-def render_generation(generation: Generation, thresholds: QuadrantThresholds, percentile: float | None = None) -> None:
-    """Answer with tokens coloured by quadrant, a per-token table and the reliability."""
-    answer = Text()
-    for t in generation.tokens:
-        answer.append(t.text, style=QUADRANT_STYLE[thresholds.classify(t.au, t.eu)])
-    out.print(Text("Answer: ", style="bold") + answer)
-    table = Table(title=f"Per-token uncertainty (K={generation.k}, {generation.evidence} evidence)", show_lines=False)
-    for col, justify in [
-        ("#", "right"),
-        ("token", "left"),
-        ("AU", "right"),
-        ("EU", "right"),
-        ("AU*EU", "right"),
-        ("quadrant", "center"),
-        ("log p", "right"),
-        ("entropy", "right"),
-    ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for t in generation.tokens:
-        q = thresholds.classify(t.au, t.eu)
-        table.add_row(
-            str(t.index),
-            repr(t.text),
-            fmt(t.au),
-            fmt(t.eu),
-            fmt(t.uncertainty),
-            Text(q.value, style=QUADRANT_STYLE[q]),
-            fmt(t.logprob, 3),
-            fmt(t.entropy, 3),
-        )
-    out.print(table)
-    s = generation.score
-    out.print(
-        f"Response reliability (top-{s.top_n} mean, higher = more reliable): [bold]{fmt(s.reliability)}[/]"
-        + (f" (percentile {percentile:.0f} of the model's profile)" if percentile is not None else "")
-        + f"   plain mean: {fmt(s.reliability_mean)}   tokens: {s.n_tokens}   finish: {generation.finish_reason}"
-    )
-    out.print(
-        f"Quadrant thresholds AU > {thresholds.au:.4f}, EU > {thresholds.eu:.4f} ({thresholds.source}); "
-        + "  ".join(f"[{QUADRANT_STYLE[q]}]{q.value}[/]: {q.description}" for q in Quadrant),
-        highlight=False,
-    )
 
 
 def _call(store: str | None, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

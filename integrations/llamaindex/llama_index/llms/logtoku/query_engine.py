@@ -156,7 +156,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
             msg = f"retry_top_k_step must be a positive integer, got {retry_top_k_step!r}"
             raise ConfigurationError(msg)
         self._llm = llm
-        wanted = "auto" if profile is None and policy_uses_quantiles(policy) else profile  # "auto": resolved by the Guard
+        wanted: ModelProfile | Literal["auto"] | None = "auto" if profile is None and policy_uses_quantiles(policy) else profile
         self._guard = Guard(
             llm.backend, policy, store=store, profile=wanted, tracer_provider=tracer_provider, cache_dir=llm.cache_dir
         )
