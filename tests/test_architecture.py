@@ -301,7 +301,7 @@ def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path)
     source = tmp_path / "m.py"
     source.write_text(
         "from logtoku_guard.cli import _common\nfrom logtoku_guard.cli.toolkit import fail\n"
-        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.guard.payloads import _hidden\n"
+        "def f():\n    from logtoku_guard.audit._files import x\n    from logtoku_guard.wire.payloads import _hidden\n"
         "import logtoku_guard.__main__\n"
     )
     found = _imports(source, "logtoku_eval.m", type_checking=True)
@@ -309,7 +309,7 @@ def test_the_private_import_check_sees_private_modules_and_names(tmp_path: Path)
         "logtoku_guard.audit._files",
         "logtoku_guard.audit._files.x",
         "logtoku_guard.cli._common",
-        "logtoku_guard.guard.payloads._hidden",
+        "logtoku_guard.wire.payloads._hidden",
     ]
 
 
@@ -350,7 +350,7 @@ def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
     rounds = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.stem.endswith(("_hardening", "_round", "_fixes"))]
     assert not rounds, f"name test files after what they test, not after a round of work: {rounds}"
     flat = sorted(p.name for p in tests.glob("test_*.py"))
-    assert flat == ["test_architecture.py", "test_public_api.py"], f"put unit tests in a folder per unit: {flat}"
+    assert flat == ["test_architecture.py", "test_layers.py", "test_public_api.py"], f"put unit tests in a folder per unit: {flat}"
 
 
 def test_every_first_party_import_names_a_module_that_exists() -> None:

@@ -1,6 +1,6 @@
 """The standard OpenAI request fields beyond sampling: honoured on the logits, refused by name, or ignored by spec.
 
-:class:`StandardParams` is the base of both endpoints' requests (:mod:`logtoku_guard.openai_protocol`):
+:class:`StandardParams` is the base of both endpoints' requests (:mod:`logtoku_guard.wire.openai_protocol`):
 ``logit_bias`` and the ``frequency_penalty``/``presence_penalty`` act on the logits that choose the
 next token (:mod:`logtoku_guard.backends.processors`); the identifiers and cache hints OpenAI
 describes as not changing the answer are accepted and ignored; ``store`` and ``service_tier`` take
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
 
 from logtoku_guard.errors import short_repr
-from logtoku_guard.openai_errors import WireValueError
+from logtoku_guard.wire.openai_errors import WireValueError
 
 __all__ = ["MAX_STOP", "REFUSED", "StandardParams"]
 

@@ -31,13 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
 
 from logtoku_guard.errors import short_repr
-from logtoku_guard.guard.payloads import ServedDecisionPayload, SummaryPayload
-from logtoku_guard.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
-from logtoku_guard.openai_errors import describe_errors as _describe
-from logtoku_guard.openai_params import MAX_STOP as MAX_STOP  # re-exported: the most stop strings
-from logtoku_guard.openai_params import StandardParams as StandardParams  # re-exported: the standard fields' rules
-from logtoku_guard.tools import openai_tools as tw  # the tool-call models (tw: tools on the wire)
-from logtoku_guard.tools.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
+from logtoku_guard.wire.payloads import ServedDecisionPayload, SummaryPayload
+from logtoku_guard.wire.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
+from logtoku_guard.wire.openai_errors import describe_errors as _describe
+from logtoku_guard.wire.openai_params import MAX_STOP as MAX_STOP  # re-exported: the most stop strings
+from logtoku_guard.wire.openai_params import StandardParams as StandardParams  # re-exported: the standard fields' rules
+from logtoku_guard.wire import openai_tools as tw  # the tool-call models (tw: tools on the wire)
+from logtoku_guard.wire.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
 
 __all__ = [
     "MAX_STOP",
@@ -467,7 +467,7 @@ class ErrorResponse(BaseModel):
 # -- validation errors as one sentence ---------------------------------------------------------
 def describe_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """``(message, param)`` for a request's validation errors (pydantic's or FastAPI's ``errors()``),
-    naming the first failing field, its value and what is accepted (:mod:`logtoku_guard.openai_errors`)."""
+    naming the first failing field, its value and what is accepted (:mod:`logtoku_guard.wire.openai_errors`)."""
     models = (ChatCompletionRequest, CompletionRequest, ChatMessageParam, TextPart, StreamOptions, *_TOOL_MODELS)
     return _describe(errors, models, (ChatCompletionRequest, CompletionRequest))
 

@@ -2,7 +2,7 @@
 
 :class:`WireValueError` is what a request model's own rules raise (the message and the field);
 :func:`describe_errors` turns pydantic's (or FastAPI's) ``errors()`` into ``(message, param)``
-for the request models it is given (:func:`logtoku_guard.openai_protocol.describe_errors`
+for the request models it is given (:func:`logtoku_guard.wire.openai_protocol.describe_errors`
 gives it the protocol's). On the client's side, :func:`withheld_message` says why a response that is
 a refusal (a guarded server's withheld answer) cannot be scored. No web framework is imported here.
 """
