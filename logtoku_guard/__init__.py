@@ -2,7 +2,7 @@
 
 Data flow: prompt -> generation with raw top-K logits (a backend) -> token AU/EU
 (:mod:`logtoku_guard.scoring.uncertainty`) -> response reliability -> policy decision -> guard action
-(:mod:`logtoku_guard.guard.guard`) -> JSON payloads (:mod:`logtoku_guard.guard.payloads`) and audit record.
+(:mod:`logtoku_guard.guard.guard`) -> JSON payloads (:mod:`logtoku_guard.wire.payloads`) and audit record.
 Framework adapters hand generations to guards through :mod:`logtoku_guard.guard.generation_capture`.
 
 ``import logtoku_guard`` is light: torch and transformers load only when a backend or a

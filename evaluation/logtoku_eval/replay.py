@@ -26,7 +26,7 @@ import numpy as np
 from logtoku_eval.methods import HEADLINE
 from logtoku_eval.metrics import PairedDifference, paired_difference, percentile_interval
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard.payloads import json_float
+from logtoku_guard.wire.payloads import json_float
 
 __all__ = [
     "CROSS_FITTED",
@@ -67,7 +67,7 @@ CURVE_BUDGETS = np.linspace(0.0, 1.0, 51)
 
 
 def json_fields(obj: Any) -> dict[str, Any]:
-    """A flat dataclass as JSON: its float fields through :func:`~logtoku_guard.guard.payloads.json_float` (NaN -> ``None``)."""
+    """A flat dataclass as JSON: its float fields through :func:`~logtoku_guard.wire.payloads.json_float` (NaN -> ``None``)."""
     return {k: json_float(v) if isinstance(v, float) else v for k, v in obj.__dict__.items()}
 
 

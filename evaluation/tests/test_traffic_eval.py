@@ -105,7 +105,7 @@ def test_evaluate_fits_on_tune_and_reports_every_group_on_test() -> None:
 
 def test_a_risk_check_holds_only_when_the_test_half_does_not_contradict_it() -> None:
     from logtoku_eval.traffic_eval import Rate
-    from logtoku_guard.calibration.risk import choose_threshold as choose_risk
+    from logtoku_guard.scoring.risk import choose_threshold as choose_risk
 
     chosen = choose_risk([0.5 + i / 400 for i in range(200)], [i / 400 for i in range(100)], "coverage", 0.8, 0.9)
     assert chosen.met

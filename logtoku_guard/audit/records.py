@@ -3,7 +3,7 @@
 Data flow: prompt -> generation -> token AU/EU -> response score -> policy decision -> action
 -> **audit**. Every guarded answer becomes one :class:`AuditRecord`, built from the guard's
 result by :meth:`AuditRecord.from_result` (the one way; its tokens, statistics and timings are
-the JSON payloads of :mod:`logtoku_guard.guard.payloads`). Answers the policy sends to a human also
+the JSON payloads of :mod:`logtoku_guard.wire.payloads`). Answers the policy sends to a human also
 get a :class:`ReviewItem`, whose life cycle is::
 
     pending --claim--> claimed --approve/reject--> approved | rejected
@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, short_repr
-from logtoku_guard.guard.payloads import ResultPayload, json_float, result_payload
+from logtoku_guard.wire.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.scoring.tool_scores import score_tool_calls
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class AuditRecord:
 
     ``reliability``: the response score the policy used, higher = more reliable (``None`` when
     undefined, e.g. an empty answer). ``attempts``: generations made for this answer (retries
-    included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.guard.payloads.TokenPayload`.
+    included). ``tokens``: one dict per generated token, a :class:`~logtoku_guard.wire.payloads.TokenPayload`.
     ``stats``: the statistics the policy saw, by name. ``timings``: durations in seconds, by
     name (e.g. ``{"total_s": 0.8, "generation_s": 0.7}``). ``tool_calls``: the answer's
     well-formed tool calls (:func:`from_result`, scored by :mod:`~logtoku_guard.scoring.tool_scores`) or
@@ -254,7 +254,7 @@ class AuditRecord:
         abstention message), so reviewers see what the model said.
 
         Built through :meth:`from_payload` from the result's
-        :func:`~logtoku_guard.guard.payloads.result_payload`, so a record made from a result and one
+        :func:`~logtoku_guard.wire.payloads.result_payload`, so a record made from a result and one
         made from the same result's payload (a LangChain callback's event) are equal.
         """
         calls = [
@@ -273,7 +273,7 @@ class AuditRecord:
         draft: str | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> AuditRecord:
-        """The record of a guarded answer from its :class:`~logtoku_guard.guard.payloads.ResultPayload`.
+        """The record of a guarded answer from its :class:`~logtoku_guard.wire.payloads.ResultPayload`.
 
         For an adapter that holds the payload rather than the :class:`GuardResult` (LangChain's
         ``logtoku_flagged`` event, ``response_metadata["logtoku_guard"]``). ``tokens`` are the

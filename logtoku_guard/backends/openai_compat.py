@@ -26,7 +26,7 @@ What vLLM's wire cannot give, and what this backend does instead:
 A server that sends only log-probabilities (vLLM's default ``--logprobs-mode raw_logprobs``, or an
 OpenAI-compatible server without the ``logtoku`` extension) is refused with
 :class:`LogProbsNotLogitsError`: AU/EU of log-probabilities are meaningless.
-Requests and responses are the models of :mod:`logtoku_guard.openai_protocol` (the server's
+Requests and responses are the models of :mod:`logtoku_guard.wire.openai_protocol` (the server's
 own); ``httpx`` is imported only when the backend is created.
 """
 
@@ -40,11 +40,11 @@ from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import ScoringIdentity, TokenStream
 from logtoku_guard.backends.openai_reading import CHUNK_OR_ERROR, StreamState, as_float, token_entries, topk_stats
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
-from logtoku_guard.openai_errors import withheld_message
+from logtoku_guard.wire.openai_errors import withheld_message
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,

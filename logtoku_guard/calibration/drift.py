@@ -106,7 +106,7 @@ def drift_report(
     rows: Sequence[DecisionRow], by: By = "week", expected: Callable[[str], float | None] | None = None
 ) -> list[Period]:
     """One :class:`Period` per model and period, oldest first; ``expected(model)``: its expected flag rate."""
-    from logtoku_guard.calibration.risk import clopper_pearson
+    from logtoku_guard.scoring.risk import clopper_pearson
 
     groups: dict[tuple[str, str], list[DecisionRow]] = {}
     for row in rows:

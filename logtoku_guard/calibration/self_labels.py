@@ -14,7 +14,7 @@ person, and fits the guard on those labels (:func:`fit_self_labelled`):
 Each answer falls in one group, ``real-correct``, ``real-wrong``, ``plausible`` or ``syllable``;
 the guard is fit cross-fitted (5 folds) and keeps each group's out-of-fold scores and labels
 (:attr:`~logtoku_guard.scoring.guard_score.GuardModel.reference_scores`), from which a risk-stated
-threshold (:mod:`~logtoku_guard.calibration.risk`) and each group's expected flag rate follow.
+threshold (:mod:`~logtoku_guard.scoring.risk`) and each group's expected flag rate follow.
 The shipped guard of the embedded model was fit this way (by ``logtoku-guard eval traffic``,
 which also reports the held-out *test* half). Licences: ``NOTICE-traffic`` beside the files.
 """

@@ -15,7 +15,7 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.guard.payloads import result_payload
+from logtoku_guard.wire.payloads import result_payload
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, validate_k
 from logtoku_guard.types import DecodingOptions, to_messages
 
@@ -267,7 +267,7 @@ def expected_flag_lines(profile: ModelProfile) -> list[str]:
 
 def _flag_rate(group: str, scores: list[float], threshold: float) -> str:
     """``group 75% [68, 81]``: the share of ``scores`` below ``threshold`` (NaN counts as flagged) and its interval."""
-    from logtoku_guard.calibration.risk import clopper_pearson
+    from logtoku_guard.scoring.risk import clopper_pearson
 
     flagged, n = sum(1 for v in scores if not v >= threshold), len(scores)
     lo, hi = clopper_pearson(flagged, n, 0.025, "lower"), clopper_pearson(flagged, n, 0.025, "upper")

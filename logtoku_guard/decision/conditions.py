@@ -6,7 +6,7 @@ uses a quantile, and whether it is monotone (can fire on a prefix of the answer)
 
 Thresholds are absolute numbers, ``{quantile: q}`` of the model's profile, or, for ``guard_score <``,
 a risk target on the profile's fitted guard (``{coverage: 0.85, confidence: 0.9}`` or
-``{selective_risk: 0.2, confidence: 0.9}``: :class:`Risk`, :mod:`logtoku_guard.calibration.risk`); a comparison may
+``{selective_risk: 0.2, confidence: 0.9}``: :class:`Risk`, :mod:`logtoku_guard.scoring.risk`); a comparison may
 name a ``fallback`` statistic (with its own ``fallback_value``) used when its own is
 unavailable. Undefined statistics (NaN) count as the least reliable value unless the policy
 says ``undefined: never_fires`` (see :mod:`logtoku_guard.decision.policy`).
@@ -39,7 +39,7 @@ from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING,
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.calibration.risk import RiskThreshold
+    from logtoku_guard.scoring.risk import RiskThreshold
     from logtoku_guard.scoring.guard_score import GuardModel
 
 __all__ = [
@@ -69,7 +69,7 @@ class Quantile(StrictModel):
 
 class Risk(StrictModel):
     """A ``guard_score`` threshold chosen for a stated risk, with a finite-sample guarantee on the
-    profile guard's labelled out-of-fold scores (:func:`~logtoku_guard.calibration.risk.choose_threshold`).
+    profile guard's labelled out-of-fold scores (:func:`~logtoku_guard.scoring.risk.choose_threshold`).
 
     Exactly one target: ``coverage`` (at least this share of correct answers pass) or
     ``selective_risk`` (at most this share of passed answers are wrong), at ``confidence``.
@@ -346,9 +346,9 @@ def _risk_choice(target: Risk, profile: ModelProfile | None) -> RiskThreshold | 
 
 
 def risk_threshold_for(target: Risk, guard: GuardModel | None) -> RiskThreshold | None:
-    """The :class:`~logtoku_guard.calibration.risk.RiskThreshold` of ``target`` on ``guard``'s labelled
+    """The :class:`~logtoku_guard.scoring.risk.RiskThreshold` of ``target`` on ``guard``'s labelled
     out-of-fold scores (None: no guard, or one without labelled reference scores)."""
-    from logtoku_guard.calibration.risk import choose_threshold
+    from logtoku_guard.scoring.risk import choose_threshold
 
     correct, wrong = guard.labelled_scores() if guard is not None else ([], [])
     if not correct or not wrong:

@@ -312,7 +312,7 @@ DEFAULT_CONFIDENCE = 0.90
 """The default policy's guarantee: it flags answers whose ``guard_score`` (the predicted probability
 that the answer is right) is below the threshold that passes at least :data:`DEFAULT_COVERAGE` of
 correct answers, with confidence :data:`DEFAULT_CONFIDENCE`, chosen on the profile guard's labelled
-out-of-fold scores (:mod:`logtoku_guard.calibration.risk`).
+out-of-fold scores (:mod:`logtoku_guard.scoring.risk`).
 
 For the embedded model's shipped guard (the tune half of the realistic-traffic benchmark, each
 real question asked in two wording styles: 216 correct answers to real questions, out of fold)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from logtoku_guard.backends.base import provider_of
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard.payloads import decision_attributes
+from logtoku_guard.wire.payloads import decision_attributes
 
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend

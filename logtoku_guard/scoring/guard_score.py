@@ -97,7 +97,7 @@ class GuardModel(BaseModel):
     reference_labels: dict[str, bool] = {}
     """Whether each reference group's answers were right (True) or wrong (False); a group of
     mixed labels is left out. With it, a threshold can be chosen for a stated risk
-    (:mod:`logtoku_guard.calibration.risk`)."""
+    (:mod:`logtoku_guard.scoring.risk`)."""
 
     def labelled_scores(self) -> tuple[list[float], list[float]]:
         """The out-of-fold scores of the right answers and of the wrong ones (empty without labels)."""

@@ -177,7 +177,7 @@ class ResponseStats:
         return "NaN token scores"
 
     def as_dict(self) -> dict[str, float | None]:
-        """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.guard.payloads.stats_payload`)."""
+        """Every statistic by name, undefined ones as ``None`` (:func:`logtoku_guard.wire.payloads.stats_payload`)."""
         values = {name: self.get(name) for name in STAT_NAMES}
         return {name: (v if math.isfinite(v) else None) for name, v in values.items()}
 

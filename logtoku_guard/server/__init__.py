@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server (``logtoku-guard serve``): OpenAI's wire format, LogTokU extensions.
 
-Layout: the bodies are the pydantic models of :mod:`logtoku_guard.openai_protocol`;
+Layout: the bodies are the pydantic models of :mod:`logtoku_guard.wire.openai_protocol`;
 :mod:`~logtoku_guard.server.wire` (the server's limits, response bodies; no web framework),
 :mod:`~logtoku_guard.server.body` (size and JSON depth limits before parsing),
 :mod:`~logtoku_guard.server.engine` (generation and guarding off the event loop; the

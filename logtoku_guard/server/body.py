@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.server.wire import RequestError
-from logtoku_guard.tools.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
+from logtoku_guard.wire.openai_tools import json_depth as json_depth  # re-exported: the body's depth check
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import RecordSink

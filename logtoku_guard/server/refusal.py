@@ -10,7 +10,7 @@ it reads the refusal), and, when logprobs were asked, ``logprobs`` ``{"content":
 streamed, the message comes as ``delta.refusal``. A legacy completion has no refusal channel: its
 ``text`` is the message, ``finish_reason`` ``content_filter``, its ``logprobs`` (when asked) empty
 lists. Either way: no per-token or summary ``logtoku``, ``usage`` counting the tokens of the
-message sent, and the decision as :class:`~logtoku_guard.guard.payloads.ServedDecisionPayload` in
+message sent, and the decision as :class:`~logtoku_guard.wire.payloads.ServedDecisionPayload` in
 the choice's ``logtoku_guard`` (no draft, no tokens; what every attempt generated is its
 ``generated_tokens``).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.types import Generation
 
 __all__ = [
@@ -86,7 +86,7 @@ def decision_headers(guard_result: Any) -> dict[str, str]:
         return {}
     from urllib.parse import quote
 
-    from logtoku_guard.guard.payloads import served_decision_payload
+    from logtoku_guard.wire.payloads import served_decision_payload
 
     d = served_decision_payload(guard_result)
     out = {"x-logtoku-action": str(d["action"]), "x-logtoku-withheld": "true" if d["withheld"] else "false"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.audit.records import parse_review_id
 from logtoku_guard.server import wire
 

@@ -1,7 +1,7 @@
 """The ASGI app (FastAPI): ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
 
 A body is first held to the size and nesting limits (:class:`~logtoku_guard.server.body.BodyLimits`),
-then FastAPI parses it into the request models of :mod:`logtoku_guard.openai_protocol` (their
+then FastAPI parses it into the request models of :mod:`logtoku_guard.wire.openai_protocol` (their
 schemas are served at ``GET /openapi.json``, browsable at ``GET /docs``); the server's own
 limits are checked by :mod:`logtoku_guard.server.wire` and generation runs through
 :class:`~logtoku_guard.server.engine.Engine`. Every refusal is an OpenAI error body with a 4xx
@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from logtoku_guard import __version__
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.server import gate, refusal, reviews, sse, tools, wire
@@ -293,7 +293,7 @@ def create_app(engine: Engine, settings: ServerSettings | None = None) -> Any:
 
 def _library_error(exc: LogTokUError, error: Any) -> Any:
     from logtoku_guard.decision.results import GuardRejectedError
-    from logtoku_guard.guard.payloads import served_decision_payload
+    from logtoku_guard.wire.payloads import served_decision_payload
 
     if isinstance(exc, GuardRejectedError):  # the draft is withheld: the decision only, without it
         extra = {"logtoku_guard": dict(served_decision_payload(exc.result))}

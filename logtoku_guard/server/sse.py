@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.server import gate, refusal, tools, wire
 from logtoku_guard.server.engine import Answer, ClientGone, Engine
@@ -93,7 +93,7 @@ async def events(
         return
     except LogTokUError as exc:
         from logtoku_guard.decision.results import GuardRejectedError
-        from logtoku_guard.guard.payloads import served_decision_payload
+        from logtoku_guard.wire.payloads import served_decision_payload
 
         extra = {"logtoku_guard": served_decision_payload(exc.result)} if isinstance(exc, GuardRejectedError) else None
         status = 422 if extra else 400 if isinstance(exc, ConfigurationError) else 500

@@ -1,6 +1,6 @@
 """The server's side of the wire protocol: settings-dependent checks and the response bodies.
 
-The bodies themselves are the pydantic models of :mod:`logtoku_guard.openai_protocol` (FastAPI
+The bodies themselves are the pydantic models of :mod:`logtoku_guard.wire.openai_protocol` (FastAPI
 parses the requests into them); this module adds what depends on the server (the largest
 ``max_tokens``, the K of its top-K logits, the served model's name), turns a request into
 :class:`~logtoku_guard.types.DecodingOptions` and chat messages, and builds the response models
@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.guard.payloads import json_float, served_decision_payload, summary_payload, token_payload
+from logtoku_guard.wire.payloads import json_float, served_decision_payload, summary_payload, token_payload
 from logtoku_guard.server.refusal import chat_message, completion_finish, tool_finish, withheld, withheld_logprobs
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
 

@@ -35,7 +35,7 @@ from logtoku_guard.errors import (
     UnknownReviewItemError,
     UnknownTraceError,
 )
-from logtoku_guard.guard.payloads import result_payload, token_payload
+from logtoku_guard.wire.payloads import result_payload, token_payload
 from logtoku_guard.types import TokenScore
 
 NOW = datetime.now(timezone.utc)

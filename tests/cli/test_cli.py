@@ -271,7 +271,7 @@ TOKEN_KEYS = {"index", "token", "id", "au", "eu", "quadrant", "logprob", "entrop
 
 
 def test_score_json_is_the_generation_payload_plus_the_profile_keys(tmp_path: Path, loads: list[Any]) -> None:
-    from logtoku_guard.guard.payloads import GenerationPayload
+    from logtoku_guard.wire.payloads import GenerationPayload
 
     data = score_json("--cache-dir", str(tmp_path))
     assert set(data) == set(GenerationPayload.__annotations__) | {"profile", "reliability_percentile"}
@@ -280,7 +280,7 @@ def test_score_json_is_the_generation_payload_plus_the_profile_keys(tmp_path: Pa
 
 
 def test_ask_json_is_the_result_payload_plus_the_percentile(tmp_path: Path, loads: list[Any]) -> None:
-    from logtoku_guard.guard.payloads import ResultPayload
+    from logtoku_guard.wire.payloads import ResultPayload
 
     path = make_profile().save(tmp_path / "p.json")
     res = invoke("ask", "hi", "--model", "fake", "--profile", str(path), "--store", str(tmp_path / "a.db"), "--json")

@@ -266,7 +266,7 @@ def _curl_parts(words: list[str]) -> tuple[str, dict[str, str], str | None]:
 
 @pytest.mark.parametrize("cmd", [c for c in ALL if c.words[0] == "curl"], ids=lambda c: c.where()[:120])
 def test_each_curl_request_is_one_the_server_takes(cmd: Command) -> None:
-    from logtoku_guard import openai_protocol as proto
+    from logtoku_guard.wire import openai_protocol as proto
 
     url, headers, data = _curl_parts(_expand(cmd))
     path = re.sub(r"^(https?://)?[^/]+", "", url).split("?")[0]

@@ -24,7 +24,7 @@ from logtoku_guard.errors import PolicyError, UsageError
 from logtoku_guard.guard.driver import drive
 from logtoku_guard.guard.guard import Guard
 from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
-from logtoku_guard.guard.payloads import result_payload, served_decision_payload
+from logtoku_guard.wire.payloads import result_payload, served_decision_payload
 from logtoku_guard.scoring.second_look import LookedStats, Measurement, SecondLooks, agreement, claim_key, verdict
 from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.scoring.uncertainty import au_eu

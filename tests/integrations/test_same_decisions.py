@@ -22,7 +22,7 @@ from llama_index.core.embeddings import MockEmbedding
 from langchain_logtoku import ChatLogTokU, LogTokUGuard, LogTokUMiddleware
 from llama_index.llms.logtoku import LogTokULLM, LogTokUQueryEngine
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.guard.payloads import result_payload
+from logtoku_guard.wire.payloads import result_payload
 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])  # reliability -0.01
 MIDDLING = ScriptedAnswer(["Paris", "."], [[3.0, 1.0], [4.0, 0.5]])  # -0.12

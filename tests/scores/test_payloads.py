@@ -8,7 +8,7 @@ import math
 import pytest
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
-from logtoku_guard.guard.payloads import (
+from logtoku_guard.wire.payloads import (
     decision_attributes,
     json_float,
     result_payload,

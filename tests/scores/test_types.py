@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.guard.payloads import generation_payload, token_payload
+from logtoku_guard.wire.payloads import generation_payload, token_payload
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.types import (
     ChatMessage,

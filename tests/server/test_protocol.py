@@ -1,4 +1,4 @@
-"""The wire protocol's models (logtoku_guard.openai_protocol): round trips, recorded vLLM bodies, errors, OpenAPI."""
+"""The wire protocol's models (logtoku_guard.wire.openai_protocol): round trips, recorded vLLM bodies, errors, OpenAPI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from logtoku_guard import openai_protocol as proto
+from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.server import wire
 from logtoku_guard.server.body import json_depth

@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 from support.served import tiny_served  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from logtoku_guard import openai_protocol as proto  # noqa: E402
+from logtoku_guard.wire import openai_protocol as proto  # noqa: E402
 from logtoku_guard.errors import ConfigurationError  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 from logtoku_guard.server.routes import ServerSettings  # noqa: E402

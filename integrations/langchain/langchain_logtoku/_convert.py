@@ -6,8 +6,8 @@
 - :class:`GuardPayload`, the type of the guard's ``response_metadata["logtoku_guard"]``.
 
 The scores themselves (``response_metadata["logtoku"]``: per-token items and the response
-summary) are the core payloads, :func:`logtoku_guard.guard.payloads.token_payload` and
-:func:`logtoku_guard.guard.payloads.summary_payload`; every value is JSON-ready (non-finite floats
+summary) are the core payloads, :func:`logtoku_guard.wire.payloads.token_payload` and
+:func:`logtoku_guard.wire.payloads.summary_payload`; every value is JSON-ready (non-finite floats
 become ``None``).
 """
 
@@ -23,7 +23,7 @@ from langchain_core.runnables import Runnable
 from langchain_logtoku.tools import render_tool_calls, render_tool_result
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.guard.payloads import ResultPayload
+from logtoku_guard.wire.payloads import ResultPayload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.tools.tool_calls import add_tool_result
 from logtoku_guard.types import ChatMessage as CoreMessage
@@ -117,7 +117,7 @@ class _GuardRequired(ResultPayload):
 class GuardPayload(_GuardRequired, total=False):
     """``response_metadata["logtoku_guard"]`` of a :class:`~langchain_logtoku.LogTokUGuard` answer.
 
-    The core :class:`~logtoku_guard.guard.payloads.ResultPayload` (action, route, rule, reason,
+    The core :class:`~logtoku_guard.wire.payloads.ResultPayload` (action, route, rule, reason,
     reliability, attempts, review_id, trace_id, checks, stats, stopped_early, policy
     ``{name, version}``, model, answer, draft, tokens, timings) plus: ``question`` (the
     retrieval query), ``passages`` (how many the final attempt was given), ``recorded`` (the

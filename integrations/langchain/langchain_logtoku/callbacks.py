@@ -7,7 +7,7 @@ own run (``on_custom_event``; ``astream_events(version="v2")`` shows them as ``o
   (warn, retrieve (even when the retrieved answer then passed), abstain, human review, raise):
   ``data`` is the decision, the same :class:`~langchain_logtoku._convert.GuardPayload` as the
   answer's ``response_metadata["logtoku_guard"]`` (``route``: each attempt's action and rule),
-  plus the flat ``logtoku.*`` keys of :func:`logtoku_guard.guard.payloads.decision_attributes`
+  plus the flat ``logtoku.*`` keys of :func:`logtoku_guard.wire.payloads.decision_attributes`
   (``logtoku.action``, ``logtoku.rule``, ``logtoku.route``, ``logtoku.rules``, ...).
 - :data:`RETRACTED_EVENT` (``"logtoku_retracted"``), in ``stream_mode="retract"`` only, when
   an answer already streamed is withdrawn: ``data`` is the decision plus ``retracted_text``

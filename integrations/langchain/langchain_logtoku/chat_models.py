@@ -5,7 +5,7 @@ maps LangChain messages and call arguments onto a core backend and writes the sc
 the message metadata:
 
 - ``response_metadata["logtoku"]``: ``{"tokens": [TokenPayload, ...], **SummaryPayload}``, the core
-  payloads (:mod:`logtoku_guard.guard.payloads`): per token ``index, token, id, au, eu, quadrant,
+  payloads (:mod:`logtoku_guard.wire.payloads`): per token ``index, token, id, au, eu, quadrant,
   logprob, entropy, top_logits``; the summary ``model, reliability*, quadrant_shares, n_tokens,
   finish_reason, k, evidence, top_n, prompt_tokens, stop_sequence, thresholds, timings``.
 - ``response_metadata["logprobs"]`` (when ``logprobs=True`` or ``top_logprobs=n``): the
@@ -60,7 +60,7 @@ from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.generation_capture import active_captures
-from logtoku_guard.guard.payloads import summary_payload, token_payload
+from logtoku_guard.wire.payloads import summary_payload, token_payload
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, rescore, validate_k
 from logtoku_guard.tools.constraints import DEFAULT_MAX_STRING_LENGTH

@@ -17,7 +17,7 @@ Tags and metadata of a run are fixed when it starts, before the decision exists.
 decision travels in the output and in the custom event; in addition, tracers attached to the
 run (LangSmith's ``LangChainTracer`` or any ``BaseTracer``) get a tag ``logtoku:<action>`` for
 every action of the route (``logtoku:retrieve`` and ``logtoku:pass`` when retrieval rescued the
-answer) and the flat ``logtoku.*`` metadata of :func:`logtoku_guard.guard.payloads.decision_attributes`
+answer) and the flat ``logtoku.*`` metadata of :func:`logtoku_guard.wire.payloads.decision_attributes`
 (``logtoku.action``, ``logtoku.rule``, ``logtoku.route``, ``logtoku.rules``, ...) added to the
 guard's run before it ends, so the run can be filtered by them once it is posted. These are new
 tag lists and dicts: the ones other handlers received when the run started are not changed.
@@ -50,7 +50,7 @@ from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.guard.guard import Guard, GuardCall
-from logtoku_guard.guard.payloads import AttributeValue, decision_attributes, result_payload, token_payload
+from logtoku_guard.wire.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.types import ChatMessage as CoreMessage
@@ -121,7 +121,7 @@ class LogTokUGuard(RunnableSerializable[Any, AIMessage]):
     bare question; otherwise it is the last human message. Output: an ``AIMessage`` whose
     ``response_metadata`` holds the final generation's ``logtoku`` scores and the decision
     under ``"logtoku_guard"``: a :class:`~langchain_logtoku._convert.GuardPayload`, the core
-    :class:`~logtoku_guard.guard.payloads.ResultPayload` (action, route (each attempt's own decision),
+    :class:`~logtoku_guard.wire.payloads.ResultPayload` (action, route (each attempt's own decision),
     rule, reason, reliability, attempts, review_id, trace_id, checks, stats, stopped_early,
     policy ``{name, version}``, model, answer, draft (the model's last answer), tokens, timings)
     plus question, passages and recorded. Keyword arguments of

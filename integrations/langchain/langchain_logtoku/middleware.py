@@ -30,7 +30,7 @@ The decision (:class:`~langchain_logtoku._convert.GuardPayload`) goes into the p
 field ``logtoku_guard``, the AIMessage's ``response_metadata["logtoku_guard"]``, the
 ``logtoku_flagged`` custom event (any route but a plain first-time pass) and the tags
 ``logtoku:<action>`` (one per action of the route) / metadata ``logtoku.*``
-(:func:`logtoku_guard.guard.payloads.decision_attributes`) of the enclosing run in attached tracers.
+(:func:`logtoku_guard.wire.payloads.decision_attributes`) of the enclosing run in attached tracers.
 
 Tool calls (the policy's ``tool_calls`` rules, :mod:`langchain_logtoku.tool_gate`): ``after_model``
 decides each call of the answer from its per-argument scores (re-asking the model at once);
@@ -83,7 +83,7 @@ from logtoku_guard.guard.driver import Watch, adrive, drive
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard.guard_io import retrieve_passages
 from logtoku_guard.guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
-from logtoku_guard.guard.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
+from logtoku_guard.wire.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import Generation

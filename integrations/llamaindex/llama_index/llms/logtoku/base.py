@@ -3,7 +3,7 @@
 It runs a :mod:`logtoku_guard` backend (the embedded SmolLM2 model by default, loaded on first
 use; or any :class:`~logtoku_guard.backends.base.Backend`, e.g. ``ScriptedBackend`` in tests).
 Every response carries, in ``additional_kwargs["logtoku"]``, the core payloads
-(:mod:`logtoku_guard.guard.payloads`)::
+(:mod:`logtoku_guard.wire.payloads`)::
 
     {"tokens": [TokenPayload, ...],   # index, token, id, au, eu, quadrant, logprob, entropy, top_logits
      "summary": SummaryPayload}       # model, reliability*, quadrant_shares, n_tokens, finish_reason, k,
@@ -53,9 +53,9 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.guard.generation_capture import GenerationCapture, active_captures
-from logtoku_guard.guard.payloads import SummaryPayload, TokenPayload
-from logtoku_guard.guard.payloads import summary_payload as _summary_payload
-from logtoku_guard.guard.payloads import token_payload as _token_payload
+from logtoku_guard.wire.payloads import SummaryPayload, TokenPayload
+from logtoku_guard.wire.payloads import summary_payload as _summary_payload
+from logtoku_guard.wire.payloads import token_payload as _token_payload
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
@@ -83,12 +83,12 @@ class _LogTokUKwargs(TypedDict, total=False):
 
 
 def token_payload(token: TokenScore) -> TokenPayload:
-    """One token's JSON-ready scores (:func:`logtoku_guard.guard.payloads.token_payload`, no quadrant thresholds)."""
+    """One token's JSON-ready scores (:func:`logtoku_guard.wire.payloads.token_payload`, no quadrant thresholds)."""
     return _token_payload(token)
 
 
 def summary_payload(generation: Generation) -> SummaryPayload:
-    """The response-level summary of one generation (:func:`logtoku_guard.guard.payloads.summary_payload`)."""
+    """The response-level summary of one generation (:func:`logtoku_guard.wire.payloads.summary_payload`)."""
     return _summary_payload(generation)
 
 

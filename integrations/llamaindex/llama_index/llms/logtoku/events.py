@@ -16,7 +16,7 @@ engine module, so any handler added to the root dispatcher receives it::
 Its ``route`` holds every attempt's own action and rule. The spans opened to act on a decision
 are tagged ``logtoku.action``, ``logtoku.rule``, ``logtoku.attempt`` and ``logtoku.route`` (the
 actions of the attempts so far). Every value in it comes from the core payload builders
-(:mod:`logtoku_guard.guard.payloads`), as does :class:`QueryPayload`, the ``metadata["logtoku"]`` of a
+(:mod:`logtoku_guard.wire.payloads`), as does :class:`QueryPayload`, the ``metadata["logtoku"]`` of a
 guarded response.
 """
 
@@ -29,7 +29,7 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.schema import NodeWithScore
 
-from logtoku_guard.guard.payloads import AttemptPayload, ResultPayload, attempt_payload, json_float, result_payload, stats_payload
+from logtoku_guard.wire.payloads import AttemptPayload, ResultPayload, attempt_payload, json_float, result_payload, stats_payload
 
 if TYPE_CHECKING:
     from logtoku_guard.decision.policy import Decision, Policy
@@ -43,13 +43,13 @@ class SourceNodePayload(TypedDict):
 
 
 class AttemptLogPayload(AttemptPayload):
-    """One attempt (:class:`~logtoku_guard.guard.payloads.AttemptPayload`) with the ids of its source nodes."""
+    """One attempt (:class:`~logtoku_guard.wire.payloads.AttemptPayload`) with the ids of its source nodes."""
 
     source_node_ids: list[str]
 
 
 class QueryPayload(ResultPayload):
-    """``metadata["logtoku"]``: the core :class:`~logtoku_guard.guard.payloads.ResultPayload`, the final
+    """``metadata["logtoku"]``: the core :class:`~logtoku_guard.wire.payloads.ResultPayload`, the final
     attempt's ``source_nodes`` and every attempt with its node ids (``attempt_log``)."""
 
     source_nodes: list[SourceNodePayload]

@@ -25,7 +25,7 @@ synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings
 
 Every decision is dispatched as a :class:`~llama_index.llms.logtoku.events.LogTokUDecisionEvent`
 (with the route: each attempt's action and rule) and the spans opened to act on it are tagged
-with the flat decision attributes of :func:`logtoku_guard.guard.payloads.decision_attributes`
+with the flat decision attributes of :func:`logtoku_guard.wire.payloads.decision_attributes`
 (``logtoku.action``, ``logtoku.rule``, ``logtoku.attempts``, ``logtoku.route``, ...).
 """
 
@@ -51,7 +51,7 @@ from logtoku_guard.guard.driver import Watch, adrive, drive
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard.guard import Guard
 from logtoku_guard.guard.guard_steps import Answer, Retrieve, Retrieved
-from logtoku_guard.guard.payloads import decision_attributes
+from logtoku_guard.wire.payloads import decision_attributes
 
 from ._engine_io import AsyncEngineIO, EngineIO, alive, live
 from ._responses import (
