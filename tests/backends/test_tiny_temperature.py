@@ -30,6 +30,7 @@ def test_transformers_decodes_a_tiny_temperature_greedily(tiny_backend: Any, tem
     assert [t.id for t in tiny.tokens] == [t.id for t in greedy.tokens]
 
 
+@pytest.mark.slow  # llama.cpp's smoke check, model load and five decodes: a minute on a busy CPU
 def test_llamacpp_agrees() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'")
