@@ -34,6 +34,7 @@ from logtoku_guard.errors import (
     ReviewTimeoutError,
     UnknownReviewItemError,
     UnknownTraceError,
+    UnreadableRowError,
     UsageError,
 )
 from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds
@@ -150,6 +151,7 @@ __all__ = [
     "TransformersBackend",
     "UnknownReviewItemError",
     "UnknownTraceError",
+    "UnreadableRowError",
     "UsageError",
     "__version__",
     "calibrate",

@@ -21,7 +21,9 @@ Hierarchy (every class is exported from ``logtoku_guard``)::
     ├── NonFiniteLogitsError (ArithmeticError) the model produced NaN/inf among its top-K logits
     ├── RemoteServerError                 a remote server unreachable, refusing, or unreadable
     ├── AuditStoreError                   the audit store cannot be opened or written
-    │   └── UnknownTraceError (KeyError)  no audit record has that trace id
+    │   ├── UnknownTraceError (KeyError)  no audit record has that trace id
+    │   └── UnreadableRowError            the one stored row asked for holds a value that cannot be
+    │                                     read (edited by hand, damaged); names the row and column
     └── ReviewError                       a human-review queue operation that cannot be done
         ├── UnknownReviewItemError (KeyError)  no review item with that id
         ├── ReviewStateError              the item's status forbids it (decided twice, claimed by another)
@@ -182,6 +184,16 @@ class UnknownTraceError(AuditStoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""
+
+
+class UnreadableRowError(AuditStoreError):
+    """The one stored row asked for (a review item, a record by trace id) holds a value that cannot be
+    read; ``row`` is the :class:`~logtoku_guard.audit.records.SkippedRow` naming its table, id, column
+    and value. The store itself is reachable: other rows still read."""
+
+    def __init__(self, message: str, row: Any) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 class ReviewError(LogTokUError):

@@ -414,11 +414,12 @@ class ReviewQueue:
                 f"and a verdict is final; {self.review_hints.show.format(id=item.id)}"
             )
         when = item.claimed_at.isoformat() if item.claimed_at else "?"
-        until = (
-            ""
-            if self.claim_ttl is None or item.claimed_at is None
-            else f" until {(item.claimed_at + self.claim_ttl).isoformat()}"
-        )
+        until = ""
+        if self.claim_ttl is not None and item.claimed_at is not None:
+            try:
+                until = f" until {(item.claimed_at + self.claim_ttl).isoformat()}"
+            except OverflowError:  # a claim time edited to the last years Python can hold
+                until = " until after 9999-12-31"
         return (
             f"cannot {verb} review item {item.id} as {reviewer!r}: its status is {item.status!r} by {item.claimed_by!r} "
             f"(since {when}) and only they may decide it{until}; {self.review_hints.take_another}, "

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-from logtoku_guard.errors import AuditStoreError, ConfigurationError, short_repr
+from logtoku_guard.errors import ConfigurationError, UnreadableRowError, short_repr
 from logtoku_guard.wire.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.scoring.tool_scores import score_tool_calls
 
@@ -41,7 +41,6 @@ __all__ = [
     "ReviewStatus",
     "SkippedRow",
     "StoredRows",
-    "UnreadableRowError",
 ]
 
 ReviewStatus = Literal["pending", "claimed", "approved", "rejected"]
@@ -420,15 +419,10 @@ class StoredRows(list[_T], Generic[_T]):
         self.skipped: list[SkippedRow] = list(skipped)
 
 
-class UnreadableRowError(AuditStoreError):
-    """The one row asked for (a review item, a record by trace id) holds a value that cannot be read
-    (see :class:`SkippedRow`, in :attr:`row`); the message names the row, the column and the value.
-    The store itself is reachable: other rows still read."""
-
-    def __init__(self, row: SkippedRow) -> None:
-        msg = f"the audit store's {row.describe()}; the row cannot be read. Fix or delete it with SQL (other rows are unaffected)"
-        super().__init__(msg)
-        self.row = row
+def unreadable_row_error(row: SkippedRow) -> UnreadableRowError:
+    """The :class:`~logtoku_guard.errors.UnreadableRowError` of the one row asked for, naming it."""
+    msg = f"the audit store's {row.describe()}; the row cannot be read. Fix or delete it with SQL (other rows are unaffected)"
+    return UnreadableRowError(msg, row)
 
 
 @dataclass(frozen=True)

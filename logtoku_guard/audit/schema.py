@@ -11,6 +11,7 @@ columns are JSONB on PostgreSQL. SQLite connections get WAL, ``busy_timeout``,
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
@@ -18,15 +19,22 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 
-from logtoku_guard.audit.records import _REVIEW_STATUSES, AuditRecord, ReviewItem, SkippedRow, UnreadableRowError
-from logtoku_guard.errors import short_repr
+from logtoku_guard.audit.records import (
+    _REVIEW_STATUSES,
+    AuditRecord,
+    DecisionRow,
+    ReviewItem,
+    SkippedRow,
+    unreadable_row_error,
+)
+from logtoku_guard.errors import AuditStoreError, short_repr
 
 logger = logging.getLogger("logtoku_guard.audit")
 logger.addHandler(logging.NullHandler())  # reported by the callers (the CLI prints them); shown when logging is configured
@@ -372,7 +380,7 @@ def read_one(
     try:
         return convert(m)
     except (_BadColumn, _BadRecordOfItem) as exc:
-        raise UnreadableRowError(where(m, exc)) from None
+        raise unreadable_row_error(where(m, exc)) from None
 
 
 def _add_missing_columns(conn: Connection) -> None:
@@ -408,3 +416,64 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         # IMMEDIATE takes the write lock first (waiting up to busy_timeout), so a write
         # transaction never fails half-way on a stale read snapshot.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "BEGIN")
+
+
+def _check_version(version: str | None, where: str) -> None:
+    """Refuse a store whose schema version is not this code's (the message says which is newer)."""
+    if version is None or version == str(SCHEMA_VERSION):
+        return
+    try:
+        found = int(version)
+    except ValueError:
+        msg = (
+            f"the audit store at {where} has schema version {version!r}, which is not a version number; "
+            "it is damaged or not an audit store"
+        )
+        raise AuditStoreError(msg) from None
+    if found > SCHEMA_VERSION:
+        msg = (
+            f"the audit store at {where} has schema version {found}, written by a newer logtoku_guard; this one reads "
+            f"version {SCHEMA_VERSION} only: upgrade logtoku_guard (pip install -U logtoku-guard) to open it"
+        )
+    else:
+        msg = (
+            f"the audit store at {where} has schema version {found}, written by an older logtoku_guard; this one reads "
+            f"version {SCHEMA_VERSION} only and does not migrate: export it with that version, then start a new store"
+        )
+    raise AuditStoreError(msg)
+
+
+def _write_rows(conn: Connection, f: IO[str], fmt: str, skipped: list[SkippedRow]) -> int:
+    """Every readable record, oldest first, to ``f`` as JSONL or CSV (unreadable ones into ``skipped``); how many."""
+    stmt = _record_select.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
+    rows = (rec.to_dict() for rec in read_rows(conn.execute(stmt).mappings(), _row_to_record, _record_row, skipped))
+    n = 0
+    if fmt == "jsonl":
+        for d in rows:
+            f.write(_json_dumps(d) + "\n")
+            n += 1
+    else:
+        writer = csv.DictWriter(f, fieldnames=_RECORD_FIELDS)
+        writer.writeheader()
+        for d in rows:
+            for name in ("tokens", "stats", "timings", "tool_calls"):
+                d[name] = _json_dumps(d[name])
+            writer.writerow(d)
+            n += 1
+    return n
+
+
+def _decision_row(m: sa.RowMapping) -> DecisionRow:
+    """What drift statistics read of one row, checked like a whole record (:func:`_row_to_record`)."""
+    created = _time(m, "created_at", "created_at")
+    assert created is not None
+    if type(m["action"]) is not str:
+        raise _BadColumn("action", m["action"], "not text")
+    return DecisionRow(
+        created,
+        str(_text(m, "model", "model")),
+        str(_text(m, "policy_name", "policy_name")),
+        _text(m, "rule", "rule", optional=True),
+        m["action"],
+        dict(_numbers(m, "stats", "stats")),
+    )

@@ -34,7 +34,6 @@ the OS account (``os_user``) that is stored beside them.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import threading
@@ -42,7 +41,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -67,22 +66,21 @@ from logtoku_guard.audit.schema import (
     _WRITE_OPTION,
     SCHEMA_VERSION,
     _add_missing_columns,
-    _BadColumn,
+    _check_version,
     _configure_sqlite,
+    _decision_row,
     _json_dumps,
     _json_loads,
     _meta,
     _metadata,
-    _numbers,
     _record_insert,
     _record_row,
     _record_select,
     _records,
     _reviews,
     _row_to_record,
-    _text,
-    _time,
     _UTCDateTime,
+    _write_rows,
     at_or_after,
     read_one,
     read_rows,
@@ -121,55 +119,11 @@ def _init_tables(path: Path) -> None:
 _SCHEMA_LOCK = 0x6C74_6B75_6175_6474  # "ltkuaudt": PostgreSQL advisory lock held while opening (tables, version)
 
 
-def _check_version(version: str | None, where: str) -> None:
-    """Refuse a store whose schema version is not this code's (the message says which is newer)."""
-    if version is None or version == str(SCHEMA_VERSION):
-        return
-    try:
-        found = int(version)
-    except ValueError:
-        msg = (
-            f"the audit store at {where} has schema version {version!r}, which is not a version number; "
-            "it is damaged or not an audit store"
-        )
-        raise AuditStoreError(msg) from None
-    if found > SCHEMA_VERSION:
-        msg = (
-            f"the audit store at {where} has schema version {found}, written by a newer logtoku_guard; this one reads "
-            f"version {SCHEMA_VERSION} only: upgrade logtoku_guard (pip install -U logtoku-guard) to open it"
-        )
-    else:
-        msg = (
-            f"the audit store at {where} has schema version {found}, written by an older logtoku_guard; this one reads "
-            f"version {SCHEMA_VERSION} only and does not migrate: export it with that version, then start a new store"
-        )
-    raise AuditStoreError(msg)
-
-
 class ExportedRows(int):
     """The number of records :meth:`AuditStore.export` wrote, with :attr:`skipped`: the rows it could
     not read and left out (see :class:`~logtoku_guard.audit.records.SkippedRow`)."""
 
     skipped: list[SkippedRow]
-
-
-def _write_rows(conn: Connection, f: IO[str], fmt: ExportFormat, skipped: list[SkippedRow]) -> int:
-    stmt = _record_select.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
-    rows = (rec.to_dict() for rec in read_rows(conn.execute(stmt).mappings(), _row_to_record, _record_row, skipped))
-    n = 0
-    if fmt == "jsonl":
-        for d in rows:
-            f.write(_json_dumps(d) + "\n")
-            n += 1
-    else:
-        writer = csv.DictWriter(f, fieldnames=_RECORD_FIELDS)
-        writer.writeheader()
-        for d in rows:
-            for name in ("tokens", "stats", "timings", "tool_calls"):
-                d[name] = _json_dumps(d[name])
-            writer.writerow(d)
-            n += 1
-    return n
 
 
 # ----------------------------------------------------------------------------- store
@@ -435,7 +389,7 @@ class AuditStore(ReviewQueue):
 
     def get(self, trace_id: str) -> AuditRecord:
         """The record with this trace id; :class:`UnknownTraceError` (an AuditStoreError) if none,
-        :class:`~logtoku_guard.audit.records.UnreadableRowError` if its row cannot be read."""
+        :class:`~logtoku_guard.errors.UnreadableRowError` if its row cannot be read."""
         with self._transaction("read", write=False) as conn:
             row = conn.execute(_record_select.where(_records.c.trace_id == trace_id)).mappings().one_or_none()
         if row is None:
@@ -534,19 +488,3 @@ class AuditStore(ReviewQueue):
         out = ExportedRows(n)
         out.skipped = skipped
         return out
-
-
-def _decision_row(m: sa.RowMapping) -> DecisionRow:
-    """What drift statistics read of one row, checked like a whole record (:func:`_row_to_record`)."""
-    created = _time(m, "created_at", "created_at")
-    assert created is not None
-    if type(m["action"]) is not str:
-        raise _BadColumn("action", m["action"], "not text")
-    return DecisionRow(
-        created,
-        str(_text(m, "model", "model")),
-        str(_text(m, "policy_name", "policy_name")),
-        _text(m, "rule", "rule", optional=True),
-        m["action"],
-        dict(_numbers(m, "stats", "stats")),
-    )

@@ -33,10 +33,17 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from logtoku_guard.audit.records import UnreadableRowError, parse_review_id
+from logtoku_guard.audit.records import parse_review_id
 from logtoku_guard.audit.reviewers import ReviewerRegistry
 from logtoku_guard.audit.store import AuditStore
-from logtoku_guard.errors import AuditStoreError, ConfigurationError, ReviewStateError, UnknownReviewItemError, short_repr
+from logtoku_guard.errors import (
+    AuditStoreError,
+    ConfigurationError,
+    ReviewStateError,
+    UnknownReviewItemError,
+    UnreadableRowError,
+    short_repr,
+)
 from logtoku_guard.review_web import views
 from logtoku_guard.review_web.auth import SESSION_COOKIE, Session, SessionStore
 from logtoku_guard.review_web.queue_page import QueueFilter, list_queue

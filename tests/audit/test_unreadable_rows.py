@@ -26,10 +26,10 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from logtoku_guard.audit import AuditRecord, AuditStore
-from logtoku_guard.audit.records import StoredRows, UnreadableRowError
+from logtoku_guard.audit.records import StoredRows
 from logtoku_guard.audit.schema import _records, _reviews
 from logtoku_guard.cli import _common, app
-from logtoku_guard.errors import ConfigurationError, UnknownTraceError
+from logtoku_guard.errors import ConfigurationError, UnknownTraceError, UnreadableRowError
 from logtoku_guard.review_web import create_app
 from logtoku_guard.review_web.queue_page import QueueFilter, list_queue
 
