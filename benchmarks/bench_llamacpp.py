@@ -29,7 +29,10 @@ scores). Measured, never asserted:
    on a shared machine other processes stretch the wall clock but not this process's CPU time;
 7. cold start (``--parts cold_ask``): child CPU time of ``logtoku-guard ask --backend llamacpp
    --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against a bare
-   llama-cpp-python script answering the same question with one token, interleaved.
+   llama-cpp-python script answering the same question with one token, interleaved;
+8. scored decode against bare (``--parts decode_cpu``): process CPU time per token of a greedy
+   ``--tokens`` answer through ``generate`` (every token scored) and of the bare loop's same tokens,
+   at 1 and 2 threads, interleaved; the prefill of the short prompt is included in both.
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -333,6 +336,38 @@ def long_prompt(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def decode_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per token of a scored greedy answer against the bare loop's same tokens, 1 and 2 threads."""
+    import statistics
+
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    from logtoku_guard.types import DecodingOptions
+
+    prompt = PROMPTS[1]
+    opts = DecodingOptions(max_new_tokens=args.tokens)
+    out: dict[str, Any] = {}
+    for threads in (1, 2):
+        b = LlamaCppBackend("embedded", n_threads=threads)
+        b.generate(prompt, DecodingOptions(max_new_tokens=4))  # warm up
+        per_token: dict[str, list[float]] = {"scored": [], "bare": []}
+        counts: dict[str, int] = {}
+        for _ in range(args.repeats):
+            for name in ("scored", "bare"):  # interleaved
+                start = time.process_time()
+                n = len(b.generate(prompt, opts).tokens) if name == "scored" else bare_loop(b, prompt, args.tokens)
+                per_token[name].append((time.process_time() - start) / n)
+                counts[name] = n
+        b.close()
+        med = {name: statistics.median(v) for name, v in per_token.items()}
+        out[f"threads={threads}"] = {
+            "cpu_ms_per_token": {name: 1000 * v for name, v in med.items()},
+            "tokens": counts,
+            "bare_over_scored_speed": med["bare"] / med["scored"],
+        }
+        print(json.dumps({"decode_cpu": {f"threads={threads}": out[f"threads={threads}"]}}, indent=1), flush=True)
+    return out
+
+
 BARE_ASK = """
 import sys
 from llama_cpp import Llama
@@ -417,6 +452,7 @@ def main() -> None:
         "ceiling": ceiling,
         "long": long_prompt,
         "cold_ask": cold_ask,
+        "decode_cpu": decode_cpu,
     }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]

@@ -18,6 +18,7 @@ OpenMP threads, which spin between operations and took the cores from llama.cpp'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.prompt_scoring import QuestionSpan
@@ -51,14 +52,37 @@ def top_k(logits: np.ndarray, k: int) -> tuple[list[list[float]], list[list[int]
     width = n * TOP_K_CHUNK
     maxima = logits[:, :width].reshape(rows, TOP_K_CHUNK, n).max(axis=1)  # (rows, n): group g holds g + n * j
     groups = np.argpartition(maxima, n - k, axis=-1)[:, n - k :]
-    ids = (groups[:, :, None] + n * np.arange(TOP_K_CHUNK)).reshape(rows, -1)
+    ids = (groups[:, :, None] + _strides(n)).reshape(rows, -1)
     if width < vocab:
         ids = np.concatenate([ids, np.broadcast_to(np.arange(width, vocab), (rows, vocab - width))], axis=1)
-    cand = np.take_along_axis(logits, ids, axis=-1)
+    # Plain fancy indexing with a row index column (take_along_axis builds the same index, at a cost per call
+    # that a one-row decoding step notices).
+    at = _row_index(rows)
+    cand = logits[at, ids]
     best = np.argpartition(-cand, k - 1, axis=-1)[:, :k]
-    values, best_ids = np.take_along_axis(cand, best, axis=-1), np.take_along_axis(ids, best, axis=-1)
+    values, best_ids = cand[at, best], ids[at, best]
     order = np.lexsort((best_ids, -values), axis=-1)  # largest first; equal values: the lower id first
-    return np.take_along_axis(values, order, axis=-1).tolist(), np.take_along_axis(best_ids, order, axis=-1).tolist()
+    return values[at, order].tolist(), best_ids[at, order].tolist()
+
+
+@lru_cache(maxsize=8)
+def _strides(n: int) -> np.ndarray:
+    """``n * [0, 1, ... TOP_K_CHUNK - 1]``: the offsets of a strided group's ids (read-only, shared)."""
+    import numpy as np
+
+    out = n * np.arange(TOP_K_CHUNK)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=64)
+def _row_index(rows: int) -> np.ndarray:
+    """``[[0], [1], ... [rows - 1]]``: the row index that pairs with a ``(rows, m)`` column index (read-only, shared)."""
+    import numpy as np
+
+    out = np.arange(rows)[:, None]
+    out.flags.writeable = False
+    return out
 
 
 LSE_BLOCK = 16
