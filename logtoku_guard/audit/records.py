@@ -26,8 +26,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from logtoku_guard.errors import ConfigurationError, UnreadableRowError, short_repr
-from logtoku_guard.wire.payloads import ResultPayload, json_float, result_payload
 from logtoku_guard.scoring.tool_scores import score_tool_calls
+from logtoku_guard.wire.payloads import ResultPayload, json_float, result_payload
 
 if TYPE_CHECKING:
     from logtoku_guard.decision.results import GuardResult

@@ -15,9 +15,9 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
-from logtoku_guard.wire.payloads import result_payload
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, validate_k
 from logtoku_guard.types import DecodingOptions, to_messages
+from logtoku_guard.wire.payloads import result_payload
 
 if TYPE_CHECKING:
     from datetime import datetime
