@@ -371,7 +371,7 @@ def decode_cpu(args: argparse.Namespace) -> dict[str, Any]:
 BARE_ASK = """
 import sys
 from llama_cpp import Llama
-llm = Llama(sys.argv[1], n_ctx=512, n_threads=1, verbose=False)
+llm = Llama(sys.argv[1], n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False)
 out = llm.create_chat_completion([{"role": "user", "content": sys.argv[2]}], max_tokens=1, temperature=0.0)
 print(out["choices"][0]["message"]["content"])
 """
