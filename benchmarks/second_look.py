@@ -363,6 +363,8 @@ def report(rows: list[Row], policy: Policy, profile: Any, split: str) -> str:
 
 
 # -- fit the cascade on the tune half -------------------------------------------------------------------
+PARAPHRASE_CUTS: tuple[float | None, ...] = (None,)
+"""The paraphrase look's cuts searched (None: no rule); only None while paraphrase was not measured on the tune half."""
 LOOK_RULES = {
     "self_check_yes": "self-check-doubts",
     "sampling_agreement": "unstable-samples",
@@ -404,9 +406,9 @@ def fit(rows: list[Row], policy: Policy, profile: Any) -> None:
     results = []
     for lo in (0.85, 0.9, 0.95):
         for hi in (0.3, 0.5, 0.6, 0.7):
-            for yes in (None, 0.3, 0.5, 0.7):
+            for yes in (None, 0.08, 0.12, 0.3, 0.5):
                 for agree in (None, 0.25, 0.5, 0.75):
-                    for para in (None, 0.25, 0.5):
+                    for para in PARAPHRASE_CUTS:
                         cuts = {"self_check_yes": yes, "sampling_agreement": agree, "paraphrase_agreement": para}
                         decider = Decider(Policy.from_dict(cascade_dict(edge[lo], edge[hi], cuts, policy)), profile)
                         ran = [(r, o) for r in tune if (o := run_policy(decider, r)) is not None]
