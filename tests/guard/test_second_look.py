@@ -24,11 +24,11 @@ from logtoku_guard.errors import PolicyError, UsageError
 from logtoku_guard.guard.driver import drive
 from logtoku_guard.guard.guard import Guard
 from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
-from logtoku_guard.wire.payloads import result_payload, served_decision_payload
 from logtoku_guard.scoring.second_look import LookedStats, Measurement, SecondLooks, agreement, claim_key, verdict
 from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.scoring.uncertainty import au_eu
 from logtoku_guard.types import TokenScore
+from logtoku_guard.wire.payloads import result_payload, served_decision_payload
 
 SHAKY = [[4.0, 3.0], [3.0, 2.0]]  # max EU ~ 0.22
 SURE = [[30.0, 5.0], [25.0, 2.0]]  # max EU ~ 0.06
