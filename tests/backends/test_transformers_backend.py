@@ -173,7 +173,7 @@ def slow_backend(tokenizer: Any, seconds_per_step: float = 0.05) -> Transformers
 def generate_within(backend: TransformersBackend, seconds: float) -> Any:
     """``generate()`` in a thread; fails (instead of hanging) if it does not finish in ``seconds``.
 
-    Seeded sampling runs alone (it cannot join a running batch): it waits for the model to be free.
+    A seeded sampled request shares the batch with whatever runs (its own temperature and stream).
     """
     done: list[Any] = []
     options = DecodingOptions(max_new_tokens=2, temperature=0.7, seed=1)
