@@ -36,7 +36,7 @@ import numpy as np
 
 from logtoku_eval.cache import CachedGeneration
 from logtoku_eval.fabricated_eval import generation_from_cached
-from logtoku_eval.jsonout import finite_json, write_json
+from logtoku_eval.jsonout import dumps, finite_json, write_json
 from logtoku_eval.ordinary import WORDINGS, OrdinaryItem
 from logtoku_guard.calibration.profiles import ModelProfile
 from logtoku_guard.calibration.self_labels import answer_matches
@@ -425,9 +425,7 @@ def write_ordinary(report: OrdinaryReport, out_dir: str | Path) -> list[Path]:
     md, js, ans = out / "ordinary.md", out / "ordinary.json", out / "ordinary-answers.jsonl"
     md.write_text(report.to_markdown() + "\n", encoding="utf-8")
     write_json(js, report.to_json())
-    ans.write_text(
-        "".join(json.dumps(a.to_json(), ensure_ascii=False, allow_nan=False) + "\n" for a in report.answers), encoding="utf-8"
-    )
+    ans.write_text("".join(dumps(a.to_json(), indent=None) + "\n" for a in report.answers), encoding="utf-8")
     return [md, js, ans]
 
 

@@ -283,7 +283,7 @@ def test_an_unknown_backend_is_refused_before_any_data_or_model_loads(tmp_path: 
 
     for command in ("truthfulqa", "nq-open", "guard", "fabricated", "traffic"):
         res = CliRunner().invoke(eval_app, [command, "--backend", "vllm", "--out-dir", str(tmp_path / "o")])
-        assert res.exit_code == 2 and "--backend must be one of transformers, llamacpp, got 'vllm'" in " ".join(
+        assert res.exit_code == 2 and "--backend must be one of transformers, llamacpp, openai, got 'vllm'" in " ".join(
             res.output.split()
         )
         assert "Traceback" not in res.output
@@ -380,5 +380,5 @@ def test_an_unknown_judge_backend_is_refused_before_any_model_loads(tmp_path: Pa
     monkeypatch.setattr(toolkit, "load_backend", lambda *a, **k: pytest.fail("no model may load"))
     res = CliRunner().invoke(eval_app, ["truthfulqa", "--judge", "llm", "--judge-model", "j", "--judge-backend", "vllm"])
     text = " ".join(res.output.split())
-    assert res.exit_code == 2 and "--judge-backend must be one of transformers, llamacpp, got 'vllm'" in text, text
+    assert res.exit_code == 2 and "--judge-backend must be one of transformers, llamacpp, openai, got 'vllm'" in text, text
     assert "Traceback" not in text

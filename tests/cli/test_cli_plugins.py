@@ -168,7 +168,7 @@ def test_a_plugin_built_from_the_public_toolkit_checks_and_fails_like_a_core_com
     app = _app()
     add_plugins(app, [EntryPoint("hello", "toolkit_plugin:app", GROUP)])
     bad = CliRunner().invoke(app, ["hello", "run", "--backend", "vllm"])
-    assert bad.exit_code == 2 and "error: --backend must be one of transformers, llamacpp, got 'vllm'" in bad.output
+    assert bad.exit_code == 2 and "error: --backend must be one of transformers, llamacpp, openai, got 'vllm'" in bad.output
     assert "Traceback" not in bad.output and backends == []
     good = CliRunner().invoke(app, ["hello", "run", "--model", "mine", "--backend", "llamacpp"])
     assert good.exit_code == 0 and '{"model": "mine"}' in good.output and backends == ["llamacpp"], good.output
