@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from support.gate import Forwards, Gate
-from support.same import assert_same, wait_until
+from support.same import NEAR_TIE, assert_same, wait_until
 from support.tiny import make_model
 
 from logtoku_guard.backends.batching import Batcher, Job
@@ -334,13 +334,17 @@ def test_langchain_batch_uses_the_batcher(tiny_tokenizer: Any) -> None:
     backend, gate = slow_backend(tiny_tokenizer, seconds_per_step=0.01)
     llm = ChatLogTokU(backend=backend, logtoku_profile=None, max_tokens=6)
     alone = [llm.invoke(p).content for p in PROMPTS[:4]]
+    solo = [backend.generate(p, DecodingOptions(max_new_tokens=6)) for p in PROMPTS[:4]]
+    assert [g.text for g in solo] == alone  # the chat model's invoke is the backend's generation
     # BaseChatModel.batch runs invoke in a thread pool: the calls meet in the batcher
     stream, _ = hold_worker(backend)
     with ThreadPoolExecutor(1) as pool:
         with gate.held():
             batched = pool.submit(llm.batch, PROMPTS[:4], config={"max_concurrency": 4})
             wait_until(lambda: queued(backend) == 4, "the batch's calls to queue")
-        assert [m.content for m in batched.result(60)] == alone
+        for got, want, generation in zip([m.content for m in batched.result(60)], alone, solo):
+            # equal, unless the tiny model's answer passes a near tie that float differences may flip
+            assert got == want or any(t.top_logits[0] - t.top_logits[1] < NEAR_TIE for t in generation.tokens), (got, want)
     stream.close()
     assert backend._batcher.largest == 5
 
