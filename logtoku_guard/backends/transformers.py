@@ -87,6 +87,10 @@ def default_threads(threads: int | None = None) -> int | None:
     return threads or None
 
 
+_TOKENIZER_LOCKS: dict[int, threading.Lock] = {}
+"""One lock per tokenizer object (by id): its calls with and without ``split_special_tokens`` never interleave."""
+
+
 class NoChatTemplateWarning(UserWarning):
     """The tokenizer has no chat template: turns are sent as a plain prompt."""
 
@@ -251,7 +255,8 @@ class TransformersBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        with _TOKENIZER_LOCKS.setdefault(id(self._tokenizer), threading.Lock()):
+            return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:
@@ -279,6 +284,13 @@ class TransformersBackend(BatchedBackend):
         return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 
     def _tokenize_prompt(self, messages: list[ChatMessage]) -> tuple[str, list[int], list[tuple[int, int]] | None]:
+        """:meth:`_tokenize_prompt_unlocked` under the tokenizer's lock: a fast tokenizer switches
+        ``split_special_tokens`` on its shared Rust object per call, so two callers' threads
+        tokenising at once could read each other's setting (a joined row then saw other ids)."""
+        with _TOKENIZER_LOCKS.setdefault(id(self._tokenizer), threading.Lock()):
+            return self._tokenize_prompt_unlocked(messages)
+
+    def _tokenize_prompt_unlocked(self, messages: list[ChatMessage]) -> tuple[str, list[int], list[tuple[int, int]] | None]:
         """The rendered prompt, its token ids and (fast tokenizers) each token's character offsets.
 
         Only the chat template's markup is parsed for special tokens; the messages' text is
