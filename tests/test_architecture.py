@@ -350,7 +350,8 @@ def test_tests_are_grouped_by_unit_and_named_after_what_they_test() -> None:
     rounds = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.stem.endswith(("_hardening", "_round", "_fixes"))]
     assert not rounds, f"name test files after what they test, not after a round of work: {rounds}"
     flat = sorted(p.name for p in tests.glob("test_*.py"))
-    assert flat == ["test_architecture.py", "test_layers.py", "test_public_api.py"], f"put unit tests in a folder per unit: {flat}"
+    expected = ["test_architecture.py", "test_layers.py", "test_public_api.py"]
+    assert flat == expected, f"put unit tests in a folder per unit: {flat}"
 
 
 def test_every_first_party_import_names_a_module_that_exists() -> None:

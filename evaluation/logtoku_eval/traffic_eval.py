@@ -46,10 +46,10 @@ from logtoku_eval.jsonout import write_json
 from logtoku_eval.metrics import bootstrap_ci, share_ci
 from logtoku_eval.traffic import load_traffic
 from logtoku_guard.calibration.profiles import ModelProfile, build_profile
-from logtoku_guard.scoring.risk import RiskThreshold
-from logtoku_guard.scoring.risk import choose_threshold as choose_risk_threshold
 from logtoku_guard.calibration.self_labels import LabelledQuestion, fit_on_outcomes, labelled_questions, outcome_of
 from logtoku_guard.scoring.guard_score import FEATURES, GuardModel, auroc, with_guard_score
+from logtoku_guard.scoring.risk import RiskThreshold
+from logtoku_guard.scoring.risk import choose_threshold as choose_risk_threshold
 from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, ResponseStats
 
 __all__ = [

@@ -40,11 +40,9 @@ from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import ScoringIdentity, TokenStream
 from logtoku_guard.backends.openai_reading import CHUNK_OR_ERROR, StreamState, as_float, token_entries, topk_stats
 from logtoku_guard.errors import ConfigurationError, LogProbsNotLogitsError, MissingDependencyError, RemoteServerError
-from logtoku_guard.wire.openai_errors import withheld_message
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
     DEFAULT_TOP_N,
@@ -64,6 +62,8 @@ from logtoku_guard.types import (
     question_of,
     to_messages,
 )
+from logtoku_guard.wire import openai_protocol as proto
+from logtoku_guard.wire.openai_errors import withheld_message
 
 __all__ = ["MissingPromptScoresWarning", "OpenAICompatibleBackend", "served_models"]
 

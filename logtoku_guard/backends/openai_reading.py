@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.scoring.uncertainty import row_lse_entropy
 from logtoku_guard.types import TokenScore
+from logtoku_guard.wire import openai_protocol as proto
 
 __all__ = ["CHUNK_OR_ERROR", "StreamState", "as_float", "token_entries", "topk_stats"]
 

@@ -11,9 +11,9 @@ from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, TopKOpt
 from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.wire.payloads import generation_payload
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N, validate_k
 from logtoku_guard.types import DecodingOptions, DynamicTemperature, to_messages
+from logtoku_guard.wire.payloads import generation_payload
 
 
 def score(

@@ -243,7 +243,8 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(
-        f"serving {backend.model_name!r} on {url(host, port)} (K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}; "
+        f"serving {backend.model_name!r} on {url(host, port)} "
+        f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}; "
         f"a request that sends no temperature or max_tokens gets temperature {limits.default_temperature:g} "
         f"and {limits.default_max_tokens} tokens)",
         err=True,

@@ -39,8 +39,8 @@ from logtoku_guard.scoring.stats import HIGHER_IS_RELIABLE, MONOTONE_INCREASING,
 
 if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
-    from logtoku_guard.scoring.risk import RiskThreshold
     from logtoku_guard.scoring.guard_score import GuardModel
+    from logtoku_guard.scoring.risk import RiskThreshold
 
 __all__ = [
     "AllOf",

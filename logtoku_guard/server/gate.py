@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.decision.tool_gate import ScoredToolCall, ToolDecision, parse_tool_call_scores
-from logtoku_guard.wire.payloads import ToolCallDecisionPayload
 from logtoku_guard.server import tools
 from logtoku_guard.tools.tool_calls import add_tool_result, render_tool_calls, render_tool_result
 from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
+from logtoku_guard.wire.payloads import ToolCallDecisionPayload
 
 if TYPE_CHECKING:
     from logtoku_guard.decision.policy import Policy

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.types import Generation
+from logtoku_guard.wire import openai_protocol as proto
 
 __all__ = [
     "DECISION_HEADERS",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.audit.records import parse_review_id
 from logtoku_guard.server import wire
+from logtoku_guard.wire import openai_protocol as proto
 
 if TYPE_CHECKING:
     from logtoku_guard.audit.records import ReviewItem

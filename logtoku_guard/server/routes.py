@@ -20,13 +20,13 @@ from functools import lru_cache
 from typing import Any
 
 from logtoku_guard import __version__
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, LogTokUError, MissingDependencyError
 from logtoku_guard.server import gate, refusal, reviews, sse, tools, wire
 from logtoku_guard.server.body import TOO_DEEP, BodyLimits, nul_refusal
 from logtoku_guard.server.engine import ClientGone, Engine, while_connected
 from logtoku_guard.server.metrics import Tally, require_metrics_extra
+from logtoku_guard.wire import openai_protocol as proto
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.server import gate, refusal, tools, wire
 from logtoku_guard.server.engine import Answer, ClientGone, Engine
 from logtoku_guard.server.metrics import Tally
 from logtoku_guard.types import ChatMessage, DecodingOptions, TokenScore
+from logtoku_guard.wire import openai_protocol as proto
 
 __all__ = ["events", "json_body", "sse_data"]
 

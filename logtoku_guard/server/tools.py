@@ -24,11 +24,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
-from logtoku_guard.wire.payloads import json_float
 from logtoku_guard.server.wire import RequestError
-from logtoku_guard.wire import openai_tools as tw
 from logtoku_guard.tools.constraints import TOOL_CALL_OPEN, Constraint, JsonSchema, ToolCalls
 from logtoku_guard.tools.tool_calls import (
     add_tool_result,
@@ -41,6 +38,9 @@ from logtoku_guard.tools.tool_calls import (
     with_system_text,
 )
 from logtoku_guard.types import ChatMessage, Generation
+from logtoku_guard.wire import openai_protocol as proto
+from logtoku_guard.wire import openai_tools as tw
+from logtoku_guard.wire.payloads import json_float
 
 __all__ = ["NO_TOOLS", "ProseStream", "Reply", "ToolPlan", "chat_turns", "plan", "reply"]
 

@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, short_repr
-from logtoku_guard.wire.payloads import json_float, served_decision_payload, summary_payload, token_payload
 from logtoku_guard.server.refusal import chat_message, completion_finish, tool_finish, withheld, withheld_logprobs
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
+from logtoku_guard.wire import openai_protocol as proto
+from logtoku_guard.wire.payloads import json_float, served_decision_payload, summary_payload, token_payload
 
 if TYPE_CHECKING:
     from logtoku_guard.decision.results import GuardResult

@@ -31,13 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from pydantic import ValidationError as ValidationError  # re-exported: what parsing a body raises
 
 from logtoku_guard.errors import short_repr
-from logtoku_guard.wire.payloads import ServedDecisionPayload, SummaryPayload
+from logtoku_guard.wire import openai_tools as tw  # the tool-call models (tw: tools on the wire)
 from logtoku_guard.wire.openai_errors import WireValueError as WireValueError  # re-exported: what the models' rules raise
 from logtoku_guard.wire.openai_errors import describe_errors as _describe
 from logtoku_guard.wire.openai_params import MAX_STOP as MAX_STOP  # re-exported: the most stop strings
 from logtoku_guard.wire.openai_params import StandardParams as StandardParams  # re-exported: the standard fields' rules
-from logtoku_guard.wire import openai_tools as tw  # the tool-call models (tw: tools on the wire)
 from logtoku_guard.wire.openai_tools import LogTokUToken as LogTokUToken  # re-exported: the per-token extension
+from logtoku_guard.wire.payloads import ServedDecisionPayload, SummaryPayload
 
 __all__ = [
     "MAX_STOP",

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from typing_extensions import NotRequired, TypedDict
 
 from logtoku_guard.errors import short_repr
-from logtoku_guard.wire.payloads import SummaryPayload, TokenPayload
 from logtoku_guard.wire.openai_errors import WireValueError
+from logtoku_guard.wire.payloads import SummaryPayload, TokenPayload
 
 __all__ = [
     "MAX_SCHEMA_CHARS",

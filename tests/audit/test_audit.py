@@ -35,8 +35,8 @@ from logtoku_guard.errors import (
     UnknownReviewItemError,
     UnknownTraceError,
 )
-from logtoku_guard.wire.payloads import result_payload, token_payload
 from logtoku_guard.types import TokenScore
+from logtoku_guard.wire.payloads import result_payload, token_payload
 
 NOW = datetime.now(timezone.utc)
 

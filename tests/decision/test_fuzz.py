@@ -17,9 +17,9 @@ from logtoku_guard import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.wire.payloads import decision_payload
 from logtoku_guard.scoring.stats import STAT_NAMES, ResponseStats
 from logtoku_guard.types import ResponseScore
+from logtoku_guard.wire.payloads import decision_payload
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -22,11 +22,11 @@ from pydantic import ValidationError
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.calibration import calibrate
 from logtoku_guard.calibration.guard_fit import shipped_guard
-from logtoku_guard.scoring.risk import binom_cdf, choose_threshold, clopper_pearson
 from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.policy import Policy
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.guard import Guard
+from logtoku_guard.scoring.risk import binom_cdf, choose_threshold, clopper_pearson
 from logtoku_guard.wire.payloads import result_payload
 
 

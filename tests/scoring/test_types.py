@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.wire.payloads import generation_payload, token_payload
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.types import (
     ChatMessage,
@@ -23,6 +22,7 @@ from logtoku_guard.types import (
     TokenScore,
     to_messages,
 )
+from logtoku_guard.wire.payloads import generation_payload, token_payload
 
 # --------------------------------------------------------------------------- to_messages
 

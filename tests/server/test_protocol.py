@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
 from logtoku_guard.server import wire
 from logtoku_guard.server.body import json_depth
 from logtoku_guard.types import DecodingOptions
+from logtoku_guard.wire import openai_protocol as proto
 
 VLLM = Path(__file__).resolve().parents[1] / "data" / "vllm"
 HI = [{"role": "user", "content": "hi"}]

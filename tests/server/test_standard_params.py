@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from logtoku_guard.wire import openai_protocol as proto
 from logtoku_guard.backends.processors import OpenAIPenaltiesLogitsProcessor, penalise_row, request_processors
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions
+from logtoku_guard.wire import openai_protocol as proto
 
 HI = [{"role": "user", "content": "hi"}]
 ASK = [{"role": "user", "content": "Tell me about the weather in Paris."}]

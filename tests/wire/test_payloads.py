@@ -8,6 +8,9 @@ import math
 import pytest
 
 from logtoku_guard import Guard, Policy, ScriptedAnswer, ScriptedBackend
+from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
+from logtoku_guard.scoring.stats import ResponseStats
+from logtoku_guard.types import Generation, TokenScore
 from logtoku_guard.wire.payloads import (
     decision_attributes,
     json_float,
@@ -15,9 +18,6 @@ from logtoku_guard.wire.payloads import (
     summary_payload,
     token_payload,
 )
-from logtoku_guard.scoring.quadrants import Quadrant, QuadrantThresholds, quadrant_of, quadrant_shares
-from logtoku_guard.scoring.stats import ResponseStats
-from logtoku_guard.types import Generation, TokenScore
 
 TH = QuadrantThresholds(au=0.5, eu=0.5, source="test")
 

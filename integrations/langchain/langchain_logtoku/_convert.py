@@ -23,11 +23,11 @@ from langchain_core.runnables import Runnable
 from langchain_logtoku.tools import render_tool_calls, render_tool_result
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
-from logtoku_guard.wire.payloads import ResultPayload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.tools.tool_calls import add_tool_result
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import Generation, TokenScore
+from logtoku_guard.wire.payloads import ResultPayload
 
 LangChainRetriever = Runnable[Any, Any] | RetrieverLike
 """What the guard and the middleware retrieve with: a LangChain retriever or any Runnable from the

@@ -60,12 +60,12 @@ from logtoku_guard.calibration import ModelProfile, load_profile_for
 from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.generation_capture import active_captures
-from logtoku_guard.wire.payloads import summary_payload, token_payload
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, rescore, validate_k
 from logtoku_guard.tools.constraints import DEFAULT_MAX_STRING_LENGTH
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
+from logtoku_guard.wire.payloads import summary_payload, token_payload
 
 _BUILD_FIELDS = ("model", "device", "dtype", "cache_dir", "max_logprobs")
 MAX_TOP_LOGPROBS = 20  # the default max_logprobs: raw top logits kept per token for top_logprobs (vLLM's default)

@@ -50,11 +50,11 @@ from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.guard.guard import Guard, GuardCall
-from logtoku_guard.wire.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
 from logtoku_guard.types import ChatMessage as CoreMessage
 from logtoku_guard.types import question_of
+from logtoku_guard.wire.payloads import AttributeValue, decision_attributes, result_payload, token_payload
 
 StreamMode = Literal["buffer", "retract"]
 

@@ -83,10 +83,10 @@ from logtoku_guard.guard.driver import Watch, adrive, drive
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard.guard_io import retrieve_passages
 from logtoku_guard.guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
-from logtoku_guard.wire.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import Generation
+from logtoku_guard.wire.payloads import AttributeValue, DecisionPayload, decision_attributes, decision_payload, result_payload
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime

@@ -53,11 +53,11 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import ConfigurationError, InvalidPromptError
 from logtoku_guard.guard.generation_capture import GenerationCapture, active_captures
+from logtoku_guard.types import ChatMessage as CoreMessage
+from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 from logtoku_guard.wire.payloads import SummaryPayload, TokenPayload
 from logtoku_guard.wire.payloads import summary_payload as _summary_payload
 from logtoku_guard.wire.payloads import token_payload as _token_payload
-from logtoku_guard.types import ChatMessage as CoreMessage
-from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
 from .withheld import withheld
 
