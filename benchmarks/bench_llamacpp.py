@@ -25,7 +25,7 @@ scores). Measured, never asserted:
    the same with ``score_prompt`` off, a bare ``llama_decode`` of the same ids (logits at the
    last position only), and the transformers backend (``--with-transformers``), interleaved
    over ``--repeats`` rounds; ``--weights q4_1,q8_0`` runs each listed weight type of the
-   embedded model (:func:`~logtoku_guard.embedded.embedded_llama_gguf`). CPU time, not wall:
+   embedded model (:func:`~logtoku_guard.backends.embedded.embedded_llama_gguf`). CPU time, not wall:
    on a shared machine other processes stretch the wall clock but not this process's CPU time;
 7. cold start (``--parts cold_ask``): child CPU time of ``logtoku-guard ask --backend llamacpp
    --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against a bare
@@ -213,7 +213,7 @@ def requantized(kinds: list[str], folder: Path) -> dict[str, Path]:
     """The embedded GGUF re-quantised to each of ``kinds`` (``q4_0``, ``q8_0``...) in ``folder``, for the ceiling part."""
     import llama_cpp
 
-    from logtoku_guard.embedded import embedded_gguf_path
+    from logtoku_guard.backends.embedded import embedded_gguf_path
 
     out = {}
     for kind in kinds:
@@ -394,7 +394,7 @@ def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
     llama-cpp-python script answering the same question with one token: child CPU time, interleaved."""
     import statistics
 
-    from logtoku_guard.embedded import embedded_gguf_path
+    from logtoku_guard.backends.embedded import embedded_gguf_path
 
     question = "What is the capital of France?"
     env = {

@@ -43,7 +43,7 @@ import json, sys, time
 import numpy as np
 from logtoku_guard.backends.llamacpp_check import installed_build
 from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
-from logtoku_guard.embedded import embedded_gguf_path
+from logtoku_guard.backends.embedded import embedded_gguf_path
 n_prompt, n_new, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 m = LlamaModel(embedded_gguf_path(), n_ctx=1024, n_seq=1, n_threads=threads)
 ids = LlamaTokenizer(m).encode("The history of the lighthouse, told slowly and in detail. " * 40)[:n_prompt]

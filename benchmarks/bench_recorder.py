@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
-    from logtoku_guard.embedded import ensure_embedded_model
+    from logtoku_guard.backends.embedded import ensure_embedded_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     readme = Path(__file__).resolve().parent.parent / "README.md"

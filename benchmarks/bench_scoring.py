@@ -734,8 +734,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     import torch
 
+    from logtoku_guard.backends.embedded import embedded_cache_dir, is_cached
     from logtoku_guard.backends.transformers import TransformersBackend
-    from logtoku_guard.embedded import embedded_cache_dir, is_cached
 
     was_cached = is_cached(embedded_cache_dir())
     start = time.perf_counter()

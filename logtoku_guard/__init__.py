@@ -52,13 +52,13 @@ from logtoku_guard.types import (
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditRecord, AuditStore, ReviewItem
     from logtoku_guard.backends.base import Backend, TokenStream
+    from logtoku_guard.backends.embedded import EMBEDDED_MODEL, ensure_embedded_model
     from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
     from logtoku_guard.backends.transformers import TransformersBackend
     from logtoku_guard.calibration import ModelProfile, calibrate, fit_threshold, load_profile_for
     from logtoku_guard.decision.decider import Decider
     from logtoku_guard.decision.policy import Decision, Policy, default_policy
     from logtoku_guard.decision.results import GuardRejectedError, GuardResult
-    from logtoku_guard.embedded import EMBEDDED_MODEL, ensure_embedded_model
     from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
     from logtoku_guard.guard.guard import Guard
     from logtoku_guard.guard.keyword_retriever import KeywordRetriever
@@ -72,7 +72,7 @@ _LAZY = {
     "ScriptedAnswer": "logtoku_guard.backends.fake",
     "ScriptedBackend": "logtoku_guard.backends.fake",
     "TransformersBackend": "logtoku_guard.backends.transformers",
-    "EMBEDDED_MODEL": "logtoku_guard.embedded",
+    "EMBEDDED_MODEL": "logtoku_guard.backends.embedded",
     "AuditRecord": "logtoku_guard.audit",
     "AuditStore": "logtoku_guard.audit",
     "ReviewItem": "logtoku_guard.audit",
@@ -91,7 +91,7 @@ _LAZY = {
     "GenerationCapture": "logtoku_guard.guard.generation_capture",
     "capture_generations": "logtoku_guard.guard.generation_capture",
     "KeywordRetriever": "logtoku_guard.guard.keyword_retriever",
-    "ensure_embedded_model": "logtoku_guard.embedded",
+    "ensure_embedded_model": "logtoku_guard.backends.embedded",
 }
 
 

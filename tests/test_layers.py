@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wire forms", ("wire", "audit.records")),
     ("decision", ("decision", "calibration.risk")),
     ("audit", ("audit",)),
-    ("backends", ("backends", "embedded", "packaged_models")),
+    ("backends", ("backends",)),
     ("guard", ("guard",)),
     ("calibration", ("calibration",)),
     ("serving", ("server", "review_web")),

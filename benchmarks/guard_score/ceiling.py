@@ -38,7 +38,7 @@ import numpy as np
 from logtoku_eval.fabricated_eval import stats_from_cached
 from logtoku_eval.generate import GreedySpec, greedy_cache
 from logtoku_eval.metrics import Interval, bootstrap_ci
-from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.guard_score import FEATURES, auroc, feature_matrix, fit_guard, with_guard_score
 from logtoku_guard.scoring.stats import ResponseStats

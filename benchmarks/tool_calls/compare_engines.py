@@ -123,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from logtoku_guard.embedded import embedded_cache_dir
+    from logtoku_guard.backends.embedded import embedded_cache_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_cache_dir(args.cache_dir))  # the converted embedded model
     vocab = len(tok)

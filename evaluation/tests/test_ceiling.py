@@ -10,7 +10,7 @@ import pytest
 from support.scripts import imported_script
 
 from logtoku_eval.generate import GreedySpec, greedy_cache
-from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 
 from .support import cached_answer

@@ -15,8 +15,8 @@ from logtoku_eval.crossfit import (
     shipped_scores,
 )
 from logtoku_eval.fabricated_eval import stats_from_cached
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.calibration.guard_fit import shipped_guard
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.guard_score import auroc, fit_guard, with_guard_score
 

@@ -16,7 +16,7 @@ from logtoku_eval.cli import eval_app
 from logtoku_eval.fabricated import dataset_name, load_fabricated
 from logtoku_eval.fabricated_eval import evaluate_fabricated, generation_from_cached, stats_from_cached
 from logtoku_eval.generate import GreedySpec, greedy_cache
-from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.scoring.stats import ResponseStats
 from logtoku_guard.scoring.uncertainty import rescore
 

@@ -18,7 +18,7 @@ from logtoku_eval.generate import GreedySpec, SamplingSpec, qa_prompt
 from logtoku_eval.judges import EmbeddingJudge, MatchJudge, RougeJudge
 from logtoku_eval.methods import HEADLINE
 from logtoku_eval.qa import QAConfig, evaluate, run_qa
-from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.guard_score import auroc
 

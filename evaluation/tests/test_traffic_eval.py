@@ -23,7 +23,7 @@ from logtoku_eval.traffic_eval import (
     judge_answers,
     traffic_questions,
 )
-from logtoku_guard.embedded import EMBEDDED_MODEL
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 
 from .support import HAS_MPL
 

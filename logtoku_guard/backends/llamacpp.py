@@ -35,10 +35,10 @@ from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from logtoku_guard.backends.decode_loop import Scoring
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
-from logtoku_guard.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
@@ -107,10 +107,10 @@ class LlamaCppBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 feeds every prompt whole at once.
-        weights: the embedded model's weights (:data:`~logtoku_guard.embedded.LLAMA_WEIGHTS`):
+        weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`):
             ``"q4_1"`` the shipped file (default, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
             ``"q8_0"`` or ``"f16"`` a copy converted once into the cache
-            (:func:`~logtoku_guard.embedded.embedded_llama_gguf`), each a model of its own name
+            (:func:`~logtoku_guard.backends.embedded.embedded_llama_gguf`), each a model of its own name
             (``smollm2-135m-instruct-q8_0@llamacpp``) and profile. Only for the embedded model.
         cache_dir: where a converted copy is kept (default: the library's cache folder).
         model_name: the name recorded on generations and used to find profiles (default: the

@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
+from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, embedded_gguf_path
+from logtoku_guard.backends.packaged_models import PACKAGED_MODELS, packaged_gguf_path
 from logtoku_guard.errors import BackendError, MissingDependencyError, ModelLoadError
-from logtoku_guard.packaged_models import PACKAGED_MODELS, packaged_gguf_path
 
 __all__ = ["PORTABLE_CMAKE_ARGS", "Build", "SmokeResult", "ensure_decodes", "installed_build", "resolve_gguf", "smoke_decode"]
 
@@ -254,14 +254,14 @@ def _tail(text: str, limit: int = 1200) -> str:
 
 
 def _cache_file(key: str) -> Path | None:
-    from logtoku_guard.embedded import cache_root
+    from logtoku_guard.backends.embedded import cache_root
 
     return cache_root() / CHECKS_DIR / f"{key}.json"
 
 
 def _remember(record: Path, build: Build, model: Path, result: SmokeResult) -> None:
     """Keep a success on disk (atomically); a cache that cannot be written costs a check per process."""
-    from logtoku_guard.embedded import private_dir
+    from logtoku_guard.backends.embedded import private_dir
 
     body = {
         "build": build.describe(),

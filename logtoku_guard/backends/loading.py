@@ -1,7 +1,7 @@
 """Loading a local model for :class:`~logtoku_guard.backends.transformers.TransformersBackend`.
 
 Where a model may come from, nothing ever downloaded: the embedded default
-(:mod:`logtoku_guard.embedded`, converted once into a cache), a local transformers folder,
+(:mod:`logtoku_guard.backends.embedded`, converted once into a cache), a local transformers folder,
 a ``.gguf`` file (or a folder holding one), or a Hugging Face model id already in the local
 hub cache. torch and transformers are imported when a model is loaded, not before.
 
@@ -18,8 +18,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from logtoku_guard.backends.embedded import (
+    EMBEDDED_ALIASES,
+    EMBEDDED_MODEL,
+    ProgressCallback,
+    converted_by,
+    ensure_embedded_model,
+)
 from logtoku_guard.backends.quiet import quiet_transformers
-from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, ProgressCallback, converted_by, ensure_embedded_model
 from logtoku_guard.errors import ConfigurationError, ModelLoadError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -33,12 +33,12 @@ from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 from logtoku_guard.backends.decode_loop import DecodeLoop, Scoring
+from logtoku_guard.backends.embedded import ProgressCallback
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.processors import check_generation_config
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
-from logtoku_guard.embedded import ProgressCallback
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
@@ -111,7 +111,7 @@ class TransformersBackend(BatchedBackend):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``... or ``"auto"`` (CUDA when available).
         dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``, ``"bfloat16"``,
             ``"float16"``. Scores are always computed in float32.
-        cache_dir: where the embedded model is converted (see :mod:`logtoku_guard.embedded`).
+        cache_dir: where the embedded model is converted (see :mod:`logtoku_guard.backends.embedded`).
         progress: called with a short message at each slow loading stage.
         model_obj, tokenizer: an already loaded model and tokenizer (then ``model`` only
             names it).

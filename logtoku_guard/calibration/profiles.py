@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from logtoku_guard.embedded import cache_root
+from logtoku_guard.backends.embedded import cache_root
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.guard_score import GuardModel, with_guard_score
 from logtoku_guard.scoring.quadrants import QuadrantThresholds

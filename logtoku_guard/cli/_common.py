@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.text import Text
 
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.cli import rendering
 from logtoku_guard.cli.rendering import QUADRANT_STYLE as QUADRANT_STYLE  # re-exported: the review commands colour by it
 from logtoku_guard.cli.rendering import fmt as fmt  # re-exported: commands format numbers with it
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.safe_text import safe_text as safe_text  # re-exported: the CLI's toolkit hands it to plugins
 from logtoku_guard.scoring.quadrants import QuadrantThresholds
@@ -200,7 +200,7 @@ def open_store(store: str | None, cache_dir: Path | None = None, *, read_only: b
     a mistyped ``--store`` is an error instead of a new empty store, and no folder is made.
     """
     from logtoku_guard.audit import AuditStore
-    from logtoku_guard.embedded import cache_root, private_dir
+    from logtoku_guard.backends.embedded import cache_root, private_dir
 
     if store is not None:
         return AuditStore(store, create=not read_only)
@@ -381,8 +381,8 @@ def check_load_options(device: str, cache_dir: Path | None) -> None:
     The default cache folder is checked where it is used (the embedded model's conversion,
     the default audit store), so a read-only home still serves a local model with ``--profile``.
     """
+    from logtoku_guard.backends.embedded import check_cache_dir
     from logtoku_guard.backends.loading import validate_device
-    from logtoku_guard.embedded import check_cache_dir
 
     try:
         validate_device(device)

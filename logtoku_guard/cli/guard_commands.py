@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, StoreOpt, TopKOpt
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError, LogTokUError
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, validate_k
 from logtoku_guard.types import DecodingOptions, to_messages

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from logtoku_guard.backends.embedded import EMBEDDED_MODEL
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import BackendOpt, CacheOpt, DeviceOpt, DtypeOpt, ModelOpt, TopKOpt
-from logtoku_guard.embedded import EMBEDDED_MODEL
 from logtoku_guard.errors import LogTokUError
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N, validate_k
 from logtoku_guard.types import DecodingOptions, DynamicTemperature, to_messages

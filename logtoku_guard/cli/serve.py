@@ -199,8 +199,8 @@ def serve(
                 )
                 raise ConfigurationError(msg)
         if profile is not None:
+            from logtoku_guard.backends.embedded import EMBEDDED_MODEL
             from logtoku_guard.cli._common import read_profile
-            from logtoku_guard.embedded import EMBEDDED_MODEL
 
             prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
         from logtoku_guard.backends.registry import BackendSettings, create_backend

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from logtoku_guard import embedded
+from logtoku_guard.backends import embedded
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError, ModelLoadError
 
 
@@ -247,7 +247,7 @@ def test_embedded_model_generates_streams_and_batches(embedded_backend: object) 
 @pytest.mark.slow
 def test_two_processes_converting_at_once_share_one_cache(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
-    code = "from logtoku_guard.embedded import ensure_embedded_model as e; print(e())"
+    code = "from logtoku_guard.backends.embedded import ensure_embedded_model as e; print(e())"
     env = {**os.environ, embedded.CACHE_ENV: str(tmp_path)}
     procs = [
         subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -366,7 +366,7 @@ def test_a_converted_copy_is_reused_and_a_changed_source_converts_again(monkeypa
 
     def child(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         runs.append(command)
-        assert command[1:4] == ["-m", "logtoku_guard.embedded", "--requantize"] and command[-1] == "q8_0"
+        assert command[1:4] == ["-m", "logtoku_guard.backends.embedded", "--requantize"] and command[-1] == "q8_0"
         Path(command[-2]).write_bytes(b"GGUF q8_0")  # the temporary file the parent renames into place
         return subprocess.CompletedProcess(command, 0, "", "")
 

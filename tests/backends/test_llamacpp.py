@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.backends.embedded import embedded_gguf_path
 from logtoku_guard.backends.llamacpp import LlamaCppBackend
 from logtoku_guard.backends.llamacpp_check import ensure_decodes
 from logtoku_guard.backends.llamacpp_loop import question_positions
-from logtoku_guard.embedded import embedded_gguf_path
 from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError
 from logtoku_guard.scoring.uncertainty import logsumexp_entropy, rescore
 from logtoku_guard.types import DecodingOptions, to_messages
@@ -267,7 +267,7 @@ def test_renders_the_same_prompt_text_and_tokens_as_the_transformers_backend(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from logtoku_guard.embedded import ensure_embedded_model
+    from logtoku_guard.backends.embedded import ensure_embedded_model
 
     tok = AutoTokenizer.from_pretrained(ensure_embedded_model(embedded_cache))
     prompts: list[Any] = [

@@ -58,8 +58,8 @@ def test_verbose_lets_every_level_through(caplog: pytest.LogCaptureFixture) -> N
 def test_loading_the_embedded_gguf_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     """Through llama.cpp itself: our callback is installed and a load writes nothing to fd 2."""
     pytest.importorskip("llama_cpp")
+    from logtoku_guard.backends.embedded import embedded_gguf_path
     from logtoku_guard.backends.llamacpp_model import LlamaModel, import_llama_cpp
-    from logtoku_guard.embedded import embedded_gguf_path
 
     import_llama_cpp(False)
     capfd.readouterr()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from logtoku_guard.backends.packaged_models import PACKAGED_MODELS, PackagedModel, packaged_gguf_path
 from logtoku_guard.errors import MissingDependencyError, ModelLoadError
-from logtoku_guard.packaged_models import PACKAGED_MODELS, PackagedModel, packaged_gguf_path
 
 CHUNKS = [b"GGUF" + b"a" * 1000, b"b" * 500]
 

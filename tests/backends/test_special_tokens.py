@@ -94,9 +94,9 @@ def _llamacpp() -> Any:
         if in_ci():
             pytest.fail("llama-cpp-python is not installed: scripts/install.sh --dev must install it under CI", pytrace=False)
         pytest.skip("llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'")
+    from logtoku_guard.backends.embedded import embedded_gguf_path
     from logtoku_guard.backends.llamacpp import LlamaCppBackend
     from logtoku_guard.backends.llamacpp_check import ensure_decodes
-    from logtoku_guard.embedded import embedded_gguf_path
 
     ensure_decodes(embedded_gguf_path(), n_threads=2)
     return LlamaCppBackend("embedded", n_threads=2, n_ctx=1024)

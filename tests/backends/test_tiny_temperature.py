@@ -34,9 +34,9 @@ def test_transformers_decodes_a_tiny_temperature_greedily(tiny_backend: Any, tem
 def test_llamacpp_agrees() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed: pip install 'logtoku-guard[llamacpp]'")
+    from logtoku_guard.backends.embedded import embedded_gguf_path
     from logtoku_guard.backends.llamacpp import LlamaCppBackend
     from logtoku_guard.backends.llamacpp_check import ensure_decodes
-    from logtoku_guard.embedded import embedded_gguf_path
 
     ensure_decodes(embedded_gguf_path(), n_threads=2)
     backend = LlamaCppBackend("embedded", n_threads=2, n_ctx=512)

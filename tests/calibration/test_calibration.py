@@ -150,9 +150,9 @@ def test_the_default_calibration_set_ships_with_the_package_and_its_licences() -
 
 
 def test_a_saved_profile_wins_over_the_shipped_one_and_the_shipped_one_is_found_in_an_empty_cache(tmp_path: Path) -> None:
+    from logtoku_guard.backends.embedded import EMBEDDED_MODEL
     from logtoku_guard.calibration import find_profile_for, load_profile_for, shipped_profile_path
     from logtoku_guard.calibration.guard_fit import shipped_guard
-    from logtoku_guard.embedded import EMBEDDED_MODEL
 
     found = find_profile_for(EMBEDDED_MODEL, 2, "clamped", tmp_path / "empty-cache")
     assert found is not None, "the embedded model's profile must ship with the package"

@@ -357,9 +357,9 @@ def _stats(guard_score: float) -> Any:
 def test_each_shipped_policy_decides_on_the_shipped_profile(name: str, flagged: str) -> None:
     """On the embedded model's shipped profile (as ``ask --policy`` and ``serve --policy`` load it), a
     doubted answer (guard_score 0.01) gets the policy's action and a sure one (0.99) passes."""
+    from logtoku_guard.backends.embedded import EMBEDDED_MODEL
     from logtoku_guard.calibration import load_profile_for
     from logtoku_guard.decision.policy import Policy
-    from logtoku_guard.embedded import EMBEDDED_MODEL
 
     policy = Policy.from_file(ROOT / "examples" / name)
     profile = load_profile_for(EMBEDDED_MODEL)

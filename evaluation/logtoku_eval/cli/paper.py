@@ -88,7 +88,7 @@ JudgeBackendOpt = Annotated[
 
 def output_dirs(gen_cache_dir: Path | None, out_dir: Path | None) -> tuple[Path, Path]:
     """``--gen-cache-dir`` and ``--out-dir``, each defaulting to a folder of the user cache (never the working folder)."""
-    from logtoku_guard.embedded import cache_root
+    from logtoku_guard.backends.embedded import cache_root
 
     base = cache_root() / "eval"
     return gen_cache_dir or base / "generations", out_dir or base / "results"
@@ -143,7 +143,7 @@ def check_backend_option(backend: str, device: str) -> None:
 
 def model_name(model: str, backend: str = "transformers") -> str:
     """The name the backend records on its generations (what names the generation caches)."""
-    from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
+    from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 
     name = EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
     return name + "@llamacpp" if backend == "llamacpp" else name

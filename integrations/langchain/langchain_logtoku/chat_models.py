@@ -56,8 +56,8 @@ from langchain_logtoku import _convert, _structured
 from langchain_logtoku import tools as _tools
 from langchain_logtoku._calls import CallSettings, call_settings
 from logtoku_guard.backends.base import Backend
+from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.generation_capture import active_captures
 from logtoku_guard.scoring.quadrants import QuadrantThresholds

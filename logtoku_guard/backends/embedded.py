@@ -329,6 +329,6 @@ def _make_private(folder: Path) -> None:
 if __name__ == "__main__":  # the conversion child of embedded_llama_gguf (python -m <this module> --requantize SRC DST TYPE)
     if len(sys.argv) != 5 or sys.argv[1] != "--requantize" or sys.argv[4] not in _FTYPES:
         kinds = ",".join(_FTYPES)
-        sys.stderr.write(f"usage: python -m logtoku_guard.embedded --requantize SRC DST {{{kinds}}}\n")
+        sys.stderr.write(f"usage: python -m logtoku_guard.backends.embedded --requantize SRC DST {{{kinds}}}\n")
         sys.exit(2)
     sys.exit(1 if _requantize(sys.argv[2], sys.argv[3], sys.argv[4]) != 0 else 0)

