@@ -367,48 +367,41 @@ class CompletionChoice(_Choice):
     logprobs: CompletionLogprobs | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class _Envelope(BaseModel):
+    """What every response and stream event carries around its choices (the field order of OpenAI's JSON:
+    each subclass narrows ``object`` and ``choices`` in place)."""
+
     model_config = _RESPONSE
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
-    choices: list[ChatChoice] = Field(min_length=1)
+    choices: list[Any]
     usage: Usage | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionResponse(_Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice] = Field(min_length=1)
+
+
+class ChatCompletionChunk(_Envelope):
     """One server-sent event of a chat stream (the last one, ``choices`` empty, may carry ``usage``)."""
 
-    model_config = _RESPONSE
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
-class CompletionResponse(BaseModel):
-    model_config = _RESPONSE
-    id: str
+class CompletionResponse(_Envelope):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice] = Field(min_length=1)
-    usage: Usage | None = None
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(_Envelope):
     """One server-sent event of a completion stream (same ``object`` as the whole response, as vLLM)."""
 
-    model_config = _RESPONSE
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
