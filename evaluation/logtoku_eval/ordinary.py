@@ -14,22 +14,20 @@ at eval time against ``answers`` (``eval ordinary``; :mod:`~logtoku_eval.ordinar
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from logtoku_eval.datasets import QAItem
+from logtoku_eval.question_files import SPLITS, check_split, content_name, read_items, record_fields, resolve, shipped_path
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.jsonl import json_lines
 
 __all__ = ["SPLITS", "WORDINGS", "OrdinaryItem", "dataset_name", "default_path", "load_ordinary"]
 
 Split = Literal["tune", "test"]
 Wording = Literal["sentence", "lower", "paraphrase"]
 
-SPLITS = ("tune", "test", "all")
 WORDINGS: tuple[Wording, ...] = ("sentence", "lower", "paraphrase")
 """How each question is asked: as written (sentence case), all lower case, and a paraphrase."""
 DATA_FILE = "ordinary.jsonl"
@@ -62,9 +60,7 @@ class OrdinaryItem:
 
 def default_path() -> Path:
     """The shipped benchmark file inside the installed package."""
-    from logtoku_guard.calibration.profiles import SHIPPED_DIR
-
-    return SHIPPED_DIR / DATA_FILE
+    return shipped_path(DATA_FILE)
 
 
 def dataset_name(path: str | os.PathLike[str] | None = None) -> str:
@@ -73,22 +69,12 @@ def dataset_name(path: str | os.PathLike[str] | None = None) -> str:
     Question ids are positions within a category (``capital-001``), so a regenerated file can
     reuse one for another question; naming the cache after the content keeps stale answers out.
     """
-    p = Path(path) if path is not None else default_path()
-    return f"ordinary-{hashlib.sha256(p.read_bytes()).hexdigest()[:8]}"
+    return content_name("ordinary", resolve(path, DATA_FILE))
 
 
-def _item(obj: object, where: str) -> OrdinaryItem:
-    if not isinstance(obj, dict):
-        msg = f"{where}: not an ordinary-question record (a JSON object), got {type(obj).__name__}; {_FIX}"
-        raise ConfigurationError(msg)
-    missing = [k for k in (*_TEXT_FIELDS, "answers") if k not in obj]
-    if missing:
-        msg = f"{where}: the ordinary-question record lacks {', '.join(map(repr, missing))}; {_FIX}"
-        raise ConfigurationError(msg)
-    for k in _TEXT_FIELDS:
-        if not isinstance(obj[k], str) or not obj[k].strip():
-            msg = f"{where}: {k!r} must be a non-empty text, got {obj[k]!r}; {_FIX}"
-            raise ConfigurationError(msg)
+def _item(raw: object, where: str) -> OrdinaryItem:
+    record = "an ordinary-question record"
+    obj = record_fields(raw, where, record=record, text_fields=_TEXT_FIELDS, other_fields=("answers",), fix=_FIX)
     answers = obj["answers"]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
         msg = f"{where}: 'answers' must be a non-empty list of non-empty texts, got {answers!r}; {_FIX}"
@@ -139,31 +125,13 @@ def load_ordinary(
     these (default all). ``path``: another file in the same format (default: the shipped one).
     A bad line raises :class:`~logtoku_guard.errors.ConfigurationError` naming the file and line.
     """
-    if split not in SPLITS:
-        msg = f"split must be one of {SPLITS}, got {split!r}; report on 'test', tune on 'tune'"
-        raise ConfigurationError(msg)
+    check_split(split)
     bad = [w for w in wordings or () if w not in WORDINGS]
     if bad:
         msg = f"wordings must be among {WORDINGS}, got {bad!r}"
         raise ConfigurationError(msg)
-    p = Path(path) if path is not None else default_path()
-    if not p.is_file():
-        msg = f"the ordinary-questions file {str(p)!r} does not exist; pass an existing path"
-        raise ConfigurationError(msg)
-    items: list[OrdinaryItem] = []
-    seen: dict[str, int] = {}
-    try:
-        with open(p, encoding="utf-8") as fh:
-            for n, _line, obj in json_lines(p, fh, _FIX):
-                item = _item(obj, f"{p}:{n}")
-                if item.id in seen:
-                    msg = f"{p}:{n}: the id {item.id!r} was already used on line {seen[item.id]}; {_FIX}"
-                    raise ConfigurationError(msg)
-                seen[item.id] = n
-                items.append(item)
-    except UnicodeDecodeError as exc:
-        msg = f"the ordinary-questions file {str(p)!r} is not UTF-8 (byte {exc.start}); {_FIX}"
-        raise ConfigurationError(msg) from exc
+    p = resolve(path, DATA_FILE)
+    items = read_items(p, "the ordinary-questions file", _FIX, _item)
     _check_questions(items, p)
     if categories is not None:
         unknown = sorted(set(categories) - {it.category for it in items})

@@ -18,15 +18,14 @@ report on ``test`` only. The syllable-soup fabrications live in ``fabricated.jso
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from logtoku_eval.datasets import QAItem
+from logtoku_eval.question_files import SPLITS, check_split, content_name, read_items, record_fields, resolve, shipped_path
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.jsonl import json_lines
 
 __all__ = ["GROUPS", "SPLITS", "TrafficItem", "dataset_name", "default_path", "load_traffic"]
 
@@ -34,7 +33,6 @@ Group = Literal["plausible", "real"]
 Split = Literal["tune", "test"]
 
 GROUPS = ("plausible", "real")
-SPLITS = ("tune", "test", "all")
 DATA_FILE = "traffic.jsonl"
 _FIX = "regenerate it with benchmarks/traffic/make_questions.py"
 _TEXT_FIELDS = ("id", "group", "category", "split", "question", "source")
@@ -73,9 +71,7 @@ class TrafficItem:
 
 def default_path() -> Path:
     """The shipped benchmark file inside the installed package."""
-    from logtoku_guard.calibration.profiles import SHIPPED_DIR
-
-    return SHIPPED_DIR / DATA_FILE
+    return shipped_path(DATA_FILE)
 
 
 def dataset_name(path: str | os.PathLike[str] | None = None) -> str:
@@ -84,22 +80,11 @@ def dataset_name(path: str | os.PathLike[str] | None = None) -> str:
     Plausible ids are positions (``plausible-000``), so a regenerated file reuses them for
     other questions; naming the cache after the content keeps stale answers out of it.
     """
-    p = Path(path) if path is not None else default_path()
-    return f"traffic-{hashlib.sha256(p.read_bytes()).hexdigest()[:8]}"
+    return content_name("traffic", resolve(path, DATA_FILE))
 
 
-def _item(obj: object, where: str) -> TrafficItem:
-    if not isinstance(obj, dict):
-        msg = f"{where}: not a traffic record (a JSON object), got {type(obj).__name__}; {_FIX}"
-        raise ConfigurationError(msg)
-    missing = [k for k in (*_TEXT_FIELDS, *_LIST_FIELDS) if k not in obj]
-    if missing:
-        msg = f"{where}: the traffic record lacks {', '.join(map(repr, missing))}; {_FIX}"
-        raise ConfigurationError(msg)
-    for k in _TEXT_FIELDS:
-        if not isinstance(obj[k], str) or not obj[k].strip():
-            msg = f"{where}: {k!r} must be a non-empty text, got {obj[k]!r}; {_FIX}"
-            raise ConfigurationError(msg)
+def _item(raw: object, where: str) -> TrafficItem:
+    obj = record_fields(raw, where, record="a traffic record", text_fields=_TEXT_FIELDS, other_fields=_LIST_FIELDS, fix=_FIX)
     for k in _LIST_FIELDS:
         value = obj[k]
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
@@ -133,25 +118,6 @@ def load_traffic(path: str | os.PathLike[str] | None = None, *, split: str = "al
     File order is the plausible questions, then the known facts, then the NQ-open ones. A bad
     line raises :class:`~logtoku_guard.errors.ConfigurationError` naming the file and line.
     """
-    if split not in SPLITS:
-        msg = f"split must be one of {SPLITS}, got {split!r}; report on 'test', tune on 'tune'"
-        raise ConfigurationError(msg)
-    p = Path(path) if path is not None else default_path()
-    if not p.is_file():
-        msg = f"the traffic benchmark file {str(p)!r} does not exist; pass an existing path"
-        raise ConfigurationError(msg)
-    items: list[TrafficItem] = []
-    seen: dict[str, int] = {}
-    try:
-        with open(p, encoding="utf-8") as fh:
-            for n, _line, obj in json_lines(p, fh, _FIX):
-                item = _item(obj, f"{p}:{n}")
-                if item.id in seen:
-                    msg = f"{p}:{n}: the id {item.id!r} was already used on line {seen[item.id]}; {_FIX}"
-                    raise ConfigurationError(msg)
-                seen[item.id] = n
-                items.append(item)
-    except UnicodeDecodeError as exc:
-        msg = f"the traffic benchmark file {str(p)!r} is not UTF-8 (byte {exc.start}); {_FIX}"
-        raise ConfigurationError(msg) from exc
+    check_split(split)
+    items = read_items(resolve(path, DATA_FILE), "the traffic benchmark file", _FIX, _item)
     return [it for it in items if split == "all" or it.split == split]
