@@ -299,7 +299,10 @@ def run_calibration(
 def ask(
     prompt: Annotated[str, typer.Argument(help="The question to answer.")],
     policy: Annotated[
-        Path | None, typer.Option(help="Policy file (YAML or JSON). Default: the calibrated default policy.")
+        Path | None,
+        typer.Option(
+            help="Policy file (YAML or JSON) or a shipped policy's name (default, cascade). Default: the calibrated default."
+        ),
     ] = None,
     profile: Annotated[Path | None, typer.Option(help="Model profile JSON (default: the saved profile of --model).")] = None,
     context_file: Annotated[
@@ -334,7 +337,7 @@ def ask(
         validate_k(top_k)
         _common.check_load_options(device, cache_dir)
         _common.check_backend(backend_name, device, dtype, base_url)
-        rules = Policy.from_file(policy) if policy else default_policy()
+        rules = Policy.load(policy) if policy else default_policy()
         retriever = _common.read_context_file(context_file) if context_file else None
         audit = _common.open_store(store, cache_dir)
         explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None

@@ -52,7 +52,9 @@ def serve(
             f"(>= {MIN_PREFILL_CHUNK}; 0: prefill every prompt whole)."
         ),
     ] = DEFAULT_PREFILL_CHUNK,
-    policy: Annotated[Path | None, typer.Option(help="Guard every answer with this policy (YAML or JSON).")] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="Guard every answer with this policy: a YAML or JSON file, or a shipped name (cascade).")
+    ] = None,
     profile: Annotated[Path | None, typer.Option(help="Model profile JSON, for a policy with quantile thresholds.")] = None,
     top_k: Annotated[
         int, typer.Option("--top-k", "-k", help="Raw logits kept per token (K of AU/EU; max top_logprobs).")
@@ -191,7 +193,7 @@ def serve(
         if policy is not None:
             from logtoku_guard.decision.policy import Policy
 
-            pol = Policy.from_file(policy)
+            pol = Policy.load(policy)
             if "human_review" in pol.actions() | pol.tool_calls.actions() and audit is None:
                 msg = (
                     f"policy {pol.name!r} can send answers to human review, which needs a review queue: "

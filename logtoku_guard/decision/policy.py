@@ -219,6 +219,27 @@ class Policy(StrictModel):
         return cls.from_file(_SHIPPED / f"{name}.yaml")
 
     @classmethod
+    def load(cls, spec: str | Path) -> Policy:
+        """What a ``--policy`` option names: a policy file when ``spec`` is an existing file, else a shipped
+        policy's name (:meth:`named`: ``"default"`` or one of :func:`shipped_policies`). A bare name that is
+        neither is refused naming the shipped ones; a path (a separator or a ``.yaml``/``.yml``/``.json``
+        suffix) that is no file gets the file's own error."""
+        p = Path(spec)
+        if p.is_file():
+            return cls.from_file(p)
+        name = str(spec)
+        if p.suffix.lower() in {".yaml", ".yml", ".json"} or p.name != name or not name:
+            return cls.from_file(p)
+        if name != "default" and name not in shipped_policies():
+            shipped = ", ".join(["default", *shipped_policies()])
+            msg = (
+                f"policy {short_repr(name)} is neither a file nor a shipped policy; shipped: {shipped} "
+                "(or give the path of a YAML or JSON policy file)"
+            )
+            raise PolicyError(msg)
+        return cls.named(name)
+
+    @classmethod
     def from_file(cls, path: str | Path) -> Policy:
         """Load a YAML (``.yaml``/``.yml``) or JSON policy file, within the bounds of
         :mod:`~logtoku_guard.decision.policy_loading` (size, values, nesting, no YAML aliases, UTF-8)."""

@@ -41,7 +41,8 @@ def ordinary(
         ),
     ] = None,
     policy: Annotated[
-        Path | None, typer.Option(help="Policy file (YAML or JSON) to decide with. Default: the default policy.")
+        Path | None,
+        typer.Option(help="Policy file (YAML or JSON) or a shipped policy's name (cascade). Default: the default policy."),
     ] = None,
     traffic: Annotated[
         bool,
@@ -100,7 +101,7 @@ def ordinary(
                 f"--profile {str(profile_file)!r} is not a profile saved by `logtoku-guard calibrate` ({exc.__class__.__name__})"
             )
             raise ConfigurationError(msg) from exc
-        chosen_policy = Policy.from_file(policy) if policy is not None else default_policy()
+        chosen_policy = Policy.load(policy) if policy is not None else default_policy()
         items = load_ordinary(split=split)
         if limit is not None:
             keep = _first_of_each(((it.category, it.question_id) for it in items), limit)
