@@ -14,8 +14,9 @@ from its per-argument scores, before the client sees it:
   tool's result) and answers again, at most ``reask.max_attempts`` times, then ``reask.fallback``.
 
 Each call's decision is in the choice's ``logtoku_guard.tools.tool_calls`` (:class:`GatedCallPayload`);
-a withheld call's arguments appear nowhere in the response. The same sans-IO rules as the
-LangChain middleware (:mod:`logtoku_guard.decision.tool_gate`); this module only drives them on the server.
+a withheld call's arguments appear nowhere in the response. The loop is the core's, shared with
+LangChain's tool gate (:mod:`logtoku_guard.guard.tool_steps`, driven by
+:mod:`logtoku_guard.guard.tool_driver`); this module is only its I/O on the server.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.decision.tool_gate import ScoredToolCall, ToolDecision, parse_tool_call_scores
+from logtoku_guard.guard.tool_driver import adrive_tools
+from logtoku_guard.guard.tool_steps import DecidedCall, Reask, Record, ToolsDecided, ToolTurn
 from logtoku_guard.server import tools
 from logtoku_guard.tools.tool_calls import add_tool_result, render_tool_calls, render_tool_result
 from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 from logtoku_guard.wire.payloads import ToolCallDecisionPayload
 
 if TYPE_CHECKING:
+    from logtoku_guard.audit.records import ReviewItem
     from logtoku_guard.decision.policy import Policy
     from logtoku_guard.server.engine import Answer, Engine
 
@@ -63,35 +66,18 @@ async def answer_gated(
     cancel: threading.Event | None = None,
 ) -> GatedAnswer:
     """The guard's answer with the policy's ``tool_calls`` rules applied to its calls (re-asking as they say);
-    ``cancel``: as :meth:`Engine.answer`'s."""
+    ``cancel``: as :meth:`Engine.answer`'s. The loop is the core's (:func:`~logtoku_guard.guard.tool_driver.adrive_tools`);
+    this function supplies its I/O (:class:`_ServerTools`)."""
     policy: Policy | None = engine.policy
     answer = await engine.answer(messages, options, cancel)
-    reply = reply_of(plan, answer)
-    rules = policy.tool_calls if policy is not None else None
-    if rules is None or not rules.gates or not reply.tool_calls:
-        return GatedAnswer(answer, reply)
-    decided: list[GatedCallPayload] = []
-    turns = list(messages)
-    for attempt in range(rules.reask.max_attempts + 1):
-        scored = _scored(reply)
-        decisions = rules.decide_turn(scored, attempt, policy.undefined)  # type: ignore[union-attr]
-        if any(d.action == "reask" for d in decisions):
-            decided += [_payload(c, d, None, attempt + 1) for c, d in zip(scored, decisions)]
-            turns = _reasked(turns, reply, scored, decisions, policy)  # type: ignore[arg-type]
-            answer = await engine.answer(turns, options, cancel)
-            reply = reply_of(plan, answer)
-            if not reply.tool_calls:  # the model answered without the tool this time
-                return GatedAnswer(answer, reply, decided)
-            continue
-        import functools
-
-        import anyio.to_thread
-
-        # the review queue is written in a worker thread (a database call)
-        apply = functools.partial(_apply_decisions, engine, answer, reply, scored, decisions, decided, attempt + 1, messages)
-        return await anyio.to_thread.run_sync(apply)
-    msg = "internal error: the re-ask loop ended without a decision"  # decide_turn turns reask into its fallback
-    raise RuntimeError(msg)
+    if policy is None:
+        return GatedAnswer(answer, reply_of(plan, answer))
+    io = _ServerTools(engine, plan, messages, options, cancel, answer)
+    decided = await adrive_tools(policy, io.turn(), io, question=question_of(messages))
+    if not isinstance(decided, ToolsDecided):  # _ServerTools.reask always answers
+        msg = "internal error: the tool-call loop stopped at a re-ask the server makes itself"
+        raise RuntimeError(msg)
+    return io.gated(policy, decided)
 
 
 def reply_of(plan: tools.ToolPlan, answer: Answer) -> tools.Reply:
@@ -101,78 +87,84 @@ def reply_of(plan: tools.ToolPlan, answer: Answer) -> tools.Reply:
     return tools.reply(plan, answer.text, answer.generation)
 
 
-def _scored(reply: tools.Reply) -> list[ScoredToolCall]:
-    calls = [{"id": c.id, "name": c.function.name, "args": json.loads(c.function.arguments)} for c in reply.tool_calls]
-    return parse_tool_call_scores({"logtoku": {"tool_calls": [dict(s) for s in reply.scores]}}, calls)
+class _ServerTools:
+    """The server's I/O for the tool-call loop: the next answer through the engine (the conversation
+    with the answer's calls and, as their results, what the loop says), the review queue in the
+    engine's store, and the last answer as the client gets it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        plan: tools.ToolPlan,
+        messages: list[ChatMessage],
+        options: DecodingOptions,
+        cancel: threading.Event | None,
+        answer: Answer,
+    ) -> None:
+        self.engine, self.plan, self.options, self.cancel = engine, plan, options, cancel
+        self.turns = list(messages)
+        self.answer = answer
+        self.reply = reply_of(plan, answer)
+
+    def turn(self) -> ToolTurn:
+        """The last answer's calls and their scores, as the loop reads them."""
+        calls = [{"id": c.id, "name": c.function.name, "args": json.loads(c.function.arguments)} for c in self.reply.tool_calls]
+        scores = {"logtoku": {"tool_calls": [dict(s) for s in self.reply.scores]}}
+        return ToolTurn(calls, scores, self.answer.generation.model)
+
+    async def reask(self, request: Reask) -> ToolTurn:
+        calls = [(c.call.name, dict(c.call.args)) for c in request.calls]
+        self.turns = [*self.turns, ChatMessage("assistant", render_tool_calls(self.reply.content or "", calls))]
+        for result in request.results:
+            add_tool_result(self.turns, render_tool_result(result))
+        self.answer = await self.engine.answer(self.turns, self.options, self.cancel)
+        self.reply = reply_of(self.plan, self.answer)
+        return self.turn()
+
+    async def record(self, request: Record) -> list[ReviewItem | None]:
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self._write, request)  # a database call: off the event loop
+
+    def _write(self, request: Record) -> list[ReviewItem | None]:
+        """Queue each call for review; a refused call is not stored (the response says it, with its rule)."""
+        store = self.engine.store
+        if store is None and any(s.review for s in request.stopped):  # the engine refuses such a policy at start
+            msg = "internal error: a tool call was sent to human review on a server without a store"
+            raise RuntimeError(msg)
+        return [store.record_for_review(s.record) if s.review and store is not None else None for s in request.stopped]
+
+    def gated(self, policy: Policy, decided: ToolsDecided) -> GatedAnswer:
+        """The last answer as the client gets it: the calls to run; for the others, why they did not."""
+        payloads = [_payload(c) for c in decided.history]
+        if not decided.withheld:
+            return GatedAnswer(self.answer, self.reply, payloads)
+        kept, notes = [], []
+        for call, wire_call in zip(decided.calls, self.reply.tool_calls, strict=True):
+            if call.action == "run":
+                kept.append(wire_call)
+            elif call.action == "human_review":
+                notes.append(
+                    f"The call to {call.call.name} waits for human review (review id {call.review_id}); "
+                    f"GET /v1/logtoku/reviews/{call.review_id} returns the arguments a reviewer approves."
+                )
+            else:  # refuse (a reask that ran out of attempts became its fallback)
+                notes.append(policy.tool_calls.refusal_message(call.call.name, call.decision.reason))
+        content = "\n\n".join(part for part in (self.reply.content, *notes) if part)
+        scores = [s for s in self.reply.scores if s["id"] in {c.id for c in kept}]
+        return GatedAnswer(self.answer, tools.Reply(content or None, kept, scores), payloads)
 
 
-def _payload(call: ScoredToolCall, decision: ToolDecision, review_id: int | None, attempt: int) -> GatedCallPayload:
+def _payload(call: DecidedCall) -> GatedCallPayload:
     return GatedCallPayload(
-        id=call.id,
-        name=call.name,
-        action=decision.action,
-        rule=decision.rule,
-        reason=decision.reason,
-        review_id=review_id,
-        attempt=attempt,
+        id=call.call.id,
+        name=call.call.name,
+        action=call.action,
+        rule=call.decision.rule,
+        reason=call.decision.reason,
+        review_id=call.review_id,
+        attempt=call.attempt,
     )
-
-
-def _reasked(
-    turns: list[ChatMessage], reply: tools.Reply, scored: list[ScoredToolCall], decisions: list[ToolDecision], policy: Policy
-) -> list[ChatMessage]:
-    """The conversation with the answer's calls and, as each call's result, why it did not run."""
-    out = [*turns, ChatMessage("assistant", render_tool_calls(reply.content or "", [(c.name, dict(c.args)) for c in scored]))]
-    for call, decision in zip(scored, decisions):
-        template = policy.tool_calls.reask.message if decision.action == "reask" else policy.tool_calls.refuse.message
-        add_tool_result(out, render_tool_result(template.format(tool=call.name, reason=decision.reason)))
-    return out
-
-
-def _apply_decisions(
-    engine: Engine,
-    answer: Answer,
-    reply: tools.Reply,
-    scored: list[ScoredToolCall],
-    decisions: list[ToolDecision],
-    decided: list[GatedCallPayload],
-    attempt: int,
-    messages: list[ChatMessage],
-) -> GatedAnswer:
-    """Keep the calls to run; record the ones for review; say why the others did not run."""
-    from logtoku_guard.decision.tool_gate.call_review import tool_call_record
-
-    policy = engine.policy
-    assert policy is not None  # only called under a policy
-    kept, notes = [], []
-    question = question_of(messages)
-    for call, wire_call, decision in zip(scored, reply.tool_calls, decisions):
-        review_id = None
-        if decision.action == "run":
-            kept.append(wire_call)
-        elif decision.action == "human_review":
-            record = tool_call_record(
-                call,
-                decision,
-                question=question,
-                model=answer.generation.model,
-                policy_name=policy.name,
-                policy_version=policy.version,
-            )
-            assert engine.store is not None  # the engine refuses a tool human_review policy without a store
-            review_id = engine.store.record_for_review(record).id
-            notes.append(
-                f"The call to {call.name} waits for human review (review id {review_id}); "
-                f"GET /v1/logtoku/reviews/{review_id} returns the arguments a reviewer approves."
-            )
-        else:  # refuse (a reask that ran out of attempts became its fallback)
-            notes.append(policy.tool_calls.refuse.message.format(tool=call.name, reason=decision.reason))
-        decided.append(_payload(call, decision, review_id, attempt))
-    if len(kept) == len(reply.tool_calls):
-        return GatedAnswer(answer, reply, decided)
-    content = "\n\n".join(part for part in (reply.content, *notes) if part)
-    scores = [s for s in reply.scores if s["id"] in {c.id for c in kept}]
-    return GatedAnswer(answer, tools.Reply(content or None, kept, scores), decided)
 
 
 def gated_extra(gated: GatedAnswer) -> dict[str, Any]:

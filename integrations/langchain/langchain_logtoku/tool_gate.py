@@ -6,7 +6,8 @@ resume, so anything written before an ``interrupt()`` must live in an earlier no
 
 - ``after_model`` (its own node) reads the per-argument scores of the last answer's calls
   (``response_metadata["logtoku"]["tool_calls"]``, :mod:`logtoku_guard.decision.tool_gate.scores`) and
-  decides each call. ``reask``: every call of the answer gets a tool message saying why it did
+  decides each call through the core's tool-call loop (:mod:`logtoku_guard.guard.tool_steps`, the
+  server's too; this module is only its I/O). ``reask``: every call of the answer gets a tool message saying why it did
   not run and the agent jumps back to the model (as often as the policy allows in a
   row, then ``reask.fallback``). ``human_review`` and ``refuse``: the call is recorded in the
   audit store (a review item for ``human_review``) and its decision kept in the private state
@@ -33,13 +34,14 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
-from logtoku_guard.decision.tool_gate.call_policy import ToolDecision
-from logtoku_guard.decision.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request, tool_call_record
-from logtoku_guard.decision.tool_gate.scores import ScoredToolCall, parse_tool_call_scores
+from logtoku_guard.decision.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request
 from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.guard.tool_driver import drive_tools
+from logtoku_guard.guard.tool_steps import DecidedCall, Reask, Record, ToolTurn
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import AuditStore
+    from logtoku_guard.audit.records import ReviewItem
     from logtoku_guard.decision.policy import Policy
     from logtoku_guard.scoring.quadrants import QuadrantThresholds
 
@@ -68,6 +70,39 @@ def _question(messages: Sequence[BaseMessage]) -> str:
     return next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
 
 
+def _turn(last: BaseMessage | None) -> ToolTurn:
+    """The last answer's tool calls as the core's loop reads them (none when it is not a model's answer)."""
+    if not isinstance(last, AIMessage) or not last.tool_calls:
+        return ToolTurn()
+    meta = last.response_metadata.get("logtoku")
+    model = str((meta.get("model") if isinstance(meta, dict) else None) or last.response_metadata.get("model_name") or "unknown")
+    return ToolTurn(last.tool_calls, last.response_metadata, model)
+
+
+class _AgentTools:
+    """The agent's I/O for the core's tool-call loop: its next model turn makes a re-asked answer
+    (so ``reask`` leaves it to the graph), its audit store keeps the stopped calls."""
+
+    def __init__(self, store: AuditStore | None) -> None:
+        self.store = store
+
+    def reask(self, request: Reask) -> None:
+        return None  # the tool messages go into the state and the agent jumps back to the model
+
+    def record(self, request: Record) -> list[ReviewItem | None]:
+        if any(s.review for s in request.stopped):
+            _require_checkpointer()  # before anything is written: the agent cannot pause without one
+        out: list[ReviewItem | None] = []
+        for stopped in request.stopped:
+            if self.store is not None and stopped.review:
+                out.append(self.store.record_for_review(stopped.record))
+                continue
+            if self.store is not None:
+                self.store.record(stopped.record)
+            out.append(None)
+        return out
+
+
 def _require_checkpointer() -> None:
     if ensure_config().get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER) is None:
         msg = (
@@ -92,60 +127,33 @@ class ToolGate:
 
     # -- after_model: decide every call of the answer ----------------------------------------------
     def after_model(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        last = state["messages"][-1] if state.get("messages") else None
+        """The core's tool-call loop (:func:`~logtoku_guard.guard.tool_driver.drive_tools`) on the last
+        answer; a re-ask is this agent's next model turn (the loop stops there and the next
+        ``after_model`` reads the new answer with the re-asks so far, kept in the state)."""
+        messages = state.get("messages") or []
+        last = messages[-1] if messages else None
         reasks = int(state.get("logtoku_tool_reasks") or 0)
-        if not isinstance(last, AIMessage) or not last.tool_calls or not self.rules.gates:
+        io = _AgentTools(self.store)
+        decided = drive_tools(self.policy, _turn(last), io, question=_question(messages), reasks=reasks, quadrants=self.quadrants)
+        if isinstance(decided, Reask):
+            return self._reask(decided)
+        if not decided.calls:  # no call to gate: forget what an earlier answer left
             return {"logtoku_tool_gate": None, "logtoku_tool_reasks": 0} if reasks or state.get("logtoku_tool_gate") else None
-        calls = parse_tool_call_scores(last.response_metadata, last.tool_calls)
-        decisions = list(zip(calls, self.rules.decide_turn(calls, reasks, self.policy.undefined), strict=True))
-        if any(d.action == "reask" for _, d in decisions):
-            return self._reask(decisions, reasks + 1)
-        if any(d.action == "human_review" for _, d in decisions):
-            _require_checkpointer()
-        gated: dict[str, GatedCall] = {}
-        for call, decision in decisions:
-            if decision.action in ("human_review", "refuse"):
-                gated[call.id] = self._record(call, decision, state["messages"], last)
+        gated = {call.call.id: self._gated(call) for call in decided.calls if call.action in ("human_review", "refuse")}
         return {"logtoku_tool_gate": gated, "logtoku_tool_reasks": 0}
 
-    def _reask(self, decisions: list[tuple[ScoredToolCall, ToolDecision]], reasks: int) -> dict[str, Any]:
-        template = self.rules.reask.message
-        messages = []
-        for call, decision in decisions:
-            if decision.action == "reask":
-                content = template.format(tool=call.name, reason=decision.reason)
-            else:
-                content = (
-                    f"The call to {call.name} was not run: another call of this answer was re-asked; "
-                    "call it again if it is still needed."
-                )
-            messages.append(ToolMessage(content=content, name=call.name, tool_call_id=call.id, status="error"))
-        return {"messages": messages, "jump_to": "model", "logtoku_tool_reasks": reasks, "logtoku_tool_gate": None}
+    @staticmethod
+    def _reask(request: Reask) -> dict[str, Any]:
+        messages = [
+            ToolMessage(content=result, name=call.call.name, tool_call_id=call.call.id, status="error")
+            for call, result in zip(request.calls, request.results, strict=True)
+        ]
+        return {"messages": messages, "jump_to": "model", "logtoku_tool_reasks": request.number, "logtoku_tool_gate": None}
 
-    def _record(
-        self, call: ScoredToolCall, decision: ToolDecision, messages: Sequence[BaseMessage], answer: AIMessage
-    ) -> GatedCall:
-        meta = answer.response_metadata.get("logtoku")
-        model = str(
-            (meta.get("model") if isinstance(meta, dict) else None) or answer.response_metadata.get("model_name") or "unknown"
-        )
-        record = tool_call_record(
-            call,
-            decision,
-            question=_question(messages),
-            model=model,
-            policy_name=self.policy.name,
-            policy_version=self.policy.version,
-            quadrants=self.quadrants,
-        )
-        review_id: int | None = None
-        request = None
-        if self.store is not None and decision.action == "refuse":
-            self.store.record(record)
-        elif self.store is not None:
-            item = self.store.record_for_review(record)
-            review_id, request = item.id, review_request(call, decision, item.record, self.quadrants)
-        return GatedCall(action=decision.action, reason=decision.reason, review_id=review_id, request=request)
+    def _gated(self, call: DecidedCall) -> GatedCall:
+        review = call.review
+        request = review_request(call.call, call.decision, review.record, self.quadrants) if review is not None else None
+        return GatedCall(action=call.action, reason=call.decision.reason, review_id=call.review_id, request=request)
 
     # -- wrap_tool_call: refuse, or ask the reviewer, before the tool runs ------------------------------
     def _resolve(self, request: ToolCallRequest) -> ToolCallRequest | ToolMessage:
@@ -156,7 +164,7 @@ class ToolGate:
         if entry is None:
             return request
         if entry["action"] == "refuse":
-            content = self.rules.refuse.message.format(tool=call["name"], reason=entry["reason"])
+            content = self.rules.refusal_message(call["name"], entry["reason"])
             return ToolMessage(content=content, name=call["name"], tool_call_id=call["id"], status="error")
         verdict = ToolReviewResponse.model_validate(interrupt(entry["request"], response_schema=ToolReviewResponse))
         self._record_verdict(entry["review_id"], verdict)

@@ -126,6 +126,14 @@ class ToolCallPolicy(StrictModel):
             acts.add(self.reask.fallback)
         return acts
 
+    def reask_message(self, tool: str, reason: str) -> str:
+        """What the model is told in place of a re-asked call's result (``reask.message``)."""
+        return self.reask.message.format(tool=tool, reason=reason)
+
+    def refusal_message(self, tool: str, reason: str) -> str:
+        """What is said in place of a refused call's result (``refuse.message``)."""
+        return self.refuse.message.format(tool=tool, reason=reason)
+
     def decide(self, call: ScoredToolCall, undefined: UndefinedMode = "least_reliable") -> ToolDecision:
         """The first rule that fires on ``call``; ``undefined`` as the policy's (see the module doc)."""
         fired = first_firing(self.rules, call, RuleContext(undefined))

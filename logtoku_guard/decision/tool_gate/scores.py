@@ -79,6 +79,8 @@ def parse_tool_call_scores(metadata: Any, tool_calls: Sequence[Mapping[str, Any]
                 msg = f"{here}.id {entry['id']!r} is given twice; one entry per tool call"
                 raise ConfigurationError(msg)
             by_id[entry["id"]] = entry
+    for i, call in enumerate(tool_calls):
+        _check_call(call, i)
     ids = {c.get("id") for c in tool_calls}
     unknown = sorted(set(by_id) - ids)
     if unknown:
@@ -106,3 +108,21 @@ def parse_tool_call_scores(metadata: Any, tool_calls: Sequence[Mapping[str, Any]
         scores = {str(k): ArgumentScore.from_dict(v, f"{here}.arguments[{k!r}]") for k, v in arguments.items()}
         out.append(ScoredToolCall(id=call_id, name=name, args=dict(args), scores=scores))
     return out
+
+
+def _check_call(call: Any, i: int) -> None:
+    """A tool call as the answer made it: ``{"id": str | None, "name": str, "args": {...}}``."""
+    here = f"tool call {i}"
+    if not isinstance(call, Mapping):
+        msg = f"{here} must be a mapping with id, name and args, got {short_repr(call)}"
+        raise ConfigurationError(msg)
+    if call.get("id") is not None and not isinstance(call.get("id"), str):
+        msg = f"{here}'s id must be a string, got {short_repr(call.get('id'))}"
+        raise ConfigurationError(msg)
+    if not isinstance(call.get("name", ""), str):
+        msg = f"{here}'s name must be a string, got {short_repr(call.get('name'))}"
+        raise ConfigurationError(msg)
+    args = call.get("args")
+    if args and not isinstance(args, Mapping):
+        msg = f"{here}'s args must map argument names to values (a JSON object), got {short_repr(args)}"
+        raise ConfigurationError(msg)
