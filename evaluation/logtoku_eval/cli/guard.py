@@ -13,21 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from logtoku_eval.cli import paper as ev
-from logtoku_eval.cli.paper import (
-    BatchOpt,
-    BootOpt,
-    DataDirOpt,
-    GenCacheOpt,
-    GuardFoldsOpt,
-    LimitOpt,
-    ModelCacheOpt,
-    ModelOpt,
-    OutDirOpt,
-    PlotsOpt,
-    eval_app,
-)
+from logtoku_eval.cli.paper import DataDirOpt, LimitOpt, ModelOpt, RunOptions, eval_app, run_options
 from logtoku_guard.cli import toolkit
-from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
 
 
 def _budgets(text: str) -> tuple[float, ...]:
@@ -43,6 +30,12 @@ def _budgets(text: str) -> tuple[float, ...]:
 
 
 @eval_app.command("guard")
+@run_options(
+    batch_size=8,
+    seed_help="Seed of the bootstrap, the knowledge base's coverage, the guard-score folds.",
+    plots=True,
+    guard_folds=True,
+)
 def guard_end_to_end(
     model: ModelOpt = "smollm2-135m-instruct",
     limit: LimitOpt = None,
@@ -57,16 +50,8 @@ def guard_end_to_end(
     ] = "0,0.1,0.2,0.3,0.5,0.7,1",
     live: Annotated[int, typer.Option(help="Run the real Guard on the first N questions to check the replay (0 = no).")] = 100,
     live_budget: Annotated[float, typer.Option(help="Retrieval budget of the live check's LogTokU guard.")] = 0.3,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the knowledge base's coverage, the guard-score folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    guard_folds: GuardFoldsOpt = 5,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
 ) -> None:
     """The guard end to end on NQ-open with a FAQ knowledge base: accuracy vs retrievals spent.
 
@@ -82,12 +67,11 @@ def guard_end_to_end(
     from logtoku_guard.errors import LogTokUError
 
     chosen = _budgets(budgets)
-    ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed, guard_folds=guard_folds)
-    ev.check_backend_option(backend, device)
+    run.check(limit=limit)
     if live < 0:
         msg = f"--live must be 0 (no live check) or a positive number of questions, got {live!r}"
         raise typer.BadParameter(msg)
-    cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
+    cache_dir, out_dir = run.dirs()
     if passages < 1:
         msg = f"--passages must be at least 1, got {passages!r}"
         raise typer.BadParameter(msg)
@@ -96,16 +80,16 @@ def guard_end_to_end(
             cache_dir=cache_dir,
             out_dir=out_dir,
             coverage=coverage,
-            kb_seed=seed,
+            kb_seed=run.seed,
             settings=RetrieveSettings(passages=passages),
             budgets=chosen,
-            batch_size=batch_size,
-            n_boot=n_boot,
-            seed=seed,
+            batch_size=run.batch_size,
+            n_boot=run.n_boot,
+            seed=run.seed,
             live=live,
             live_budget=live_budget,
-            plots=plots,
-            guard_folds=guard_folds,
+            plots=run.plots,
+            guard_folds=run.guard_folds,
         )
         pool = load_nq_open(path, data_dir=data_dir)
         items = pool[:limit] if limit is not None else pool
@@ -113,64 +97,57 @@ def guard_end_to_end(
             result = run_guard_eval(
                 items,
                 pool,
-                ev.model_name(model, backend),
-                ev.backend_loader(model, K_STORED, device, model_cache, backend),
+                run.model_name(model),
+                run.loader(model, K_STORED),
                 config,
-                live_backend=ev.backend_loader(model, 2, device, model_cache, backend),
+                live_backend=run.loader(model, 2),
                 on_progress=ev.progress_factory(progress),
             )
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
     typer.echo(result.report.to_markdown())
-    toolkit.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    ev.written(result.files)
+
+
+_FOLDS_SEED = "Seed of the bootstrap and of the cross-validation folds."
 
 
 @eval_app.command("fabricated")
+@run_options(batch_size=8, seed_help=_FOLDS_SEED)
 def fabricated(
     model: ModelOpt = "smollm2-135m-instruct",
     limit: Annotated[
         int | None, typer.Option(help="First N known and first N fabricated questions of each half, for a quick run.")
     ] = None,
     l2: Annotated[float, typer.Option(help="L2 penalty of the guard score's logistic regression.")] = 1.0,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
 ) -> None:
     """Known vs fabricated questions: the guard score fit on the tune half, AUROC and policy rates on the test half."""
     from logtoku_eval.fabricated import dataset_name, load_fabricated
     from logtoku_eval.fabricated_eval import evaluate_fabricated, write_fabricated
-    from logtoku_eval.generate import K_STORED, GreedySpec, greedy_cache, run_greedy
+    from logtoku_eval.generate import GreedySpec, greedy_cache
     from logtoku_guard.errors import LogTokUError
 
-    ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
-    ev.check_backend_option(backend, device)
-    cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
+    run.check(limit=limit)
+    cache_dir, out_dir = run.dirs()
     try:
-        name = ev.model_name(model, backend)
+        name = run.model_name(model)
         halves = {s: _first_of_each_kind(load_fabricated(s), limit) for s in ("tune", "test")}
         cache = greedy_cache(cache_dir, name, dataset_name(), GreedySpec())
-        todo = [it.to_qa_item() for s in halves for it in halves[s] if it.id not in cache]
-        if todo:
-            with ev.progress_bar() as progress:
-                total = sum(len(h) for h in halves.values())
-                on = ev.progress_factory(progress)("fabricated", total, total - len(todo))
-                loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
-                run_greedy(loaded, todo, cache, spec=GreedySpec(), batch_size=batch_size, on_progress=on)
+        work = {"fabricated": [it.to_qa_item() for s in halves for it in halves[s]]}
+        run.answer_missing(model, work, {"fabricated": cache}, GreedySpec())
         pairs = {s: [(cache.get(it.id), it.is_known) for it in halves[s]] for s in halves}
-        report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=n_boot, seed=seed)  # type: ignore[arg-type]
+        report = evaluate_fabricated(pairs["tune"], pairs["test"], model=name, l2=l2, n_boot=run.n_boot, seed=run.seed)  # type: ignore[arg-type]
         files = write_fabricated(report, out_dir)
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
-    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+    ev.written(files)
 
 
 @eval_app.command("traffic")
+@run_options(batch_size=16, seed_help=_FOLDS_SEED, plots=True)
 def traffic(
     model: ModelOpt = "smollm2-135m-instruct",
     pass_target: Annotated[
@@ -180,15 +157,8 @@ def traffic(
     balance_groups: Annotated[
         bool, typer.Option(help="Weight the four groups equally in the guard's fit (default: every answer counts once).")
     ] = False,
-    batch_size: BatchOpt = 16,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and of the cross-validation folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
 ) -> None:
     """Realistic traffic: correct and wrong answers to real questions, plausible and syllable-name fabrications.
 
@@ -197,19 +167,18 @@ def traffic(
     traffic.json and the fitted guard traffic-guard.json.
     """
     from logtoku_eval.datasets import QAItem
-    from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
+    from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
     from logtoku_eval.traffic import dataset_name
     from logtoku_eval.traffic_eval import evaluate_traffic, judge_answers, traffic_questions, write_traffic
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
     from logtoku_guard.errors import ConfigurationError, LogTokUError
 
-    ev.check_counts(batch_size=batch_size, n_boot=n_boot, seed=seed)
-    ev.check_backend_option(backend, device)
+    run.check()
     if not 0.0 < pass_target < 1.0:
         raise toolkit.fail(ConfigurationError(f"--pass-target {pass_target!r} must be between 0 and 1, e.g. 0.85"))
-    cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
+    cache_dir, out_dir = run.dirs()
     try:
-        name = ev.model_name(model, backend)
+        name = run.model_name(model)
         questions = traffic_questions()
         calibration = [QAItem(q.id, q.question, q.answers) for q in shipped_calibration_questions()]
         caches = {
@@ -222,24 +191,25 @@ def traffic(
             "syllable": [QAItem(q.id, q.question, q.answers) for q in questions if q.group == "syllable"],
             "calibration": calibration,
         }
-        todo = {k: [it for it in items if it.id not in caches[k]] for k, items in work.items()}
-        if any(todo.values()):
-            loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
-            with ev.progress_bar() as progress:
-                for key, items in work.items():
-                    on = ev.progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
-                    run_greedy(loaded, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
+        run.answer_missing(model, work, caches, SERVING)
         pairs = [(q, caches["syllable" if q.group == "syllable" else "traffic"].get(q.id)) for q in questions]
         answers = judge_answers(pairs)  # type: ignore[arg-type]
         cal = caches["calibration"].records([it.id for it in calibration])
         report = evaluate_traffic(
-            answers, cal, model=name, pass_target=pass_target, l2=l2, balance_groups=balance_groups, n_boot=n_boot, seed=seed
+            answers,
+            cal,
+            model=name,
+            pass_target=pass_target,
+            l2=l2,
+            balance_groups=balance_groups,
+            n_boot=run.n_boot,
+            seed=run.seed,
         )
-        files = write_traffic(report, out_dir, plots=plots)
+        files = write_traffic(report, out_dir, plots=run.plots)
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
-    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+    ev.written(files)
 
 
 def _first_of_each_kind(items: list[Any], limit: int | None) -> list[Any]:

@@ -14,14 +14,14 @@ from typing import Annotated
 import typer
 
 from logtoku_eval.cli import paper as ev
-from logtoku_eval.cli.paper import BatchOpt, BootOpt, GenCacheOpt, ModelCacheOpt, ModelOpt, OutDirOpt, eval_app
+from logtoku_eval.cli.paper import ModelOpt, RunOptions, eval_app, run_options
 from logtoku_guard.cli import toolkit
-from logtoku_guard.cli.toolkit import BackendOpt, DeviceOpt
 
 SPLIT_CHOICES = ("tune", "test", "all")
 
 
 @eval_app.command("ordinary")
+@run_options(batch_size=16, seed_help="Seed of the bootstrap (which resamples questions).")
 def ordinary(
     model: ModelOpt = "smollm2-135m-instruct",
     split: Annotated[str, typer.Option(help="Half to report: test (the default), tune or all.")] = "test",
@@ -52,14 +52,8 @@ def ordinary(
             "`eval traffic` does; the first run generates them).",
         ),
     ] = True,
-    batch_size: BatchOpt = 16,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (which resamples questions).")] = 0,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
 ) -> None:
     """Ordinary questions in three wordings: the shipped guard's flags on correct and wrong answers, per wording.
 
@@ -70,7 +64,7 @@ def ordinary(
     (every answer with its judgment, decision and first-pass statistics).
     """
     from logtoku_eval.datasets import QAItem
-    from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE, greedy_cache, run_greedy
+    from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
     from logtoku_eval.ordinary import dataset_name, load_ordinary
     from logtoku_eval.ordinary_eval import QuestionRef, evaluate_ordinary, policy_threshold, score_answers, write_ordinary
     from logtoku_eval.traffic import dataset_name as traffic_dataset
@@ -80,13 +74,12 @@ def ordinary(
     from logtoku_guard.decision.policy import Policy, default_policy
     from logtoku_guard.errors import ConfigurationError, LogTokUError
 
-    ev.check_counts(limit=limit, batch_size=batch_size, n_boot=n_boot, seed=seed)
-    ev.check_backend_option(backend, device)
+    run.check(limit=limit)
     if split not in SPLIT_CHOICES:
         raise toolkit.fail(ConfigurationError(f"--split must be one of {', '.join(SPLIT_CHOICES)}, got {split!r}"))
-    cache_dir, out_dir = ev.output_dirs(gen_cache_dir, out_dir)
+    cache_dir, out_dir = run.dirs()
     try:
-        name = ev.model_name(model, backend)
+        name = run.model_name(model)
         profile_file = profile if profile is not None else shipped_profile_path(name)
         if not profile_file.is_file():
             msg = (
@@ -123,13 +116,7 @@ def ordinary(
             ]
             work["traffic"] = [QAItem(it.id, it.question, it.answers) for it in real]
             caches["traffic"] = greedy_cache(cache_dir, name, traffic_dataset(), SERVING, template=SERVING_TEMPLATE)
-        todo = {k: [it for it in v if it.id not in caches[k]] for k, v in work.items()}
-        if any(todo.values()):
-            loaded = ev.backend_loader(model, K_STORED, device, model_cache, backend)()
-            with ev.progress_bar() as progress:
-                for key, qa in work.items():
-                    on = ev.progress_factory(progress)(key, len(qa), len(qa) - len(todo[key]))
-                    run_greedy(loaded, todo[key], caches[key], spec=SERVING, batch_size=batch_size, on_progress=on)
+        run.answer_missing(model, work, caches, SERVING)
         kwargs = {"model": name, "profile": chosen_profile, "policy": chosen_policy}
         answers = score_answers(questions, caches["ordinary"].records([q.id for q in questions]), **kwargs)  # type: ignore[arg-type]
         traffic_answers = (
@@ -145,14 +132,14 @@ def ordinary(
             threshold=policy_threshold(chosen_policy, chosen_profile),
             split=split,
             traffic=traffic_answers,
-            n_boot=n_boot,
-            seed=seed,
+            n_boot=run.n_boot,
+            seed=run.seed,
         )
         files = write_ordinary(report, out_dir)
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
     typer.echo(report.to_markdown())
-    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+    ev.written(files)
 
 
 def _first_of_each(pairs: Iterable[tuple[str, str]], limit: int) -> set[str]:

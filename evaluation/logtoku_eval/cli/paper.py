@@ -8,7 +8,10 @@ this sub-app costs nothing at CLI start.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -177,6 +180,112 @@ def progress_bar() -> Any:
     )
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The options every generating benchmark shares, as one value (:func:`run_options` declares them)."""
+
+    batch_size: int
+    gen_cache_dir: Path | None
+    out_dir: Path | None
+    n_boot: int
+    seed: int
+    device: str
+    model_cache: Path | None
+    backend: str
+    plots: bool = False
+    guard_folds: int = 0
+
+    def check(self, *, limit: int | None = None, samples_limit: int = 0, n_samples: int = 2) -> None:
+        """These counts (with the command's own) and ``--backend``, checked before any data or model loads."""
+        check_counts(
+            limit=limit,
+            batch_size=self.batch_size,
+            n_boot=self.n_boot,
+            seed=self.seed,
+            samples_limit=samples_limit,
+            n_samples=n_samples,
+            guard_folds=self.guard_folds,
+        )
+        check_backend_option(self.backend, self.device)
+
+    def dirs(self) -> tuple[Path, Path]:
+        """The generation cache and results folders (:func:`output_dirs`)."""
+        return output_dirs(self.gen_cache_dir, self.out_dir)
+
+    def model_name(self, model: str) -> str:
+        """The name the backend records on its generations (:func:`model_name`)."""
+        return model_name(model, self.backend)
+
+    def loader(self, model: str, k: int) -> Callable[[], Any]:
+        """Loads ``model`` on ``--device`` with ``--backend``, keeping ``k`` logits a step."""
+        return backend_loader(model, k, self.device, self.model_cache, self.backend)
+
+    def answer_missing(self, model: str, work: Mapping[str, Sequence[Any]], caches: Mapping[str, Any], spec: Any) -> None:
+        """Greedy answers (``spec``) into ``caches[key]`` for the questions of ``work[key]`` it lacks, a
+        progress bar per key; the model loads only when one is missing."""
+        from logtoku_eval.generate import K_STORED, run_greedy
+
+        todo = {key: [it for it in items if it.id not in caches[key]] for key, items in work.items()}
+        if not any(todo.values()):
+            return
+        loaded = self.loader(model, K_STORED)()
+        with progress_bar() as progress:
+            for key, items in work.items():
+                on = progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
+                run_greedy(loaded, todo[key], caches[key], spec=spec, batch_size=self.batch_size, on_progress=on)
+
+
+def run_options(
+    *, batch_size: int, seed_help: str, plots: bool = False, guard_folds: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Declares the shared options in place of a command's keyword-only ``run`` parameter (a :class:`RunOptions`).
+
+    In this order: ``--batch-size`` (default ``batch_size``), ``--gen-cache-dir``, ``--out-dir``,
+    ``--n-boot``, ``--seed`` (``seed_help`` says what it seeds), ``--plots/--no-plots`` (with
+    ``plots``), ``--device``, ``--model-cache``, ``--guard-folds`` (with ``guard_folds``), ``--backend``.
+    """
+    shared: list[tuple[str, Any, Any]] = [
+        ("batch_size", BatchOpt, batch_size),
+        ("gen_cache_dir", GenCacheOpt, None),
+        ("out_dir", OutDirOpt, None),
+        ("n_boot", BootOpt, 1000),
+        ("seed", Annotated[int, typer.Option(help=seed_help)], 0),
+        *([("plots", PlotsOpt, True)] if plots else []),
+        ("device", DeviceOpt, "auto"),
+        ("model_cache", ModelCacheOpt, None),
+        *([("guard_folds", GuardFoldsOpt, 5)] if guard_folds else []),
+        ("backend", BackendOpt, "transformers"),
+    ]
+    names = [name for name, _, _ in shared]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+
+    def declare(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)  # typer reads the annotations as objects
+        own = list(signature.parameters.values())
+        at = [p.name for p in own].index("run")
+        params = [
+            *(p.replace(kind=keyword) for p in own[:at]),
+            *(inspect.Parameter(name, keyword, annotation=hint, default=default) for name, hint, default in shared),
+            *(p.replace(kind=keyword) for p in own[at + 1 :]),
+        ]
+
+        @functools.wraps(command)
+        def with_run(**options: Any) -> None:
+            run = RunOptions(**{name: options.pop(name) for name in names})
+            command(run=run, **options)
+
+        with_run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return with_run
+
+    return declare
+
+
+def written(files: Sequence[Path]) -> None:
+    """The files a command wrote, on stderr (its report went to stdout)."""
+    toolkit.err.print("written: " + ", ".join(str(p) for p in files), highlight=False)
+
+
 def check_judge_backend(judge_backend: str) -> None:
     """``--judge-backend``, checked before any data or model loads."""
     from logtoku_guard.errors import ConfigurationError
@@ -227,16 +336,7 @@ def _run_qa(
     samples_limit: int,
     n_samples: int,
     temperature: float,
-    batch_size: int,
-    cache_dir: Path,
-    out_dir: Path,
-    n_boot: int,
-    seed: int,
-    plots: bool,
-    device: str,
-    model_cache: Path | None,
-    guard_folds: int,
-    backend: str,
+    run: RunOptions,
     judge_backend: str,
 ) -> None:
     from logtoku_eval.generate import K_STORED, SamplingSpec
@@ -244,29 +344,30 @@ def _run_qa(
     from logtoku_eval.qa import QAConfig, run_qa
 
     names = judge or default_judges
-    judges, embedder = _judges(names, judge_model, device, model_cache, judge_backend)
+    judges, embedder = _judges(names, judge_model, run.device, run.model_cache, judge_backend)
     if samples_limit and embedder is None:
         import importlib.util
 
         if importlib.util.find_spec(MINILM_PACKAGE) is not None:
             embedder = TransformerEmbedder()  # for the semantic-entropy stand-in
+    cache_dir, out_dir = run.dirs()
     config = QAConfig(
         dataset=dataset,
         cache_dir=cache_dir,
         out_dir=out_dir,
         samples_limit=samples_limit,
-        sampling=SamplingSpec(n=n_samples, temperature=temperature, seed=seed),
-        batch_size=batch_size,
-        n_boot=n_boot,
-        seed=seed,
-        plots=plots,
-        guard_folds=guard_folds,
+        sampling=SamplingSpec(n=n_samples, temperature=temperature, seed=run.seed),
+        batch_size=run.batch_size,
+        n_boot=run.n_boot,
+        seed=run.seed,
+        plots=run.plots,
+        guard_folds=run.guard_folds,
     )
     with progress_bar() as progress:
         result = run_qa(
             items,
-            model_name(model, backend),
-            backend_loader(model, K_STORED, device, model_cache, backend),
+            run.model_name(model),
+            run.loader(model, K_STORED),
             judges,
             config,
             embedder=embedder,
@@ -274,10 +375,14 @@ def _run_qa(
         )
     for report in result.reports:
         typer.echo(report.to_markdown())
-    toolkit.err.print("written: " + ", ".join(str(p) for p in result.files), highlight=False)
+    written(result.files)
+
+
+_QA_SEED = "Seed of the bootstrap, the sampled answers and the guard-score folds."
 
 
 @eval_app.command()
+@run_options(batch_size=8, seed_help=_QA_SEED, plots=True, guard_folds=True)
 def truthfulqa(
     model: ModelOpt = "smollm2-135m-instruct",
     limit: LimitOpt = None,
@@ -290,34 +395,16 @@ def truthfulqa(
     ] = 50,
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the sampling baselines.")] = 0.5,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    guard_folds: GuardFoldsOpt = 5,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
     judge_backend: JudgeBackendOpt = None,
 ) -> None:
     """TruthfulQA response reliability: AUROC/AUPRC/PRR/AURC of every method.
 
     Per judge, the cross-fitted guard-score and its paired difference against the best single-pass baseline.
     """
-    check_counts(
-        limit=limit,
-        batch_size=batch_size,
-        n_boot=n_boot,
-        seed=seed,
-        samples_limit=samples_limit,
-        n_samples=n_samples,
-        guard_folds=guard_folds,
-    )
-    check_backend_option(backend, device)
-    check_judge_backend(judge_backend or backend)
-    cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
+    run.check(limit=limit, samples_limit=samples_limit, n_samples=n_samples)
+    check_judge_backend(judge_backend or run.backend)
     from logtoku_eval.datasets import load_truthfulqa
     from logtoku_guard.errors import LogTokUError
 
@@ -333,23 +420,15 @@ def truthfulqa(
             samples_limit=samples_limit,
             n_samples=n_samples,
             temperature=temperature,
-            batch_size=batch_size,
-            cache_dir=cache_dir,
-            out_dir=out_dir,
-            n_boot=n_boot,
-            seed=seed,
-            plots=plots,
-            device=device,
-            model_cache=model_cache,
-            guard_folds=guard_folds,
-            backend=backend,
-            judge_backend=judge_backend or backend,
+            run=run,
+            judge_backend=judge_backend or run.backend,
         )
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
 
 
 @eval_app.command("nq-open")
+@run_options(batch_size=8, seed_help=_QA_SEED, plots=True, guard_folds=True)
 def nq_open(
     model: ModelOpt = "smollm2-135m-instruct",
     limit: LimitOpt = None,
@@ -358,29 +437,11 @@ def nq_open(
     samples_limit: Annotated[int, typer.Option(help="Sampling baselines on the first N questions (0 = none).")] = 0,
     n_samples: Annotated[int, typer.Option(help="Sampled answers per question.")] = 10,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.5,
-    batch_size: BatchOpt = 8,
-    gen_cache_dir: GenCacheOpt = None,
-    out_dir: OutDirOpt = None,
-    n_boot: BootOpt = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap, the sampled answers and the guard-score folds.")] = 0,
-    plots: PlotsOpt = True,
-    device: DeviceOpt = "auto",
-    model_cache: ModelCacheOpt = None,
-    guard_folds: GuardFoldsOpt = 5,
-    backend: BackendOpt = "transformers",
+    *,
+    run: RunOptions,
 ) -> None:
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
-    check_counts(
-        limit=limit,
-        batch_size=batch_size,
-        n_boot=n_boot,
-        seed=seed,
-        samples_limit=samples_limit,
-        n_samples=n_samples,
-        guard_folds=guard_folds,
-    )
-    check_backend_option(backend, device)
-    cache_dir, out_dir = output_dirs(gen_cache_dir, out_dir)
+    run.check(limit=limit, samples_limit=samples_limit, n_samples=n_samples)
     from logtoku_eval.datasets import load_nq_open
     from logtoku_guard.errors import LogTokUError
 
@@ -396,17 +457,8 @@ def nq_open(
             samples_limit=samples_limit,
             n_samples=n_samples,
             temperature=temperature,
-            batch_size=batch_size,
-            cache_dir=cache_dir,
-            out_dir=out_dir,
-            n_boot=n_boot,
-            seed=seed,
-            plots=plots,
-            device=device,
-            model_cache=model_cache,
-            guard_folds=guard_folds,
-            backend=backend,
-            judge_backend=backend,
+            run=run,
+            judge_backend=run.backend,
         )
     except LogTokUError as exc:
         raise toolkit.fail(exc) from exc
