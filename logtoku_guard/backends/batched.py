@@ -89,6 +89,11 @@ class BatchedBackend(ScoringIdentity):
         """The exact text fed to the model (chat template applied)."""
         return self._render(to_messages(prompt, system))
 
+    def prompt_length(self, prompt: Prompt, *, system: str | None = None) -> int:
+        """The tokens ``prompt`` takes as generation feeds it (rendered, tokenised); nothing is generated.
+        Raises :class:`~logtoku_guard.errors.PromptTooLongError` when it fills the context window."""
+        return len(self._prepare(to_messages(prompt, system), DecodingOptions(max_new_tokens=1)).ids)
+
     def generate(self, prompt: Prompt, options: DecodingOptions | None = None, *, system: str | None = None) -> Generation:
         """Generate one answer with every token scored."""
         return self._run([prompt], options or DecodingOptions(), system)[0]

@@ -129,11 +129,10 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
-    from logtoku_guard.server.connections import ConnectionLimits, connection_cap
-    from logtoku_guard.server.routes import ServerSettings, check_api_key, require_serve_extra
-    from logtoku_guard.server.run import check_graceful_timeout, check_host, run_server, url
+    from logtoku_guard.server.connections import ConnectionLimits
+    from logtoku_guard.server.settings import ServerSettings, require_serve_extra
     from logtoku_guard.server.wire import Limits
-    from logtoku_guard.sockets import bind_socket, check_port
+    from logtoku_guard.sockets import bind_socket
 
     sock = None
     audit: Any = None
@@ -142,13 +141,7 @@ def serve(
         from logtoku_guard.cli._common import check_backend
 
         check_backend(backend_name, device, dtype, base_url)
-        check_host(host, allow_remote)
-        check_port(port)
-        check_graceful_timeout(graceful_timeout)
-        connections = ConnectionLimits(max_connections, header_timeout, body_timeout)
-        connection_cap(connections.max_connections)  # the open-file limit, checked before the model loads
-        check_api_key(api_key)
-        if api_key is None and os.environ.get("LOGTOKU_GUARD_API_KEY") == "":
+        if api_key is None and os.environ.get("LOGTOKU_GUARD_API_KEY") == "":  # click reads an empty variable as unset
             msg = (
                 "LOGTOKU_GUARD_API_KEY is set but empty: the server would accept any request; set it to a real key "
                 "(python -c 'import secrets; print(secrets.token_urlsafe(32))'), or unset it to serve without one"
@@ -163,48 +156,44 @@ def serve(
         if prefill_chunk != 0 and prefill_chunk < MIN_PREFILL_CHUNK:
             msg = f"--prefill-chunk must be at least {MIN_PREFILL_CHUNK} tokens (0: prefill prompts whole), got {prefill_chunk}"
             raise ConfigurationError(msg)
-        if max_tokens < 1 or max_body_bytes < 1:
-            msg = f"--max-tokens and --max-body-bytes must be positive, got {max_tokens} and {max_body_bytes}"
-            raise ConfigurationError(msg)
-        if default_max_tokens is not None and not 1 <= default_max_tokens <= max_tokens:
-            msg = f"--default-max-tokens must be from 1 to --max-tokens ({max_tokens}), got {default_max_tokens}"
-            raise ConfigurationError(msg)
-        mode: Any = logprobs_mode  # checked by Limits
-        limits = Limits(
-            max_tokens=max_tokens,
-            default_max_tokens=min(256, max_tokens) if default_max_tokens is None else default_max_tokens,
-            logprobs_mode=mode,
-            default_temperature=default_temperature,
-        )
-        from logtoku_guard.server.metrics import METRICS_MODES
-
-        if metrics not in METRICS_MODES:
-            msg = f"--metrics must be one of {', '.join(METRICS_MODES)}, got {metrics!r}"
-            raise ConfigurationError(msg)
-        if store is not None and policy is None:
-            msg = "--store records the guard's decisions: give a --policy too (without one nothing is guarded or recorded)"
-            raise ConfigurationError(msg)
-        sock = bind_socket(host, port)  # before the model loads: a port in use fails at once
         pol = prof = None
-        if store is not None:
-            from logtoku_guard.cli._common import open_store
-
-            audit = open_store(store, cache_dir)
         if policy is not None:
             from logtoku_guard.decision.policy import Policy
 
             pol = Policy.load(policy)
-            if "human_review" in pol.actions() | pol.tool_calls.actions() and audit is None:
-                msg = (
-                    f"policy {pol.name!r} can send answers to human review, which needs a review queue: "
-                    "pass --store (a SQLite file or a postgresql:// URL) and decide with 'logtoku-guard review serve --store'"
-                )
-                raise ConfigurationError(msg)
         if profile is not None:
             from logtoku_guard.backends.embedded import EMBEDDED_MODEL
             from logtoku_guard.cli._common import read_profile
 
             prof = read_profile(profile, model or EMBEDDED_MODEL, top_k, "clamped")  # never echoes the file's content
+        mode: Any = logprobs_mode  # checked by Limits
+        settings = ServerSettings(  # every server setting checked here, once, before the model loads
+            host=host,
+            port=port,
+            allow_remote=allow_remote,
+            graceful_timeout=graceful_timeout,
+            connections=ConnectionLimits(max_connections, header_timeout, body_timeout),
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            limits=Limits(
+                max_tokens=max_tokens,
+                default_max_tokens=default_max_tokens,  # type: ignore[arg-type]  # None: 256, or --max-tokens if lower
+                logprobs_mode=mode,
+                default_temperature=default_temperature,
+            ),
+            model_names=(served_name,) if served_name else (),
+            metrics=metrics,
+            policy=pol,
+            profile=prof if prof is not None or pol is None or not pol.uses_quantiles() else "auto",
+            store=store,
+            cache_dir=cache_dir,
+        )
+        sock = bind_socket(host, port)  # before the model loads: a port in use fails at once
+        if store is not None:
+            from logtoku_guard.cli._common import open_store
+
+            audit = open_store(store, cache_dir)
+            settings = settings.model_copy(update={"store": audit})  # the store the settings named, opened
         from logtoku_guard.backends.registry import BackendSettings, create_backend
 
         local = backend_name != "openai"
@@ -222,21 +211,9 @@ def serve(
             base_url=base_url,
         )
         backend: Backend = create_backend(backend_name, backend_settings)
-        if pol is not None and prof is None and pol.uses_quantiles():
-            from logtoku_guard.calibration import load_profile_for
+        from logtoku_guard.server.app import create_app
 
-            prof = load_profile_for(backend.model_name, backend.k, backend.evidence, cache_dir)
-        if pol is not None:  # a policy the server cannot apply (human_review without --store...) fails before serving
-            from logtoku_guard.decision.decider import Decider
-
-            Decider(pol, prof, store=audit)
-        settings = ServerSettings(
-            api_key=api_key,
-            max_body_bytes=max_body_bytes,
-            limits=limits,
-            model_names=(served_name,) if served_name else (),
-            metrics=metrics,
-        )
+        app = create_app(settings, backend)  # the guard, built once: a policy it cannot apply fails here, before serving
     except Exception as exc:
         if sock is not None:
             sock.close()
@@ -244,6 +221,9 @@ def serve(
             audit.close()
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    from logtoku_guard.server.run import serve_app, url
+
+    limits = settings.limits
     typer.echo(
         f"serving {backend.model_name!r} on {url(host, port)} "
         f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}; "
@@ -251,16 +231,7 @@ def serve(
         f"and {limits.default_max_tokens} tokens)",
         err=True,
     )
-    run_server(
-        backend,
-        host=host,
-        port=port,
-        allow_remote=allow_remote,
-        policy=pol,
-        profile=prof,
-        store=audit,
-        settings=settings,
-        graceful_timeout=graceful_timeout,
-        sock=sock,
-        connections=connections,
-    )
+    try:
+        serve_app(app, settings, sock)
+    finally:
+        sock.close()

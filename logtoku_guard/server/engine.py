@@ -11,11 +11,12 @@ the next decoding step and each returns as soon as its own answer ends. Everythi
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from logtoku_guard.backends.base import Backend, TokenStream
 from logtoku_guard.errors import ConfigurationError, UsageError
@@ -167,8 +168,12 @@ class Engine:
         runner: where generations run (:class:`ThreadRunner` over the backend).
         policy: a :class:`~logtoku_guard.decision.policy.Policy`; when given, every answer is guarded
             and returned with the decision.
-        profile, store: passed to the :class:`~logtoku_guard.guard.guard.Guard` (quantile
-            thresholds, audit/human review).
+        profile, store, cache_dir: passed to the :class:`~logtoku_guard.guard.guard.Guard` (quantile
+            thresholds, ``"auto"``: the model's saved or shipped profile; audit and human review).
+
+    The guard is built once, here. What the server needs of the settings beyond the guard's own
+    checks (a store for tool calls sent to review) is checked once, by
+    :class:`~logtoku_guard.server.settings.ServerSettings`, when the app is built.
     """
 
     def __init__(
@@ -176,12 +181,12 @@ class Engine:
         runner: Runner,
         *,
         policy: Policy | None = None,
-        profile: ModelProfile | None = None,
+        profile: ModelProfile | Literal["auto"] | None = None,
         store: RecordSink | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.runner = runner
         self.policy = policy
-        self.profile = profile
         self.store = store
         self.guard: Guard | None = None
         """The guard, built and checked once at start-up (policy, profile, store, decider, telemetry);
@@ -189,10 +194,8 @@ class Engine:
         if policy is not None:
             from logtoku_guard.guard.guard import Guard
 
-            self.guard = Guard(self.backend, policy, profile=profile, store=store)
-            if "human_review" in policy.tool_calls.actions() and store is None:
-                msg = f"policy {policy.name!r} can send tool calls to human review, which needs store=AuditStore(...)"
-                raise ConfigurationError(msg)
+            self.guard = Guard(self.backend, policy, profile=profile, store=store, cache_dir=cache_dir)
+        self.profile: ModelProfile | None = self.guard.profile if self.guard is not None else None
 
     @property
     def backend(self) -> Backend:

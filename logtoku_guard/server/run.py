@@ -13,17 +13,15 @@ here at start); refused and timed-out connections are logged in one rate-limited
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from logtoku_guard.errors import ConfigurationError, LogTokUError
+from logtoku_guard.errors import LogTokUError
+from logtoku_guard.server.app import create_app
 from logtoku_guard.server.connections import ConnectionLimits, connection_cap, limited_protocol, quiet_accept_errors
-from logtoku_guard.server.engine import Engine, ThreadRunner
-from logtoku_guard.server.routes import ServerSettings, create_app
+from logtoku_guard.server.settings import ServerSettings, check_graceful_timeout, check_host, is_loopback
 from logtoku_guard.sockets import bind_socket
 
 if TYPE_CHECKING:
@@ -32,35 +30,17 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.decision.policy import Policy
 
-LOOPBACK_NAMES = ("localhost",)
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_host(host: str, allow_remote: bool) -> str:
-    """``host`` if it is a loopback address or ``allow_remote``; raise otherwise."""
-    if not is_loopback(host) and not allow_remote:
-        msg = (
-            f"host {host!r} would expose the server beyond this machine; bind to 127.0.0.1 (the default), "
-            "or pass --allow-remote (and set --api-key) to serve other machines"
-        )
-        raise ConfigurationError(msg)
-    return host
-
-
-def check_graceful_timeout(seconds: float) -> float:
-    """``seconds`` if it is a finite number >= 0; raise otherwise."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 <= seconds < math.inf):
-        msg = f"--graceful-timeout must be a finite number of seconds >= 0, got {seconds!r}; the default is 30"
-        raise ConfigurationError(msg)
-    return float(seconds)
+__all__ = [
+    "BackgroundServer",
+    "build_app",
+    "check_graceful_timeout",
+    "check_host",
+    "free_port",
+    "is_loopback",
+    "run_server",
+    "serve_app",
+    "url",
+]
 
 
 def url(host: str, port: int) -> str:
@@ -78,19 +58,15 @@ def build_app(
     settings: ServerSettings | None = None,
     workers: int | None = None,
 ) -> Any:
-    """The ASGI app for ``backend`` (optionally guarded by ``policy``)."""
-    engine = Engine(ThreadRunner(backend, workers), policy=policy, profile=profile, store=store)
-    return create_app(engine, settings)
+    """The ASGI app for ``backend`` (optionally guarded by ``policy``): :func:`create_app` with
+    ``policy``, ``profile`` and ``store`` given here in place of the settings' own."""
+    settings = (settings or ServerSettings()).with_values(policy=policy, profile=profile, store=store)
+    return create_app(settings, backend, workers=workers)
 
 
-def _config(
-    app: Any, host: str, port: int, graceful_timeout: float, log_level: str, connections: ConnectionLimits | None = None
-) -> Any:
+def _config(app: Any, host: str, port: int, graceful_timeout: float, log_level: str, limits: ConnectionLimits, cap: int) -> Any:
     import uvicorn
 
-    check_graceful_timeout(graceful_timeout)
-    limits = connections or ConnectionLimits()
-    cap = connection_cap(limits.max_connections)
     quiet_accept_errors()
     return uvicorn.Config(
         app,
@@ -107,34 +83,50 @@ def _config(
 def run_server(
     backend: Backend,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    allow_remote: bool = False,
+    host: str | None = None,
+    port: int | None = None,
+    allow_remote: bool | None = None,
     policy: Policy | None = None,
     profile: ModelProfile | None = None,
     store: RecordSink | None = None,
     settings: ServerSettings | None = None,
-    graceful_timeout: float = 30.0,
+    graceful_timeout: float | None = None,
     log_level: str = "info",
     sock: socket.socket | None = None,
     connections: ConnectionLimits | None = None,
 ) -> None:
-    """Serve ``backend`` until SIGINT/SIGTERM (then finish the requests in flight).
+    """Serve ``backend`` as ``settings`` say until SIGINT/SIGTERM (then finish the requests in flight).
 
-    ``sock``: a socket from :func:`bind_socket` (the CLI binds it before loading the model);
-    by default ``host:port`` is bound here. The socket is closed when the server stops.
-    ``connections``: read timeouts and the cap on open connections (defaults: :class:`ConnectionLimits`).
+    The other arguments, when given, replace the settings' own (checked with them, once).
+    ``sock``: a socket from :func:`bind_socket` (``serve`` binds it before loading the model);
+    by default the settings' ``host:port`` is bound here. The socket is closed when the server stops.
     """
-    import uvicorn
-
-    check_host(host, allow_remote)
-    check_graceful_timeout(graceful_timeout)
-    sock = sock or bind_socket(host, port)
+    settings = (settings or ServerSettings()).with_values(
+        host=host,
+        port=port,
+        allow_remote=allow_remote,
+        graceful_timeout=graceful_timeout,
+        connections=connections,
+        policy=policy,
+        profile=profile,
+        store=store,
+    )
+    sock = sock or bind_socket(settings.host, settings.port)
     try:
-        app = build_app(backend, policy=policy, profile=profile, store=store, settings=settings)
-        uvicorn.Server(_config(app, host, port, graceful_timeout, log_level, connections)).run(sockets=[sock])
+        serve_app(create_app(settings, backend), settings, sock, log_level)
     finally:
         sock.close()
+
+
+def serve_app(app: Any, settings: ServerSettings, sock: socket.socket, log_level: str = "info") -> None:
+    """Run ``app`` on the bound ``sock`` with the settings' shutdown grace and connection limits, until
+    SIGINT/SIGTERM (the socket stays open: its owner closes it)."""
+    import uvicorn
+
+    config = _config(
+        app, settings.host, settings.port, settings.graceful_timeout, log_level, settings.connections, settings.max_connections
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -162,7 +154,9 @@ class BackgroundServer:
         import uvicorn
 
         check_host(host, allow_remote=False)
-        config = _config(app, host, port or 0, graceful_timeout, log_level, connections)
+        check_graceful_timeout(graceful_timeout)
+        limits = connections or ConnectionLimits()
+        config = _config(app, host, port or 0, graceful_timeout, log_level, limits, connection_cap(limits.max_connections))
         self._sock = bind_socket(host, port or 0)  # bound now: no other process can take the port before start()
         self.host = host
         self.port = int(self._sock.getsockname()[1])

@@ -78,6 +78,19 @@ _ERROR_TYPES = {
 }
 
 
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": proto.ErrorResponse, "description": text}
+    for status, text in (
+        (400, "Invalid request (OpenAI error body)"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body over the server's limit"),
+        (422, "Refused by the guard's policy (raise action); the decision is in error.logtoku_guard"),
+    )
+}
+"""The error responses the ``/v1`` routes document in ``GET /openapi.json``."""
+
+
 ERROR_CODES: dict[int, str] = {
     401: "invalid_api_key",
     413: "request_too_large",
@@ -118,20 +131,34 @@ OPENAI_MAX_TOP_LOGPROBS = 20
 """OpenAI's largest ``top_logprobs``."""
 
 
+CHAT_DEFAULT_MAX_TOKENS = 256
+"""``max_tokens`` of a chat request that sends none, unless ``--default-max-tokens`` says otherwise."""
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What the server accepts: the default and largest ``max_tokens``, the top-K of AU/EU, the most
+    """What the server accepts: the largest ``max_tokens`` and the default one (None: 256, or
+    ``max_tokens`` if lower), the top-K of AU/EU, the most
     alternatives per token (``top_logprobs``: what the backend keeps, at most OpenAI's 20), what
     ``logprob`` holds, and the temperature of a request that sends none (OpenAI's 1: sampled)."""
 
     max_tokens: int = 1024
-    default_max_tokens: int = 256
+    default_max_tokens: int = None  # type: ignore[assignment]  # None: CHAT_DEFAULT_MAX_TOKENS, or max_tokens if lower
     k: int = 2
     max_top_logprobs: int = OPENAI_MAX_TOP_LOGPROBS
     logprobs_mode: LogprobsMode = "raw_logprobs"
     default_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            msg = f"--max-tokens must be a whole number >= 1, got {short_repr(self.max_tokens)}; the default is 1024"
+            raise ConfigurationError(msg)
+        if self.default_max_tokens is None:
+            object.__setattr__(self, "default_max_tokens", min(CHAT_DEFAULT_MAX_TOKENS, self.max_tokens))
+        n = self.default_max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_tokens:
+            msg = f"--default-max-tokens must be from 1 to --max-tokens ({self.max_tokens}), got {short_repr(n)}"
+            raise ConfigurationError(msg)
         if self.logprobs_mode not in LOGPROBS_MODES:
             msg = f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
             raise ConfigurationError(msg)

@@ -84,7 +84,7 @@ def wait_for_tasks(srv: BackgroundServer, n: int) -> None:
 def test_long_polls_leave_generation_its_threads(tiny_backend: Any, tmp_path: Path) -> None:
     with AuditStore(tmp_path / "audit.db") as store:
         engine = Engine(ThreadRunner(tiny_backend), policy=always_review(), store=store)
-        with BackgroundServer(create_app(engine)) as srv:
+        with BackgroundServer(create_app(engine=engine)) as srv:
             first = httpx.post(f"{srv.base_url}/chat/completions", json=CHAT, timeout=120).json()
             review_id = first["choices"][0]["logtoku_guard"]["review_id"]
             alone = statistics.median(timed_chat(srv.base_url) for _ in range(3))
@@ -127,7 +127,7 @@ def test_a_review_carries_its_object_name(tiny_backend: Any, tmp_path: Path) -> 
     """``GET /v1/logtoku/reviews/{id}`` says what it is (``"object": "logtoku.review"``), pending or decided."""
     with AuditStore(tmp_path / "audit.db") as store:
         engine = Engine(ThreadRunner(tiny_backend), policy=always_review(), store=store)
-        with BackgroundServer(create_app(engine)) as srv:
+        with BackgroundServer(create_app(engine=engine)) as srv:
             first = httpx.post(f"{srv.base_url}/chat/completions", json=CHAT, timeout=120).json()
             review_id = first["choices"][0]["logtoku_guard"]["review_id"]
             pending = httpx.get(f"{srv.base_url}/logtoku/reviews/{review_id}", timeout=60).json()

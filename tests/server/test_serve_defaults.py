@@ -20,7 +20,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from logtoku_guard.errors import ConfigurationError  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
-from logtoku_guard.server.routes import ServerSettings  # noqa: E402
+from logtoku_guard.server.settings import ServerSettings  # noqa: E402
 from logtoku_guard.server.wire import Limits, decoding_options  # noqa: E402
 from logtoku_guard.wire import openai_protocol as proto  # noqa: E402
 

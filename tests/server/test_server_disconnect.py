@@ -128,7 +128,7 @@ def test_dropped_streams_free_their_slots_and_the_server_still_answers(
 ) -> None:
     runner = ThreadRunner(tiny_backend, WORKERS)
     engine = Engine(runner, policy=never_passes() if guarded else None)
-    srv = BackgroundServer(create_app(engine), graceful_timeout=30)
+    srv = BackgroundServer(create_app(engine=engine), graceful_timeout=30)
     watch_server_logs(caplog)
     srv.start()
     try:
@@ -148,7 +148,7 @@ def test_dropped_streams_free_their_slots_and_the_server_still_answers(
 
 
 def test_a_client_that_hangs_up_mid_body_is_no_server_error(tiny_backend: Any, caplog: pytest.LogCaptureFixture) -> None:
-    srv = BackgroundServer(create_app(Engine(ThreadRunner(tiny_backend, WORKERS))))
+    srv = BackgroundServer(create_app(engine=Engine(ThreadRunner(tiny_backend, WORKERS))))
     watch_server_logs(caplog)
     with srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
