@@ -88,9 +88,9 @@ def test_a_langchain_agent_invoke_goes_through_the_core_tool_loop(loops: list[An
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langchain_core.tools import tool
-    from langchain_logtoku import LogTokUMiddleware
     from langgraph.checkpoint.memory import InMemorySaver
 
+    from langchain_logtoku import LogTokUMiddleware
     from logtoku_guard.audit import AuditStore
 
     sent: list[int] = []
