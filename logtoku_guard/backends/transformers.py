@@ -87,10 +87,6 @@ def default_threads(threads: int | None = None) -> int | None:
     return threads or None
 
 
-_TOKENIZER_LOCKS: dict[int, threading.Lock] = {}
-"""One lock per tokenizer object (by id): its calls with and without ``split_special_tokens`` never interleave."""
-
-
 class NoChatTemplateWarning(UserWarning):
     """The tokenizer has no chat template: turns are sent as a plain prompt."""
 
@@ -193,6 +189,13 @@ class TransformersBackend(BatchedBackend):
         if self._tokenizer.pad_token_id is None:
             self._tokenizer.pad_token = self._tokenizer.eos_token
         self._tokenizer.padding_side = "left"
+        # Prompts are tokenised on a copy of our own, one call at a time: a fast tokenizer rewrites
+        # its settings (split_special_tokens, truncation, padding) on its shared Rust object at every
+        # call, so a caller of ``self.tokenizer`` in another thread (an integration's token count,
+        # a batch padded for scoring) could otherwise switch them between our calls and turn a
+        # user's ``<|im_end|>`` into the control token (a forged turn), or the markup into text.
+        self._prompt_tokenizer = _own_copy(self._tokenizer)
+        self._prompt_lock = threading.Lock()
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._batcher = Batcher(self._generate_jobs, max_batch=max_batch)
         self.score_prompt = True  # score the question's tokens at prefill (Generation.prompt_scores); read per request
@@ -255,12 +258,12 @@ class TransformersBackend(BatchedBackend):
 
     # -- public API -------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        with _TOKENIZER_LOCKS.setdefault(id(self._tokenizer), threading.Lock()):
-            return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._prompt_lock:
+            return len(self._prompt_tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- internals --------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage]) -> str:
-        tok = self._tokenizer
+        tok = self._prompt_tokenizer
         turns = [{"role": m.role, "content": m.content} for m in messages]
         if getattr(tok, "chat_template", None):
             return str(tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False))
@@ -284,10 +287,11 @@ class TransformersBackend(BatchedBackend):
         return PreparedRow(messages, ids, limit, span, self.score_prompt, grammar)
 
     def _tokenize_prompt(self, messages: list[ChatMessage]) -> tuple[str, list[int], list[tuple[int, int]] | None]:
-        """:meth:`_tokenize_prompt_unlocked` under the tokenizer's lock: a fast tokenizer switches
-        ``split_special_tokens`` on its shared Rust object per call, so two callers' threads
-        tokenising at once could read each other's setting (a joined row then saw other ids)."""
-        with _TOKENIZER_LOCKS.setdefault(id(self._tokenizer), threading.Lock()):
+        """:meth:`_tokenize_prompt_unlocked` under the backend's prompt lock: it switches
+        ``split_special_tokens`` between the markup and the messages' text on the backend's own
+        copy of the tokenizer, so two callers' threads tokenising at once must not interleave (a
+        joined row then saw other ids)."""
+        with self._prompt_lock:
             return self._tokenize_prompt_unlocked(messages)
 
     def _tokenize_prompt_unlocked(self, messages: list[ChatMessage]) -> tuple[str, list[int], list[tuple[int, int]] | None]:
@@ -298,7 +302,7 @@ class TransformersBackend(BatchedBackend):
         """
         from logtoku_guard.backends.prompt_text import prompt_parts
 
-        tok = self._tokenizer
+        tok = self._prompt_tokenizer
         fast = bool(getattr(tok, "is_fast", False))
         if not getattr(tok, "chat_template", None):  # a plain prompt: all of it is the messages' text
             text = self._render(messages)
@@ -344,6 +348,17 @@ class TransformersBackend(BatchedBackend):
                 self._prefill_chunk,
             )
             loop.run(jobs)
+
+
+def _own_copy(tokenizer: Any) -> Any:
+    """The tokenizer the backend tokenises prompts with: a copy of a fast tokenizer (its per-call
+    settings live on one Rust object that every caller of the original rewrites), the tokenizer
+    itself otherwise (a Python tokenizer reads ``split_special_tokens`` from each call's arguments)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return tokenizer
+    import copy
+
+    return copy.deepcopy(tokenizer)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
