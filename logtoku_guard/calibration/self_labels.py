@@ -17,6 +17,13 @@ the guard is fit cross-fitted (5 folds) and keeps each group's out-of-fold score
 threshold (:mod:`~logtoku_guard.scoring.risk`) and each group's expected flag rate follow.
 The shipped guard of the embedded model was fit this way (by ``logtoku-guard eval traffic``,
 which also reports the held-out *test* half). Licences: ``NOTICE-traffic`` beside the files.
+
+**Enough labels** (:func:`fit_with_enough_labels`): a stated-risk threshold needs enough *correct*
+answers for its bound to be useful (:func:`~logtoku_guard.calibration.thresholds.labels_needed`); a
+model that gets few of the traffic questions right is then asked more shipped questions with
+references, the tune half of the ordinary-questions benchmark (``data/ordinary.jsonl``; one wording
+of every question before the next wording, categories in turn: :func:`ordinary_questions`), until it
+has them or they run out, and says which.
 """
 
 from __future__ import annotations
@@ -38,17 +45,21 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUPS",
     "LabelledQuestion",
+    "SelfLabelledFit",
     "answer_matches",
     "fit_on_outcomes",
     "fit_self_labelled",
+    "fit_with_enough_labels",
     "labelled_questions",
     "normalize_answer",
+    "ordinary_questions",
     "outcome_of",
 ]
 
 DATA = Path(__file__).parent / "data"
 TRAFFIC_FILE = DATA / "traffic.jsonl"
 FABRICATED_FILE = DATA / "fabricated.jsonl"
+ORDINARY_FILE = DATA / "ordinary.jsonl"
 GROUPS = ("real-correct", "real-wrong", "plausible", "syllable")
 """The outcome groups of a self-labelled answer; only ``real-correct`` is right."""
 SPLITS = ("tune", "test", "all")
@@ -109,6 +120,31 @@ def labelled_questions(
     return [q for q in out if split in ("all", q.split)]
 
 
+def ordinary_questions(split: str = "tune", *, path: Path | None = None) -> list[LabelledQuestion]:
+    """The ordinary-questions benchmark's ``split`` as ``real`` questions with references, ordered so
+    that any prefix is balanced: every question in its ``sentence`` wording first (categories in
+    turn), then ``lower``, then ``paraphrase`` (a question's wordings are not independent labels)."""
+    if split not in SPLITS:
+        msg = f"split must be one of {SPLITS}, got {split!r}; fit on 'tune', report on 'test'"
+        raise ConfigurationError(msg)
+    by_wording: dict[str, dict[str, list[LabelledQuestion]]] = {}
+    for where, obj in _records(path or ORDINARY_FILE):
+        wording = obj.get("wording")
+        if wording not in ("sentence", "lower", "paraphrase") or not obj.get("answers"):
+            msg = f"{where}: an ordinary question needs a wording (sentence, lower, paraphrase) and answers, got {wording!r}"
+            msg += f"; {_FIX}"
+            raise ConfigurationError(msg)
+        q = _question(obj, "real", where)
+        if split in ("all", q.split):
+            by_wording.setdefault(str(wording), {}).setdefault(q.category, []).append(q)
+    out: list[LabelledQuestion] = []
+    for wording in ("sentence", "lower", "paraphrase"):
+        cats = by_wording.get(wording, {})
+        for i in range(max((len(v) for v in cats.values()), default=0)):
+            out.extend(cats[c][i] for c in sorted(cats) if i < len(cats[c]))
+    return out
+
+
 def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     from logtoku_guard.files import read_bounded_text
     from logtoku_guard.jsonl import json_lines
@@ -150,18 +186,10 @@ def fit_self_labelled(
     seed: int = 0,
 ) -> tuple[GuardModel, dict[str, int]]:
     """Answer ``questions`` (default: the shipped tune half) with ``backend``, label each answer by
-    its group and fit the guard; returns the guard and how many answers fell in each group."""
-    from logtoku_guard.calibration.prompts import answer_in_batches
-    from logtoku_guard.scoring.stats import ResponseStats
-
-    qs = list(questions) if questions is not None else labelled_questions("tune")
-    opts = options or DecodingOptions(max_new_tokens=64)
-    answers = answer_in_batches(backend, [q.question for q in qs], opts, batch_size, on_batch)
-    rows = [ResponseStats.from_generation(g) for g in answers]
-    groups = [outcome_of(q, g.text) for q, g in zip(qs, answers, strict=True)]
-    counts = {g: groups.count(g) for g in GROUPS}
-    source = "traffic-tune" if questions is None else "self-labelled questions"
-    return fit_on_outcomes(rows, groups, source=source, seed=seed, max_tokens=opts.max_new_tokens), counts
+    its group and fit the guard; returns the guard and how many answers fell in each group
+    (:func:`fit_with_enough_labels` asking for no more)."""
+    fit = fit_with_enough_labels(backend, 0, options, batch_size, on_batch, questions, more=(), seed=seed)
+    return fit.guard, fit.counts
 
 
 def fit_on_outcomes(
@@ -194,3 +222,58 @@ def fit_on_outcomes(
         balance_groups=balance_groups,
         max_tokens=max_tokens,
     )
+
+
+@dataclass(frozen=True)
+class SelfLabelledFit:
+    """A self-labelled guard and where its labels came from: ``counts`` per group of every answer,
+    ``needed`` correct answers for a useful bound (0: not asked), ``more`` shipped questions answered
+    beyond the first set (``more_correct`` of them right), ``met``: whether ``needed`` was reached."""
+
+    guard: GuardModel
+    counts: dict[str, int]
+    needed: int
+    more: int
+    more_correct: int
+    met: bool
+
+
+def fit_with_enough_labels(
+    backend: Backend,
+    needed: int,
+    options: DecodingOptions | None = None,
+    batch_size: int = 8,
+    on_batch: Callable[[int], None] | None = None,
+    questions: Sequence[LabelledQuestion] | None = None,
+    more: Sequence[LabelledQuestion] | None = None,
+    seed: int = 0,
+) -> SelfLabelledFit:
+    """Answer ``questions`` (default: the shipped traffic tune half), then, while fewer than ``needed``
+    answers are right, the next ``batch_size`` of ``more`` (default: :func:`ordinary_questions` of the tune
+    half) until ``needed`` is reached or ``more`` runs out; fit the guard on every answer."""
+    from logtoku_guard.calibration.prompts import answer_in_batches
+    from logtoku_guard.scoring.stats import ResponseStats
+
+    if needed < 0:
+        msg = f"needed must be a number of correct answers >= 0, got {needed!r}"
+        raise ConfigurationError(msg)
+    qs = list(questions) if questions is not None else labelled_questions("tune")
+    pool = list(more) if more is not None else ordinary_questions("tune")
+    opts = options or DecodingOptions(max_new_tokens=64)
+    answers = answer_in_batches(backend, [q.question for q in qs], opts, batch_size, on_batch)
+    groups = [outcome_of(q, g.text) for q, g in zip(qs, answers, strict=True)]
+    first = len(qs)
+    while groups.count("real-correct") < needed and pool:
+        chunk, pool = pool[:batch_size], pool[batch_size:]
+        made = answer_in_batches(backend, [q.question for q in chunk], opts, batch_size, on_batch)
+        qs += chunk
+        answers += made
+        groups += [outcome_of(q, g.text) for q, g in zip(chunk, made, strict=True)]
+    rows = [ResponseStats.from_generation(g) for g in answers]
+    counts = {g: groups.count(g) for g in GROUPS}
+    source = "traffic-tune" if questions is None else "self-labelled questions"
+    if len(qs) > first:
+        source += f" + {len(qs) - first} ordinary-tune" if more is None else f" + {len(qs) - first} more"
+    guard = fit_on_outcomes(rows, groups, source=source, seed=seed, max_tokens=opts.max_new_tokens)
+    more_correct = groups[first:].count("real-correct")
+    return SelfLabelledFit(guard, counts, needed, len(qs) - first, more_correct, counts["real-correct"] >= needed)

@@ -92,6 +92,14 @@ def calibrate(
             "automatically (real ones with references, invented ones wrong by construction). Default: when no guard ships.",
         ),
     ] = None,
+    risk_slack: Annotated[
+        float,
+        typer.Option(
+            help="How close to the default policy's stated risk (80% of correct answers passed, at 90% confidence) its "
+            "threshold must sit on the labelled answers to count as useful; --fit-guard answers more shipped "
+            "questions until the labels support that (0.05: 149 correct answers)."
+        ),
+    ] = 0.05,
     backend_name: BackendOpt = "transformers",
     base_url: _common.BaseUrlOpt = None,
 ) -> None:
@@ -105,7 +113,8 @@ def calibrate(
 
     For the embedded model: the project's shipped fit.
 
-    For any other model: fitted on the shipped questions whose answers judge themselves (--fit-guard, the default).
+    For any other model: fitted on the shipped questions whose answers judge themselves (--fit-guard, the default),
+    answering more of them until the default policy's stated risk has enough correct answers (--risk-slack).
 
     --no-fit-guard leaves it out: guard_score is then unavailable and the default policy uses reliability.
     """
@@ -118,6 +127,9 @@ def calibrate(
         _common.check_load_options(device, cache_dir)
         _common.check_backend(backend_name, device, dtype, base_url)
         _common.check_profile_out(out_path, force)
+        if not 0.0 < risk_slack < 1.0:
+            msg = f"--risk-slack must be a share strictly between 0 and 1 (0.05: within 5 points of the target), got {risk_slack}"
+            raise ConfigurationError(msg)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         if fit_guard and (labels is not None or labels_from_store is not None):
             msg = "--fit-guard fits on the shipped questions; --labels and --labels-from-store fit on yours: give one"
@@ -134,7 +146,7 @@ def calibrate(
         else:
             guard = shipped_guard(backend.model_name, backend.k, backend.evidence)
             if fit_guard or (fit_guard is None and guard is None):
-                guard = _fit_self_labelled(backend, opts, batch_size)
+                guard = _fit_self_labelled(backend, opts, batch_size, risk_slack)
         source = str(prompts or f"default ({n} questions)")
         profile = run_calibration(backend, questions, max_new_tokens, batch_size, source, guard)
         path = profile.save(out_path or profile_path(backend.model_name, backend.k, backend.evidence, cache_dir))
@@ -149,6 +161,7 @@ def calibrate(
     _common.out.print(table)
     if profile.guard is not None:
         _common.out.print(f"guard score: {profile.guard.describe()}", highlight=False, markup=False)
+        _common.out.print(_label_supply_line(profile.guard, risk_slack), highlight=False, markup=False)
         for line in expected_flag_lines(profile):
             _common.out.print(line, highlight=False, markup=False)
     else:
@@ -156,24 +169,57 @@ def calibrate(
     _common.out.print(f"profile written to {path}", highlight=False, markup=False)
 
 
-def _fit_self_labelled(backend: Backend, opts: DecodingOptions, batch_size: int) -> GuardModel:
-    """Fit the guard on the shipped self-judging questions, with a progress bar; print the groups."""
+def _fit_self_labelled(backend: Backend, opts: DecodingOptions, batch_size: int, slack: float) -> GuardModel:
+    """Fit the guard on the shipped self-judging questions, answering more until the default policy's stated
+    risk has enough correct answers (or they run out), with a progress bar; print the groups and the supply."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from logtoku_guard.calibration.self_labels import fit_self_labelled, labelled_questions
+    from logtoku_guard.calibration.self_labels import fit_with_enough_labels, labelled_questions
+    from logtoku_guard.calibration.thresholds import labels_needed
+    from logtoku_guard.decision.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE
 
     questions = labelled_questions("tune")
+    needed = labels_needed("coverage", DEFAULT_COVERAGE, DEFAULT_CONFIDENCE, slack)
     columns = (TextColumn("fitting the guard"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=_common.err) as bar:
         task = bar.add_task("fit", total=len(questions))
-        guard, counts = fit_self_labelled(backend, opts, batch_size, on_batch=lambda k: bar.advance(task, k))
+
+        def advance(k: int) -> None:  # answers beyond the first set grow the bar
+            done = bar.tasks[0].completed + k
+            bar.update(task, completed=done, total=max(done, len(questions)))
+
+        fit = fit_with_enough_labels(backend, needed, opts, batch_size, on_batch=advance)
+    counts = fit.counts
     shown = ", ".join(f"{g} {n}" for g, n in counts.items())
     _common.out.print(f"guard fit on the shipped labelled questions (tune half), answers per group: {shown}", highlight=False)
     real = counts["real-correct"] + counts["real-wrong"]
     if real:  # what this model (and backend) gets right, beside what the guard flags
         share = counts["real-correct"] / real
         _common.out.print(f"accuracy on the real questions: {share:.1%} ({counts['real-correct']} of {real})", highlight=False)
-    return guard
+    if fit.more:
+        _common.out.print(
+            f"{counts['real-correct'] - fit.more_correct} correct answers to the traffic questions were fewer than the "
+            f"{needed} the default policy's stated risk needs: answered {fit.more} more shipped questions (ordinary "
+            f"questions, tune half), {fit.more_correct} right",
+            highlight=False,
+        )
+    if not fit.met:
+        _common.out.print(
+            f"could not reach {needed} correct answers with the shipped questions ({counts['real-correct']}): the default "
+            "policy's threshold is placed on fewer and is lenient; label more with --labels, or raise --risk-slack",
+            highlight=False,
+        )
+    return fit.guard
+
+
+def _label_supply_line(guard: GuardModel, slack: float) -> str:
+    """Whether the guard's labelled correct answers support the default policy's stated risk usefully."""
+    from logtoku_guard.calibration.thresholds import coverage_supply
+    from logtoku_guard.decision.policy import DEFAULT_CONFIDENCE, DEFAULT_COVERAGE
+
+    correct, _ = guard.labelled_scores()
+    supply = coverage_supply(len(correct), DEFAULT_COVERAGE, DEFAULT_CONFIDENCE, slack)
+    return f"labels for the default policy's stated risk: {supply.describe()}"
 
 
 def _review_store(
