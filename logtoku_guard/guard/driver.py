@@ -1,11 +1,13 @@
-"""The one driver of the guard loop: every entry point hands it *generate* and *retrieve*, nothing more.
+"""The one driver of the guard loop: every entry point hands it its question and its I/O, nothing more.
 
 :func:`~logtoku_guard.guard.guard_steps.guard_steps` decides (written once, without I/O); this module
 answers its requests, for every way of guarding: :class:`~logtoku_guard.guard.guard.Guard` (``run``,
 ``arun``, ``stream``; the server runs ``Guard.run``), LangChain's ``LogTokUGuard`` and
-``LogTokUMiddleware``, LlamaIndex's ``LogTokUQueryEngine`` (every stream mode). An entry point
-supplies a :class:`GuardIO` (how it generates and retrieves) and, to stream its drafts, a
-:class:`LiveIO`; the driver owns the rest:
+``LogTokUMiddleware``, LlamaIndex's ``LogTokUQueryEngine`` (every stream mode). The call's owner
+builds a :class:`Driver` (what decides, the question's span, the top-N the watch reads:
+:meth:`~logtoku_guard.guard.guard.GuardCall.driver`); an entry point hands it the question and a
+:class:`GuardIO` (how it generates and retrieves; to stream its drafts, a :class:`LiveIO`): every
+answer, the first included, is a ``Generate`` request of this driver. The driver owns the rest:
 
 * **early stop**: every generation gets a :class:`Watch`, the one place ``early_stop`` rules are
   watched. The entry point reports each token to it as it is made (a core backend's stream:
@@ -21,24 +23,28 @@ supplies a :class:`GuardIO` (how it generates and retrieves) and, to stream its 
   second-look statistic) is answered by the entry point's ``measure`` (:class:`MeasuringIO`; an
   entry point without one cannot run a policy that reads them: :class:`UsageError` before anything
   is generated), in a ``second_look`` span.
-* **records**: each generation and retrieval in its child span of the question's
+* **records**: each generation, retrieval and second look in its child span of the question's
   :class:`~logtoku_guard.guard.telemetry.RunSpan` (when one is given), the result on that span.
 
-Sync (:func:`drive`, :func:`drive_live`) and async (:func:`adrive`, :func:`adrive_live`): the same
-loop, once per colour.
+Sync (:meth:`Driver.drive`, :meth:`Driver.drive_live`) and async (:meth:`Driver.adrive`,
+:meth:`Driver.adrive_live`): what each request asks of the I/O, in which span, is written once
+(``_Loop``); the two loops over it differ only by ``await`` (and ``async for`` over a live draft).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
+from logtoku_guard.decision.decider import Decider
 from logtoku_guard.errors import UsageError
 from logtoku_guard.guard.guard_steps import (
     Answer,
     Conclude,
+    DeciderFor,
     Generate,
     Measure,
     Measured,
@@ -46,23 +52,23 @@ from logtoku_guard.guard.guard_steps import (
     Request,
     Retrieve,
     Retrieved,
-    Steps,
     guard_steps,
 )
-from logtoku_guard.guard.telemetry import GenerationSpan, RunSpan
+from logtoku_guard.guard.telemetry import GenerationSpan, RetrievalSpan, RunSpan, SecondLookSpan
 from logtoku_guard.scoring.uncertainty import DEFAULT_TOP_N
 
 if TYPE_CHECKING:
-    from logtoku_guard.decision.decider import Decider
     from logtoku_guard.decision.results import GuardResult
-    from logtoku_guard.types import ChatMessage, TokenScore
+    from logtoku_guard.types import ChatMessage, Generation, TokenScore
 
 __all__ = [
     "ABANDONED",
     "AsyncGuardIO",
     "AsyncLiveIO",
     "AsyncMeasuringIO",
+    "DeciderFor",
     "Draft",
+    "Driver",
     "GuardIO",
     "Live",
     "LiveIO",
@@ -176,72 +182,126 @@ class AsyncLiveIO(AsyncGuardIO, Protocol[P_co]):
     def draft(self, request: Generate, watch: Watch) -> AsyncDraft[P_co]: ...
 
 
-# -- the loop's state between requests (shared by both colours) ---------------------------------------
+# -- the steps of one question, written once for both colours -----------------------------------------
 _NO_SPAN = RunSpan(None)
+Reply = Answer | Retrieved | Measured
+RequestSpan = GenerationSpan | RetrievalSpan | SecondLookSpan
 
 
-@dataclass
-class _Run:
-    decider: Decider
-    progress: Progress
-    top_n: int
-    span: RunSpan
-    span_input: Sequence[ChatMessage] | str | None
-    live: Live
-    out: list[GuardResult]
-    steps: Steps = field(init=False)
+@dataclass(frozen=True)
+class _Call:
+    """A request the I/O answers whole: ``call()`` (awaited in the async colour) inside ``span``, then
+    ``done(span, reply)`` records the reply on the span and gives what goes back to the loop."""
 
-    def __post_init__(self) -> None:
-        self.steps = guard_steps(self.decider, self.progress)
+    span: RequestSpan
+    call: Callable[[], Any]
+    done: Callable[[Any, Any], Reply]
 
-    def start(self, first: Answer | None) -> Request:
-        request = next(self.steps)
-        return self.steps.send(first) if first is not None else request
 
-    def streams(self, request: Generate) -> bool:
-        return self.live == "all" or (self.live == "first" and request.first)
+@dataclass(frozen=True)
+class _Stream:
+    """A ``Generate`` whose answer streams to the reader: ``io.draft(request, watch)``, in ``span``
+    (not current across the yields: ended by the loop)."""
 
-    def watch(self) -> Watch:
-        return Watch(self.decider, self.top_n)
+    request: Generate
+    watch: Watch
+    span: GenerationSpan
 
-    def answered(self, answer: Answer, watch: Watch) -> Answer:
-        if watch.stopped and not answer.stopped_early:
-            return replace(answer, stopped_early=True)
-        return answer
 
-    # a streamed draft, for both colours: its span is not current across the yields, so it is ended here
-    def draft_span(self, request: Generate) -> GenerationSpan:
-        return self.span.generation(request.attempt, self.span_input)
+def _retrieved(opened: RetrievalSpan, reply: Retrieved) -> Retrieved:
+    opened.record(reply.passages, reply.why)
+    return reply
 
-    def draft_ended(self, opened: GenerationSpan, draft: Draft[Any] | AsyncDraft[Any], watch: Watch) -> Answer:
-        answer = self.answered(draft.answer(), watch)
-        opened.end_with(answer.generation)
-        return answer
 
-    def draft_closed(self, opened: GenerationSpan, draft: Draft[Any] | AsyncDraft[Any]) -> None:
-        """The reader closed the stream (the draft is stopped already): decide and record what it generated."""
-        generation = draft.answer().generation
-        opened.end_with(generation)
-        self.abandon(generation)
+def _measured(opened: SecondLookSpan, reply: Measured) -> Measured:
+    opened.record(reply.measurements)
+    return reply
+
+
+class _Loop:
+    """One question between its requests: what each asks of the I/O and in which span (:meth:`next`),
+    its reply sent on (:meth:`send`), a streamed draft's end, close or failure, the conclusion."""
+
+    def __init__(self, driver: Driver, question: str | Progress, io: object, live: Live) -> None:
+        if live not in ("held", "first", "all"):
+            msg = f"live must be 'held', 'first' or 'all', got {live!r}"
+            raise UsageError(msg)
+        self.driver, self.live = driver, live
+        self.io: Any = io  # a GuardIO of the caller's colour (measure() is checked: _check_measures)
+        self.result: GuardResult | None = None
+        self.progress = question if isinstance(question, Progress) else Progress(question)
+        self.decider = driver.decider if isinstance(driver.decider, Decider) else None
+        if self.decider is not None:
+            _check_measures(self.decider, io)
+        self.steps = guard_steps(self.decider if self.decider is not None else self.pick, self.progress)
+        self.request: Request = next(self.steps)
+
+    def pick(self, generation: Generation) -> Decider:
+        """The decider the first answer picks (:data:`DeciderFor`), checked as a given one is."""
+        picking: Any = self.driver.decider  # a DeciderFor: self.decider was None
+        decider: Decider = picking(generation)
+        _check_measures(decider, self.io)
+        self.decider = decider
+        return decider
+
+    def next(self) -> _Call | _Stream | None:
+        """What the current request asks of the I/O; None once the loop has concluded."""
+        request, io, span = self.request, self.io, self.driver.span
+        if isinstance(request, Conclude):
+            return None
+        if isinstance(request, Retrieve):
+            return _Call(span.retrieval(request.number), functools.partial(io.retrieve, request), _retrieved)
+        if isinstance(request, Measure):
+            return _Call(span.second_look(request.attempt, request.looks), functools.partial(io.measure, request), _measured)
+        watch = Watch(self.decider, self.driver.top_n)
+        opened = span.generation(request.attempt, self.driver.span_input)
+        if self.live == "all" or (self.live == "first" and request.first):
+            return _Stream(request, watch, opened)
+        return _Call(opened, functools.partial(io.generate, request, watch), functools.partial(self.answered, watch))
+
+    def send(self, reply: Reply) -> None:
+        self.request = self.steps.send(reply)
 
     @staticmethod
-    def draft_failed(opened: GenerationSpan, exc: BaseException) -> None:
-        opened.fail(exc)
-        opened.end()
+    def answered(watch: Watch, opened: GenerationSpan, answer: Answer) -> Answer:
+        """``answer`` marked ``stopped_early`` when its watch stopped it, recorded on its span."""
+        if watch.stopped and not answer.stopped_early:
+            answer = replace(answer, stopped_early=True)
+        if answer.generation is not None:
+            opened.record(answer.generation)
+        return answer
 
-    def abandon(self, generation: Any) -> GuardResult | None:
-        """Decide and record an answer whose stream the reader closed (None: nothing was generated)."""
+    def ended(self, stream: _Stream, draft: Draft[Any] | AsyncDraft[Any]) -> Answer:
+        answer = self.answered(stream.watch, stream.span, draft.answer())
+        stream.span.end()
+        return answer
+
+    def closed(self, stream: _Stream, draft: Draft[Any] | AsyncDraft[Any]) -> None:
+        """The reader closed the stream (the draft is stopped already): decide and record what it generated
+        (nothing generated: the span ends marked abandoned); no retrieval is spent."""
+        generation = draft.answer().generation
+        stream.span.end_with(generation)
+        span = self.driver.span
         if generation is None:
-            self.span.abandon(ABANDONED)
-            return None
-        result = self.progress.abandon(self.decider, generation)
-        self.span.end(result)
-        self.out.append(result)
-        return result
+            span.abandon(ABANDONED)
+            return
+        decider = self.decider if self.decider is not None else self.pick(generation)
+        result = self.progress.abandon(decider, generation)
+        span.end(result)
+        self.result = self.driver.result = result
 
-    def concluded(self, request: Conclude) -> GuardResult:
-        self.span.concluded(request.result)
-        self.out.append(request.result)
+    @staticmethod
+    def failed(stream: _Stream, exc: BaseException) -> None:
+        stream.span.fail(exc)
+        stream.span.end()
+
+    def concluded(self) -> GuardResult:
+        request = self.request
+        if not isinstance(request, Conclude):  # pragma: no cover - next() returned None
+            msg = "internal error: the guard loop has not concluded"
+            raise UsageError(msg)
+        self.driver.span.concluded(request.result)
+        self.result = self.driver.result = request.result
         return request.result
 
 
@@ -257,182 +317,141 @@ def _check_measures(decider: Decider, io: object) -> None:
         raise UsageError(msg)
 
 
-def _recorded(opened: Any, reply: Answer | Retrieved) -> None:
-    if isinstance(reply, Retrieved):
-        opened.record(reply.passages, reply.why)
-    elif reply.generation is not None:
-        opened.record(reply.generation)
-
-
-def _run(
-    decider: Decider,
-    question: str | Progress,
-    top_n: int,
-    span: RunSpan | None,
-    span_input: Any,
-    live: Live,
-    result: list[GuardResult] | None,
-) -> _Run:
-    if live not in ("held", "first", "all"):
-        msg = f"live must be 'held', 'first' or 'all', got {live!r}"
-        raise UsageError(msg)
-    out = result if result is not None else []
-    progress = question if isinstance(question, Progress) else Progress(question)
-    return _Run(decider, progress, top_n, span if span is not None else _NO_SPAN, span_input, live, out)
-
-
-# -- sync -------------------------------------------------------------------------------------------------
-def drive_live(
-    decider: Decider,
-    question: str | Progress,
-    io: LiveIO[P] | GuardIO,
-    *,
-    live: Live = "first",
-    top_n: int = DEFAULT_TOP_N,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    first: Answer | None = None,
-    result: list[GuardResult] | None = None,
-) -> Generator[P, None, GuardResult]:
-    """Guard ``question``: yields the pieces of the answers ``live`` streams, returns the result.
-
-    ``question``: the question, or its :class:`~logtoku_guard.guard.guard_steps.Progress` when the
-    entry point spent time on it before the loop (counted in the timings). ``io``: the entry
-    point's generations and retrievals (a :class:`LiveIO` when ``live`` is not ``"held"``).
-    ``span``: the question's run span (each request gets a child span; the result goes on it;
-    it is not ended here, except for an abandoned stream). ``first``: the first answer, when
-    the entry point made it before the loop (LlamaIndex synthesises it from its first
-    retrieval). Closing the generator before it returns (the reader gone) stops the draft being
-    streamed and records it as abandoned. ``result``: the result is also appended there
-    (concluded, or abandoned: a reader who closed the stream cannot be returned anything).
-    """
-    _check_measures(decider, io)
-    run = _run(decider, question, top_n, span, span_input, live, result)
-    request = run.start(first)
-    while not isinstance(request, Conclude):
-        reply: Answer | Retrieved | Measured
-        if isinstance(request, Retrieve):
-            with run.span.retrieval(request.number) as opened:
-                reply = io.retrieve(request)
-                _recorded(opened, reply)
-        elif isinstance(request, Measure):
-            with run.span.second_look(request.attempt, request.looks) as looked:
-                measured: Measured = io.measure(request)  # type: ignore[union-attr]  # _check_measures: it has one
-                looked.record(measured.measurements)
-                reply = measured
-        elif run.streams(request):
-            reply = yield from _streamed(run, request, io)
+# -- the two colours: the same loop, differing only by await ---------------------------------------------
+def _drive(loop: _Loop) -> Generator[Any, None, GuardResult]:
+    while (step := loop.next()) is not None:
+        if isinstance(step, _Call):
+            with step.span as opened:
+                reply = step.done(opened, step.call())
         else:
-            watch = run.watch()
-            with run.span.generation(request.attempt, span_input) as opened:
-                reply = run.answered(io.generate(request, watch), watch)
-                _recorded(opened, reply)
-        request = run.steps.send(reply)
-    return run.concluded(request)
+            draft: Draft[Any] = loop.io.draft(step.request, step.watch)
+            try:
+                yield from draft  # closing this generator closes the draft's iterator first
+            except GeneratorExit:
+                draft.close()
+                loop.closed(step, draft)
+                raise
+            except BaseException as exc:
+                loop.failed(step, exc)
+                raise
+            reply = loop.ended(step, draft)
+        loop.send(reply)
+    return loop.concluded()
 
 
-def _streamed(run: _Run, request: Generate, io: Any) -> Generator[Any, None, Answer]:
-    watch, opened = run.watch(), run.draft_span(request)
-    draft = io.draft(request, watch)
-    try:
-        yield from draft  # closing this generator closes the draft's iterator first
-    except GeneratorExit:
-        draft.close()
-        run.draft_closed(opened, draft)
-        raise
-    except BaseException as exc:
-        run.draft_failed(opened, exc)
-        raise
-    return run.draft_ended(opened, draft, watch)
-
-
-def drive(
-    decider: Decider,
-    question: str | Progress,
-    io: GuardIO,
-    *,
-    top_n: int = DEFAULT_TOP_N,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    first: Answer | None = None,
-) -> GuardResult:
-    """:func:`drive_live` with every draft held: the result (the ``raise`` action is not raised here)."""
-    gen: Generator[Any, None, GuardResult] = drive_live(
-        decider, question, io, live="held", top_n=top_n, span=span, span_input=span_input, first=first
-    )
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
-
-
-# -- async ------------------------------------------------------------------------------------------------
-async def adrive_live(
-    decider: Decider,
-    question: str | Progress,
-    io: AsyncLiveIO[P] | AsyncGuardIO,
-    *,
-    live: Live = "first",
-    top_n: int = DEFAULT_TOP_N,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    first: Answer | None = None,
-    result: list[GuardResult] | None = None,
-) -> AsyncGenerator[P, None]:
-    """:func:`drive_live` for async entry points; an async generator cannot return, so the result
-    is only appended to ``result``."""
-    _check_measures(decider, io)
-    run = _run(decider, question, top_n, span, span_input, live, result)
-    request = run.start(first)
-    while not isinstance(request, Conclude):
-        reply: Answer | Retrieved | Measured
-        if isinstance(request, Retrieve):
-            with run.span.retrieval(request.number) as opened:
-                reply = await io.retrieve(request)
-                _recorded(opened, reply)
-        elif isinstance(request, Measure):
-            with run.span.second_look(request.attempt, request.looks) as looked:
-                ameasured: Measured = await io.measure(request)  # type: ignore[union-attr]  # _check_measures: it has one
-                looked.record(ameasured.measurements)
-                reply = ameasured
-        elif run.streams(request):
-            watch, streamed = run.watch(), run.draft_span(request)
-            draft = io.draft(request, watch)  # type: ignore[union-attr]
+async def _adrive(loop: _Loop) -> AsyncGenerator[Any, None]:
+    while (step := loop.next()) is not None:
+        if isinstance(step, _Call):
+            with step.span as opened:
+                reply = step.done(opened, await step.call())
+        else:
+            draft: AsyncDraft[Any] = loop.io.draft(step.request, step.watch)
             try:
                 async for piece in draft:
                     yield piece
             except GeneratorExit:
                 await draft.aclose()
-                run.draft_closed(streamed, draft)
+                loop.closed(step, draft)
                 raise
             except BaseException as exc:
-                run.draft_failed(streamed, exc)
+                loop.failed(step, exc)
                 raise
-            reply = run.draft_ended(streamed, draft, watch)
-        else:
-            watch = run.watch()
-            with run.span.generation(request.attempt, span_input) as opened:
-                reply = run.answered(await io.generate(request, watch), watch)
-                _recorded(opened, reply)
-        request = run.steps.send(reply)
-    run.concluded(request)
+            reply = loop.ended(step, draft)
+        loop.send(reply)
+    loop.concluded()
 
 
-async def adrive(
-    decider: Decider,
-    question: str | Progress,
-    io: AsyncGuardIO,
-    *,
-    top_n: int = DEFAULT_TOP_N,
-    span: RunSpan | None = None,
-    span_input: Sequence[ChatMessage] | str | None = None,
-    first: Answer | None = None,
-) -> GuardResult:
-    """:func:`drive` for async entry points (the decisions run in the caller's loop: they are quick)."""
-    out: list[GuardResult] = []
-    async for _ in adrive_live(
-        decider, question, io, live="held", top_n=top_n, span=span, span_input=span_input, first=first, result=out
-    ):
-        pass
-    return out[0]
+class Driver:
+    """The one driver of the guard loop, bound to one call: what decides, the question's span, the watch's top-N.
+
+    ``decider``: the call's :class:`~logtoku_guard.decision.decider.Decider`, or how the first answer
+    picks it (:data:`DeciderFor`: a model known only by its answers; its first answer is then not
+    watched for ``early_stop`` rules: nothing can stop it before its model is known). ``top_n``: the
+    top-N of the backend that makes the tokens (what the ``early_stop`` watch aggregates over).
+    ``span``: the question's run span (each request gets a child span; the result goes on it; it
+    is not ended here, except for an abandoned stream); ``span_input``: what the generation spans
+    show as their input. Built by the call's owner
+    (:meth:`~logtoku_guard.guard.guard.GuardCall.driver`); cheap, one per question.
+
+    Entry points hand it only the question and their I/O: :meth:`drive`, :meth:`adrive`,
+    :meth:`drive_live`, :meth:`adrive_live`. ``question``: the question, or its
+    :class:`~logtoku_guard.guard.guard_steps.Progress` when the entry point spent time on it before
+    the loop (:meth:`~logtoku_guard.guard.guard_steps.Progress.spent_before`). :attr:`result`: the
+    last question's result, concluded or abandoned (a reader who closed a live stream cannot be
+    returned anything).
+    """
+
+    def __init__(
+        self,
+        decider: Decider | DeciderFor,
+        *,
+        top_n: int = DEFAULT_TOP_N,
+        span: RunSpan | None = None,
+        span_input: Sequence[ChatMessage] | str | None = None,
+    ) -> None:
+        self.decider = decider
+        self.top_n = top_n
+        self.span = span if span is not None else _NO_SPAN
+        self.span_input = span_input
+        self.result: GuardResult | None = None
+
+    def drive(self, question: str | Progress, io: GuardIO) -> GuardResult:
+        """Guard ``question`` with every draft held: the result (the ``raise`` action is not raised here)."""
+        steps = _drive(_Loop(self, question, io, "held"))
+        try:
+            while True:
+                next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+    async def adrive(self, question: str | Progress, io: AsyncGuardIO) -> GuardResult:
+        """:meth:`drive` for async entry points (the decisions run in the caller's loop: they are quick)."""
+        loop = _Loop(self, question, io, "held")
+        async for _ in _adrive(loop):
+            pass
+        return cast("GuardResult", loop.result)  # _adrive ended: concluded
+
+    def drive_live(
+        self, question: str | Progress, io: LiveIO[P] | GuardIO, live: Live = "first"
+    ) -> Generator[P, None, GuardResult]:
+        """Guard ``question``: yields the pieces of the answers ``live`` streams (``io`` is a
+        :class:`LiveIO` unless ``live`` is ``"held"``), returns the result. Closing the generator
+        before it returns (the reader gone) stops the draft being streamed and records it as
+        abandoned (:attr:`result`)."""
+        return _drive(_Loop(self, question, io, live))
+
+    def adrive_live(
+        self, question: str | Progress, io: AsyncLiveIO[P] | AsyncGuardIO, live: Live = "first"
+    ) -> AsyncGenerator[P, None]:
+        """:meth:`drive_live` for async entry points; an async generator cannot return, so the result
+        is :attr:`result` once it has ended."""
+        return _adrive(_Loop(self, question, io, live))
+
+
+# -- the function forms, for a caller with a driver or only a decider (no span, the default top-N) ---------
+def _driver(driver: Driver | Decider | DeciderFor) -> Driver:
+    return driver if isinstance(driver, Driver) else Driver(driver)
+
+
+def drive(driver: Driver | Decider | DeciderFor, question: str | Progress, io: GuardIO) -> GuardResult:
+    """:meth:`Driver.drive`."""
+    return _driver(driver).drive(question, io)
+
+
+async def adrive(driver: Driver | Decider | DeciderFor, question: str | Progress, io: AsyncGuardIO) -> GuardResult:
+    """:meth:`Driver.adrive`."""
+    return await _driver(driver).adrive(question, io)
+
+
+def drive_live(
+    driver: Driver | Decider | DeciderFor, question: str | Progress, io: LiveIO[P] | GuardIO, live: Live = "first"
+) -> Generator[P, None, GuardResult]:
+    """:meth:`Driver.drive_live`."""
+    return _driver(driver).drive_live(question, io, live)
+
+
+def adrive_live(
+    driver: Driver | Decider | DeciderFor, question: str | Progress, io: AsyncLiveIO[P] | AsyncGuardIO, live: Live = "first"
+) -> AsyncGenerator[P, None]:
+    """:meth:`Driver.adrive_live` (pass a :class:`Driver` to read its :attr:`~Driver.result` once the stream has ended)."""
+    return _driver(driver).adrive_live(question, io, live)

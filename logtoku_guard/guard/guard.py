@@ -32,7 +32,7 @@ from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard.driver import GuardIO, drive
+from logtoku_guard.guard.driver import Driver, GuardIO
 from logtoku_guard.guard.guard_io import BackendIO
 from logtoku_guard.guard.guard_stream import GuardStream
 from logtoku_guard.guard.retriever_calls import RetrieverLike
@@ -40,8 +40,12 @@ from logtoku_guard.guard.telemetry import GuardTelemetry
 from logtoku_guard.types import DecodingOptions, Prompt, question_of, to_messages
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from logtoku_guard.audit.records import RecordSink
     from logtoku_guard.calibration import ModelProfile
+    from logtoku_guard.guard.telemetry import RunSpan
+    from logtoku_guard.types import ChatMessage
 
 __all__ = ["Guard", "GuardCall"]
 
@@ -218,13 +222,19 @@ class GuardCall:
     def telemetry(self) -> GuardTelemetry:
         return self.guard.telemetry
 
+    def driver(self, span: RunSpan | None = None, span_input: Sequence[ChatMessage] | str | None = None) -> Driver:
+        """The one driver for a question of this call: the guard's decider, this backend's top-N (what
+        the ``early_stop`` watch aggregates over), the question's run ``span`` (from
+        ``telemetry.start_run``) and what its generation spans show as input."""
+        return Driver(self.decider, top_n=self.backend.top_n, span=span, span_input=span_input)
+
     def run(self, prompt: Prompt, *, io: GuardIO | None = None) -> GuardResult:
         """:meth:`Guard.run` with this call's backend, retriever and options."""
         messages = to_messages(prompt, self.guard.system)
         io = io if io is not None else BackendIO.of(self, messages)
         span = self.telemetry.start_run(self, messages)
         with span:  # current while driving (instrumented calls nest under it); records an error, ends
-            result = drive(self.decider, question_of(messages), io, top_n=self.backend.top_n, span=span, span_input=messages)
+            result = self.driver(span, messages).drive(question_of(messages), io)
             if result.action == "raise":
                 raise GuardRejectedError(result)
         return result

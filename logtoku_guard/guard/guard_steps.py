@@ -27,22 +27,23 @@ decision seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.results import Attempt, GuardResult, GuardTimings
 from logtoku_guard.errors import UsageError
 from logtoku_guard.scoring.second_look import Look, Measurement, SecondLooks, SecondLookSettings
+from logtoku_guard.types import Generation
 
 if TYPE_CHECKING:
-    from logtoku_guard.decision.decider import Decider
     from logtoku_guard.decision.policy import Decision, RetrieveSettings
-    from logtoku_guard.types import Generation
 
 __all__ = [
     "Answer",
     "Conclude",
+    "DeciderFor",
     "Generate",
     "Measure",
     "Measured",
@@ -115,6 +116,9 @@ class Conclude:
 
 
 Request = Generate | Retrieve | Measure | Conclude
+DeciderFor = Callable[[Generation], Decider]
+"""How the first answer picks its decider, for a model known only by its answers (LangChain's
+middleware over any chat model: the answer's model name, K and evidence pick the profile)."""
 Steps = Generator[Request, Any, None]
 """What :func:`guard_steps` returns: send an :class:`Answer` to a :class:`Generate`, a
 :class:`Retrieved` to a :class:`Retrieve`, a :class:`Measured` to a :class:`Measure`."""
@@ -191,6 +195,16 @@ class Progress:
             now - self.started, spent["generation"], self.decision_s, spent["retrieval"], second_look_s=spent["second_look"]
         )
 
+    def spent_before(self, stage: Stage, seconds: float) -> None:
+        """Count ``seconds`` the entry point spent on ``stage`` before the loop's first request (LlamaIndex
+        retrieves the context of its first answer first): the one write to a progress outside :func:`guard_steps`."""
+        if stage == "generation":
+            self.generation_s += seconds
+        elif stage == "retrieval":
+            self.retrieval_s += seconds
+        else:
+            self.second_look_s += seconds
+
     def abandon(self, decider: Decider, generation: Generation) -> GuardResult:
         """Decide and record ``generation``, whose stream the reader closed before it ended (no retrieval)."""
         return decider.abandon(self.question, generation, self.attempts, self.timings())
@@ -238,8 +252,11 @@ def _second_looks(
 
 
 # -- the loop ---------------------------------------------------------------------------------------
-def guard_steps(decider: Decider, progress: Progress) -> Steps:
+def guard_steps(decider: Decider | DeciderFor, progress: Progress) -> Steps:
     """The requests of one guarded question, from its first answer to :class:`Conclude`.
+
+    ``decider``: or how the first answer picks it (:data:`DeciderFor`: called once, with the
+    first answer's generation).
 
     Each answer is decided (:meth:`Decider.decide`, or :meth:`Decider.unanswerable` for an
     answer with ``no_context``) and recorded in ``progress.attempts``; :meth:`Decider.settle`
@@ -248,12 +265,13 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
     """
     question, attempts = progress.question, progress.attempts
     answer: Answer = yield from _ask(progress, Generate(1, question))
+    if answer.generation is None:
+        msg = "the first answer must be a generation: Answer(generation=None) is only for an answer the context did not fit"
+        raise UsageError(msg)
+    decider = decider if isinstance(decider, Decider) else decider(answer.generation)
     text = answer.text
+    generation: Generation = answer.generation
     while True:
-        generation = answer.generation
-        if generation is None:
-            msg = "the first answer must be a generation: Answer(generation=None) is only for an answer the context did not fit"
-            raise UsageError(msg)
         progress.stopped_early = progress.stopped_early or answer.stopped_early
         t = time.perf_counter()
         if answer.no_context is not None:
@@ -273,7 +291,7 @@ def guard_steps(decider: Decider, progress: Progress) -> Steps:
             request = Generate(len(attempts) + 1, question, tuple(retrieved.passages), settings)
             answer = yield from _ask(progress, request)
             if answer.generation is not None:
-                text = answer.text
+                text, generation = answer.text, answer.generation
                 continue
             why = answer.note or "no answer could be made with the retrieved context"
         attempts[-1] = replace(attempts[-1], retrieval_error=why)

@@ -1,7 +1,7 @@
 """``GuardStream``: a guarded answer token by token, recorded even when the caller stops early.
 
 Returned by :meth:`~logtoku_guard.guard.guard.Guard.stream`: the one driver
-(:func:`~logtoku_guard.guard.driver.drive_live`, ``live="first"``) with
+(:meth:`~logtoku_guard.guard.driver.Driver.drive_live`, ``live="first"``) with
 :class:`~logtoku_guard.guard.guard_io.BackendIO`. Iterating streams the first answer's tokens while the
 driver watches the policy's ``early_stop`` rules; when the stream ends that answer is decided,
 retrieved for and recorded. Closed or dropped before its end (``close()``, a ``with`` block,
@@ -18,23 +18,24 @@ from typing import TYPE_CHECKING, Protocol
 
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard.driver import drive_live
 from logtoku_guard.guard.guard_io import BackendIO
 from logtoku_guard.guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore, question_of
 
 if TYPE_CHECKING:
-    from logtoku_guard.decision.decider import Decider
+    from collections.abc import Sequence
+
+    from logtoku_guard.guard.driver import Driver
     from logtoku_guard.guard.retriever_calls import RetrieverLike
-    from logtoku_guard.guard.telemetry import GuardTelemetry
+    from logtoku_guard.guard.telemetry import GuardTelemetry, RunSpan
     from logtoku_guard.types import DecodingOptions
 
 __all__ = ["GuardStream", "StreamingGuard"]
 
 
 class StreamingGuard(Guarded, Protocol):
-    """What a stream drives (:class:`~logtoku_guard.guard.guard.Guard` has it): the backend, options
-    and retriever, the decider and the telemetry."""
+    """What a stream drives (:class:`~logtoku_guard.guard.guard.GuardCall` has it): the backend, options
+    and retriever, the telemetry and the driver of a question."""
 
     @property
     def telemetry(self) -> GuardTelemetry: ...
@@ -45,8 +46,7 @@ class StreamingGuard(Guarded, Protocol):
     @property
     def retriever(self) -> RetrieverLike | None: ...
 
-    @property
-    def decider(self) -> Decider: ...
+    def driver(self, span: RunSpan | None = None, span_input: Sequence[ChatMessage] | str | None = None) -> Driver: ...
 
 
 class GuardStream:
@@ -98,27 +98,16 @@ class _State:
 
 def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> Iterator[TokenScore]:
     span = guard.telemetry.start_run(guard, messages)  # ended here, or by the driver when abandoned
-    out: list[GuardResult] = []
-    io = BackendIO.of(guard, messages)
+    driver = guard.driver(span, messages)
     try:
-        yield from drive_live(
-            guard.decider,
-            question_of(messages),
-            io,
-            live="first",
-            top_n=guard.backend.top_n,
-            span=span,
-            span_input=messages,
-            result=out,
-        )
+        state.result = yield from driver.drive_live(question_of(messages), BackendIO.of(guard, messages), live="first")
     except GeneratorExit:
-        state.result = out[0] if out else None
+        state.result = driver.result  # abandoned: decided and recorded (None when nothing was generated)
         raise
     except BaseException as exc:
         span.fail(exc)
         span.end()
         raise
-    state.result = out[0]
     if state.result.action == "raise":
         span.fail(GuardRejectedError(state.result))
         span.end()

@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, TypedDict, cast
@@ -79,10 +78,10 @@ from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard.driver import Watch, adrive, drive
+from logtoku_guard.guard.driver import Driver, Watch
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard.guard_io import retrieve_passages
-from logtoku_guard.guard.guard_steps import Answer, Generate, Progress, Retrieve, Retrieved
+from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.guard.retriever_calls import RetrieverLike
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import Generation
@@ -199,8 +198,21 @@ class _GuardedCall:
         self.request = request
         self.index, self.question = _question(request.messages)
         self.responses: list[ModelResponse] = []
-        self.progress = Progress(self.question)
         self.decider: Decider | None = None
+
+    def driver(self, known: tuple[Decider, int] | None) -> Driver:
+        """The driver of this call: with the decider and top-N known before the model answers
+        (:meth:`LogTokUMiddleware.decider_before`), else picking the decider of the first answer's
+        model. No span: the agent traces its model calls."""
+        if known is None:
+            return Driver(self.pick)
+        self.decider = known[0]
+        return Driver(known[0], top_n=known[1])
+
+    def pick(self, generation: Generation) -> Decider:
+        """The decider of the model that made the first answer (built once per model by the middleware)."""
+        self.decider = self.mw.decider_for(generation)
+        return self.decider
 
     @contextmanager
     def calling(self, watch: Watch) -> Iterator[GenerationCapture]:
@@ -216,22 +228,14 @@ class _GuardedCall:
         return self.request.override(messages=messages)
 
     def answered(self, step: Generate, result: Any, capture: GenerationCapture) -> Answer:
-        """The model's answer to ``step``, scored (the decider is made for the model of the first,
-        unless :meth:`LogTokUMiddleware.decider_before` made it before)."""
+        """The model's answer to ``step``, scored. The first answer's model has its decider built here
+        (a profile may load: the async path runs this in a worker thread), before the driver picks it."""
         response = _as_response(result)
         generation = capture.last or generation_from_metadata(_ai_message(response))
-        self.decider = self.decider or self.mw.decider_for(generation)
+        if self.decider is None:
+            self.mw.decider_for(generation)
         self.responses.append(response)
         return Answer(generation, step.passages)
-
-    def first_made(self) -> Decider:
-        """The decider once the first answer (made outside the driver) has made it; the first call's
-        seconds are counted as generation."""
-        if self.decider is None:
-            msg = "internal error: the guard loop of a model call started before its first answer"
-            raise UsageError(msg)
-        self.progress.generation_s += time.perf_counter() - self.progress.started
-        return self.decider
 
     def retrieve(self, step: Retrieve) -> Retrieved:
         return retrieve_passages(self.mw.retriever, step, self.mw.policy.retrieve)
@@ -433,25 +437,15 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
     # -- wrap_model_call: score, retrieve, route -------------------------------------------------
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
-        calls = _ModelCalls(call, handler)
-        known = self.decider_before(request)
-        if known is not None:
-            call.decider = known[0]
-            return call.finish(drive(known[0], call.progress, calls, top_n=known[1]))  # no span: the agent traces its calls
-        first = calls.generate(Generate(1, call.question), Watch())
-        return call.finish(drive(call.first_made(), call.progress, calls, first=first))
+        driver = call.driver(self.decider_before(request))
+        return call.finish(driver.drive(call.question, _ModelCalls(call, handler)))
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> ExtendedModelResponse:
         call = _GuardedCall(self, request)
-        calls = _AsyncModelCalls(call, handler)
-        known = await asyncio.to_thread(self.decider_before, request)  # may load a profile or the model
-        if known is not None:
-            call.decider = known[0]
-            return call.finish(await adrive(known[0], call.progress, calls, top_n=known[1]))
-        first = await calls.generate(Generate(1, call.question), Watch())
-        return call.finish(await adrive(call.first_made(), call.progress, calls, first=first))
+        driver = call.driver(await asyncio.to_thread(self.decider_before, request))  # may load a profile or the model
+        return call.finish(await driver.adrive(call.question, _AsyncModelCalls(call, handler)))
 
     # -- after_model: the human-review interrupt, else the tool-call gate ----------------------------
     @hook_config(can_jump_to=["model"])

@@ -1,24 +1,22 @@
 """What :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` hands the core driver: its generate and retrieve.
 
 The driver (:mod:`logtoku_guard.guard.driver`) runs the loop for every query, sync and async, held or
-``"live"``; this module answers its requests the LlamaIndex way:
+``"live"``, and owns its spans (each answer's and re-query's, under the query's GUARDRAIL span),
+its ``early_stop`` watch and ``stopped_early``; this module answers its requests the LlamaIndex way:
 
-* **retrieve**: the re-query (:meth:`EngineIO.retrieve`): the decision's non-final event, then,
-  in the re-query span, the wider engine's retrieval and, when it found new nodes, the synthesis
-  from them (its LLM call starts when the answer is read; a streaming one lazily);
-* **generate**: read the answer synthesised (before the loop for the first answer, by the
-  re-query for a later one) and check it (:func:`~._route.answer_of`);
-* **draft** (``"live"``): the answer's pieces as they come, after ``"\\n\\n"`` for a re-queried
-  one. A reader who closes the stream stops the generation; the driver decides and records the
-  answer so far (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`: no retrieval is spent,
-  the reason says the stream was closed), and the query's GUARDRAIL span ends with that
-  decision, with its open generation span. Closed before any generation began: the span ends
-  marked ``logtoku.abandoned``, nothing to decide.
-
-A synthesis is made before the driver asks for its answer (with its retrieval, inside one
-re-query span), so its capture carries its own :class:`~logtoku_guard.guard.driver.Watch` (made by
-:meth:`LogTokUQueryEngine._synthesize` from the guard's decider): the ``early_stop`` rules are
-watched there, token by token, by the same code as everywhere else.
+* **generate** (every answer, the first included): synthesise from the nodes the answer is made
+  from (the engine's first retrieval, made before the loop, or the re-query's), the LLM call
+  reporting its tokens to the driver's :class:`~logtoku_guard.guard.driver.Watch`; read it; check
+  it (:func:`~._route.answer_of`);
+* **retrieve**: the re-query (:meth:`EngineIO.retrieve`): the decision's non-final event, then, in
+  the re-query span, the wider engine's retrieval;
+* **draft** (``"live"``): the same synthesis, its pieces as they come (after ``"\\n\\n"`` for a
+  re-queried one). The first draft yields ``""`` once its synthesis is made and before anything
+  of it is read (:data:`SYNTHESISED`): the engine reads it to learn whether the answer streams
+  (a query returns a ``StreamingResponse`` only then), nothing of the answer generated yet. A
+  reader who closes the stream stops the generation; the driver decides and records the answer
+  so far (:meth:`~logtoku_guard.guard.guard_steps.Progress.abandon`: no retrieval is spent, the
+  reason says the stream was closed) and ends the query's span with that decision.
 """
 
 from __future__ import annotations
@@ -31,21 +29,25 @@ from llama_index.core.base.response.schema import AsyncStreamingResponse, Stream
 from llama_index.core.schema import QueryBundle
 
 from logtoku_guard.decision.results import GuardResult
-from logtoku_guard.guard.driver import ABANDONED, Watch, adrive_live, drive_live
-from logtoku_guard.guard.guard import Guard
+from logtoku_guard.guard.driver import Driver, Watch
 from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 
 from ._responses import QueryRun, apieces, atext_of, tail, text_of
+from ._route import Synthesis
 
-__all__ = ["AsyncEngineIO", "EngineIO", "QueryEngine", "alive", "live"]
+__all__ = ["SYNTHESISED", "AsyncEngineIO", "EngineIO", "QueryEngine", "alive", "live"]
+
+SYNTHESISED = ""
+"""The first piece of a query's first live draft: its synthesis is made, nothing of it read yet."""
 
 
 class QueryEngine(Protocol):
     """What the I/O needs of :class:`~llama_index.llms.logtoku.LogTokUQueryEngine` (which imports
     this module, so the engine's class is not imported back, not even for annotations)."""
 
-    @property
-    def guard(self) -> Guard: ...
+    def _synthesize(self, run: QueryRun, request: Generate, watch: Watch, query_bundle: QueryBundle) -> Synthesis: ...
+
+    async def _asynthesize(self, run: QueryRun, request: Generate, watch: Watch, query_bundle: QueryBundle) -> Synthesis: ...
 
     def _answer(self, run: QueryRun, text: str) -> Answer: ...
 
@@ -58,28 +60,29 @@ class QueryEngine(Protocol):
 
 @dataclass
 class _Pieces:
-    """The live draft of the answer being read: its pieces, then :meth:`answer` (or the answer
-    so far, once closed)."""
+    """The live draft of one answer: synthesised when iterated, its pieces, then :meth:`answer` (or
+    the answer so far, once closed)."""
 
-    engine: QueryEngine
-    run: QueryRun
-    after: bool  # a re-queried answer goes on after the one already streamed
+    io: EngineIO | AsyncEngineIO
+    request: Generate
+    watch: Watch
     text: str = ""
     done: bool = False
+    synthesis: Synthesis | None = field(default=None, init=False)
     source: Any = field(default=None, init=False)
 
     def answer(self) -> Answer:
         if self.done:
-            return self.engine._answer(self.run, self.text)
-        generation = self.run.answer.capture.take()  # closed early: the generation so far, if any began
-        self.run.generating.end_with(generation)
-        return Answer(generation)
+            return self.io.engine._answer(self.io.run, self.text)
+        generation = self.synthesis.capture.take() if self.synthesis is not None else None
+        return Answer(generation)  # closed early: the generation so far, if any began
 
     def __iter__(self) -> Iterator[str]:
-        response = self.run.answer.response
+        io = self.io
+        self.synthesis = io.engine._synthesize(io.run, self.request, self.watch, io.query_bundle)
+        response = self.synthesis.response
         self.source = response.response_gen if isinstance(response, StreamingResponse) else iter([text_of(response)])
-        if self.after:
-            yield "\n\n"
+        yield SYNTHESISED if self.request.first else "\n\n"
         for piece in self.source:
             self.text += piece
             yield piece
@@ -99,9 +102,10 @@ class _AsyncPieces(_Pieces):
         return self._pieces()
 
     async def _pieces(self) -> AsyncGenerator[str, None]:
-        self.source = apieces(self.run.answer.response)
-        if self.after:
-            yield "\n\n"
+        io = self.io
+        self.synthesis = await io.engine._asynthesize(io.run, self.request, self.watch, io.query_bundle)
+        self.source = apieces(self.synthesis.response)
+        yield SYNTHESISED if self.request.first else "\n\n"
         async for piece in self.source:
             self.text += piece
             yield piece
@@ -121,13 +125,14 @@ class EngineIO:
     query_bundle: QueryBundle
 
     def generate(self, request: Generate, watch: Watch) -> Answer:
-        return self.engine._answer(self.run, text_of(self.run.answer.response))
+        synthesis = self.engine._synthesize(self.run, request, watch, self.query_bundle)
+        return self.engine._answer(self.run, text_of(synthesis.response))
 
     def retrieve(self, request: Retrieve) -> Retrieved:
         return self.engine._requery(self.run, request, self.query_bundle)
 
     def draft(self, request: Generate, watch: Watch) -> _Pieces:
-        return _Pieces(self.engine, self.run, after=bool(self.run.attempts))
+        return _Pieces(self, request, watch)
 
 
 @dataclass(frozen=True)
@@ -139,21 +144,19 @@ class AsyncEngineIO:
     query_bundle: QueryBundle
 
     async def generate(self, request: Generate, watch: Watch) -> Answer:
-        return self.engine._answer(self.run, await atext_of(self.run.answer.response))
+        synthesis = await self.engine._asynthesize(self.run, request, watch, self.query_bundle)
+        return self.engine._answer(self.run, await atext_of(synthesis.response))
 
     async def retrieve(self, request: Retrieve) -> Retrieved:
         return await self.engine._arequery(self.run, request, self.query_bundle)
 
     def draft(self, request: Generate, watch: Watch) -> _AsyncPieces:
-        return _AsyncPieces(self.engine, self.run, after=bool(self.run.attempts))
+        return _AsyncPieces(self, request, watch)
 
 
-def _ended(run: QueryRun, results: list[GuardResult]) -> None:
-    """End the query's span after its reader closed the live stream (with the abandoned answer's decision)."""
-    if results:
-        run.span.end(results[0])
-    else:
-        run.span.abandon(ABANDONED)
+def streams(run: QueryRun) -> bool:
+    """True when the answer being made is a stream (the engine streams its answers)."""
+    return isinstance(run.answer.response, (StreamingResponse, AsyncStreamingResponse))
 
 
 def _conclude(
@@ -166,31 +169,25 @@ def _conclude(
     return tail(run.texts[-1], result.answer)
 
 
-def live(engine: QueryEngine, io: EngineIO, out: StreamingResponse) -> Generator[str, None, None]:
-    """A ``"live"`` stream: every answer's pieces as they come, then the tail of the final answer."""
-    run, results = io.run, list[GuardResult]()
-    guard = engine.guard
-    try:
-        yield from drive_live(guard.decider, run.progress, io, live="all", top_n=guard.backend.top_n, result=results)
-    except GeneratorExit:
-        _ended(run, results)
-        raise
-    yield from _conclude(engine, run, results[0], out)
+def live(
+    engine: QueryEngine, run: QueryRun, pieces: Generator[str, None, GuardResult], out: StreamingResponse
+) -> Generator[str, None, None]:
+    """A ``"live"`` stream (after :data:`SYNTHESISED`): every answer's pieces as they come, then the
+    tail of the final answer. Closing it closes the driver's stream (which decides, records and ends
+    the query's span)."""
+    result = yield from pieces
+    yield from _conclude(engine, run, result, out)
 
 
-async def alive(engine: QueryEngine, io: AsyncEngineIO, out: AsyncStreamingResponse) -> AsyncGenerator[str, None]:
-    """:func:`live` for ``aquery``."""
-    run, results = io.run, list[GuardResult]()
-    guard = engine.guard
-    pieces: AsyncGenerator[str, None] = adrive_live(
-        guard.decider, run.progress, io, live="all", top_n=guard.backend.top_n, result=results
-    )
+async def alive(
+    engine: QueryEngine, run: QueryRun, driver: Driver, pieces: AsyncGenerator[str, None], out: AsyncStreamingResponse
+) -> AsyncGenerator[str, None]:
+    """:func:`live` for ``aquery`` (the result is ``driver.result`` once the driver's stream has ended)."""
     try:
         async for piece in pieces:
             yield piece
     except GeneratorExit:
         await pieces.aclose()
-        _ended(run, results)
         raise
-    for piece in _conclude(engine, run, results[0], out):
+    for piece in _conclude(engine, run, driver.result, out):  # type: ignore[arg-type]  # concluded
         yield piece

@@ -24,26 +24,24 @@ from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.decision.results import Attempt
 from logtoku_guard.errors import ConfigurationError, UsageError
 from logtoku_guard.guard.guard_steps import Progress
-from logtoku_guard.guard.telemetry import GenerationSpan, RunSpan
+from logtoku_guard.guard.telemetry import RunSpan
 
 from .base import LogTokULLM
 
 
 @dataclass
 class QueryRun:
-    """The state of one guarded query: the core loop's progress (attempts, timings), and per
-    attempt its nodes and text; the answer being made and its nodes; the spans."""
+    """The state of one guarded query: the core loop's progress (attempts, timings, stopped early), and
+    per attempt its nodes and text; the answer being made and its nodes; the query's span."""
 
     query: str
     progress: Progress = field(init=False)
     nodes: list[list[NodeWithScore]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    stopped_early: bool = False
     answer: Any = None  # the Synthesis being made (see _route.py), from ``answer_nodes``
     answer_nodes: list[NodeWithScore] = field(default_factory=list)
     span: RunSpan = field(default_factory=lambda: _RUN_SPAN.get() or RunSpan(None))  # the GUARDRAIL span (see traced_query)
-    generating: GenerationSpan = field(default_factory=lambda: GenerationSpan(None))  # the generation's span
 
     def __post_init__(self) -> None:
         self.progress = Progress(self.query)

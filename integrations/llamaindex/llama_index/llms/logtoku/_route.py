@@ -4,13 +4,14 @@ The loop is the core's, :func:`~logtoku_guard.guard.guard_steps.guard_steps`, ru
 driver (:mod:`logtoku_guard.guard.driver`): it decides each answer, counts the re-queries, falls back.
 The engine's I/O (:mod:`._engine_io`) answers its requests the LlamaIndex way::
 
-    Generate(1)  -> the first answer, synthesised before the loop: read it (a live stream yields
-                    its pieces meanwhile); answer_of(...) (the scores, the nodes, the text)
+    Generate(1)  -> synthesise from the nodes of the engine's first retrieval (made before the
+                    loop), the LLM reporting its tokens to the driver's watch; read it (a live
+                    stream yields its pieces meanwhile); answer_of(...) (the scores, the nodes, the text)
     Retrieve     -> engine_for(request.number); none: Retrieved(why=NO_ENGINE). Else emit the
                     decision's non-final event; under its tags, in the re-query span, retrieve
-                    with the engine: retrieved(run, nodes); when that found new context,
-                    synthesise from the nodes (still in the span; read at the next Generate)
-    Generate(n)  -> read that synthesis: answer_of(...)
+                    with the engine: retrieved(run, nodes) (new context: kept for the next answer)
+    Generate(n)  -> synthesise from those nodes with that engine, under the decision's tags;
+                    read it: answer_of(...)
 
 This module holds the answers' logic (the checks on a synthesised answer, the engine of each
 re-query, the "no new context" rule); the I/O only calls it.
@@ -55,7 +56,6 @@ def answer_of(model: str, run: QueryRun, nodes: Sequence[NodeWithScore], synthes
     generation, or one from another model than the guard scores.
     """
     generation = synthesis.capture.last
-    run.generating.end_with(generation)
     no_context = None
     if generation is None:
         if nodes:
@@ -76,7 +76,7 @@ def answer_of(model: str, run: QueryRun, nodes: Sequence[NodeWithScore], synthes
     run.texts.append(text)
     run.metadata = dict(getattr(synthesis.response, "metadata", None) or {})
     passages = tuple(n.node.get_content() for n in nodes)
-    return Answer(generation, passages, text=text, stopped_early=run.stopped_early, no_context=no_context)
+    return Answer(generation, passages, text=text, no_context=no_context)
 
 
 def engine_for(retries: Sequence[BaseQueryEngine], number: int) -> BaseQueryEngine | None:

@@ -32,7 +32,9 @@ with the flat decision attributes of :func:`logtoku_guard.wire.payloads.decision
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
@@ -47,13 +49,13 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from logtoku_guard.decision.policy import Decision, Policy
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard.driver import Watch, adrive, drive
+from logtoku_guard.guard.driver import Driver, Watch
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard.guard import Guard
-from logtoku_guard.guard.guard_steps import Answer, Retrieve, Retrieved
+from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
 from logtoku_guard.wire.payloads import decision_attributes
 
-from ._engine_io import AsyncEngineIO, EngineIO, alive, live
+from ._engine_io import AsyncEngineIO, EngineIO, alive, live, streams
 from ._responses import (
     QueryRun as _Run,
 )
@@ -203,96 +205,111 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return {"query_engine": self._engine}
 
     # -- query ----------------------------------------------------------------------------
-    def _first(self, run: _Run, nodes: list[NodeWithScore], first: Synthesis, retrieved_at: float) -> None:
-        """``first`` (synthesised from ``nodes``) is the answer the driver reads first; the first retrieval
-        (until ``retrieved_at``) and synthesis were made before the loop: their seconds are counted here."""
-        progress = run.progress
-        progress.retrieval_s += retrieved_at - progress.started
-        progress.generation_s += time.perf_counter() - retrieved_at
-        run.answer, run.answer_nodes = first, nodes
+    def _start(self, query_bundle: QueryBundle) -> tuple[_Run, Driver]:
+        """The query's run state and its driver (the guard's decider and top-N, the query's GUARDRAIL span)."""
+        run = _Run(query_bundle.query_str)
+        return run, self._guard.call().driver(run.span, query_bundle.query_str)
+
+    def _retrieved_first(self, run: _Run, nodes: list[NodeWithScore]) -> None:
+        """The engine's first retrieval, made before the loop (the first answer is synthesised from
+        ``nodes``): retrieval 0 of the query's span, its seconds counted as retrieval."""
+        run.progress.spent_before("retrieval", time.perf_counter() - run.progress.started)
+        run.answer_nodes = nodes
 
     def _answer(self, run: _Run, text: str) -> Answer:
         """The loop's answer for the answer being made (``run.answer``), read as ``text``."""
-        watch = run.answer.capture.watch
-        run.stopped_early = run.stopped_early or (watch is not None and watch.stopped)
         return answer_of(self._guard.backend.model_name, run, run.answer_nodes, run.answer, text)
 
     @dispatcher.span
     @traced_query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        run = _Run(query_bundle.query_str)
-        nodes = self._retrieve(run, self._engine, query_bundle)
-        retrieved_at = time.perf_counter()
-        first = self._synthesize(run, self._engine, query_bundle, nodes)
-        self._first(run, nodes, first, retrieved_at)
+        run, driver = self._start(query_bundle)
+        with run.span.retrieval(0) as r:
+            nodes = list(self._engine.retrieve(query_bundle))
+            r.record(nodes)
+        self._retrieved_first(run, nodes)
         io = EngineIO(self, run, query_bundle)
-        if isinstance(first.response, StreamingResponse) and self._stream_mode == "live":
+        if self._stream_mode == "after_decision":
+            return self._whole(run, self._act(run, driver.drive(run.progress, io)), asynchronous=False)
+        pieces: Generator[str, None, GuardResult] = driver.drive_live(run.progress, io, live="all")
+        next(pieces)  # SYNTHESISED: the first answer's synthesis is made, nothing of it read yet
+        if streams(run):
             out = StreamingResponse(response_gen=sync_iter([]), source_nodes=list(nodes), metadata={})
-            out.response_gen = live(self, io, out)
+            out.response_gen = live(self, run, pieces, out)
             return out
-        result = self._act(run, drive(self._guard.decider, run.progress, io, top_n=self._guard.backend.top_n))
-        if isinstance(first.response, StreamingResponse):  # stream_mode == "after_decision"
-            return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata)
-        return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
+        for _ in pieces:  # the whole answers: nothing streams
+            pass
+        return self._whole(run, self._act(run, cast(GuardResult, driver.result)), asynchronous=False)
 
     @dispatcher.span
     @traced_query
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        run = _Run(query_bundle.query_str)
-        nodes = await self._aretrieve(run, self._engine, query_bundle)
-        retrieved_at = time.perf_counter()
-        first = await self._asynthesize(run, self._engine, query_bundle, nodes)
-        self._first(run, nodes, first, retrieved_at)
+        run, driver = self._start(query_bundle)
+        with run.span.retrieval(0) as r:
+            nodes = list(await self._engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
+            r.record(nodes)
+        self._retrieved_first(run, nodes)
         io = AsyncEngineIO(self, run, query_bundle)
-        streaming = isinstance(first.response, (StreamingResponse, AsyncStreamingResponse))
-        if streaming and self._stream_mode == "live":
+        if self._stream_mode == "after_decision":
+            return self._whole(run, self._act(run, await driver.adrive(run.progress, io)), asynchronous=True)
+        pieces: AsyncGenerator[str, None] = driver.adrive_live(run.progress, io, live="all")
+        await pieces.__anext__()  # SYNTHESISED
+        if streams(run):
             out = AsyncStreamingResponse(response_gen=empty_async(), source_nodes=list(nodes), metadata={})
-            out.response_gen = alive(self, io, out)
+            out.response_gen = alive(self, run, driver, pieces, out)
             return out
-        result = self._act(run, await adrive(self._guard.decider, run.progress, io, top_n=self._guard.backend.top_n))
-        if streaming:
-            return AsyncStreamingResponse(
-                response_gen=async_iter([result.answer]), source_nodes=run.nodes[-1], metadata=run.metadata
-            )
-        return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
+        async for _ in pieces:
+            pass
+        return self._whole(run, self._act(run, cast(GuardResult, driver.result)), asynchronous=True)
+
+    @staticmethod
+    def _whole(run: _Run, result: GuardResult, *, asynchronous: bool) -> RESPONSE_TYPE:
+        """The final answer whole: a :class:`Response`, or one piece of a stream when the engine streams
+        (``stream_mode="after_decision"``)."""
+        if not streams(run):
+            return Response(result.answer, source_nodes=run.nodes[-1], metadata=run.metadata)
+        nodes, metadata = run.nodes[-1], run.metadata
+        if asynchronous:
+            return AsyncStreamingResponse(response_gen=async_iter([result.answer]), source_nodes=nodes, metadata=metadata)
+        return StreamingResponse(response_gen=sync_iter([result.answer]), source_nodes=nodes, metadata=metadata)
 
     # -- the I/O the loop asks for (see _route.py) -----------------------------------------
-    def _retrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        with run.span.retrieval(len(run.attempts)) as r:  # 0: the retrieval before the first answer
-            nodes = list(engine.retrieve(query_bundle))
-            r.record(nodes)
-        return nodes
+    def _source(self, run: _Run, request: Generate) -> tuple[BaseQueryEngine, ContextManager[Any]]:
+        """The engine that synthesises ``request``'s answer (the re-query's for a later one) and the
+        instrumentation tags it runs under (a re-queried answer: those of the decision that asked for it)."""
+        if request.first:
+            return self._engine, nullcontext()
+        engine = engine_for(self._retries, request.attempt - 1)
+        if engine is None:  # pragma: no cover - the loop asks for a later answer only after a re-query found context
+            msg = f"internal error: no re-query engine for attempt {request.attempt}"
+            raise ConfigurationError(msg)
+        return engine, instrument_tags(self._tags(run, run.attempts[-1].decision))
 
-    async def _aretrieve(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        with run.span.retrieval(len(run.attempts)) as r:
-            nodes = list(await engine.aretrieve(query_bundle))  # type: ignore[attr-defined]
-            r.record(nodes)
-        return nodes
-
-    def _synthesize(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]) -> Synthesis:
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by answer_of
-        with capture_generations(self._new_capture()) as capture:  # read by the LLM when called
-            response = engine.synthesize(query_bundle, nodes)
+    def _synthesize(self, run: _Run, request: Generate, watch: Watch, query_bundle: QueryBundle) -> Synthesis:
+        """The answer ``request`` asks for, synthesised from ``run.answer_nodes``, its LLM call reporting
+        to the driver's ``watch`` (read later; a streaming one lazily)."""
+        engine, tags = self._source(run, request)
+        with tags, capture_generations(self._new_capture(watch)) as capture:  # read by the LLM when called
+            response = engine.synthesize(query_bundle, run.answer_nodes)
         if isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)  # the LLM stream starts lazily
-        return Synthesis(capture, response)
+        run.answer = Synthesis(capture, response)
+        return run.answer
 
-    async def _asynthesize(
-        self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle, nodes: list[NodeWithScore]
-    ) -> Synthesis:
-        run.generating = run.span.generation(len(run.attempts) + 1, query_bundle.query_str)  # ended by answer_of
-        with capture_generations(self._new_capture()) as capture:
-            response = await engine.asynthesize(query_bundle, nodes)
+    async def _asynthesize(self, run: _Run, request: Generate, watch: Watch, query_bundle: QueryBundle) -> Synthesis:
+        engine, tags = self._source(run, request)
+        with tags, capture_generations(self._new_capture(watch)) as capture:
+            response = await engine.asynthesize(query_bundle, run.answer_nodes)
         if isinstance(response, AsyncStreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_aiter(response.response_gen, capture)
         elif isinstance(response, StreamingResponse) and response.response_gen is not None:
             response.response_gen = captured_iter(response.response_gen, capture)
-        return Synthesis(capture, response)
+        run.answer = Synthesis(capture, response)
+        return run.answer
 
-    def _new_capture(self) -> GenerationCapture:
-        """The capture of one synthesis, with its ``early_stop`` :class:`~logtoku_guard.guard.driver.Watch`;
-        after_decision: a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
-        watch = Watch(self._guard.decider, self._guard.backend.top_n)
+    def _new_capture(self, watch: Watch) -> GenerationCapture:
+        """The capture of one synthesis, reporting to the driver's ``early_stop`` ``watch``; after_decision:
+        a :class:`WithheldCapture` (the LLM answers whole, no in-progress events)."""
         return WithheldCapture(watch=watch) if self._stream_mode == "after_decision" else GenerationCapture(watch=watch)
 
     def _tags(self, run: _Run, decision: Decision) -> dict[str, Any]:
@@ -309,13 +326,8 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     @dispatcher.span
     def _retry(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Retrieved:
-        """The re-query span: the retrieval and, when it found new context (the loop then asks for
-        the answer from it), the synthesis (read later)."""
-        nodes = self._retrieve(run, engine, query_bundle)
-        found = retrieved(run, nodes)
-        if found.why is None:
-            run.answer, run.answer_nodes = self._synthesize(run, engine, query_bundle, nodes), nodes
-        return found
+        """The re-query span: the wider engine's retrieval (the loop then asks for the answer from what it found)."""
+        return self._found(run, list(engine.retrieve(query_bundle)))
 
     async def _arequery(self, run: _Run, request: Retrieve, query_bundle: QueryBundle) -> Retrieved:
         engine = engine_for(self._retries, request.number)
@@ -327,10 +339,13 @@ class LogTokUQueryEngine(BaseQueryEngine):
 
     @dispatcher.span
     async def _aretry(self, run: _Run, engine: BaseQueryEngine, query_bundle: QueryBundle) -> Retrieved:
-        nodes = await self._aretrieve(run, engine, query_bundle)
+        return self._found(run, list(await engine.aretrieve(query_bundle)))  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _found(run: _Run, nodes: list[NodeWithScore]) -> Retrieved:
         found = retrieved(run, nodes)
         if found.why is None:
-            run.answer, run.answer_nodes = await self._asynthesize(run, engine, query_bundle, nodes), nodes
+            run.answer_nodes = nodes  # the next answer is synthesised from them
         return found
 
     def _act(self, run: _Run, result: GuardResult) -> GuardResult:
@@ -340,7 +355,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
     @dispatcher.span
     def _apply(self, run: _Run, result: GuardResult) -> GuardResult:
         """Announce the concluded (and recorded) result in a span tagged with its decision."""
-        run.span.end(result)
+        run.span.end()  # the driver put the decision on it
         payload = query_payload(result, self._guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, result.decision, final=True, result=result)
@@ -349,7 +364,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         return result
 
     def _emit(self, run: _Run, decision: Decision, *, final: bool, result: GuardResult | None = None) -> None:
-        nodes, early = run.nodes[-1], run.stopped_early
+        nodes, early = run.nodes[-1], run.progress.stopped_early
         event = LogTokUDecisionEvent.of(
             run.query, decision, run.attempts, nodes, self.policy, final=final, stopped_early=early, result=result
         )
