@@ -34,9 +34,6 @@ from logtoku_guard.audit.records import (
     utc_since,
 )
 from logtoku_guard.audit.schema import (
-    _NO_RECORD,
-    _BadColumn,
-    _BadRecordOfItem,
     _int,
     _item_row,
     _item_select,
@@ -44,12 +41,15 @@ from logtoku_guard.audit.schema import (
     _records,
     _reviews,
     _row_to_item,
+    _status,
     _text,
     _time,
     _UTCDateTime,
     at_or_after,
+    item_select,
     read_one,
     read_rows,
+    record_columns,
 )
 from logtoku_guard.errors import (
     AuditStoreError,
@@ -79,18 +79,12 @@ class Verdict:
 
 
 def _verdict(m: Any) -> Verdict:
-    status = m["r_status"]
-    if status not in _DECIDED:
-        raise _BadColumn("status", status, "not a verdict (approved or rejected)")
+    status = _status(m, _DECIDED, "not a verdict (approved or rejected)")
     decided_at = _time(m, "r_decided_at", "decided_at")
     edited = _text(m, "r_edited_answer", "edited_answer", optional=True)
-    if m["a_row_id"] is None:
-        raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
-    try:  # the record's columns: a bad one names the record's row
+    with record_columns(m):
         model = _text(m, "a_model", "model")
         stats = _numbers(m, "a_stats", "stats")
-    except _BadColumn as e:
-        raise _BadRecordOfItem(e) from None
     return Verdict(
         review_id=_int(m, "r_id", "id"),  # type: ignore[arg-type]
         trace_id=_text(m, "r_trace_id", "trace_id"),  # type: ignore[arg-type]
@@ -101,16 +95,7 @@ def _verdict(m: Any) -> Verdict:
     )
 
 
-_VERDICT_SELECT = sa.select(
-    _reviews.c.id.label("r_id"),
-    _reviews.c.trace_id.label("r_trace_id"),
-    _reviews.c.status.label("r_status"),
-    _reviews.c.decided_at.label("r_decided_at"),
-    _reviews.c.edited_answer.label("r_edited_answer"),
-    _records.c.model.label("a_model"),
-    _records.c.stats.label("a_stats"),
-    _records.c.id.label("a_row_id"),
-).select_from(_reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id))
+_VERDICT_SELECT = item_select(("id", "trace_id", "status", "decided_at", "edited_answer"), ("model", "stats"))
 
 
 @dataclass(frozen=True)

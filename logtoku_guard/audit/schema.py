@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import partial
 from typing import IO, Any, TypeVar
@@ -168,12 +169,22 @@ _meta = sa.Table(
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(AuditRecord))
 _REVIEW_FIELDS = tuple(f.name for f in dataclasses.fields(ReviewItem) if f.name != "record")
-_item_select = sa.select(
-    *(_reviews.c[name].label(f"r_{name}") for name in _REVIEW_FIELDS),
-    *(_records.c[name].label(f"a_{name}") for name in _RECORD_FIELDS),
-    _records.c.id.label("a_row_id"),
-).select_from(_reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id))
-"""Review items with their records; an outer join, so an item whose record is missing is reported, not lost."""
+
+
+def item_select(review: Iterable[str], record: Iterable[str], *extra: sa.ColumnElement[Any] | sa.Label[Any]) -> sa.Select[Any]:
+    """Review items, with these columns of theirs (labelled ``r_<name>``), of their records (``a_<name>``),
+    ``extra`` and the record's row id (``a_row_id``: :func:`record_columns` reads it). An outer join, so an
+    item whose record is missing is reported, not lost."""
+    return sa.select(
+        *(_reviews.c[name].label(f"r_{name}") for name in review),
+        *(_records.c[name].label(f"a_{name}") for name in record),
+        *extra,
+        _records.c.id.label("a_row_id"),
+    ).select_from(_reviews.outerjoin(_records, _reviews.c.trace_id == _records.c.trace_id))
+
+
+_item_select = item_select(_REVIEW_FIELDS, _RECORD_FIELDS)
+"""Review items with their whole records."""
 _record_select = sa.select(*(_records.c[name] for name in _RECORD_FIELDS), _records.c.id.label("row_id"))
 _record_insert = sa.insert(_records)
 
@@ -253,15 +264,28 @@ def _dicts(m: sa.RowMapping, key: str, column: str, *, optional: bool = False) -
     return v
 
 
+def _reliability(m: sa.RowMapping, key: str) -> float | None:
+    v = m[key]
+    if not _number(v) or (isinstance(v, float) and not math.isfinite(v)):
+        raise _BadColumn("reliability", v, "not a finite number")
+    return v
+
+
+def _status(m: sa.RowMapping, allowed: tuple[str, ...] = _REVIEW_STATUSES, problem: str = "") -> Any:
+    """A review item's ``status`` (``r_status``), one of ``allowed`` (``problem`` says what else it must be)."""
+    v = m["r_status"]
+    if v not in allowed:
+        raise _BadColumn("status", v, problem or f"not one of {', '.join(allowed)}")
+    return v
+
+
 def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
     """The record of one ``audit_records`` row, every column checked (:class:`_BadColumn` names the first
     that cannot be read: a row written by this code always reads, one edited by hand may not)."""
     # Rows were validated and made JSON-safe when written: rebuild without __post_init__'s copies
     # (the dominant cost of pending() and export otherwise); only the types are checked here.
     p = prefix
-    reliability = m[p + "reliability"]
-    if not _number(reliability) or (isinstance(reliability, float) and not math.isfinite(reliability)):
-        raise _BadColumn("reliability", reliability, "not a finite number")
+    reliability = _reliability(m, p + "reliability")
     attempts = _int(m, p + "attempts", "attempts")
     if attempts is not None and attempts < 0:
         raise _BadColumn("attempts", attempts, "negative")
@@ -292,9 +316,7 @@ def _row_to_record(m: sa.RowMapping, prefix: str = "") -> AuditRecord:
 
 def _row_to_item(m: sa.RowMapping) -> ReviewItem:
     """The review item of one joined row (see :func:`_row_to_record`; its own columns checked too)."""
-    status = m["r_status"]
-    if status not in _REVIEW_STATUSES:
-        raise _BadColumn("status", status, f"not one of {', '.join(_REVIEW_STATUSES)}")
+    status = _status(m)
     return ReviewItem(
         id=_int(m, "r_id", "id"),  # type: ignore[arg-type]
         trace_id=_text(m, "r_trace_id", "trace_id"),  # type: ignore[arg-type]
@@ -315,13 +337,21 @@ def _row_to_item(m: sa.RowMapping) -> ReviewItem:
 _NO_RECORD = "a trace id with no audit record (the record was deleted or its trace_id edited)"
 
 
-def _record_of_item(m: sa.RowMapping) -> AuditRecord:
+@contextmanager
+def record_columns(m: sa.RowMapping) -> Iterator[None]:
+    """Read the joined record's columns of a review item's row (:func:`item_select`) inside: a missing
+    record, or a column of it that cannot be read, names the record's row, not the item's."""
     if m["a_row_id"] is None:  # the outer join found no record: the item's trace_id names none
         raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
     try:
-        return _row_to_record(m, "a_")
+        yield
     except _BadColumn as e:  # the item's own row is fine, its record's is not: name the record's table
         raise _BadRecordOfItem(e) from None
+
+
+def _record_of_item(m: sa.RowMapping) -> AuditRecord:
+    with record_columns(m):
+        return _row_to_record(m, "a_")
 
 
 class _BadRecordOfItem(Exception):

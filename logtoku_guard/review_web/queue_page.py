@@ -18,18 +18,20 @@ from typing import TYPE_CHECKING, Literal
 
 import sqlalchemy as sa
 
-from logtoku_guard.audit.records import _REVIEW_STATUSES, SkippedRow, _utcnow
+from logtoku_guard.audit.records import SkippedRow, _utcnow
 from logtoku_guard.audit.schema import (
-    _NO_RECORD,
     _BadColumn,
-    _BadRecordOfItem,
     _item_row,
     _records,
+    _reliability,
     _reviews,
+    _status,
     _text,
     _time,
     at_or_after,
+    item_select,
     read_rows,
+    record_columns,
 )
 from logtoku_guard.errors import ConfigurationError
 
@@ -121,28 +123,19 @@ _QUESTION_CHARS = 200
 
 def _queue_row(m: sa.RowMapping) -> QueueRow:
     """One queue line, every column checked (a row edited by hand may hold anything)."""
-    status, item_id = m["r_status"], m["r_id"]
-    if status not in _REVIEW_STATUSES:
-        raise _BadColumn("status", status, f"not one of {', '.join(_REVIEW_STATUSES)}")
+    status, item_id = _status(m), m["r_id"]
     if type(item_id) is not int:
         raise _BadColumn("id", item_id, "not a whole number")
     created_at = _time(m, "r_created_at", "created_at")
     claimed_by = _text(m, "r_claimed_by", "claimed_by", optional=True)
     reviewer = _text(m, "r_reviewer", "reviewer", optional=True)
     decided_at = _time(m, "r_decided_at", "decided_at", optional=True)
-    if m["a_row_id"] is None:
-        raise _BadColumn("trace_id", m["r_trace_id"], _NO_RECORD)
-    try:  # the record's columns: a bad one names the record's row
-        reliability = m["a_reliability"]
-        ok = reliability is None or (isinstance(reliability, (int, float)) and not isinstance(reliability, bool))
-        if not ok or (isinstance(reliability, float) and not math.isfinite(reliability)):
-            raise _BadColumn("reliability", reliability, "not a finite number")
+    with record_columns(m):
+        reliability = _reliability(m, "a_reliability")
         question = _text(m, "a_question", "prompt")
         model = _text(m, "a_model", "model")
         rule = _text(m, "a_rule", "rule", optional=True)
         action = _text(m, "a_action", "action")
-    except _BadColumn as e:
-        raise _BadRecordOfItem(e) from None
     return QueueRow(
         id=item_id,
         status=status,
@@ -176,22 +169,11 @@ def list_queue(store: AuditStore, flt: QueueFilter) -> QueuePage:
     if flt.view == "decided":
         order = (_reviews.c.decided_at.desc(), _reviews.c.id.desc())
     rows_stmt = (
-        sa.select(
-            _reviews.c.id.label("r_id"),
-            _reviews.c.trace_id.label("r_trace_id"),
-            _reviews.c.status.label("r_status"),
-            _reviews.c.created_at.label("r_created_at"),
-            _reviews.c.claimed_by.label("r_claimed_by"),
-            _reviews.c.reviewer.label("r_reviewer"),
-            _reviews.c.decided_at.label("r_decided_at"),
+        item_select(
+            ("id", "trace_id", "status", "created_at", "claimed_by", "reviewer", "decided_at"),
+            ("model", "rule", "action", "reliability"),
             sa.func.substr(_records.c.prompt, 1, _QUESTION_CHARS + 1).label("a_question"),
-            _records.c.model.label("a_model"),
-            _records.c.rule.label("a_rule"),
-            _records.c.action.label("a_action"),
-            _records.c.reliability.label("a_reliability"),
-            _records.c.id.label("a_row_id"),
         )
-        .select_from(join)
         .where(_reviews.c.status.in_(statuses), *where)
         .order_by(*order)
         .limit(flt.per_page)
