@@ -7,7 +7,9 @@ continuation lines joined, comments dropped), and each is checked by what it run
   typer): the subcommand exists, every option and argument is accepted, the values convert;
   nothing runs. The ``review`` and ``audit`` commands, which need no model, then run for real, in
   the page's order, on an audit store holding one answer queued for review (as the page's ``ask``
-  would leave it): each must exit 0.
+  would leave it): each must exit 0. Every ``ask`` and ``score`` on a local backend runs for real on
+  the embedded model (``slow``); ``calibrate``, ``serve``, ``review serve`` and ``eval`` are parsed only
+  (minutes of CPU, a server that does not return, the evaluation datasets).
 - ``python FILE`` / ``bash FILE``: the file exists; ``bash scripts/install.sh`` takes only the
   options the script accepts; ``python -m M``: the module is importable.
 - ``curl``: the path is a route of the server, a ``-d`` body is valid JSON that the server's own
@@ -17,7 +19,8 @@ continuation lines joined, comments dropped), and each is checked by what it run
 - Any other program must be on the short list below, so a new kind of command is checked on purpose.
 
 Every repository path a command names (``examples/...``, ``scripts/...``) must exist, and every
-``yaml`` block that is a policy, and every policy file in examples/, loads as one.
+``yaml`` block that is a policy, and every policy file in examples/, loads as one. The pages'
+Python blocks run in tests/docs/test_docs_python_blocks.py.
 """
 
 from __future__ import annotations
@@ -420,20 +423,6 @@ def test_the_readme_context_file_example_fixes_the_answer_by_retrieval(
 
 
 @pytest.mark.slow
-def test_the_readme_langchain_snippet_runs_as_written(embedded_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("langchain_logtoku")
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    code = next(t for lang, _, t in _blocks(ROOT / "README.md") if lang == "python" and "LogTokUGuard" in t)
-    assert "guard.invoke(" in code and readme.count("```python") >= 2
-    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(embedded_cache))
-    monkeypatch.chdir(ROOT)  # the snippet reads examples/retrieve_then_abstain.yaml
-    scope: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), scope)
-    message = scope["message"]
-    assert "Paris" in message.content and message.response_metadata["logtoku_guard"]["action"] == "pass"
-
-
-@pytest.mark.slow
 def test_the_shipped_review_policy_drives_the_served_review_example(embedded_backend: Any, tmp_path: Path) -> None:
     """docs/SERVING.md's served review, end to end on the embedded model with examples/review.yaml:
     the curl body as written is withheld with a review id (no trace of the draft), ``review approve``
@@ -477,3 +466,42 @@ def test_the_shipped_review_policy_drives_the_served_review_example(embedded_bac
     assert "reviews/1?wait=30" in url
     edited = approve.words[approve.words.index("--answer") + 1]
     assert verdict["status"] == "approved" and verdict["answer"] == edited and verdict["edited"] is True, verdict
+
+
+# -- every `ask` and `score` command of the pages, run for real (slow) ---------------------------------------
+def _runs_on_the_model(c: Command) -> bool:
+    """An ``ask`` or ``score`` on a local backend (``--backend openai`` needs a server listening)."""
+    if not _ours(c):
+        return False
+    words = _expand(c)
+    backend = words[words.index("--backend") + 1] if "--backend" in words else "transformers"
+    if "--context-file" in words:  # run, its answer checked: test_the_readme_context_file_example_fixes_the_answer_by_retrieval
+        return False
+    return _parse(words[1:])[:1] in (["ask"], ["score"]) and backend in ("transformers", "llamacpp")
+
+
+_ON_THE_MODEL = list({tuple(_expand(c)[1:]): c for c in reversed(ALL) if _runs_on_the_model(c)}.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", _ON_THE_MODEL, ids=lambda c: c.where()[:120])
+def test_each_ask_and_score_command_runs_on_the_embedded_model(
+    cmd: Command, embedded_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As written (the same command on two pages runs once), in the checkout; ``ask`` records into a
+    store of its own instead of the cache's. It answers and exits 0; ``--json`` prints one object."""
+    args = _expand(cmd)[1:]
+    if "llamacpp" in args:
+        pytest.importorskip("llama_cpp")
+    else:
+        pytest.importorskip("gguf")
+    if args[0] == "ask":
+        args += ["--store", str(tmp_path / "audit.db")]
+    monkeypatch.chdir(ROOT)
+    res = CliRunner().invoke(app, args, env={"LOGTOKU_GUARD_CACHE": str(embedded_cache), "COLUMNS": "100"})
+    assert res.exit_code == 0, f"{cmd.where()}\n  exit {res.exit_code}: {res.output}"
+    if "--json" in args:
+        out = json.loads(res.stdout)
+        assert out["answer"] or out["action"] in ("abstain", "human_review"), out
+    else:
+        assert res.stdout.strip(), f"{cmd.where()}\n  printed nothing"

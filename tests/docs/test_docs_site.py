@@ -98,3 +98,9 @@ def test_the_api_reference_documents_every_public_integration_class(package: str
     assert classes
     missing = [n for n in classes if not any(getattr(module, n) is d for d in documented)]
     assert not missing, f"docs/API.md does not document {package}'s {missing}"
+
+
+def test_the_readme_links_every_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert not unlinked, f"README.md's table of pages does not link {unlinked}"
