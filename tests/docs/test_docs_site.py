@@ -104,3 +104,32 @@ def test_the_readme_links_every_page() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if f"](docs/{p.name})" not in readme]
     assert not unlinked, f"README.md's table of pages does not link {unlinked}"
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_every_module_and_path_a_page_names_exists(page: Path) -> None:
+    """A name such as `logtoku_guard.scoring.risk` or a path such as `logtoku_guard/backends/embedded.py`
+    in a page is still there (modules move: the pages must follow)."""
+    text = page.read_text(encoding="utf-8")
+    roots = r"(?:logtoku_guard|langchain_logtoku|llama_index\.(?:llms|embeddings)\.logtoku\w*)"
+    names = set(re.findall(rf"`({roots}(?:\.\w+)+)", text))
+    gone = [n for n in sorted(names) if not _resolves(n)]
+    paths = set(re.findall(r"`((?:logtoku_guard|integrations|evaluation|benchmarks|examples|scripts)/[\w./*-]*[\w*/])", text))
+    gone += [p for p in sorted(paths) if not any(ROOT.glob(p.rstrip("/")))]
+    assert not gone, f"{page.name} names what does not exist (any more): {gone}"
