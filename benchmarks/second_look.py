@@ -25,6 +25,7 @@ per wording, at most 1.5x one pass's mean CPU time) and prints the best and the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -70,6 +71,13 @@ def _sample(items: Sequence[Any], questions: int, seed: int) -> list[Any]:
 
 
 GREEDY = "/work/evalcache/smollm2-135m-instruct__ordinary-8706935e__k5__greedy-max64-nostop.jsonl"
+TUNE_GREEDY = "/work/evalcache/second_look/tune-greedy.jsonl"
+DEFAULT_CACHES = (
+    "/work/evalcache/second_look/smollm2-transformers-self_check.jsonl",
+    "/work/evalcache/second_look/smollm2-transformers-sampling.jsonl",
+    "/work/evalcache/second_look/smollm2-transformers-paraphrase.jsonl",
+    "/work/evalcache/second_look/smollm2-transformers-tune-self_check+sampling.jsonl",
+)
 
 
 def measure(args: argparse.Namespace, policy: Policy) -> None:
@@ -177,6 +185,121 @@ def make_greedy(args: argparse.Namespace) -> None:
             f.write(json.dumps(line) + "\n")
 
 
+COLLECT = "/work/evalcache/second_look/smollm2-transformers-collect.jsonl"
+COLLECT_LOOKS: tuple[Look, ...] = ("self_check", "sampling", "paraphrase")
+
+
+def collect_order(questions: int, seed: int) -> list[Any]:
+    """The answers ``--collect`` measures, in order: a random draw of questions by question (``seed``,
+    stratified by category), two tune questions to one test question; the test draw is among the questions whose
+    first passes ``eval ordinary`` cached (``--greedy``), so no test first pass is made again."""
+    from logtoku_eval.ordinary import load_ordinary
+
+    with Path(GREEDY).open(encoding="utf-8") as f:
+        cached = {json.loads(line).get("id") for line in f}
+    test_items = [it for it in load_ordinary(split="test") if it.id in cached]
+    tune = _sample(load_ordinary(split="tune"), questions, seed)
+    test = _sample(test_items, questions, seed)
+    by_q: dict[str, list[Any]] = {}
+    order: list[str] = []
+    tq, eq = _chunks(tune), _chunks(test)
+    mixed = [c for i in range(max(len(tq), len(eq))) for c in (*tq[2 * i : 2 * i + 2], *eq[i : i + 1])]
+    for it in [x for c in mixed for x in c]:
+        if it.question_id not in by_q:
+            order.append(it.question_id)
+        by_q.setdefault(it.question_id, []).append(it)
+    return [it for q in order for it in by_q[q]]
+
+
+def _chunks(items: Sequence[Any]) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for it in items:
+        if out and out[-1][0].question_id == it.question_id:
+            out[-1].append(it)
+        else:
+            out.append([it])
+    return out
+
+
+def collect(args: argparse.Namespace, policy: Policy) -> None:
+    """First pass (from ``--greedy`` when cached, else made now) and every look of ``--collect-looks`` for each
+    answer of :func:`collect_order`, ``--workers`` answers at a time through one backend (their rows share its
+    batches, so each look's CPU time is not separable: only tokens and wall seconds are recorded). Resumable."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import datetime, timezone
+
+    from logtoku_eval.cache import CachedGeneration
+    from logtoku_eval.fabricated_eval import generation_from_cached
+    from logtoku_eval.generate import to_cached
+    from logtoku_guard.backends.transformers import TransformersBackend
+    from logtoku_guard.calibration.profiles import load_profile_for
+    from logtoku_guard.calibration.self_labels import answer_matches
+
+    out = Path(args.collect_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    wanted = tuple(args.collect_looks.split(","))
+    taken: dict[str, set[str]] = {}  # looks already measured per answer, in any cache
+    greedy: dict[str, Any] = {}
+    for path in (out, *(Path(c) for c in DEFAULT_CACHES)):
+        if path.exists():
+            with path.open(encoding="utf-8") as f:
+                for d in map(json.loads, f):
+                    taken.setdefault(d["id"], set()).update(m["look"] for m in d["looks"])
+                    greedy.setdefault(d["id"], d["generation"])
+    for path in (Path(args.greedy), Path(TUNE_GREEDY)):
+        if path.exists():
+            with path.open(encoding="utf-8") as f:
+                greedy.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
+    todo = [it for it in collect_order(args.questions, args.seed) if set(wanted) - taken.get(it.id, set())]
+    backend = TransformersBackend(device="cpu", max_batch=16)
+    scorer = Decider(default_policy(), load_profile_for(backend.model_name))
+    stop_at = None
+    if args.until:
+        hh, mm = (int(x) for x in args.until.split(":"))
+        stop_at = datetime.now(timezone.utc).replace(hour=hh, minute=mm, second=0)
+    lock = threading.Lock()
+
+    def one(it: Any) -> None:
+        if stop_at is not None and datetime.now(timezone.utc) >= stop_at:
+            return
+        messages = [ChatMessage("user", it.question)]
+        first: dict[str, float] = {}
+        if it.id in greedy:
+            d = greedy[it.id]
+            generation = generation_from_cached(CachedGeneration.from_json(d), backend.model_name)
+        else:
+            wall = time.perf_counter()
+            made = backend.generate(messages, SERVING)
+            first["seconds_shared"] = time.perf_counter() - wall
+            d = to_cached(it.to_qa_item(), made).to_json()
+            generation = generation_from_cached(CachedGeneration.from_json(d), backend.model_name)
+        first["tokens"] = max(generation.prompt_tokens, len(generation.prompt_scores)) + len(generation.tokens)
+        io = BackendIO(backend, messages, policy.retrieve, options=SERVING)
+        looks = []
+        for look in wanted:
+            if look in taken.get(it.id, set()):
+                continue
+            (m,) = io.measure(Measure((look,), it.question, generation, 1, policy.second_look)).measurements  # type: ignore[arg-type]
+            looks.append({**_measurement_json(m), "cpu_s": None})
+        line = {
+            "id": it.id,
+            "split": it.split,
+            "wording": it.wording,
+            "correct": bool(answer_matches(generation.text, it.answers)[0]),
+            "guard_score": scorer._stats(generation).guard_score,
+            "first": first,
+            "looks": looks,
+            "generation": d,
+        }
+        with lock, out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+    with ThreadPoolExecutor(args.workers) as pool:
+        for future in [pool.submit(one, it) for it in todo]:
+            future.result()
+
+
 def _measurement_json(m: Measurement) -> dict[str, Any]:
     values = {k: (v if math.isfinite(v) else None) for k, v in m.values.items()}
     return {"look": m.look, "values": values, "tokens": m.tokens, "seconds": m.seconds, "inputs": dict(m.inputs), "why": m.why}
@@ -218,6 +341,13 @@ def load_rows(paths: Sequence[Path], model: str) -> list[Row]:
             row = rows[d["id"]]
             row.first.update(d["first"])
             row.looks.update({m["look"]: m for m in d["looks"]})
+    # --collect takes looks for several answers at once (rows share batches): their CPU time is not separable,
+    # so each such look is costed at the mean CPU time of that look when it was timed alone
+    for look in LOOKS:
+        timed = [r.looks[look]["cpu_s"] for r in rows.values() if look in r.looks and r.looks[look].get("cpu_s") is not None]
+        for r in rows.values():
+            if look in r.looks and r.looks[look].get("cpu_s") is None:
+                r.looks[look] = {**r.looks[look], "cpu_s": float(np.mean(timed)) if timed else math.nan, "cpu_estimated": True}
     return list(rows.values())
 
 
@@ -433,6 +563,294 @@ def fit(rows: list[Row], policy: Policy, profile: Any) -> None:
         print(f"  frontier passed {r[1]:.3f} flagged {r[0]:.3f} cost {r[2]:.2f}x {r[3]} n={r[4]}")
 
 
+# -- refit the guard with the second-look features (issue 41 item 3, third bullet) ---------------------
+REFITS: dict[str, tuple[str, ...]] = {
+    "guard_score alone": ("guard_score",),
+    "+ sampling": ("guard_score", "sampling_agreement"),
+    "+ sampling + self-check": ("guard_score", "sampling_agreement", "self_check_yes"),
+}
+"""The refits compared: a logistic regression of correctness on these statistics, fit on the tune answers
+that reach the second look (guard_score inside the band); an undefined agreement counts as 0 (as a rule
+reads it: the least reliable) and an undefined P(yes) as 0.5."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One answer as the refit sees it."""
+
+    row: Row
+    guard_score: float
+    values: dict[str, float]
+    first_tokens: float
+    look_tokens: dict[str, float]
+
+
+def _points(rows: Sequence[Row], profile: Any) -> list[Point]:
+    one = Decider(default_policy(), profile)
+    out = []
+    for r in rows:
+        gs = one._stats(r.generation).guard_score
+        vals = {"guard_score": gs}
+        for stat, default in (("sampling_agreement", 0.0), ("self_check_yes", 0.5)):
+            v = r.value(stat)
+            vals[stat] = v if math.isfinite(v) else default
+        out.append(Point(r, gs, vals, float(r.first["tokens"]), {lk: float(m["tokens"]) for lk, m in r.looks.items()}))
+    return out
+
+
+class _Rows:
+    """Refit features by name (``fit_guard`` reads rows through ``get``)."""
+
+    def __init__(self, values: dict[str, float], reliability: float, n_tokens: int) -> None:
+        self.values = values
+        self.reliability = reliability  # fit_guard keeps the length fit of reliability
+        self.n_tokens = n_tokens
+
+    def get(self, name: str) -> float:
+        return self.values[name]
+
+
+def fit_refit(points: Sequence[Point], features: Sequence[str]) -> Any:
+    from logtoku_guard.scoring.guard_score import fit_guard
+
+    return fit_guard(
+        [_Rows(p.values, p.row.generation.score.reliability, len(p.row.generation.tokens)) for p in points],  # type: ignore[misc]
+        [p.row.correct for p in points],
+        ["ordinary-tune second looks"],
+        features=features,
+        l2=1.0,
+        folds=5,
+    )
+
+
+def _score(model: Any, p: Point) -> float:
+    return float(model.predict([p.values[f] for f in model.features]))
+
+
+def cascade_outcome(
+    p: Point, lo: float, hi: float, model: Any, cut: float, look_cpu: float, cpu1: float
+) -> tuple[bool, bool, float, float]:
+    """(flagged, took the look, CPU cost vs one pass, tokens) of the refit cascade on one answer: flag below ``lo``;
+    inside ``[lo, hi)`` take the sampling look and flag when the refit's probability is below ``cut``; pass above."""
+    if p.guard_score < lo:
+        return True, False, 1.0, p.first_tokens
+    if p.guard_score >= hi:
+        return False, False, 1.0, p.first_tokens
+    return _score(model, p) < cut, True, (cpu1 + look_cpu) / cpu1, p.first_tokens + p.look_tokens.get("sampling", math.nan)
+
+
+def drawn_prefix(points: dict[str, Point], split: str, questions: int, seed: int) -> list[Point]:
+    """The answers of ``split`` in :func:`collect_order`'s seeded draw, question by question, up to the first
+    question not fully measured: a random sample by question (stratified by category), whatever else is cached."""
+    out: list[Point] = []
+    for chunk in _chunks([it for it in collect_order(questions, seed) if it.split == split]):
+        if not all(it.id in points for it in chunk):
+            break
+        out += [points[it.id] for it in chunk]
+    return out
+
+
+def refit_report(
+    rows: list[Row], profile: Any, sample_note: str, questions: int = 150, seed: int = 0, write_policy: str | None = None
+) -> str:
+    """Fit each refit on the tune answers inside the band, choose the band and cut on tune, report the test half."""
+    from logtoku_guard.decision.conditions import Risk, risk_threshold_for
+
+    sampled = [r for r in rows if "sampling" in r.looks]
+    points = {r.id: p for r, p in zip(sampled, _points(sampled, profile))}
+    cpu1, n_timed = one_pass_cpu(rows)
+    look_cpu_all = [
+        r.looks["sampling"]["cpu_s"] for r in rows if "sampling" in r.looks and not r.looks["sampling"].get("cpu_estimated")
+    ]
+    look_cpu = float(np.mean(look_cpu_all))
+    edges = {}
+    for c in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
+        chosen = risk_threshold_for(Risk(coverage=c, confidence=0.9), profile.guard)
+        if chosen is not None and chosen.met:
+            edges[c] = chosen.threshold
+    tune = drawn_prefix(points, "tune", questions, seed)
+    test = drawn_prefix(points, "test", questions, seed)
+    lines = [
+        f"### Refit with the second-look features ({sample_note})",
+        "",
+        f"Answers with the sampling look measured: tune {len(tune)} ({sum(p.row.correct for p in tune)} correct), "
+        f"test {len(test)} ({sum(p.row.correct for p in test)} correct). One pass {cpu1:.2f} CPU s (n {n_timed} timed alone); "
+        f"sampling look {look_cpu:.2f} CPU s (n {len(look_cpu_all)} timed alone).",
+        "",
+        "| band (coverage of the edges: lo, hi) | refit | tune: in band n, AUROC in band (refit / guard_score) | cut | "
+        "tune: wrong flagged / correct passed / cost | test: wrong flagged / correct passed / took the look / "
+        "mean (p95) CPU cost / AUROC in band (refit / guard_score) |",
+        "|---|---|---|---|---|---|",
+    ]
+    best: list[tuple[float, Any, str]] = []
+    for lo_c in (0.95, 0.9, 0.85, 0.8):
+        for hi_c in (0.3, 0.4, 0.5, 0.6, 0.7):
+            if lo_c not in edges or hi_c not in edges:
+                continue
+            lo, hi = edges[lo_c], edges[hi_c]
+            band_tune = [p for p in tune if lo <= p.guard_score < hi]
+            if sum(p.row.correct for p in band_tune) < 3 or sum(not p.row.correct for p in band_tune) < 3:
+                continue
+            for name, features in REFITS.items():
+                model = fit_refit(band_tune, features)
+                in_scores = [_score(model, p) for p in band_tune]
+                for q in (0.1, 0.2, 0.3, 0.4, 0.5):
+                    correct_in = sorted(s for s, p in zip(in_scores, band_tune) if p.row.correct)
+                    cut = correct_in[min(len(correct_in) - 1, int(q * len(correct_in)))]
+                    t_out = [cascade_outcome(p, lo, hi, model, cut, look_cpu, cpu1) for p in tune]
+                    wf, cp, _, _ = rates([p.row for p in tune], [o[0] for o in t_out])
+                    tcost = float(np.mean([o[2] for o in t_out]))
+                    if cp < 0.85 or tcost > 1.5:
+                        continue
+                    e_out = [cascade_outcome(p, lo, hi, model, cut, look_cpu, cpu1) for p in test]
+                    ewf, ecp, _, _ = rates([p.row for p in test], [o[0] for o in e_out])
+                    band_test = [p for p in test if lo <= p.guard_score < hi]
+                    a_refit = _auroc([p.row for p in band_test], [_score(model, p) for p in band_test])
+                    a_gs = _auroc([p.row for p in band_test], [p.guard_score for p in band_test])
+                    costs = [o[2] for o in e_out]
+                    cell = (
+                        f"| {lo_c}, {hi_c} ({lo:.3f}, {hi:.3f}) | {name} | {len(band_tune)}, "
+                        f"{_pct(_auroc([p.row for p in band_tune], in_scores))} / "
+                        f"{_pct(_auroc([p.row for p in band_tune], [p.guard_score for p in band_tune]))} | {cut:.3f} | "
+                        f"{_pct(wf)} / {_pct(cp)} / {tcost:.2f}x | {_pct(ewf)} / {_pct(ecp)} / "
+                        f"{_pct(float(np.mean([o[1] for o in e_out])))} / "
+                        f"{np.mean(costs):.2f}x ({np.percentile(costs, 95):.2f}x) / "
+                        f"{_pct(a_refit)} / {_pct(a_gs)} |"
+                    )
+                    best.append((wf, (lo, hi, model, cut, name, lo_c, hi_c), cell))
+    best.sort(key=lambda b: -b[0])
+    seen: set[str] = set()
+    best = [b for b in best if not (b[2] in seen or seen.add(b[2]))]  # one row per distinct outcome
+    lines += [c for _, _, c in best[:12]]
+    stated_best = next((b for b in best if b[1][4] == "+ sampling"), None)
+    stated = None
+    if stated_best is not None:
+        try:
+            stated = Policy.from_dict(piecewise_policy(stated_best[1], edges, Policy.named("cascade")))
+        except ValueError as exc:
+            lines += ["", f"The best '+ sampling' refit cannot be stated as rules: {exc}"]
+        else:
+            stated_dict = piecewise_policy(stated_best[1], edges, Policy.named("cascade"))
+            lines += ["", "The best '+ sampling' refit as rules:", "```json", json.dumps(stated_dict["rules"]), "```"]
+            if write_policy is not None:
+                import yaml
+
+                Path(write_policy).write_text(yaml.safe_dump(stated_dict, sort_keys=False), encoding="utf-8")
+    if best:
+        lines += ["", per_wording(test, rows, profile, best[0][1], look_cpu, cpu1, stated)]
+        if stated_best is not None and stated_best is not best[0]:
+            lines += ["", per_wording(test, rows, profile, stated_best[1], look_cpu, cpu1, stated)]
+    lines.append("")
+    lines.append(
+        "Rows: the settings that pass >= 85% of tune's correct answers at <= 1.5x mean CPU, best tune wrong-flagged first."
+    )
+    return "\n".join(lines)
+
+
+def piecewise_policy(chosen: Any, edges: dict[float, float], base: Policy) -> dict[str, Any]:
+    """The refit cascade ("+ sampling") as rules the policy language states: the refit flags when
+    ``sampling_agreement`` is below a cut that falls linearly as ``guard_score`` rises, so each sub-band
+    of guard_score between the band's coverage edges gets the cut at its middle (cuts never rise with
+    guard_score, so an earlier, stricter rule settles the lower sub-bands)."""
+    _, _, model, cut, _, lo_c, hi_c = chosen
+    if tuple(model.features) != ("guard_score", "sampling_agreement"):
+        msg = f"only the guard_score + sampling_agreement refit is stated as rules, got {model.features}"
+        raise ValueError(msg)
+    (m_gs, m_ag), (s_gs, s_ag), (w_gs, w_ag) = model.means, model.stds, model.coef
+    if w_ag <= 0:
+        msg = "the refit does not rank higher agreement as more reliable: nothing to state"
+        raise ValueError(msg)
+    levels = sorted((c for c in edges if hi_c <= c <= lo_c), reverse=True)  # lo edge first (lowest guard_score)
+    logit = math.log(cut / (1 - cut))
+    rules: list[dict[str, Any]] = [
+        {
+            "name": "below-band",
+            "when": {
+                "stat": "guard_score",
+                "op": "<",
+                "value": {"coverage": lo_c, "confidence": 0.9},
+                "fallback": "reliability",
+                "fallback_value": {"quantile": lo_c},
+            },
+            "action": "retrieve",
+        }
+    ]
+    previous = math.inf
+    for a, b in itertools.pairwise(levels):
+        mid = (edges[a] + edges[b]) / 2
+        ag_cut = m_ag + s_ag / w_ag * (logit - model.intercept - w_gs * (mid - m_gs) / s_gs)
+        ag_cut = round(min(previous, max(0.0, min(1.0, ag_cut))), 3)
+        previous = ag_cut
+        if ag_cut <= 0.0:
+            continue
+        band = {
+            "stat": "guard_score",
+            "op": "<",
+            "value": {"coverage": b, "confidence": 0.9},
+            "fallback": "reliability",
+            "fallback_value": {"quantile": b},
+        }
+        rules.append(
+            {
+                "name": f"unstable-samples-below-c{b:g}",
+                "when": {"all": [band, {"stat": "sampling_agreement", "op": "<", "value": ag_cut}]},
+                "action": "retrieve",
+            }
+        )
+    return {
+        "name": "cascade",
+        "rules": rules,
+        "default_action": "pass",
+        "retrieve": {"max_attempts": 1, "fallback": "abstain"},
+        "second_look": base.second_look.model_dump(),
+    }
+
+
+def per_wording(
+    test: Sequence[Point], rows: Sequence[Row], profile: Any, chosen: Any, look_cpu: float, cpu1: float, stated: Policy | None
+) -> str:
+    """The test answers per wording: one pass (default policy), the shipped cascade and the chosen refit cascade."""
+    lo, hi, model, cut, name, lo_c, hi_c = chosen
+    one = Decider(default_policy(), profile)
+    shipped = Decider(Policy.named("cascade"), profile)
+    out = [
+        f"Test answers drawn (by question, seed 0) per wording; refit cascade: flag below the coverage-{lo_c} edge, sample "
+        f"inside [coverage-{lo_c}, coverage-{hi_c}) and flag when the refit ({name}) is below {cut:.3f}.",
+        "",
+        "| wording | n correct/wrong | one pass: wrong flagged / correct passed / AUROC | shipped cascade v1: flagged / passed / "
+        "took a look | refit cascade: flagged / passed / took a look / mean (p95) CPU vs one pass / tokens vs one pass | "
+        "refit stated as rules, through the guard loop: flagged / passed / took a look |",
+        "|---|---|---|---|---|---|",
+    ]
+    for wording in (*WORDINGS, "all"):
+        part = [p for p in test if wording == "all" or p.row.wording == wording]
+        if not part:
+            continue
+        prow = [p.row for p in part]
+        wf, cp, nc, nw = rates(prow, [one.decide(r.generation).action != "pass" for r in prow])
+        auc = _auroc(prow, [p.guard_score for p in part])
+        v1 = [run_policy(shipped, r) for r in prow]
+        ran = [(r, o) for r, o in zip(prow, v1) if o is not None]
+        f1, p1, _, _ = rates([r for r, _ in ran], [o.flagged for _, o in ran])
+        took1 = float(np.mean([bool(o.looks) for _, o in ran])) if ran else math.nan
+        outs = [cascade_outcome(p, lo, hi, model, cut, look_cpu, cpu1) for p in part]
+        f2, p2, _, _ = rates(prow, [o[0] for o in outs])
+        costs = np.array([o[2] for o in outs])
+        tokens = np.array([o[3] for o in outs]) / np.mean([p.first_tokens for p in part])
+        cell = "n/a"
+        if stated is not None:
+            v2 = [run_policy(Decider(stated, profile), r) for r in prow]
+            ran2 = [(r, o) for r, o in zip(prow, v2) if o is not None]
+            f3, p3, _, _ = rates([r for r, _ in ran2], [o.flagged for _, o in ran2])
+            cell = f"{_pct(f3)} / {_pct(p3)} / {_pct(float(np.mean([bool(o.looks) for _, o in ran2])))} (n {len(ran2)})"
+        out.append(
+            f"| {wording} | {nc}/{nw} | {_pct(wf)} / {_pct(cp)} / {_pct(auc)} | {_pct(f1)} / {_pct(p1)} / {_pct(took1)} | "
+            f"{_pct(f2)} / {_pct(p2)} / {_pct(float(np.mean([o[1] for o in outs])))} / {costs.mean():.2f}x "
+            f"({np.percentile(costs, 95):.2f}x) / {tokens.mean():.2f}x | {cell} |"
+        )
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", default="cascade", help="a shipped policy name or a policy file (its second_look settings)")
@@ -447,14 +865,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--questions", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fit", action="store_true", help="search the cascade's thresholds on the tune half")
+    p.add_argument("--refit", action="store_true", help="fit the refits on tune, report the test half")
+    p.add_argument("--write-policy", default=None, help="--refit: write the best '+ sampling' refit stated as rules here")
+    p.add_argument("--sample-note", default="the answers measured so far", help="--refit: what sample the report is on")
+    p.add_argument("--collect", action="store_true", help="first pass and every look for --questions questions of each half")
+    p.add_argument("--collect-out", default=COLLECT, help="where --collect appends its answers")
+    p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
+    p.add_argument("--workers", type=int, default=4, help="--collect: answers measured at once (their rows share batches)")
     args = p.parse_args(argv)
     policy = Policy.from_file(args.policy) if Path(args.policy).is_file() else Policy.named(args.policy)
-    caches = args.cache or [
-        *(f"/work/evalcache/second_look/smollm2-transformers-{look}.jsonl" for look in LOOKS),
-        "/work/evalcache/second_look/smollm2-transformers-tune-self_check+sampling.jsonl",
-    ]
+    caches = args.cache or [*DEFAULT_CACHES, COLLECT]
     if args.make_greedy:
         make_greedy(args)
+        return
+    if args.collect:
+        collect(args, policy)
         return
     if not args.report_only:
         args.cache = (
@@ -470,6 +895,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if profile is None:
         raise SystemExit(f"no profile for {model}")
     rows = [replace(r, generation=replace(r.generation, model=profile.model)) for r in rows]
+    if args.refit:
+        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy))
+        return
     if args.fit:
         fit(rows, policy, profile)
     for split in ("tune", "test"):
