@@ -11,13 +11,12 @@ threads). To compare with an older commit, run it with that checkout first on ``
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from files_run import PACKAGES, FilesRun  # benchmarks/files_run.py: the profiler both benchmarks share
 
 from logtoku_guard import Policy, ScriptedAnswer, ScriptedBackend
 from logtoku_guard.decision import decider as decider_module
@@ -26,7 +25,6 @@ from logtoku_guard.guard import guard as guard_module
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])
 NEVER = {"name": "never", "when": {"stat": "max_eu", "op": ">", "value": 2.0}, "action": "abstain"}
 POLICY = Policy.from_dict({"name": "bench", "rules": [NEVER]})
-PACKAGES = ("logtoku_guard", "langchain_logtoku", "langchain_core")
 
 
 @contextmanager
@@ -44,34 +42,16 @@ def counted(cls: type, into: Counter[str]) -> Iterator[None]:
         cls.__init__ = real  # type: ignore[method-assign]
 
 
-RECORDING = threading.Event()
-FILES: set[str] = set()
-
-
-def _profile(frame: Any, event: str, arg: Any) -> None:
-    if RECORDING.is_set() and event == "call" and frame.f_code.co_name != "<module>":
-        FILES.add(frame.f_code.co_filename)
+FILES = FilesRun()
 
 
 def measure(call: Callable[[], Any]) -> tuple[Counter[str], Counter[str]]:
     """Files by package and objects built during ``call()``, in every thread started after :func:`main`
     installed the profiler (the server's event-loop and worker threads included)."""
     built: Counter[str] = Counter()
-    FILES.clear()
-    with counted(guard_module.Guard, built), counted(decider_module.Decider, built):
-        RECORDING.set()
-        try:
-            call()
-        finally:
-            RECORDING.clear()
-    by_package: Counter[str] = Counter()
-    for f in FILES:
-        parts = Path(f).parts
-        for package in PACKAGES:
-            if package in parts:
-                by_package[package] += 1
-                break
-    return by_package, built
+    with counted(guard_module.Guard, built), counted(decider_module.Decider, built), FILES.recording():
+        call()
+    return FILES.by_package(), built
 
 
 def langchain_invoke() -> Callable[[], Any]:
@@ -103,8 +83,7 @@ def chat_completion() -> Callable[[], Any]:
 
 
 def main() -> None:
-    threading.setprofile(_profile)  # before any thread of the measured calls starts
-    sys.setprofile(_profile)
+    FILES.install(threads=True)  # before any thread of the measured calls starts
     for name, make in (("LogTokUGuard.invoke", langchain_invoke), ("/v1/chat/completions", chat_completion)):
         by_package, built = measure(make())
         files = ", ".join(f"{p} {by_package[p]}" for p in PACKAGES if by_package[p])

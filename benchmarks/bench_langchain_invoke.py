@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
+
+from files_run import PACKAGES, FilesRun  # benchmarks/files_run.py: the profiler both benchmarks share
 
 from langchain_logtoku import ChatLogTokU, LogTokUGuard, _convert
 from logtoku_guard import Policy, ScriptedAnswer, ScriptedBackend
@@ -22,7 +23,6 @@ UNSURE = ScriptedAnswer(["Maybe", " Bob", "?"], [[1.0, 0.9], [0.5, 0.45], [0.6, 
 SURE = ScriptedAnswer(["Elena", " Marwick", "."], [[9.0, 0.1], [8.0, 0.2], [9.5, 0.3]])
 UNSURE_RULE = {"name": "unsure", "when": {"stat": "reliability", "op": "<", "value": -0.2}, "action": "retrieve"}
 POLICY = Policy.from_dict({"name": "bench", "rules": [UNSURE_RULE]})
-PACKAGES = ("logtoku_guard", "langchain_logtoku", "langchain_core")
 
 
 def answer_for(messages: list[Any]) -> ScriptedAnswer:
@@ -34,7 +34,6 @@ def measure() -> tuple[Counter[str], Counter[str]]:
     llm = ChatLogTokU(backend=backend, cache=False)
     guard = LogTokUGuard(llm=llm, policy=POLICY, retriever=lambda q: ["Elena Marwick founded it."])
     guard.invoke("Who founded the Zarnovian Institute?")  # warm
-    files: set[str] = set()
     conversions: Counter[str] = Counter()
     watched = {"to_core_messages": "LangChain -> core", "to_langchain_messages": "core -> LangChain"}
     originals = {name: getattr(_convert, name) for name in watched}
@@ -53,23 +52,14 @@ def measure() -> tuple[Counter[str], Counter[str]]:
             if getattr(module, name, None) is originals[name] and module is not _convert:
                 setattr(module, name, counting(name))
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            files.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
+    files = FilesRun()
+    files.install()
     try:
-        guard.invoke("Who founded the Zarnovian Institute?")
+        with files.recording():
+            guard.invoke("Who founded the Zarnovian Institute?")
     finally:
-        sys.setprofile(None)
-    by_package: Counter[str] = Counter()
-    for f in files:
-        parts = Path(f).parts
-        for package in PACKAGES:
-            if package in parts:
-                by_package[package] += 1
-                break
-    return by_package, conversions
+        files.uninstall()
+    return files.by_package(), conversions
 
 
 def main() -> None:
