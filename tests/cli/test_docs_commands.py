@@ -10,6 +10,7 @@ continuation lines joined, comments dropped), and each is checked by what it run
   would leave it): each must exit 0. Every ``ask`` and ``score`` on a local backend runs for real on
   the embedded model (``slow``); ``calibrate``, ``serve``, ``review serve`` and ``eval`` are parsed only
   (minutes of CPU, a server that does not return, the evaluation datasets).
+- ``mkdocs build`` / ``mkdocs serve``: mkdocs.yml exists and mkdocs is installed (CI builds the site).
 - ``python FILE`` / ``bash FILE``: the file exists; ``bash scripts/install.sh`` takes only the
   options the script accepts; ``python -m M``: the module is importable.
 - ``curl``: the path is a route of the server, a ``-d`` body is valid JSON that the server's own
@@ -239,6 +240,9 @@ def test_every_command_names_what_exists(cmd: Command) -> None:
         if words[1] == "scripts/install.sh":
             accepted = set(re.findall(r"^\s+(--[a-z]+)\)", script.read_text(encoding="utf-8"), re.M))
             assert set(words[2:]) <= accepted, f"{cmd.where()}\n  install.sh accepts {sorted(accepted)}"
+    elif program == "mkdocs":
+        assert words[1:2] in (["build"], ["serve"]) and (ROOT / "mkdocs.yml").is_file(), cmd.where()
+        assert find_spec("mkdocs") is not None, f"{cmd.where()}\n  mkdocs is not installed (the dev extra)"
     elif program == "source":
         assert words[1] == ".venv/bin/activate", cmd.where()
         assert (Path(sys.prefix) / "bin" / "activate").is_file(), "the venv has no bin/activate"
