@@ -125,3 +125,44 @@ def test_a_langchain_agent_invoke_goes_through_the_core_tool_loop(loops: list[An
         assert [r.action for r in store.tail() if r.action == "refuse"] == ["refuse"]
     assert sent == [] and "refused" in next(m for m in out["messages"] if isinstance(m, ToolMessage)).content
     assert loops == [policy, policy]  # after each of the two model turns (the second made no call)
+
+
+def test_the_server_tells_a_reasked_model_what_the_loop_says_of_each_call() -> None:
+    """An answer calling ``transfer`` (unsure amount) and ``ping`` is re-asked: the model reads, as the
+    two calls' results, the re-ask message for ``transfer`` and :data:`NOT_RUN` for ``ping``, then
+    answers with ``ping`` alone, which runs."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("llguidance")
+    httpx = pytest.importorskip("httpx")
+    from logtoku_guard.backends.fake import ScriptedAnswer, ScriptedBackend
+    from logtoku_guard.guard.tool_steps import NOT_RUN
+    from logtoku_guard.server import BackgroundServer, build_app
+
+    ping_pieces = [" <", "tool", "_call>", '{"name": "ping", "arguments": {}}', "</tool_call>"]
+    ping = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+    asked: list[Any] = []
+
+    def script(messages: Any) -> ScriptedAnswer:
+        asked.append(messages)
+        pieces = [*CALL_PIECES, *ping_pieces] if len(asked) == 1 else ["Pinging.", *ping_pieces]
+        rows = [[9.0, 1.0]] * len(pieces)
+        if len(asked) == 1:
+            rows[7] = [2.0, 1.9]  # the amount: an unsure token
+        return ScriptedAnswer(pieces, rows)
+
+    unsure = {"tool": "transfer", "argument": "amount", "stat": "max_eu", "op": ">", "value": 0.3}
+    policy = Policy.from_dict(
+        {"name": "tools", "rules": [], "tool_calls": {"rules": [{"name": "unsure-amount", "when": unsure, "action": "reask"}]}}
+    )
+    with BackgroundServer(build_app(ScriptedBackend(script), policy=policy)) as srv:
+        body = {"messages": [{"role": "user", "content": "Send 5 dollars to Bob."}], "tools": [TRANSFER, ping]}
+        choice = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=120).json()["choices"][0]
+    assert len(asked) == 2
+    told = asked[1][-1].content
+    assert "The call to transfer was not run: you were unsure of its arguments" in told
+    assert NOT_RUN.format(tool="ping") in told and "Bob" not in told
+    assert "Bob" in asked[1][-2].content  # the model's own calls, before their results
+    decided = [(d["attempt"], d["name"], d["action"]) for d in choice["logtoku_guard"]["tool_calls"]]
+    assert decided == [(1, "transfer", "reask"), (1, "ping", "run"), (2, "ping", "run")]
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["ping"]
