@@ -54,6 +54,7 @@ from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
 from logtoku_guard.backends.processors import (
     DynamicTemperatureLogitsWarper,
+    draw,
     request_processors,
     row_processors,
     sampling_warpers,
@@ -387,11 +388,8 @@ class DecodeLoop(JobRows):
         if sampled:
             scores = self._warp(scores.clone() if scores is logits else scores, fed, sampled)
         chosen = torch.argmax(scores, dim=-1)
-        for b in sampled:
-            probs = torch.softmax(scores[b : b + 1], dim=-1)
-            if not bool(torch.isfinite(probs).all()):  # non-finite logits: the recorder ends this row with the error
-                probs = torch.ones_like(probs)
-            chosen[b] = torch.multinomial(probs, num_samples=1, generator=self.live[b].generator)[0, 0]
+        for b in sampled:  # each from its own stream (an exponential race: robust to float noise)
+            chosen[b] = draw(scores[b : b + 1], self.live[b].generator)
         now = time.perf_counter()
         for row in self.live:
             if row.first_token_s is None:
