@@ -7,6 +7,7 @@ use the scripted backend, whose answers are sure or unsure by construction.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("langchain.agents")
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import ModelRequest, ModelResponse
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
@@ -323,3 +324,81 @@ def test_agent_middleware_example_runs(embedded_cache: Any, capsys: Any, monkeyp
     # the promised routes: the known fact passes, the invented entity is sent to retrieval first
     routes = [line.split("route: ", 1)[1] for line in out.splitlines() if "route: " in line]
     assert routes[0] == "['pass']" and routes[1].startswith("['retrieve'"), routes
+
+
+# -- every answer, the first included, is the core driver's Generate request ------------------------
+class Outstanding:
+    """The Generate request of the core guard loop outstanding at each moment (the loop the driver
+    runs, wrapped for the test): a model call made outside the driver sees None."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from logtoku_guard.guard import driver as driver_module
+        from logtoku_guard.guard.guard_steps import Generate
+
+        real = driver_module.guard_steps
+        self.pending: int | None = None
+        self.asked: list[int] = []
+
+        def steps(decider: Any, progress: Any) -> Any:
+            inner = real(decider, progress)
+            request = next(inner)
+            while True:
+                self.pending = request.attempt if isinstance(request, Generate) else None
+                if self.pending is not None:
+                    self.asked.append(self.pending)
+                reply = yield request
+                self.pending = None
+                request = inner.send(reply)  # the last request (Conclude) is never answered
+
+        monkeypatch.setattr(driver_module, "guard_steps", steps)
+
+
+class RecordingModelCalls(AgentMiddleware[Any, Any]):
+    """Inside the guard (listed after it): the Generate request outstanding at each model call."""
+
+    def __init__(self, outstanding: Outstanding) -> None:
+        super().__init__()
+        self.outstanding, self.at_call = outstanding, list[int | None]()
+
+    def wrap_model_call(self, request: ModelRequest, handler: Any) -> Any:
+        self.at_call.append(self.outstanding.pending)
+        return handler(request)
+
+    async def awrap_model_call(self, request: ModelRequest, handler: Any) -> Any:
+        self.at_call.append(self.outstanding.pending)
+        return await handler(request)
+
+
+NEVER = {"name": "never", "when": {"stat": "n_tokens", "op": ">", "value": 1000}, "action": "abstain", "early_stop": True}
+
+
+@pytest.mark.parametrize("colour", ["sync", "async"])
+@pytest.mark.parametrize("model", ["ChatLogTokU", "ChatLogTokU watched", "other model"])
+def test_every_answer_is_made_at_the_drivers_generate_request(monkeypatch: pytest.MonkeyPatch, model: str, colour: str) -> None:
+    """The first answer too, whether the model is known before it answers (a ChatLogTokU under an
+    ``early_stop`` rule: watched from its first token) or only by its answer (its decider picked then)."""
+    outstanding = Outstanding(monkeypatch)
+    recording = RecordingModelCalls(outstanding)
+    rules = graded("retrieve")
+    if model == "ChatLogTokU watched":
+        rules = Policy.from_dict({"name": "watched", "rules": [NEVER, *[r.model_dump() for r in rules.rules]]})
+    if model == "other model":
+        unsure = scripted_model().invoke("Who founded Glimmerfen?").response_metadata
+        sure = scripted_model().invoke("Context: Elena Marwick founded it.").response_metadata
+        chat: Any = GenericFakeChatModel(
+            messages=iter(
+                [AIMessage("Maybe Bob?", response_metadata=unsure), AIMessage("Elena Marwick.", response_metadata=sure)]
+            )
+        )
+    else:
+        chat = scripted_model()
+    guard = LogTokUMiddleware(policy=rules, retriever=lambda q: ["Elena Marwick founded it."])
+    agent = create_agent(chat, middleware=[guard, recording])
+    question = {"messages": [HumanMessage("Who founded the Zarnovian Institute?")]}
+    out = agent.invoke(question) if colour == "sync" else asyncio.run(agent.ainvoke(question))
+    last = out["messages"][-1]
+    assert last.content == "Elena Marwick." and [a["action"] for a in last.response_metadata["logtoku_guard"]["route"]] == [
+        "retrieve",
+        "pass",
+    ]
+    assert recording.at_call == [1, 2] and outstanding.asked == [1, 2]

@@ -20,7 +20,7 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import CustomQueryEngine
 
 from llama_index.llms.logtoku import LogTokUDecisionEvent, LogTokULLM, LogTokUQueryEngine
-from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, GuardResult, LogTokUError
+from logtoku_guard import AuditStore, ConfigurationError, GuardRejectedError, GuardResult, LogTokUError, ScriptedBackend
 from logtoku_guard.calibration import build_profile
 
 SURE = ("Paris", " is", " the", " capital", ".")
@@ -317,3 +317,72 @@ def test_async_query_and_async_streaming(index: Any, decisions: list[LogTokUDeci
     assert "".join(pieces) == "Maybe Lyon?\n\nParis is the capital."
     assert response.metadata["logtoku"]["answer"] == "Paris is the capital."
     assert [(e.action, e.final) for e in decisions] == [("retrieve", False), ("pass", True)] * 2
+
+
+# -- every answer, the first included, is the core driver's Generate request ------------------------
+class Outstanding:
+    """The Generate request of the core guard loop outstanding at each moment (the loop the driver
+    runs, wrapped for the test): an LLM call made outside the driver sees None."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from logtoku_guard.guard import driver as driver_module
+        from logtoku_guard.guard.guard_steps import Generate
+
+        real = driver_module.guard_steps
+        self.pending: int | None = None
+        self.asked: list[int] = []
+
+        def steps(decider: Any, progress: Any) -> Any:
+            inner = real(decider, progress)
+            request = next(inner)
+            while True:
+                self.pending = request.attempt if isinstance(request, Generate) else None
+                if self.pending is not None:
+                    self.asked.append(self.pending)
+                reply = yield request
+                self.pending = None
+                request = inner.send(reply)  # the last request (Conclude) is never answered
+
+        monkeypatch.setattr(driver_module, "guard_steps", steps)
+
+
+@pytest.mark.parametrize("path", ["query", "aquery", "live", "async live", "after_decision"])
+def test_every_answer_is_synthesised_at_the_drivers_generate_request(
+    index: Any, monkeypatch: pytest.MonkeyPatch, spans: Any, path: str
+) -> None:
+    """The first answer too: each LLM call is made while the driver's Generate request of its attempt is
+    outstanding (the engine only retrieves its first context before the loop); the re-queried answer
+    is synthesised under the tags of the decision that asked for it."""
+    outstanding = Outstanding(monkeypatch)
+    at_call: list[int | None] = []
+    _, script = scripted(unsure(*UNSURE), sure(*SURE))
+
+    def recorded(messages: Any) -> Any:
+        at_call.append(outstanding.pending)
+        return script(messages)
+
+    backend = ScriptedBackend(recorded)
+    streaming, mode = path != "query" and path != "aquery", "after_decision" if path == "after_decision" else "live"
+    engine = LogTokUQueryEngine.from_index(
+        index, llm=LogTokULLM(backend=backend), streaming=streaming, stream_mode=mode, policy=policy(low("retrieve"))
+    )
+    if path in ("query", "after_decision"):
+        response: Any = engine.query("q")
+        text = "".join(response.response_gen) if streaming else str(response)
+    elif path == "live":
+        response = engine.query("q")
+        text = "".join(response.response_gen).rsplit("\n\n", 1)[-1]
+    else:
+
+        async def read() -> tuple[Any, str]:
+            response = await engine.aquery("q")
+            if not streaming:
+                return response, str(response)
+            assert isinstance(response, AsyncStreamingResponse)
+            return response, "".join([piece async for piece in response.async_response_gen()]).rsplit("\n\n", 1)[-1]
+
+        response, text = asyncio.run(read())
+    assert text == "Paris is the capital." and response.metadata["logtoku"]["attempts"] == 2
+    assert at_call == [1, 2] and outstanding.asked == [1, 2] and len(script.prompts) == 2
+    synthesised = [tags for id_, tags in spans if id_.split(".")[-1].startswith(("synthesize-", "asynthesize-"))]
+    assert [t.get("logtoku.action") for t in synthesised] == [None, "retrieve"]
