@@ -22,7 +22,8 @@ answer, the first included, is a ``Generate`` request of this driver. The driver
 * **second looks**: a :class:`~logtoku_guard.guard.guard_steps.Measure` (a policy rule reached a
   second-look statistic) is answered by the entry point's ``measure`` (:class:`MeasuringIO`; an
   entry point without one cannot run a policy that reads them: :class:`UsageError` before anything
-  is generated), in a ``second_look`` span.
+  is generated, or, with a decider the first answer picks, before that answer is decided), in a
+  ``second_look`` span.
 * **records**: each generation, retrieval and second look in its child span of the question's
   :class:`~logtoku_guard.guard.telemetry.RunSpan` (when one is given), the result on that span.
 

@@ -13,12 +13,13 @@ then the ``retrieve.fallback`` action; a re-query that brings no new node falls 
 (:class:`~logtoku_guard.guard.guard.GuardRejectedError`).
 
 The loop itself (how many re-queries, the fallback and its reason, the record, the ``early_stop``
-watch, live or held drafts) is the core's: its one driver (:mod:`logtoku_guard.guard.driver`) runs
-:func:`~logtoku_guard.guard.guard_steps.guard_steps` with the guard's
-:class:`~logtoku_guard.decision.decider.Decider`, and this engine only hands it its generate and retrieve
-(:mod:`._engine_io`: retriever calls, re-query engines, synthesis, events, spans). What those
-answers are (the checks on a synthesised answer, the engine of each re-query, "no new
-context") is written once, without I/O, in :mod:`._route`.
+watch and ``stopped_early``, live or held drafts, the spans of every answer and re-query) is the
+core's: its one driver (:class:`logtoku_guard.guard.driver.Driver`, built by the guard's call with
+the query's GUARDRAIL span) runs :func:`~logtoku_guard.guard.guard_steps.guard_steps`, and this engine
+only retrieves the first answer's context, then hands the driver its generate and retrieve
+(:mod:`._engine_io`: every synthesis, the first included, at the driver's ``Generate`` request;
+re-query engines, events). What those answers are (the checks on a synthesised answer, the
+engine of each re-query, "no new context") is written once, without I/O, in :mod:`._route`.
 
 The scores come through :func:`logtoku_guard.guard.generation_capture.capture_generations`, because the
 synthesiser calls ``llm.predict()``/``llm.stream()``, which return plain strings.
