@@ -718,6 +718,15 @@ def refit_report(
                         f"{_pct(a_refit)} / {_pct(a_gs)} |"
                     )
                     best.append((wf, (lo, hi, model, cut, name, lo_c, hi_c), cell))
+    alone_lines = []
+    for split, part in (("tune", tune), ("test", test)):
+        alone = []
+        for stat in ("guard_score", "sampling_agreement", "self_check_yes", "self_check_eu"):
+            have = [p for p in part if stat == "guard_score" or math.isfinite(p.row.value(stat))]
+            vals = [p.guard_score if stat == "guard_score" else reliable(stat, p.row.value(stat)) for p in have]
+            alone.append(f"{stat} {_pct(_auroc([p.row for p in have], vals))} (n {len(have)})")
+        alone_lines.append(f"Each statistic alone on the {split} draw, AUROC correct vs wrong: " + ", ".join(alone) + ".")
+    lines[3:3] = ["", *alone_lines]
     best.sort(key=lambda b: -b[0])
     seen: set[str] = set()
     best = [b for b in best if not (b[2] in seen or seen.add(b[2]))]  # one row per distinct outcome

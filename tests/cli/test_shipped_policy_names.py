@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cli_support import scripted_loader
 from rich.console import Console
-from test_cli import ANSWER
+from test_cli import ANSWER, make_profile
 from typer.testing import CliRunner
 
 from logtoku_guard import Policy, ScriptedAnswer, ScriptedBackend
@@ -52,9 +52,9 @@ def test_policy_load_resolves_shipped_names_files_and_refuses_the_rest(tmp_path:
         Policy.load("cascad")
     assert "'cascad'" in str(err.value) and "default, cascade" in str(err.value) and "policy file" in str(err.value)
     # a path is a path: a missing file is the file's error, never a name look-up
-    with pytest.raises(PolicyError, match="missing.yaml"):
+    with pytest.raises(PolicyError, match=r"missing\.yaml"):
         Policy.load(tmp_path / "missing.yaml")
-    with pytest.raises(PolicyError, match="cascade.yaml"):
+    with pytest.raises(PolicyError, match=r"cascade\.yaml"):
         Policy.load("no/such/cascade.yaml")
     # an existing file of that name wins over the shipped name
     monkeypatch.chdir(tmp_path)
@@ -74,6 +74,11 @@ def test_ask_policy_cascade_decides_with_the_shipped_cascade(tmp_path: Path, loa
     assert data["rule"] in {None, *(r.name for r in cascade.rules)}
     res = runner.invoke(app, [*common, "--policy", "default"])
     assert res.exit_code == 0 and json.loads(res.stdout)["policy"]["name"] == Policy.named("default").name
+    # a profile without a fitted guard: the cascade's band edges fall back to quantiles of reliability
+    bare = make_profile().save(tmp_path / "bare.json")
+    res = runner.invoke(app, ["ask", "hi", "--model", "fake", "--profile", str(bare), "--json", "--policy", "cascade"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policy"]["name"] == "cascade"
 
 
 def test_ask_refuses_an_unknown_policy_name_before_loading_a_model(tmp_path: Path, loads: list[Any]) -> None:
