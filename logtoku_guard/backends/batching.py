@@ -19,8 +19,9 @@ the queue that fits the free rows joins, so a request with other settings (or to
 is never overtaken forever: it waits until the running batch drains, then runs next. Every job
 is compatible with every other but for a dynamic temperature schedule (:meth:`Job.key`):
 greedy and sampled rows share a batch, each row sampled with its own temperature, top-p and
-random stream (:func:`row_seed`: a seeded request draws the same tokens whatever runs beside it,
-up to the ~1e-6 float differences of a batched forward pass), as vLLM samples per request; every
+random stream (:func:`row_seed`: a seeded request draws the same tokens whatever runs beside it;
+its draw, :func:`~logtoku_guard.backends.processors.draw`, shrugs off the ~1e-5 float differences
+of a batched forward pass but at a tie), as vLLM samples per request; every
 row gets the same greedy tokens and AU/EU as alone (left padding, attention mask and position
 ids from the mask; float differences ~1e-6). Which admitted rows the model's cache can hold is
 the decode loop's own decision (llama.cpp's shared KV cache:

@@ -32,8 +32,9 @@ Greedy and sampled rows share a batch: each sampled row runs the sampling warper
 request (temperature, top-p and the config's others; rows of equal settings together, a dynamic
 temperature schedule on the whole batch, since every row of a batch shares it) and draws from
 its own ``torch.Generator`` (seeded by :func:`~logtoku_guard.backends.batching.row_seed`), so a
-seeded row samples the same tokens whatever runs beside it (up to the float differences of a
-batched forward pass, ~1e-6).
+seeded row samples the same tokens whatever runs beside it (an exponential race,
+:func:`~logtoku_guard.backends.processors.draw`, that the ~1e-5 float differences of a batched
+forward pass flip only at a tie).
 
 A cache whose layers are not all plain ``DynamicLayer`` (sliding-window or hybrid models)
 cannot be merged: its batch still loses its ended rows, but nothing joins it.
