@@ -170,7 +170,7 @@ class Progress:
     """One guarded question so far: its attempts, whether it stopped early, the seconds per stage.
 
     Drivers read it (an abandoned stream concludes from it: :meth:`abandon`); only
-    :func:`guard_steps` writes it.
+    :func:`guard_steps` writes it (and an entry point, before the loop: :meth:`spent_before`).
     """
 
     question: str
