@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -64,14 +63,14 @@ def test_200_requests_from_16_clients(tiny_backend: Any) -> None:
                 t.start()
             for t in threads:
                 t.join(300)
+            hung = [t.name for t in threads if t.is_alive()]  # a request that never ends is a failure, not a slow pass
+            assert not hung, f"clients still waiting after 300 s: {hung}"
             return answers, errors
 
         run_round([2] * CLIENTS)  # warm-up: allocator pools, thread pools, connection state
         gc.collect()
         rss_start = proc.memory_info().rss
-        start = time.perf_counter()
         answers, errors = run_round(per_client)
-        elapsed = time.perf_counter() - start
         gc.collect()
         rss_end = proc.memory_info().rss
     assert not errors, errors[:3]
@@ -80,4 +79,3 @@ def test_200_requests_from_16_clients(tiny_backend: Any) -> None:
     for c in range(CLIENTS):  # none mixed: every client got its own prompt's answer, every time
         assert answers[c] == [expected[c]] * per_client[c]
     assert rss_end - rss_start < 64 * 2**20, f"RSS grew by {(rss_end - rss_start) / 2**20:.1f} MiB over {REQUESTS} requests"
-    assert elapsed < 300
