@@ -826,7 +826,7 @@ def per_wording(
         f"Test answers drawn (by question, seed 0) per wording; refit cascade: flag below the coverage-{lo_c} edge, sample "
         f"inside [coverage-{lo_c}, coverage-{hi_c}) and flag when the refit ({name}) is below {cut:.3f}.",
         "",
-        "| wording | n correct/wrong | one pass: wrong flagged / correct passed / AUROC | shipped cascade v1: flagged / passed / "
+        "| wording | n correct/wrong | one pass: wrong flagged / correct passed / AUROC | shipped cascade: flagged / passed / "
         "took a look | refit cascade: flagged / passed / took a look / mean (p95) CPU vs one pass / tokens vs one pass | "
         "refit stated as rules, through the guard loop: flagged / passed / took a look |",
         "|---|---|---|---|---|---|",
