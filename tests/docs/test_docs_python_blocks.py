@@ -127,18 +127,21 @@ CHECKS: dict[str, list[Callable[[dict[str, Any]], None]]] = {
 }
 
 
-def _reviewer(folder: Path, stop: threading.Event) -> None:
+def _reviewer(folder: Path, stop: threading.Event, errors: list[BaseException]) -> None:
     """Approve, with an edit, the first answer queued in ``folder/audit.db`` (the reviewer the page waits for)."""
     from logtoku_guard.audit import AuditStore
 
     db = folder / "audit.db"
-    while not stop.wait(0.2):
-        if not db.exists():
-            continue
-        with AuditStore(db) as store:
-            for item in store.pending():
-                store.approve(item.id, "alice", answer="Nobody: it is invented.")
-                return
+    try:
+        while not stop.wait(0.2):
+            if not db.exists():
+                continue
+            with AuditStore(db) as store:
+                for item in store.pending():
+                    store.approve(item.id, "alice", edited_answer="Nobody: it is invented.")
+                    return
+    except BaseException as exc:  # handed to the test, which fails with it
+        errors.append(exc)
 
 
 @pytest.fixture
@@ -157,9 +160,9 @@ def test_the_pages_python_blocks_run_in_order(page: Path, page_folder: Path) -> 
     scope: dict[str, Any] = {"__name__": "__docs__"}
     blocks = [b for b in BLOCKS if b.page == page and not b.skip]
     stop = threading.Event()
-    reviewer = None
+    reviewer, errors = None, []
     if any("wait_for_decision" in b.code for b in blocks):
-        reviewer = threading.Thread(target=_reviewer, args=(page_folder, stop), daemon=True)
+        reviewer = threading.Thread(target=_reviewer, args=(page_folder, stop, errors), daemon=True)
         reviewer.start()
     try:
         for block in blocks:
@@ -168,11 +171,13 @@ def test_the_pages_python_blocks_run_in_order(page: Path, page_folder: Path) -> 
             try:
                 exec(compile(block.code, block.where(), "exec"), scope)
             except Exception as exc:
-                raise AssertionError(f"{block.where()}: the block fails as written: {exc!r}") from exc
+                why = f" (the reviewer thread failed first: {errors[0]!r})" if errors else ""
+                raise AssertionError(f"{block.where()}: the block fails as written: {exc!r}{why}") from exc
     finally:
         stop.set()
         if reviewer is not None:
             reviewer.join(timeout=10)
+    assert not errors, errors
     for check in CHECKS.get(page.name, []):
         check(scope)
     from logtoku_guard.audit import AuditStore
