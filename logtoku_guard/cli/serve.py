@@ -130,8 +130,8 @@ def serve(
     """Serve the model over an OpenAI-compatible API (log-probabilities, plus LogTokU scores and guard decisions)."""
     from logtoku_guard.errors import ConfigurationError
     from logtoku_guard.server.connections import ConnectionLimits
+    from logtoku_guard.server.limits import Limits
     from logtoku_guard.server.settings import ServerSettings, require_serve_extra
-    from logtoku_guard.server.wire import Limits
     from logtoku_guard.sockets import bind_socket
 
     sock = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard import __version__
@@ -52,16 +53,25 @@ def create_app(
 
     from logtoku_guard.server.routes import completions, models, monitoring, reviews
 
-    settings = settings or ServerSettings()
-    if (backend is None) == (engine is None):
-        msg = "create_app takes a backend or an engine (one of them)"
+    settings = settings if settings is not None else ServerSettings()
+    if not isinstance(settings, ServerSettings):
+        msg = f"create_app's first argument is the ServerSettings, got {type(settings).__name__}; pass an Engine as engine=..."
         raise TypeError(msg)
+    if (backend is None) == (engine is None):
+        msg = "create_app takes a backend or an engine=... (one of them)"
+        raise TypeError(msg)
+    store = settings.store
+    if isinstance(store, (str, Path)):  # where the store is: opened here, once
+        from logtoku_guard.audit import AuditStore
+
+        store = AuditStore(store)
+        settings = settings.model_copy(update={"store": store})
     if engine is None:
         engine = Engine(
             ThreadRunner(backend, workers),  # type: ignore[arg-type]  # not None: checked above
             policy=settings.policy,
             profile=settings.profile,
-            store=settings.store,
+            store=store,
             cache_dir=settings.cache_dir,
         )
     else:

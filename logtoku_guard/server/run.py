@@ -6,9 +6,11 @@ anything announces the server. Shutdown is graceful: on SIGINT/SIGTERM (or
 :meth:`BackgroundServer.stop`) the server stops accepting connections and waits up to
 ``graceful_timeout`` seconds for the requests in flight, streams included, to finish.
 
+Every setting (the address, the grace, the connection limits) is the
+:class:`~logtoku_guard.server.settings.ServerSettings`', checked once when they are built.
 Connections are held to :class:`~logtoku_guard.server.connections.ConnectionLimits` (header and
-body read timeouts, a cap on open connections below the process's open-file limit, checked
-here at start); refused and timed-out connections are logged in one rate-limited line.
+body read timeouts, a cap on open connections below the process's open-file limit); refused and
+timed-out connections are logged in one rate-limited line.
 """
 
 from __future__ import annotations

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation, ValidationError, model_validator
 
+from logtoku_guard.audit.records import RecordSink
+from logtoku_guard.calibration.profiles import ModelProfile
+from logtoku_guard.decision.policy import Policy
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError, short_repr
 from logtoku_guard.server.connections import ConnectionLimits, connection_cap
+from logtoku_guard.server.limits import Limits
 from logtoku_guard.server.metrics import METRICS_MODES
-from logtoku_guard.server.wire import Limits
 from logtoku_guard.sockets import check_port
 
 __all__ = [
@@ -80,10 +84,12 @@ class ServerSettings(BaseModel):
     model_names: tuple[str, ...] = ()
     metrics: str = "auth"
     """``GET /metrics`` (Prometheus): ``auth`` behind the API key like ``/v1``, ``open``, or ``off``."""
-    policy: Any = None
-    profile: Any = None
-    store: Any = None
-    cache_dir: Any = None
+    policy: Policy | None = None
+    profile: ModelProfile | Literal["auto"] | None = None
+    store: Annotated[RecordSink | str | Path | None, SkipValidation] = None
+    """The audit store (any :class:`RecordSink`: a protocol, not checked here), or where to open one (a
+    SQLite file or a ``postgresql://`` URL; ``serve`` opens it before loading the model, else the app does)."""
+    cache_dir: Path | None = None
 
     _connection_cap: int = PrivateAttr(default=0)
 
@@ -110,12 +116,7 @@ class ServerSettings(BaseModel):
         return self
 
     def _check_guard(self) -> None:
-        from logtoku_guard.decision.policy import Policy
-
         policy = self.policy
-        if policy is not None and not isinstance(policy, Policy):
-            msg = f"policy must be a Policy (Policy.from_file(path)), got {type(policy).__name__}"
-            raise ConfigurationError(msg)
         if self.store is not None and policy is None:
             msg = "--store records the guard's decisions: give a --policy too (without one nothing is guarded or recorded)"
             raise ConfigurationError(msg)

@@ -94,6 +94,10 @@ def test_a_policy_that_sends_tool_calls_to_review_needs_a_store_checked_by_the_s
     with AuditStore(tmp_path / "audit.db") as store:
         app = build_app(backend(), policy=tool_review_policy(), store=store)
         assert app.state.serving.settings.store is store and app.state.serving.engine.store is store
+    where = tmp_path / "opened.db"  # a location: the app opens the store once
+    opened = create_app(ServerSettings(policy=tool_review_policy(), store=str(where)), backend()).state.serving
+    assert isinstance(opened.engine.store, AuditStore) and opened.settings.store is opened.engine.store and where.is_file()
+    opened.engine.store.close()
 
 
 def test_serve_refuses_a_tool_review_policy_without_a_store_before_the_model_loads(tmp_path: Path) -> None:

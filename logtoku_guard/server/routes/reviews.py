@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from logtoku_guard.audit.records import ReviewItem, parse_review_id
+from logtoku_guard.audit.records import RecordSink, ReviewItem, parse_review_id
 from logtoku_guard.server import wire
 from logtoku_guard.server.engine import ClientGone, while_connected
 from logtoku_guard.server.sse import json_body
@@ -58,7 +58,7 @@ async def review(review_id: str, request: Request, wait: float = 0.0) -> Any:
     return Response(json_body(verdict(item)), media_type="application/json")
 
 
-async def review_item(store: Any, review_id: str, wait: float) -> Any:
+async def review_item(store: RecordSink | None, review_id: str, wait: float) -> Any:
     """The review item ``review_id`` of the server's ``store``, after up to ``wait`` seconds for a verdict."""
     import math
 
