@@ -34,6 +34,7 @@ from logtoku_guard.audit.records import (
     utc_since,
 )
 from logtoku_guard.audit.schema import (
+    _check_batch_size,
     _int,
     _item_row,
     _item_select,
@@ -57,7 +58,6 @@ from logtoku_guard.errors import (
     ReviewStateError,
     UnknownReviewItemError,
     UnknownTraceError,
-    short_repr,
 )
 
 __all__ = ["ReviewHints", "ReviewQueue", "Verdict"]
@@ -245,9 +245,7 @@ class ReviewQueue:
         store. A row that cannot be read is logged, appended to ``skipped`` and left out. The read
         transaction stays open until the iterator is exhausted or closed."""
         since = utc_since(since)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            msg = f"batch_size must be a positive integer, got {short_repr(batch_size)}"
-            raise ConfigurationError(msg)
+        _check_batch_size(batch_size)
         stmt = _VERDICT_SELECT.where(_reviews.c.status.in_(_DECIDED))
         if model is not None:
             stmt = stmt.where(_records.c.model == model)

@@ -30,12 +30,11 @@ from sqlalchemy.engine import Connection, Engine
 from logtoku_guard.audit.records import (
     _REVIEW_STATUSES,
     AuditRecord,
-    DecisionRow,
     ReviewItem,
     SkippedRow,
     unreadable_row_error,
 )
-from logtoku_guard.errors import AuditStoreError, short_repr
+from logtoku_guard.errors import AuditStoreError, ConfigurationError, short_repr
 
 logger = logging.getLogger("logtoku_guard.audit")
 logger.addHandler(logging.NullHandler())  # reported by the callers (the CLI prints them); shown when logging is configured
@@ -391,16 +390,18 @@ def read_rows(
     rows: Iterable[sa.RowMapping],
     convert: Callable[[sa.RowMapping], _R],
     where: Callable[[sa.RowMapping, Exception], SkippedRow],
-    skipped: list[SkippedRow],
+    skipped: list[SkippedRow] | None,
 ) -> Iterator[_R]:
-    """``convert`` each row; a row that cannot be read is logged, appended to ``skipped`` and left out."""
+    """``convert`` each row; a row that cannot be read is logged, appended to ``skipped`` and left out
+    (``skipped`` None: left out only, for a second read of rows a first one reported)."""
     for m in rows:
         try:
             yield convert(m)
         except (_BadColumn, _BadRecordOfItem) as exc:
-            row = where(m, exc)
-            logger.warning("skipped an unreadable row of the audit store: %s", row.describe())
-            skipped.append(row)
+            if skipped is not None:
+                row = where(m, exc)
+                logger.warning("skipped an unreadable row of the audit store: %s", row.describe())
+                skipped.append(row)
 
 
 def read_one(
@@ -493,17 +494,7 @@ def _write_rows(conn: Connection, f: IO[str], fmt: str, skipped: list[SkippedRow
     return n
 
 
-def _decision_row(m: sa.RowMapping) -> DecisionRow:
-    """What drift statistics read of one row, checked like a whole record (:func:`_row_to_record`)."""
-    created = _time(m, "created_at", "created_at")
-    assert created is not None
-    if type(m["action"]) is not str:
-        raise _BadColumn("action", m["action"], "not text")
-    return DecisionRow(
-        created,
-        str(_text(m, "model", "model")),
-        str(_text(m, "policy_name", "policy_name")),
-        _text(m, "rule", "rule", optional=True),
-        m["action"],
-        dict(_numbers(m, "stats", "stats")),
-    )
+def _check_batch_size(batch_size: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        msg = f"batch_size must be a positive integer, got {short_repr(batch_size)}"
+        raise ConfigurationError(msg)

@@ -48,16 +48,15 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
 from logtoku_guard.audit import _files
+from logtoku_guard.audit.decisions import DecisionReads
 from logtoku_guard.audit.queue import ReviewQueue
 from logtoku_guard.audit.records import (
     _OPEN,
     AuditRecord,
-    DecisionRow,
     PurgeSummary,
     SkippedRow,
     StoredRows,
     _utcnow,
-    utc_since,
 )
 from logtoku_guard.audit.redact import RedactMode, Redactor, redact_record, redactor
 from logtoku_guard.audit.schema import (
@@ -68,7 +67,6 @@ from logtoku_guard.audit.schema import (
     _add_missing_columns,
     _check_version,
     _configure_sqlite,
-    _decision_row,
     _json_dumps,
     _json_loads,
     _meta,
@@ -81,7 +79,6 @@ from logtoku_guard.audit.schema import (
     _row_to_record,
     _UTCDateTime,
     _write_rows,
-    at_or_after,
     read_one,
     read_rows,
 )
@@ -129,7 +126,7 @@ class ExportedRows(int):
 # ----------------------------------------------------------------------------- store
 
 
-class AuditStore(ReviewQueue):
+class AuditStore(ReviewQueue, DecisionReads):
     """The audit records of a guard and its human-review queue, in one database.
 
     ``url_or_path``: a file path (made absolute, used as SQLite; its folder must exist) or a
@@ -407,20 +404,6 @@ class AuditStore(ReviewQueue):
         skipped: list[SkippedRow] = []
         with self._transaction("read", write=False) as conn:
             rows = list(read_rows(conn.execute(stmt).mappings(), _row_to_record, _record_row, skipped))
-        return StoredRows(rows, skipped)
-
-    def decisions(self, since: datetime | None = None) -> StoredRows[DecisionRow]:
-        """Each record's time, model, policy, rule, action and statistics (no tokens), oldest first;
-        ``since``: at or after it (aware, UTC). Unreadable rows are left out and listed in ``skipped``."""
-        since = utc_since(since)
-        names = ("created_at", "model", "policy_name", "rule", "action", "stats", "trace_id")
-        stmt = sa.select(*(_records.c[c] for c in names), _records.c.id.label("row_id"))
-        stmt = stmt.order_by(_records.c.created_at, _records.c.id).execution_options(yield_per=1000)
-        if since is not None:
-            stmt = stmt.where(at_or_after(_records.c.created_at, since, self._sqlite))
-        skipped: list[SkippedRow] = []
-        with self._transaction("read", write=False) as conn:
-            rows = list(read_rows(conn.execute(stmt).mappings(), _decision_row, _record_row, skipped))
         return StoredRows(rows, skipped)
 
     def count(self) -> int:

@@ -9,12 +9,18 @@ expected flag rate: the share of the profile's calibration answers below the def
 expected rate lies outside the 95% Clopper-Pearson interval of the period's observed rate: the
 traffic no longer looks like the calibration answers (new kinds of questions, another model, a
 broken retriever...). The statistics are read from the records as they were decided.
+
+The decisions are read once, as a stream: per model and period only counts are kept, and with
+``ranked`` (``audit stats`` passes the store's :meth:`~logtoku_guard.audit.AuditStore.ranked_decisions`)
+each quantile is the k-th value of a stream the database sorts, so memory stays flat however large
+the store.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +33,12 @@ __all__ = ["Period", "drift_report", "expected_flag_rate", "period_of"]
 
 By = Literal["day", "week"]
 QUANTILES = (0.1, 0.5, 0.9)
+STATS = ("guard_score", "max_eu")
+"""The statistics whose quantiles a period reports."""
+Ranked = Callable[[str, str, datetime, datetime], Iterable["DecisionRow"]]
+"""``ranked(stat, model, first, last)``: the decisions of ``model`` created from ``first`` to ``last``
+(inclusive), ascending by ``stat`` among those where it is a number (as
+:meth:`~logtoku_guard.audit.AuditStore.ranked_decisions`)."""
 
 
 def period_of(when: datetime, by: By) -> str:
@@ -103,32 +115,107 @@ def expected_flag_rate(profile: ModelProfile | None) -> float | None:
 
 
 def drift_report(
-    rows: Sequence[DecisionRow], by: By = "week", expected: Callable[[str], float | None] | None = None
+    rows: Iterable[DecisionRow],
+    by: By = "week",
+    expected: Callable[[str], float | None] | None = None,
+    ranked: Ranked | None = None,
 ) -> list[Period]:
-    """One :class:`Period` per model and period, oldest first; ``expected(model)``: its expected flag rate."""
+    """One :class:`Period` per model and period, oldest first; ``expected(model)``: its expected flag rate.
+
+    ``rows`` is read once. Without ``ranked``, each group's values of :data:`STATS` are kept for their
+    quantiles; with it, only how many there are, and each quantile is read off ``ranked``'s stream.
+    """
     from logtoku_guard.scoring.risk import clopper_pearson
 
-    groups: dict[tuple[str, str], list[DecisionRow]] = {}
+    groups: dict[tuple[str, str], _Group] = {}
     for row in rows:
-        groups.setdefault((period_of(row.created_at, by), row.model), []).append(row)
+        key = (period_of(row.created_at, by), row.model)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(row, keep=ranked is None)
+        group.add(row)
     out = []
-    for (period, model), part in sorted(groups.items()):
-        n = len(part)
-        flagged = sum(1 for r in part if r.action != "pass")
-        by_rule: dict[str, int] = {}
-        for r in part:
-            if r.rule is not None and r.action != "pass":
-                by_rule[r.rule] = by_rule.get(r.rule, 0) + 1
+    for (period, model), g in sorted(groups.items()):
+        n, flagged = g.n, g.flagged
         interval = (clopper_pearson(flagged, n, 0.025, "lower"), clopper_pearson(flagged, n, 0.025, "upper"))
         want = expected(model) if expected is not None else None
         drift = want is not None and not interval[0] <= want <= interval[1]
-        scores, eus = _quantiles(part, "guard_score"), _quantiles(part, "max_eu")
-        out.append(Period(period, model, n, flagged, by_rule, scores, eus, interval, want, drift))
+
+        def member(r: DecisionRow, key: tuple[str, str] = (period, model)) -> bool:
+            return (period_of(r.created_at, by), r.model) == key
+
+        scores, eus = (g.quantiles(stat, ranked, member) for stat in STATS)
+        out.append(Period(period, model, n, flagged, g.by_rule, scores, eus, interval, want, drift))
     return out
 
 
-def _quantiles(rows: Sequence[DecisionRow], stat: str) -> tuple[float | None, ...]:
-    values = sorted(v for r in rows if isinstance(v := r.stats.get(stat), (int, float)) and math.isfinite(v))
+def _value(row: DecisionRow, stat: str) -> float | None:
+    """``stat``'s value in ``row`` when it is a finite number, else None."""
+    v = row.stats.get(stat)
+    if isinstance(v, int):  # compared exactly: PostgreSQL's JSONB keeps 1e400 as an integer past float's range
+        return v if abs(v) <= sys.float_info.max else None
+    return v if isinstance(v, float) and math.isfinite(v) else None
+
+
+class _Group:
+    """One model's decisions in one period as they stream past: counts, time span and (``keep``) values."""
+
+    def __init__(self, row: DecisionRow, *, keep: bool) -> None:
+        self.model = row.model
+        self.n = self.flagged = 0
+        self.by_rule: dict[str, int] = {}
+        self.first = self.last = row.created_at
+        self.counts = dict.fromkeys(STATS, 0)
+        self.values: dict[str, list[float]] | None = {stat: [] for stat in STATS} if keep else None
+
+    def add(self, row: DecisionRow) -> None:
+        self.n += 1
+        if row.action != "pass":
+            self.flagged += 1
+            if row.rule is not None:
+                self.by_rule[row.rule] = self.by_rule.get(row.rule, 0) + 1
+        self.first, self.last = min(self.first, row.created_at), max(self.last, row.created_at)
+        for stat in STATS:
+            if (v := _value(row, stat)) is not None:
+                self.counts[stat] += 1
+                if self.values is not None:
+                    self.values[stat].append(v)
+
+    def quantiles(self, stat: str, ranked: Ranked | None, member: Callable[[DecisionRow], bool]) -> tuple[float | None, ...]:
+        """The :data:`QUANTILES` of the group's values of ``stat``: of the kept values, else the k-th values of
+        ``ranked``'s stream (the rows ``member`` says are the group's). A stream that is not the counted values
+        in ascending order (a row edited by hand that the database reads otherwise) is sorted here instead."""
+        if self.values is not None or ranked is None:
+            return _pick(sorted(self.values[stat] if self.values is not None else []))
+        count = self.counts[stat]
+        if count == 0:
+            return (None,) * len(QUANTILES)
+
+        def stream() -> Iterator[float]:
+            for r in ranked(stat, self.model, self.first, self.last):
+                if member(r) and (v := _value(r, stat)) is not None:
+                    yield v
+
+        want = {_rank(q, count) for q in QUANTILES}
+        picked: dict[int, float] = {}
+        seen, previous = 0, -math.inf
+        for v in stream():
+            if v < previous:
+                return _pick(sorted(stream()))
+            if seen in want:
+                picked[seen] = v
+            seen, previous = seen + 1, v
+        if seen != count:
+            return _pick(sorted(stream()))
+        return tuple(picked[_rank(q, count)] for q in QUANTILES)
+
+
+def _rank(q: float, count: int) -> int:
+    """The position of the ``q`` quantile among ``count`` sorted values."""
+    return min(count - 1, int(q * count))
+
+
+def _pick(values: list[float]) -> tuple[float | None, ...]:
     if not values:
         return (None,) * len(QUANTILES)
-    return tuple(values[min(len(values) - 1, int(q * len(values)))] for q in QUANTILES)
+    return tuple(values[_rank(q, len(values))] for q in QUANTILES)

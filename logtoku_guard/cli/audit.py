@@ -7,7 +7,8 @@ characters shown as escapes). ``export`` writes atomically and never onto the st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,10 +18,10 @@ from rich.table import Table
 
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
-from logtoku_guard.errors import ConfigurationError
+from logtoku_guard.errors import ConfigurationError, LogTokUError
 
 if TYPE_CHECKING:
-    from logtoku_guard.audit.records import SkippedRow
+    from logtoku_guard.audit.records import DecisionRow, SkippedRow
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.calibration.drift import Period
 
@@ -119,8 +120,6 @@ def audit_stats(
         explicit = _read_profile(profile) if profile is not None else None
     except ConfigurationError as exc:
         raise _common.fail(exc) from exc
-    rows = _common.store_read(store, "decisions", when)
-    report_skipped(rows.skipped)
     expected: dict[str, float | None] = {}
 
     def expect(model: str) -> float | None:
@@ -129,10 +128,22 @@ def audit_stats(
             expected[model] = expected_flag_rate(found)
         return expected[model]
 
-    periods = drift_report(rows, by, expect)  # type: ignore[arg-type]
+    # Streamed (issue 43): the rows pass once and only counts stay; each quantile is read off a
+    # stream the database sorts, so memory stays flat however large the store.
+    skipped: list[SkippedRow] = []
+    try:
+        with _common.open_store(store, read_only=True) as audit:
+
+            def ranked(stat: str, model: str, first: datetime, last: datetime) -> Iterator[DecisionRow]:
+                return audit.ranked_decisions(stat, model=model, first=first, last=last)
+
+            periods = drift_report(audit.iter_decisions(when, skipped=skipped), by, expect, ranked)  # type: ignore[arg-type]
+    except LogTokUError as exc:
+        raise _common.fail(exc) from exc
+    report_skipped(skipped)
     if as_json:
-        skipped = [s.as_json() for s in rows.skipped]
-        _common.print_json({"by": by, "periods": [p.as_json() for p in periods], "skipped": skipped})
+        rows = [s.as_json() for s in skipped]
+        _common.print_json({"by": by, "periods": [p.as_json() for p in periods], "skipped": rows})
     else:
         _common.out.print(f"{sum(p.n for p in periods)} decision(s) by {by}", highlight=False)
         for model in dict.fromkeys(p.model for p in periods):  # one table per model: fits 80 columns, values whole
