@@ -146,7 +146,7 @@ def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
         text = f"The answer is {q.answers[0]}" if right else "The answer is Nobody Knows"
         caches["syllable" if q.group == "syllable" else "traffic"].append([record(q.id, q.question, text, 7.0 if right else 1.5)])
     caches["calibration"].append(record(c.id, c.question, "It is Some Thing", 3.0) for c in shipped_calibration_questions())
-    monkeypatch.setattr("logtoku_eval.cli.paper.backend_loader", lambda *a: pytest.fail("no model may load"))
+    monkeypatch.setattr("logtoku_eval.cli.common.backend_loader", lambda *a: pytest.fail("no model may load"))
     out = tmp_path / "out"
     args = [
         "traffic",

@@ -1,5 +1,5 @@
 """``logtoku-guard eval guard | fabricated | traffic``: the guard's own benchmarks (the paper's
-protocols are in :mod:`logtoku_eval.cli.paper`, whose sub-app, options and helpers these share).
+protocols are in :mod:`logtoku_eval.cli.paper`; the sub-app, options and helpers in :mod:`logtoku_eval.cli.common`).
 
 As there, only typer, rich and the core CLI's public toolkit are imported here; the evaluation
 harness is imported inside the commands.
@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from logtoku_eval.cli import paper as ev
-from logtoku_eval.cli.paper import DataDirOpt, LimitOpt, ModelOpt, RunOptions, eval_app, run_options
+from logtoku_eval.cli import common as ev
+from logtoku_eval.cli.common import DataDirOpt, LimitOpt, ModelOpt, RunOptions, eval_app, run_options
 from logtoku_guard.cli import toolkit
 
 

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from logtoku_eval.cli import paper as ev
-from logtoku_eval.cli.paper import ModelOpt, RunOptions, eval_app, run_options
+from logtoku_eval.cli import common as ev
+from logtoku_eval.cli.common import ModelOpt, RunOptions, eval_app, run_options
 from logtoku_guard.cli import toolkit
 
 SPLIT_CHOICES = ("tune", "test", "all")
