@@ -8,6 +8,7 @@ this sub-app costs nothing at CLI start.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -99,23 +100,40 @@ def _judges(
 
 def _run_qa(
     dataset: str,
-    items: list[Any],
-    default_judges: list[str],
+    load: Callable[[], list[Any]],
+    names: list[str],
+    run: RunOptions,
     *,
     model: str,
-    judge: list[str] | None,
-    judge_model: str | None,
-    samples_limit: int,
-    n_samples: int,
-    temperature: float,
+    samples: tuple[int, int, float],
+    judge_model: str | None = None,
+    judge_backend: str | None = None,
+) -> None:
+    """``dataset``'s questions (``load``), answered, judged by ``names`` and reported; ``samples``: the
+    sampling baselines' questions, answers per question and temperature; a library error ends the command."""
+    from logtoku_guard.errors import LogTokUError
+
+    try:
+        _answer_qa(dataset, load(), names, run, model, samples, judge_model, judge_backend or run.backend)
+    except LogTokUError as exc:
+        raise toolkit.fail(exc) from exc
+
+
+def _answer_qa(
+    dataset: str,
+    items: list[Any],
+    names: list[str],
     run: RunOptions,
+    model: str,
+    samples: tuple[int, int, float],
+    judge_model: str | None,
     judge_backend: str,
 ) -> None:
     from logtoku_eval.generate import K_STORED, SamplingSpec
     from logtoku_eval.judges import MINILM_PACKAGE, TransformerEmbedder
     from logtoku_eval.qa import QAConfig, run_qa
 
-    names = judge or default_judges
+    samples_limit, n_samples, temperature = samples
     judges, embedder = _judges(names, judge_model, run.device, run.model_cache, judge_backend)
     if samples_limit and embedder is None:
         import importlib.util
@@ -178,25 +196,11 @@ def truthfulqa(
     run.check(limit=limit, samples_limit=samples_limit, n_samples=n_samples)
     check_judge_backend(judge_backend or run.backend)
     from logtoku_eval.datasets import load_truthfulqa
-    from logtoku_guard.errors import LogTokUError
 
-    try:
-        items = load_truthfulqa(path, data_dir=data_dir, limit=limit)
-        _run_qa(
-            "truthfulqa",
-            items,
-            ["rouge", "embedding"],
-            model=model,
-            judge=judge,
-            judge_model=judge_model,
-            samples_limit=samples_limit,
-            n_samples=n_samples,
-            temperature=temperature,
-            run=run,
-            judge_backend=judge_backend or run.backend,
-        )
-    except LogTokUError as exc:
-        raise toolkit.fail(exc) from exc
+    load = lambda: load_truthfulqa(path, data_dir=data_dir, limit=limit)  # noqa: E731
+    samples = (samples_limit, n_samples, temperature)
+    names = judge or ["rouge", "embedding"]
+    _run_qa("truthfulqa", load, names, run, model=model, samples=samples, judge_model=judge_model, judge_backend=judge_backend)
 
 
 @eval_app.command("nq-open")
@@ -215,25 +219,9 @@ def nq_open(
     """NQ-open response reliability with the normalised exact/contains match judge (nq-match)."""
     run.check(limit=limit, samples_limit=samples_limit, n_samples=n_samples)
     from logtoku_eval.datasets import load_nq_open
-    from logtoku_guard.errors import LogTokUError
 
-    try:
-        items = load_nq_open(path, data_dir=data_dir, limit=limit)
-        _run_qa(
-            "nq-open",
-            items,
-            ["match"],
-            model=model,
-            judge=["match"],
-            judge_model=None,
-            samples_limit=samples_limit,
-            n_samples=n_samples,
-            temperature=temperature,
-            run=run,
-            judge_backend=run.backend,
-        )
-    except LogTokUError as exc:
-        raise toolkit.fail(exc) from exc
+    load = lambda: load_nq_open(path, data_dir=data_dir, limit=limit)  # noqa: E731
+    _run_qa("nq-open", load, ["match"], run, model=model, samples=(samples_limit, n_samples, temperature))
 
 
 @eval_app.command("dynamic-decoding")
