@@ -477,6 +477,25 @@ def test_two_reviewers_racing_to_approve_exactly_one_wins(store: AuditStore, sto
 # ----------------------------------------------------------------------------- concurrency and crashes
 
 
+def in_threads(work: Callable[[int], object], n: int) -> list[BaseException | None]:
+    """``work(k)`` for each k below ``n``, each in a thread of its own, all started then joined: what each
+    raised (None: nothing), for the caller's assertion."""
+    raised: list[BaseException | None] = [None] * n
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as e:  # reported by the caller's assertion
+            raised[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return raised
+
+
 def test_threads_and_processes_writing_one_file(store_url: StoreUrl) -> None:
     path = store_url("shared")
     with AuditStore(path) as store:
@@ -484,22 +503,14 @@ def test_threads_and_processes_writing_one_file(store_url: StoreUrl) -> None:
             subprocess.Popen([sys.executable, "-c", WRITER, str(path), "200", f"proc{k}"], stdout=subprocess.DEVNULL)
             for k in range(2)
         ]
-        errors: list[BaseException] = []
 
         def write(k: int) -> None:
-            try:
-                for i in range(200):
-                    store.record(rec(prompt=f"thread{k}-{i}"))
-            except BaseException as e:  # reported by the assertion below
-                errors.append(e)
+            for i in range(200):
+                store.record(rec(prompt=f"thread{k}-{i}"))
 
-        threads = [threading.Thread(target=write, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        raised = in_threads(write, 8)
         assert [c.wait(timeout=60) for c in children] == [0, 0]
-        assert errors == []
+        assert raised == [None] * 8
         assert store.count() == 2000
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT COUNT(DISTINCT trace_id), COUNT(DISTINCT prompt) FROM audit_records").one() == (
@@ -760,23 +771,13 @@ def test_threads_opening_one_new_store_at_once_all_succeed(store_url: StoreUrl) 
     # Schema creation is idempotent: stores opened at the same moment on an empty database all work.
     url = store_url("fresh")
     barrier = threading.Barrier(6)
-    outcomes: list[object] = []
 
     def open_and_write(k: int) -> None:
         barrier.wait()
-        try:
-            with AuditStore(url) as s:
-                s.record(rec(prompt=f"opener {k}"))
-            outcomes.append("ok")
-        except BaseException as e:  # reported by the assertion below
-            outcomes.append(e)
+        with AuditStore(url) as s:
+            s.record(rec(prompt=f"opener {k}"))
 
-    threads = [threading.Thread(target=open_and_write, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert outcomes == ["ok"] * 6
+    assert in_threads(open_and_write, 6) == [None] * 6
     with AuditStore(url) as s:
         assert s.count() == 6
 

@@ -18,6 +18,7 @@ from support.postgres import PostgresServer, postgres_server
 # The shared suite: every test of test_audit.py that is not about SQLite's own files.
 from test_audit import (
     StoreUrl,
+    in_threads,
     rec,
     store,
     test_a_store_of_another_schema_version_is_refused_untouched,
@@ -173,25 +174,13 @@ def test_reviewer_registries_opened_at_once_on_a_new_database_all_succeed(postgr
         with AuditStore(url):
             pass  # the audit tables exist; the reviewers table does not yet
         barrier = threading.Barrier(6)
-        outcomes: list[object] = []
 
-        def open_registry(
-            k: int, url: str = url, barrier: threading.Barrier = barrier, outcomes: list[object] = outcomes
-        ) -> None:
-            try:
-                with AuditStore(url) as s:
-                    barrier.wait()
-                    ReviewerRegistry(s).add(f"reviewer{k}")
-                outcomes.append("ok")
-            except BaseException as e:  # reported by the assertion below
-                outcomes.append(e)
+        def open_registry(k: int, url: str = url, barrier: threading.Barrier = barrier) -> None:
+            with AuditStore(url) as s:
+                barrier.wait()
+                ReviewerRegistry(s).add(f"reviewer{k}")
 
-        threads = [threading.Thread(target=open_registry, args=(k,)) for k in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert outcomes == ["ok"] * 6
+        assert in_threads(open_registry, 6) == [None] * 6
 
 
 def test_an_id_past_the_columns_range_is_no_item_not_an_unreachable_store(store: AuditStore) -> None:
