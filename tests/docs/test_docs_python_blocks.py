@@ -10,7 +10,8 @@ shows and the site does not render::
 
     <!-- docs-test: not run: needs a PostgreSQL server (...) -->
 
-``<!-- docs-test: needs MODULE: WHY -->`` runs the block only where MODULE is installed (an extra).
+``<!-- docs-test: needs MODULE: WHY -->`` runs the block only where MODULE is installed (an extra);
+``<!-- docs-test: fast: WHY -->`` marks a block that needs no model, run whole in the fast test too.
 Some pages' claims are checked after their blocks ran (``CHECKS``); REVIEW.md's reviewer, whom the
 application waits for, is played by a thread that approves the queued answer.
 """
@@ -29,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_TAG = re.compile(r"^<!-- docs-test: (not run|needs ([\w.]+)): (?P<reason>\S.*\S) -->$")
+_TAG = re.compile(r"^<!-- docs-test: (not run|needs ([\w.]+)|fast): (?P<reason>\S.*\S) -->$")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Block:
     code: str
     skip: str | None = None  # why it is not run
     needs: str | None = None  # the module it needs
+    fast: bool = False  # needs no model: runs whole in the fast test too
 
     def where(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
@@ -57,10 +59,12 @@ def _blocks(page: Path) -> list[Block]:
             above = lines[i - 1] if i else ""
             if above.startswith("<!-- docs-test"):
                 m = _TAG.match(above)
-                want = "<!-- docs-test: not run: WHY --> or <!-- docs-test: needs MODULE: WHY -->"
+                want = "<!-- docs-test: not run: WHY -->, <!-- docs-test: needs MODULE: WHY --> or <!-- docs-test: fast: WHY -->"
                 assert m, f"{page.relative_to(ROOT)}:{i}: write {want}"
                 if m.group(2):
                     block.needs = m.group(2)
+                elif m.group(1) == "fast":
+                    block.fast = True
                 else:
                     block.skip = m.group("reason")
             found.append(block)
@@ -89,6 +93,8 @@ def test_each_block_compiles_and_its_imports_resolve(block: Block) -> None:
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     code = compile(ast.Module(body=imports, type_ignores=[]), block.where(), "exec")
     exec(code, {})  # an ImportError names the import that broke
+    if block.fast:  # no model: the whole block, its own asserts included
+        exec(compile(tree, block.where(), "exec"), {"__name__": "__docs__"})
 
 
 # -- run on the real model -------------------------------------------------------------------------------
