@@ -12,6 +12,7 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,53 @@ def test_the_guard_loop_has_one_driver() -> None:
         and any(a.name == "guard_steps" for a in node.names)
     }
     assert not imported, f"these modules import the step loop: {imported}"
+
+
+def _sites(found: Callable[[ast.AST], bool]) -> dict[str, int]:
+    """Per source file of the core and the integrations, how many nodes ``found`` accepts."""
+    counts = {
+        str(p.relative_to(ROOT)): sum(1 for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if found(node))
+        for p in [*PACKAGE.rglob("*.py"), *_integration_sources()]
+    }
+    return {path: n for path, n in counts.items() if n}
+
+
+def _makes_rejection(node: ast.AST) -> bool:
+    """``GuardRejectedError(...)`` (or ``module.GuardRejectedError(...)``): the ``raise`` action taken."""
+    func = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(func, ast.Name) and func.id == "GuardRejectedError") or (
+        isinstance(func, ast.Attribute) and func.attr == "GuardRejectedError"
+    )
+
+
+def _checks_human_review(node: ast.AST) -> bool:
+    """``"human_review" in <actions>``: whether a policy can send something to human review."""
+    return (
+        isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Constant)
+        and node.left.value == "human_review"
+        and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+    )
+
+
+def test_the_raise_action_and_the_human_review_store_check_are_written_once() -> None:
+    """The policy's ``raise`` is taken in one place (:func:`logtoku_guard.guard.driver.raise_for_action`,
+    which ``Guard``, its stream and the integrations call) and "human_review needs a store" is checked
+    in one (:func:`logtoku_guard.decision.decider.require_review_store`, which ``Decider``, the server's
+    settings and the integrations call)."""
+    assert _sites(_makes_rejection) == {"logtoku_guard/guard/driver.py": 1}, (
+        "raise the policy's GuardRejectedError through logtoku_guard.guard.driver.raise_for_action only"
+    )
+    assert _sites(_checks_human_review) == {"logtoku_guard/decision/decider.py": 1}, (
+        "check that a policy's human_review has a store with logtoku_guard.decision.decider.require_review_store only"
+    )
+
+
+def test_the_written_once_finders_find_what_they_look_for() -> None:
+    tree = ast.parse('raise GuardRejectedError(r)\nraise results.GuardRejectedError(r)\nif "human_review" in acts: pass\n')
+    assert sum(map(_makes_rejection, ast.walk(tree))) == 2
+    assert sum(map(_checks_human_review, ast.walk(tree))) == 1
+    assert not any(map(_makes_rejection, ast.walk(ast.parse("class GuardRejectedError(LogTokUError): pass"))))
 
 
 def test_the_logtoku_maths_is_written_once() -> None:

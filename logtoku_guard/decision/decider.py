@@ -37,7 +37,24 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.types import Generation, TokenScore
 
-__all__ = ["Decider"]
+__all__ = ["Decider", "require_review_store"]
+
+
+def require_review_store(
+    policy: Policy,
+    store: object | None,
+    *,
+    answers: bool = True,
+    tool_calls: bool = False,
+    needs: str = "store=AuditStore(...)",
+) -> None:
+    """The one check that a policy able to send answers (``answers``) or tool calls (``tool_calls``)
+    to human review has a ``store`` to queue them in (:class:`Decider`, the server's settings and
+    the integrations ask it): :class:`ConfigurationError` naming the policy and what it ``needs``."""
+    actions = (policy.actions() if answers else set()) | (policy.tool_calls.actions() if tool_calls else set())
+    if store is None and "human_review" in actions:
+        msg = f"policy {policy.name!r} can send {'answers' if answers else 'tool calls'} to human review, which needs {needs}"
+        raise ConfigurationError(msg)
 
 
 class Decider:
@@ -78,9 +95,7 @@ class Decider:
                 "pass profile=calibrate(...) or load one with load_profile_for(model)"
             )
             raise ConfigurationError(msg)
-        if "human_review" in policy.actions() and store is None:
-            msg = f"policy {policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
-            raise ConfigurationError(msg)
+        require_review_store(policy, store)
         self.quadrants = (
             profile.quadrant_thresholds(policy.quadrants.au_quantile, policy.quadrants.eu_quantile)
             if profile is not None

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from logtoku_guard.decision.decider import Decider
+from logtoku_guard.decision.results import GuardRejectedError
 from logtoku_guard.errors import UsageError
 from logtoku_guard.guard.guard_steps import (
     Answer,
@@ -79,6 +80,7 @@ __all__ = [
     "adrive_live",
     "drive",
     "drive_live",
+    "raise_for_action",
 ]
 
 P = TypeVar("P")
@@ -427,6 +429,15 @@ class Driver:
         """:meth:`drive_live` for async entry points; an async generator cannot return, so the result
         is :attr:`result` once it has ended."""
         return _adrive(_Loop(self, question, io, live))
+
+
+def raise_for_action(result: GuardResult) -> GuardResult:
+    """The policy's ``raise`` action, written once for every entry point: :class:`GuardRejectedError`
+    carrying ``result`` when its action is ``raise``, else ``result``. Called once the entry point
+    has reported the result (:meth:`Driver.drive` returns it without raising)."""
+    if result.action == "raise":
+        raise GuardRejectedError(result)
+    return result
 
 
 # -- the function forms, for a caller with a driver or only a decider (no span, the default top-N) ---------

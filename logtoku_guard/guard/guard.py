@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.policy import Policy, default_policy
-from logtoku_guard.decision.results import GuardRejectedError, GuardResult
+from logtoku_guard.decision.results import GuardResult
 from logtoku_guard.errors import UsageError
-from logtoku_guard.guard.driver import Driver, GuardIO
+from logtoku_guard.guard.driver import Driver, GuardIO, raise_for_action
 from logtoku_guard.guard.guard_io import BackendIO
 from logtoku_guard.guard.guard_stream import GuardStream
 from logtoku_guard.guard.retriever_calls import RetrieverLike
@@ -234,10 +234,7 @@ class GuardCall:
         io = io if io is not None else BackendIO.of(self, messages)
         span = self.telemetry.start_run(self, messages)
         with span:  # current while driving (instrumented calls nest under it); records an error, ends
-            result = self.driver(span, messages).drive(question_of(messages), io)
-            if result.action == "raise":
-                raise GuardRejectedError(result)
-        return result
+            return raise_for_action(self.driver(span, messages).drive(question_of(messages), io))
 
     def stream(self, prompt: Prompt) -> GuardStream:
         """:meth:`Guard.stream` with this call's backend, retriever and options."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from logtoku_guard.decision.results import GuardRejectedError, GuardResult
 from logtoku_guard.errors import UsageError
+from logtoku_guard.guard.driver import raise_for_action
 from logtoku_guard.guard.guard_io import BackendIO
 from logtoku_guard.guard.telemetry import Guarded
 from logtoku_guard.types import ChatMessage, TokenScore, question_of
@@ -108,8 +109,10 @@ def _run(guard: StreamingGuard, messages: list[ChatMessage], state: _State) -> I
         span.fail(exc)
         span.end()
         raise
-    if state.result.action == "raise":
-        span.fail(GuardRejectedError(state.result))
+    try:
+        raise_for_action(state.result)
+    except GuardRejectedError as exc:
+        span.fail(exc)
+        raise
+    finally:
         span.end()
-        raise GuardRejectedError(state.result)
-    span.end()

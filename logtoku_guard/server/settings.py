@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation, 
 
 from logtoku_guard.audit.records import RecordSink
 from logtoku_guard.calibration.profiles import ModelProfile
+from logtoku_guard.decision.decider import require_review_store
 from logtoku_guard.decision.policy import Policy
 from logtoku_guard.errors import ConfigurationError, MissingDependencyError, short_repr
 from logtoku_guard.server.connections import ConnectionLimits, connection_cap
@@ -120,13 +121,14 @@ class ServerSettings(BaseModel):
         if self.store is not None and policy is None:
             msg = "--store records the guard's decisions: give a --policy too (without one nothing is guarded or recorded)"
             raise ConfigurationError(msg)
-        if policy is not None and self.store is None and "human_review" in policy.actions() | policy.tool_calls.actions():
-            msg = (
-                f"policy {policy.name!r} can send answers to human review, which needs a review queue: "
-                "pass --store (a SQLite file or a postgresql:// URL; store= in Python) and decide with "
-                "'logtoku-guard review serve --store'"
+        if policy is not None:
+            require_review_store(
+                policy,
+                self.store,
+                tool_calls=True,
+                needs="a review queue: pass --store (a SQLite file or a postgresql:// URL; store= in Python) and decide "
+                "with 'logtoku-guard review serve --store'",
             )
-            raise ConfigurationError(msg)
 
     @property
     def max_connections(self) -> int:

@@ -74,11 +74,11 @@ from langchain_logtoku.callbacks import FLAGGED_EVENT, annotate_tracer_runs
 from langchain_logtoku.chat_models import ChatLogTokU
 from langchain_logtoku.tool_gate import ToolGate, ToolGateState, ToolResult
 from logtoku_guard.calibration import ModelProfile, load_profile_for
-from logtoku_guard.decision.decider import Decider
+from logtoku_guard.decision.decider import Decider, require_review_store
 from logtoku_guard.decision.policy import Policy, default_policy
-from logtoku_guard.decision.results import GuardRejectedError, GuardResult
+from logtoku_guard.decision.results import GuardResult
 from logtoku_guard.errors import ConfigurationError, UsageError
-from logtoku_guard.guard.driver import Driver, Watch
+from logtoku_guard.guard.driver import Driver, Watch, raise_for_action
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations
 from logtoku_guard.guard.guard_io import retrieve_passages
 from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
@@ -250,8 +250,7 @@ class _GuardedCall:
             recorded=self.mw.store is not None,
         )
         self.report(payload, decision_attributes(result.decision, result.attempts, result, decider.profile))
-        if result.action == "raise":
-            raise GuardRejectedError(result)
+        raise_for_action(result)
         response = self.responses[-1]
         draft = _ai_message(response)
         usage: UsageMetadata | None = None
@@ -389,9 +388,7 @@ class LogTokUMiddleware(AgentMiddleware[LogTokUState, Any]):
         self.retriever: RetrieverLike | None = r.invoke if isinstance(r, Runnable) else r
         self.store = store
         self.profile = profile
-        if "human_review" in self.policy.actions() and store is None:
-            msg = f"policy {self.policy.name!r} can send answers to human review, which needs store=AuditStore(...)"
-            raise ConfigurationError(msg)
+        require_review_store(self.policy, store)
         self._deciders: dict[tuple[str, int, str], Decider] = {}
         self._lock = threading.Lock()
         q = self.policy.quadrants

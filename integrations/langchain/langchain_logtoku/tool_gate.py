@@ -34,6 +34,7 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
+from logtoku_guard.decision.decider import require_review_store
 from logtoku_guard.decision.tool_gate.call_review import ToolReviewRequest, ToolReviewResponse, review_request
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.guard.tool_driver import drive_tools
@@ -121,9 +122,7 @@ class ToolGate:
         self.rules = policy.tool_calls
         self.store = store
         self.quadrants = quadrants
-        if "human_review" in self.rules.actions() and store is None:
-            msg = f"policy {policy.name!r} can send tool calls to human review, which needs store=AuditStore(...)"
-            raise ConfigurationError(msg)
+        require_review_store(policy, store, answers=False, tool_calls=True)
 
     # -- after_model: decide every call of the answer ----------------------------------------------
     def after_model(self, state: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ more context: a copy of the retriever with a larger ``similarity_top_k``, or the
 ``retry_query_engines`` you give, as many times as the policy allows,
 then the ``retrieve.fallback`` action; a re-query that brings no new node falls back at once);
 ``abstain``; ``human_review`` (queued in the :class:`~logtoku_guard.audit.AuditStore`); ``raise``
-(:class:`~logtoku_guard.guard.guard.GuardRejectedError`).
+(:class:`~logtoku_guard.decision.results.GuardRejectedError`).
 
 The loop itself (how many re-queries, the fallback and its reason, the record, the ``early_stop``
 watch and ``stopped_early``, live or held drafts, the spans of every answer and re-query) is the
@@ -48,9 +48,9 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from logtoku_guard.decision.policy import Decision, Policy
-from logtoku_guard.decision.results import GuardRejectedError, GuardResult
+from logtoku_guard.decision.results import GuardResult
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.guard.driver import Driver, Watch
+from logtoku_guard.guard.driver import Driver, Watch, raise_for_action
 from logtoku_guard.guard.generation_capture import GenerationCapture, capture_generations, captured_aiter, captured_iter
 from logtoku_guard.guard.guard import Guard
 from logtoku_guard.guard.guard_steps import Answer, Generate, Retrieve, Retrieved
@@ -360,9 +360,7 @@ class LogTokUQueryEngine(BaseQueryEngine):
         payload = query_payload(result, self._guard.quadrants, run.nodes)
         run.metadata = {**run.metadata, "logtoku": payload, "logtoku_result": result}
         self._emit(run, result.decision, final=True, result=result)
-        if result.action == "raise":
-            raise GuardRejectedError(result)
-        return result
+        return raise_for_action(result)
 
     def _emit(self, run: _Run, decision: Decision, *, final: bool, result: GuardResult | None = None) -> None:
         nodes, early = run.nodes[-1], run.progress.stopped_early
