@@ -129,7 +129,7 @@ class _ServerTools:
     def _write(self, request: Record) -> list[ReviewItem | None]:
         """Queue each call for review; a refused call is not stored (the response says it, with its rule)."""
         store = self.engine.store
-        if store is None and any(s.review for s in request.stopped):  # the engine refuses such a policy at start
+        if store is None and any(s.review for s in request.stopped):  # ServerSettings refuses such a policy before start
             msg = "internal error: a tool call was sent to human review on a server without a store"
             raise RuntimeError(msg)
         return [store.record_for_review(s.record) if s.review and store is not None else None for s in request.stopped]
