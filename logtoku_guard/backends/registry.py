@@ -40,7 +40,9 @@ class BackendSettings:
     """Every setting a backend may take; None means "the backend's default".
 
     A factory reads the settings it honours and refuses (:meth:`refuse`) those it cannot, so a
-    setting given to the wrong backend is an error naming it, never silently dropped.
+    setting given to the wrong backend is an error naming it, never silently dropped. The batching
+    settings given (``max_batch``, ``prefix_cache_mb``, ``prefill_chunk``) are checked here, once,
+    when the settings are made: before any model loads (``serve`` makes them first).
     """
 
     model: str | None = None
@@ -61,6 +63,24 @@ class BackendSettings:
     timeout: float | None = None
     progress: Callable[[str], None] | None = None
 
+    def __post_init__(self) -> None:
+        given = self.given("max_batch", "prefix_cache_mb", "prefill_chunk")
+        if "max_batch" in given and not _whole(self.max_batch, 1):
+            msg = f"--max-batch must be at least 1, got {self.max_batch!r}"
+            raise ConfigurationError(msg)
+        if "prefix_cache_mb" in given and not _whole(self.prefix_cache_mb, 0):
+            msg = f"--prefix-cache-mb must be >= 0 (0 disables prefix caching), got {self.prefix_cache_mb!r}"
+            raise ConfigurationError(msg)
+        if "prefill_chunk" in given and not (type(self.prefill_chunk) is int and self.prefill_chunk == 0):
+            from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK
+
+            if not _whole(self.prefill_chunk, MIN_PREFILL_CHUNK):
+                msg = (
+                    f"--prefill-chunk must be at least {MIN_PREFILL_CHUNK} tokens (0: prefill prompts whole), "
+                    f"got {self.prefill_chunk!r}"
+                )
+                raise ConfigurationError(msg)
+
     def given(self, *names: str) -> dict[str, Any]:
         """The settings among ``names`` that were given (not None), by name."""
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
@@ -72,6 +92,11 @@ class BackendSettings:
             options = ", ".join(f"{name}={getattr(self, name)!r}" for name in given)
             msg = f"the {backend} backend does not take {options}: leave {'it' if len(given) == 1 else 'them'} out"
             raise ConfigurationError(msg)
+
+
+def _whole(value: object, least: int) -> bool:
+    """``value`` is a whole number (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 Factory = Callable[[BackendSettings], "Backend"]

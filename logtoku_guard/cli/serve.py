@@ -8,6 +8,7 @@ logtoku-guard serve [--host 127.0.0.1] [--port 8000] [--model ...] [--api-key ..
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -147,15 +148,10 @@ def serve(
                 "(python -c 'import secrets; print(secrets.token_urlsafe(32))'), or unset it to serve without one"
             )
             raise ConfigurationError(msg)
-        if max_batch < 1:
-            msg = f"--max-batch must be at least 1, got {max_batch}"
-            raise ConfigurationError(msg)
-        if prefix_cache_mb < 0:
-            msg = f"--prefix-cache-mb must be >= 0 (0 disables prefix caching), got {prefix_cache_mb}"
-            raise ConfigurationError(msg)
-        if prefill_chunk != 0 and prefill_chunk < MIN_PREFILL_CHUNK:
-            msg = f"--prefill-chunk must be at least {MIN_PREFILL_CHUNK} tokens (0: prefill prompts whole), got {prefill_chunk}"
-            raise ConfigurationError(msg)
+        from logtoku_guard.backends.registry import BackendSettings, create_backend
+
+        # --max-batch, --prefix-cache-mb and --prefill-chunk: checked by BackendSettings, here, before the model loads
+        batching = BackendSettings(max_batch=max_batch, prefix_cache_mb=prefix_cache_mb, prefill_chunk=prefill_chunk)
         pol = prof = None
         if policy is not None:
             from logtoku_guard.decision.policy import Policy
@@ -194,10 +190,9 @@ def serve(
 
             audit = open_store(store, cache_dir)
             settings = settings.model_copy(update={"store": audit})  # the store the settings named, opened
-        from logtoku_guard.backends.registry import BackendSettings, create_backend
-
         local = backend_name != "openai"
-        backend_settings = BackendSettings(
+        backend_settings = replace(
+            batching,
             model=model,  # None: the embedded model here, the one the server serves with --backend openai
             k=top_k,
             top_n=top_n,

@@ -123,3 +123,35 @@ def test_a_wrapper_forwards_its_backends_provider() -> None:
     inner = EchoBackend([ScriptedAnswer(["x"], [(2.0, 1.0)])])
     assert provider_of(CancellableBackend(inner, threading.Event())) == "echo-provider"
     assert provider_of(object()) is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ({"max_batch": 0}, r"--max-batch must be at least 1, got 0"),
+        ({"max_batch": True}, r"--max-batch must be at least 1, got True"),
+        ({"prefix_cache_mb": -1}, r"--prefix-cache-mb must be >= 0 \(0 disables prefix caching\), got -1"),
+        ({"prefill_chunk": 64}, r"--prefill-chunk must be at least 128 tokens \(0: prefill prompts whole\), got 64"),
+        ({"prefill_chunk": 200.0}, r"--prefill-chunk must be at least 128 tokens .*got 200\.0"),
+    ],
+    ids=["max-batch-0", "max-batch-bool", "prefix-cache-negative", "prefill-chunk-small", "prefill-chunk-float"],
+)
+def test_the_batching_settings_are_checked_when_the_settings_are_made(
+    setting: dict[str, Any], needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve``'s --max-batch, --prefix-cache-mb and --prefill-chunk are checked by BackendSettings,
+    before any factory (any model load) runs, whether given as settings or as create_backend's overrides."""
+    built: list[BackendSettings] = []
+    monkeypatch.setitem(registry._FACTORIES, "transformers", built.append)
+    with pytest.raises(ConfigurationError, match=needle):
+        BackendSettings(**setting)
+    with pytest.raises(ConfigurationError, match=needle):
+        create_backend("transformers", **setting)
+    assert not built
+
+
+def test_the_batching_settings_accept_their_edges() -> None:
+    edges = BackendSettings(max_batch=1, prefix_cache_mb=0, prefill_chunk=0)
+    assert (edges.max_batch, edges.prefix_cache_mb, edges.prefill_chunk) == (1, 0, 0)
+    assert BackendSettings(prefill_chunk=128).prefill_chunk == 128
+    assert BackendSettings().given("max_batch", "prefix_cache_mb", "prefill_chunk") == {}
