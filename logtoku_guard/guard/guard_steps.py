@@ -14,7 +14,7 @@ yields a request and is sent the answer::
         Retrieve(question, number)   -> send Retrieved(passages) or Retrieved(why=...)
         Measure(looks, question, answer, ...) -> send Measured(measurements): the second looks a
                                         policy rule reached (never the samples' text)
-    request.result                            # the GuardResult, recorded (raise it yourself for "raise")
+    request.result                            # the GuardResult, recorded ("raise": driver.raise_for_action)
 
 One driver answers it for every way of guarding (:mod:`logtoku_guard.guard.driver`: early stop, held
 or live drafts, spans); the entry points hand that driver only their generations and retrievals.
@@ -109,8 +109,9 @@ class Measure:
 
 @dataclass(frozen=True)
 class Conclude:
-    """The loop is over: ``result`` is decided and recorded. The driver reports it (and raises
-    :class:`~logtoku_guard.decision.results.GuardRejectedError` for the ``raise`` action)."""
+    """The loop is over: ``result`` is decided and recorded. The driver reports it; the entry point,
+    once it has reported it too, takes the ``raise`` action with
+    :func:`~logtoku_guard.guard.driver.raise_for_action` (:class:`~logtoku_guard.decision.results.GuardRejectedError`)."""
 
     result: GuardResult
 
