@@ -827,7 +827,8 @@ def per_wording(
         f"inside [coverage-{lo_c}, coverage-{hi_c}) and flag when the refit ({name}) is below {cut:.3f}.",
         "",
         "| wording | n correct/wrong | one pass: wrong flagged / correct passed / AUROC | shipped cascade: flagged / passed / "
-        "took a look | refit cascade: flagged / passed / took a look / mean (p95) CPU vs one pass / tokens vs one pass | "
+        "took a look / mean CPU | refit cascade: flagged / passed / took a look / mean (p95) CPU vs one pass / "
+        "tokens vs one pass | "
         "refit stated as rules, through the guard loop: flagged / passed / took a look |",
         "|---|---|---|---|---|---|",
     ]
@@ -842,6 +843,7 @@ def per_wording(
         ran = [(r, o) for r, o in zip(prow, v1) if o is not None]
         f1, p1, _, _ = rates([r for r, _ in ran], [o.flagged for _, o in ran])
         took1 = float(np.mean([bool(o.looks) for _, o in ran])) if ran else math.nan
+        cost1 = float(np.mean([(cpu1 + o.look_cpu_s) / cpu1 for _, o in ran])) if ran else math.nan
         outs = [cascade_outcome(p, lo, hi, model, cut, look_cpu, cpu1) for p in part]
         f2, p2, _, _ = rates(prow, [o[0] for o in outs])
         costs = np.array([o[2] for o in outs])
@@ -853,7 +855,8 @@ def per_wording(
             f3, p3, _, _ = rates([r for r, _ in ran2], [o.flagged for _, o in ran2])
             cell = f"{_pct(f3)} / {_pct(p3)} / {_pct(float(np.mean([bool(o.looks) for _, o in ran2])))} (n {len(ran2)})"
         out.append(
-            f"| {wording} | {nc}/{nw} | {_pct(wf)} / {_pct(cp)} / {_pct(auc)} | {_pct(f1)} / {_pct(p1)} / {_pct(took1)} | "
+            f"| {wording} | {nc}/{nw} | {_pct(wf)} / {_pct(cp)} / {_pct(auc)} | "
+            f"{_pct(f1)} / {_pct(p1)} / {_pct(took1)} / {cost1:.2f}x | "
             f"{_pct(f2)} / {_pct(p2)} / {_pct(float(np.mean([o[1] for o in outs])))} / {costs.mean():.2f}x "
             f"({np.percentile(costs, 95):.2f}x) / {tokens.mean():.2f}x | {cell} |"
         )
