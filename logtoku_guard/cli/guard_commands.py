@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -27,45 +26,6 @@ if TYPE_CHECKING:
     from logtoku_guard.calibration import ModelProfile
     from logtoku_guard.decision.policy import Policy
     from logtoku_guard.scoring.guard_score import GuardModel
-
-
-class StoreOpening:
-    """``_common.open_store(store, cache_dir)`` in a thread of its own, started before the model loads.
-
-    Opening the default store imports SQLAlchemy and checks the store's tables (about 0.3 s of a
-    cold ``ask`` on this project's VM); the model's load (llama.cpp's, in C, releases the GIL) runs
-    beside it, so a cold start waits for the longer of the two instead of both. The store's
-    error is raised in the command's thread, by :meth:`result` (or :meth:`close`), exactly as when
-    it opened first, so it is still reported before any error of the model's load.
-    """
-
-    def __init__(self, store: str | None, cache_dir: Path | None) -> None:
-        self._store: AuditStore | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._open, args=(store, cache_dir), name="logtoku-guard-store", daemon=True)
-        self._thread.start()
-
-    def _open(self, store: str | None, cache_dir: Path | None) -> None:
-        try:
-            self._store = _common.open_store(store, cache_dir)
-        except BaseException as exc:  # handed to the command's thread by result()
-            self._error = exc
-
-    def result(self) -> AuditStore:
-        """The opened store, once it is; the error it failed with, raised here."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        if self._store is None:  # pragma: no cover - _open sets one of the two
-            msg = "internal error: the audit store's opening ended without a store or an error"
-            raise RuntimeError(msg)
-        return self._store
-
-    def close(self) -> None:
-        """When the command fails before it uses the store: raise the store's own error if it failed
-        (the first error, as when it opened first), else close it."""
-        self.result().close()
-
 
 ACTION_STYLE = {
     "pass": "green",
@@ -425,14 +385,9 @@ def ask(
         _common.check_backend(backend_name, device, dtype, base_url)
         rules = Policy.load(policy) if policy else default_policy()
         retriever = _common.read_context_file(context_file) if context_file else None
-        opening = StoreOpening(store, cache_dir)  # SQLAlchemy's import and the store's tables, while the model loads
-        try:
-            explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
-            backend = _common.load_backend(model, top_k, device, dtype, cache_dir, backend=backend_name, base_url=base_url)
-        except Exception:
-            opening.close()  # a store that failed to open is the error reported, as when it opened first
-            raise
-        audit = opening.result()
+        audit = _common.open_store(store, cache_dir)
+        explicit = _common.read_profile(profile, model, top_k, "clamped") if profile else None
+        backend = _common.load_backend(model, top_k, device, dtype, cache_dir, backend=backend_name, base_url=base_url)
         prof, _ = _common.profile_for(backend, explicit, profile, cache_dir)
         if prof is None and (rules.uses_quantiles() or rules.rules):
             path = profile_path(backend.model_name, backend.k, backend.evidence, cache_dir)
