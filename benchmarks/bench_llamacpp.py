@@ -30,7 +30,8 @@ scores). Measured, never asserted:
 7. cold start (``--parts cold_ask``): child CPU time and wall time of ``logtoku-guard ask --backend
    llamacpp --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against
    a bare llama-cpp-python script answering the same question with one token, interleaved (median of
-   ``--repeats`` runs each; the wall time shows what overlaps: the store opens while the model loads);
+   ``--repeats`` runs each); ``--parts ask_phases``: the CPU time of each import group and each step
+   of the same ``ask`` (a fresh process per run), where the difference goes;
 8. scored decode against bare (``--parts decode_cpu``): process CPU time per token of a greedy
    ``--tokens`` answer through ``generate`` (every token scored; also with ``max_logprobs=0``, each
    step searching only AU/EU's K) and of the bare loop's same tokens, at 1 and 2 threads,
@@ -388,6 +389,69 @@ print(out["choices"][0]["message"]["content"])
 """
 
 
+ASK_PHASES = """
+import json, sys, time
+marks = []
+def mark(name):
+    marks.append((name, time.process_time()))
+start = time.process_time()
+import typer, rich.console, rich.table; mark("import typer + rich")
+import pydantic; mark("import pydantic")
+import numpy; mark("import numpy")
+import logtoku_guard; mark("import logtoku_guard")
+import logtoku_guard.cli; mark("import logtoku_guard.cli (every command module)")
+from logtoku_guard.cli.plugins import add_plugins; add_plugins(logtoku_guard.cli.app); mark("CLI plugins (logtoku_eval)")
+from logtoku_guard.calibration import profile_path
+from logtoku_guard.decision.policy import default_policy
+from logtoku_guard.guard.guard import Guard
+mark("import guard, policy, calibration")
+import sqlalchemy; mark("import sqlalchemy")
+import logtoku_guard.audit.store; mark("import the audit store (its PostgreSQL dialect too)")
+import llama_cpp; mark("import llama_cpp")
+import logtoku_guard.backends.llamacpp; mark("import our llama.cpp backend")
+from logtoku_guard.cli import _common
+from logtoku_guard.types import DecodingOptions
+rules = default_policy(); mark("default policy")
+audit = _common.open_store(sys.argv[2], None); mark("open the audit store")
+backend = _common.load_backend("embedded", 2, "auto", "auto", None, backend="llamacpp"); mark("load the model")
+profile, _ = _common.profile_for(backend, None, None, None); mark("read its profile")
+guard = Guard(backend, rules, store=audit, profile=profile, options=DecodingOptions(max_new_tokens=1)); mark("Guard()")
+result = guard.run(sys.argv[1]); mark("guard.run (1 token, its record written)")
+prev, out = start, {}
+for name, t in marks:
+    out[name] = round(1000 * (t - prev), 1)
+    prev = t
+out["total"] = round(1000 * (prev - start), 1)
+print(json.dumps(out))
+"""
+
+
+def ask_phases(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a cold ``ask --backend llamacpp`` spends its CPU: each import group and each step of the
+    command (as ``ask`` runs them), in a fresh process per run; median ms of ``--repeats`` runs."""
+    import statistics
+    import tempfile
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    if args.cache_dir is not None:
+        env["LOGTOKU_GUARD_CACHE"] = str(args.cache_dir)
+    runs: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats + 1):  # the first run checks the build and makes the store: not counted
+            command = [sys.executable, "-c", ASK_PHASES, "What is the capital of France?", str(Path(tmp) / "audit.db")]
+            proc = subprocess.run(command, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"ask_phases failed: {proc.stderr[-2000:]}")
+            if i:
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    res = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+    print(json.dumps({"ask_phases_cpu_ms": res}, indent=1), flush=True)
+    return res
+
+
 def child_cpu(command: list[str], env: dict[str, str]) -> float:
     """CPU seconds (user + system) of one child process running ``command``."""
     import resource
@@ -469,6 +533,7 @@ def main() -> None:
         "ceiling": ceiling,
         "long": long_prompt,
         "cold_ask": cold_ask,
+        "ask_phases": ask_phases,
         "decode_cpu": decode_cpu,
     }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
