@@ -113,8 +113,9 @@ def calibrate(
 
     For the embedded model: the project's shipped fit.
 
-    For any other model: fitted on the shipped questions whose answers judge themselves (--fit-guard, the default),
-    answering more of them until the default policy's stated risk has enough correct answers (--risk-slack).
+    For any other model: fitted on the shipped questions whose answers judge themselves (--fit-guard, the default).
+
+    It answers more of them until the default policy's stated risk has enough correct answers (--risk-slack).
 
     --no-fit-guard leaves it out: guard_score is then unavailable and the default policy uses reliability.
     """
