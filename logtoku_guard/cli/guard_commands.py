@@ -121,6 +121,7 @@ def calibrate(
     """
     from logtoku_guard.calibration import default_calibration_prompts, profile_path, read_prompts_file
     from logtoku_guard.calibration.guard_fit import fit_on_labels, read_labels, shipped_guard
+    from logtoku_guard.calibration.thresholds import MIN_SLACK
 
     try:
         validate_k(top_k)
@@ -128,8 +129,11 @@ def calibrate(
         _common.check_load_options(device, cache_dir)
         _common.check_backend(backend_name, device, dtype, base_url)
         _common.check_profile_out(out_path, force)
-        if not 0.0 < risk_slack < 1.0:
-            msg = f"--risk-slack must be a share strictly between 0 and 1 (0.05: within 5 points of the target), got {risk_slack}"
+        if not MIN_SLACK <= risk_slack < 1.0:
+            msg = (
+                f"--risk-slack must be a share from {MIN_SLACK} to below 1 (0.05: within 5 points of the target), "
+                f"got {risk_slack}; a finer one needs tens of thousands of labels"
+            )
             raise ConfigurationError(msg)
         questions = read_prompts_file(prompts) if prompts else default_calibration_prompts(n)
         if fit_guard and (labels is not None or labels_from_store is not None):

@@ -22,7 +22,7 @@ from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N
 
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind; a non-loopback one needs --allow-remote.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port, printed at start).")] = 8000,
     model: Annotated[
         str | None,
         typer.Option("--model", "-m", help="Model: the embedded default, a folder or .gguf, a hub id, gemma3-270m (llamacpp)."),
@@ -220,7 +220,7 @@ def serve(
 
     limits = settings.limits
     typer.echo(
-        f"serving {backend.model_name!r} on {url(host, port)} "
+        f"serving {backend.model_name!r} on {url(host, sock.getsockname()[1])} "
         f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}; "
         f"a request that sends no temperature or max_tokens gets temperature {limits.default_temperature:g} "
         f"and {limits.default_max_tokens} tokens)",

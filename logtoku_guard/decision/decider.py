@@ -51,9 +51,18 @@ def require_review_store(
     """The one check that a policy able to send answers (``answers``) or tool calls (``tool_calls``)
     to human review has a ``store`` to queue them in (:class:`Decider`, the server's settings and
     the integrations ask it): :class:`ConfigurationError` naming the policy and what it ``needs``."""
-    actions = (policy.actions() if answers else set()) | (policy.tool_calls.actions() if tool_calls else set())
-    if store is None and "human_review" in actions:
-        msg = f"policy {policy.name!r} can send {'answers' if answers else 'tool calls'} to human review, which needs {needs}"
+    if store is not None:
+        return
+    reviewed = [
+        what
+        for what, checked, actions in (
+            ("answers", answers, policy.actions),
+            ("tool calls", tool_calls, policy.tool_calls.actions),
+        )
+        if checked and "human_review" in actions()
+    ]
+    if reviewed:  # named by what the policy really sends to review
+        msg = f"policy {policy.name!r} can send {' and '.join(reviewed)} to human review, which needs {needs}"
         raise ConfigurationError(msg)
 
 

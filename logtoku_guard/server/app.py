@@ -28,7 +28,7 @@ from logtoku_guard.server.state import Serving, error_response, serving_of
 if TYPE_CHECKING:
     from logtoku_guard.backends.base import Backend
 
-__all__ = ["create_app"]
+__all__ = ["close_app", "create_app"]
 
 ROUTES = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /v1/logtoku/reviews/{id}"
 """What a 404 lists."""
@@ -61,22 +61,31 @@ def create_app(
         msg = "create_app takes a backend or an engine=... (one of them)"
         raise TypeError(msg)
     store = settings.store
+    opened = None  # a store this app opens is this app's to close (at shutdown, or if building fails)
     if isinstance(store, (str, Path)):  # where the store is: opened here, once
+        if engine is not None:
+            msg = "create_app: give the store to the Engine (engine=Engine(..., store=...)), not a store path beside it"
+            raise TypeError(msg)
         from logtoku_guard.audit import AuditStore
 
-        store = AuditStore(store)
+        store = opened = AuditStore(store)
         settings = settings.model_copy(update={"store": store})
-    if engine is None:
-        engine = Engine(
-            ThreadRunner(backend, workers),  # type: ignore[arg-type]  # not None: checked above
-            policy=settings.policy,
-            profile=settings.profile,
-            store=store,
-            cache_dir=settings.cache_dir,
-        )
-    else:
-        settings = settings.with_values(policy=engine.policy, profile=engine.profile, store=engine.store)
-    serving = Serving.build(settings, engine)
+    try:
+        if engine is None:
+            engine = Engine(
+                ThreadRunner(backend, workers),  # type: ignore[arg-type]  # not None: checked above
+                policy=settings.policy,
+                profile=settings.profile,
+                store=store,
+                cache_dir=settings.cache_dir,
+            )
+        else:
+            settings = settings.with_values(policy=engine.policy, profile=engine.profile, store=engine.store)
+        serving = Serving.build(settings, engine)
+    except BaseException:
+        if opened is not None:
+            opened.close()
+        raise
     app = FastAPI(
         title="logtoku-guard",
         summary="OpenAI-compatible API (log-probabilities, or vLLM's raw logits), plus LogTokU scores and guard decisions.",
@@ -96,7 +105,17 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(reviews.router)
     _add_error_handlers(app)
+    app.state.owned_store = opened  # closed by close_app when the server stops
     return app
+
+
+def close_app(app: Any) -> None:
+    """Close what :func:`create_app` opened itself (the store it was given as a path or URL); the
+    servers call it when they stop (uvicorn runs here without lifespan events)."""
+    store = getattr(app.state, "owned_store", None)
+    app.state.owned_store = None
+    if store is not None:
+        store.close()
 
 
 async def require_api_key(request: Any, call_next: Any) -> Any:

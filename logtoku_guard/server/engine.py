@@ -192,8 +192,12 @@ class Engine:
         """The guard, built and checked once at start-up (policy, profile, store, decider, telemetry);
         each request runs it with its own backend (watching the client) and options."""
         if policy is not None:
+            from logtoku_guard.decision.decider import require_review_store
             from logtoku_guard.guard.guard import Guard
+            from logtoku_guard.server.settings import REVIEW_QUEUE_NEEDED
 
+            # the Guard's Decider checks the answers' rules; the served tool-call rules are the engine's
+            require_review_store(policy, store, answers=False, tool_calls=True, needs=REVIEW_QUEUE_NEEDED)
             self.guard = Guard(self.backend, policy, profile=profile, store=store, cache_dir=cache_dir)
         self.profile: ModelProfile | None = self.guard.profile if self.guard is not None else None
 

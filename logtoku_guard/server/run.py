@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import LogTokUError
-from logtoku_guard.server.app import create_app
+from logtoku_guard.server.app import close_app, create_app
 from logtoku_guard.server.connections import ConnectionLimits, connection_cap, limited_protocol, quiet_accept_errors
 from logtoku_guard.server.settings import ServerSettings, check_graceful_timeout, check_host, is_loopback
 from logtoku_guard.sockets import bind_socket
@@ -128,7 +128,10 @@ def serve_app(app: Any, settings: ServerSettings, sock: socket.socket, log_level
     config = _config(
         app, settings.host, settings.port, settings.graceful_timeout, log_level, settings.connections, settings.max_connections
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        close_app(app)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -160,6 +163,7 @@ class BackgroundServer:
         limits = connections or ConnectionLimits()
         config = _config(app, host, port or 0, graceful_timeout, log_level, limits, connection_cap(limits.max_connections))
         self._sock = bind_socket(host, port or 0)  # bound now: no other process can take the port before start()
+        self.app = app
         self.host = host
         self.port = int(self._sock.getsockname()[1])
         self.server = uvicorn.Server(config)
@@ -186,6 +190,7 @@ class BackgroundServer:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._sock.close()
+            close_app(self.app)
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

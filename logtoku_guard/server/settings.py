@@ -55,6 +55,13 @@ _FLAGS = {
 """Each field's ``serve`` option, named in a type error."""
 
 
+REVIEW_QUEUE_NEEDED = (
+    "a review queue: pass --store (a SQLite file or a postgresql:// URL; store= in Python) and decide "
+    "with 'logtoku-guard review serve --store'"
+)
+"""What a policy that sends answers or tool calls to human review needs, in the server's words."""
+
+
 class ServerSettings(BaseModel):
     """What the server serves and how, checked once (a bad value raises :class:`ConfigurationError`
     naming its ``serve`` option and the fix).
@@ -103,7 +110,7 @@ class ServerSettings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         check_host(self.host, self.allow_remote)
-        check_port(self.port)
+        check_port(self.port, allow_any=True)  # 0: any free port (the socket says which)
         check_graceful_timeout(self.graceful_timeout)
         check_api_key(self.api_key)
         if self.metrics not in METRICS_MODES:
@@ -126,8 +133,7 @@ class ServerSettings(BaseModel):
                 policy,
                 self.store,
                 tool_calls=True,
-                needs="a review queue: pass --store (a SQLite file or a postgresql:// URL; store= in Python) and decide "
-                "with 'logtoku-guard review serve --store'",
+                needs=REVIEW_QUEUE_NEEDED,
             )
 
     @property

@@ -66,6 +66,7 @@ def test_labels_needed_for_a_selective_risk() -> None:
         (("coverage", 1.0, 0.9, 0.05), "strictly between 0 and 1"),
         (("coverage", 0.8, 0.9, 0.0), "slack must be a share"),
         (("coverage", 0.8, 0.9, float("nan")), "slack must be a share"),
+        (("coverage", 0.8, 0.9, 0.001), "from 0.01 to below 1 .*tens of thousands of labels"),  # would scan for an hour
         (("selective_risk", 0.05, 0.9, 0.05), "below its target"),
         (("bogus", 0.8, 0.9, 0.05), "'coverage' or 'selective_risk'"),
     ],
@@ -176,5 +177,6 @@ def test_calibrate_fit_guard_answers_more_shipped_questions_and_says_so(tmp_path
     text = " ".join(res.output.split())
     assert res.exit_code == 0 and f"could not reach {needed} correct answers with the shipped questions (20)" in text, text
     assert "too few: a lenient threshold" in text
-    res = CliRunner().invoke(app, ["calibrate", "--model", "fake", "--risk-slack", "1.5", "--fit-guard"])
-    assert res.exit_code == 2 and "--risk-slack must be a share" in " ".join(res.output.split())
+    for bad in ("1.5", "0.001"):
+        res = CliRunner().invoke(app, ["calibrate", "--model", "fake", "--risk-slack", bad, "--fit-guard"])
+        assert res.exit_code == 2 and "--risk-slack must be a share from 0.01" in " ".join(res.output.split()), res.output

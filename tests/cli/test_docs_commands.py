@@ -477,11 +477,15 @@ def _runs_on_the_model(c: Command) -> bool:
     """An ``ask`` or ``score`` on a local backend (``--backend openai`` needs a server listening)."""
     if not _ours(c):
         return False
-    words = _expand(c)
+    try:
+        words = _expand(c)
+        path = _parse(words[1:])[:1]
+    except (AssertionError, typer.TyperException):  # test_each_logtoku_guard_command_parses names the page and the fault
+        return False
     backend = words[words.index("--backend") + 1] if "--backend" in words else "transformers"
     if "--context-file" in words:  # run, its answer checked: test_the_readme_context_file_example_fixes_the_answer_by_retrieval
         return False
-    return _parse(words[1:])[:1] in (["ask"], ["score"]) and backend in ("transformers", "llamacpp")
+    return path in (["ask"], ["score"]) and backend in ("transformers", "llamacpp")
 
 
 _ON_THE_MODEL = list({tuple(_expand(c)[1:]): c for c in reversed(ALL) if _runs_on_the_model(c)}.values())

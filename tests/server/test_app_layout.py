@@ -83,7 +83,7 @@ def test_the_routes_read_the_serving_objects_built_once() -> None:
 
 
 def test_a_policy_that_sends_tool_calls_to_review_needs_a_store_checked_by_the_settings(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="can send answers to human review, which needs a review queue: pass --store"):
+    with pytest.raises(ConfigurationError, match="can send tool calls to human review, which needs a review queue: pass --store"):
         ServerSettings(policy=tool_review_policy())
     with pytest.raises(ConfigurationError, match="needs a review queue"):
         build_app(backend(), policy=tool_review_policy())
@@ -98,6 +98,47 @@ def test_a_policy_that_sends_tool_calls_to_review_needs_a_store_checked_by_the_s
     opened = create_app(ServerSettings(policy=tool_review_policy(), store=str(where)), backend()).state.serving
     assert isinstance(opened.engine.store, AuditStore) and opened.settings.store is opened.engine.store and where.is_file()
     opened.engine.store.close()
+
+
+def test_a_store_the_app_opened_is_closed_when_building_fails_and_when_the_server_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from logtoku_guard.audit import AuditStore
+    from logtoku_guard.decision.policy import default_policy
+    from logtoku_guard.server import Engine
+
+    closed: list[AuditStore] = []
+    real_close = AuditStore.close
+
+    def spy(self: AuditStore) -> None:
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(AuditStore, "close", spy)
+    # the default policy needs a profile this scripted model does not have: building fails after the store opened
+    with pytest.raises(ConfigurationError, match="quantile thresholds"):
+        create_app(ServerSettings(policy=default_policy(), store=str(tmp_path / "a.db"), cache_dir=tmp_path), backend())
+    assert len(closed) == 1
+    app = create_app(ServerSettings(policy=tool_review_policy(), store=str(tmp_path / "b.db")), backend())
+    with BackgroundServer(app) as srv:
+        assert httpx.get(f"{srv.base_url}/models", timeout=30).status_code == 200
+        assert len(closed) == 1  # open while serving
+    assert closed[1:] == [app.state.serving.engine.store]  # closed by the server's stop
+    with pytest.raises(TypeError, match="give the store to the Engine"):  # a store path beside a ready engine: whose?
+        create_app(ServerSettings(policy=tool_review_policy(), store=str(tmp_path / "c.db")), engine=Engine(_runner()))
+
+
+def test_an_engine_built_by_hand_refuses_a_tool_review_policy_without_a_store() -> None:
+    from logtoku_guard.server import Engine
+
+    with pytest.raises(ConfigurationError, match="can send tool calls to human review, which needs a review queue"):
+        Engine(_runner(), policy=tool_review_policy())
+
+
+def _runner() -> Any:
+    from logtoku_guard.server.engine import ThreadRunner
+
+    return ThreadRunner(backend())
 
 
 def test_serve_refuses_a_tool_review_policy_without_a_store_before_the_model_loads(tmp_path: Path) -> None:
