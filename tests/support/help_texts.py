@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import typer
+import typer.rich_utils  # read here, at collection: it reads TERMINAL_WIDTH once, at its import
 from typer.testing import CliRunner
 
 BRACKET = re.compile(r"(?<!\\)\[([a-zA-Z][\w,.-]*)\]")
