@@ -112,9 +112,10 @@ def create_app(
 def close_app(app: Any) -> None:
     """Close what :func:`create_app` opened itself (the store it was given as a path or URL); the
     servers call it when they stop (uvicorn runs here without lifespan events)."""
-    store = getattr(app.state, "owned_store", None)
-    app.state.owned_store = None
+    state = getattr(app, "state", None)  # any ASGI app may be served; only create_app's own one owns a store
+    store = getattr(state, "owned_store", None)
     if store is not None:
+        state.owned_store = None  # type: ignore[union-attr]  # found on it
         store.close()
 
 
