@@ -5,12 +5,18 @@ Protocol of the paper (Ma et al. 2025, arXiv 2502.00290): prompt ``"Answer the q
 backend), greedy decoding, at most 64 new tokens, stop at the first newline or EOS. Raw
 top-K logits are stored with K = 5 so K = 2 and K = 5 are re-scored from one run.
 Sampling baselines: 10 answers at temperature 0.5 per question (same prompt, same stops).
+:class:`SampledSpec` is one sampled answer per question with every token's top-K logits (as
+``serve`` answers a request that leaves ``temperature`` at OpenAI's default), each question drawn
+from its own seeded stream (:func:`run_answers`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from logtoku_eval.cache import (
@@ -52,8 +58,7 @@ class GreedySpec:
 
     @property
     def name(self) -> str:
-        base = f"greedy-max{self.max_new_tokens}"
-        return base if self.stop == ("\n",) else base + ("-nostop" if not self.stop else f"-stop{len(self.stop)}")
+        return f"greedy-max{self.max_new_tokens}{_stop_suffix(self.stop)}"
 
     def options(self) -> DecodingOptions:
         return DecodingOptions(max_new_tokens=self.max_new_tokens, stop=self.stop)
@@ -63,6 +68,69 @@ SERVING = GreedySpec(max_new_tokens=64, stop=())
 """Answers as the guard sees them in ``ask`` and ``calibrate``: greedy, 64 tokens, no stop string."""
 SERVING_TEMPLATE = "{question}"
 """The question alone as the user turn (the chat template is the backend's)."""
+
+
+def _stop_suffix(stop: tuple[str, ...]) -> str:
+    return "" if stop == ("\n",) else ("-nostop" if not stop else f"-stop{len(stop)}")
+
+
+@dataclass(frozen=True)
+class SampledSpec:
+    """One sampled answer per question, every token's top-K logits kept (as :class:`GreedySpec`'s).
+
+    ``temperature`` (at least :data:`~logtoku_guard.types.GREEDY_BELOW`, below which every backend
+    decodes greedily: use :class:`GreedySpec`), top-p 1, at most ``max_new_tokens``, stop at ``stop``
+    or EOS: with the defaults, what ``logtoku-guard serve`` does with a chat request that sends no
+    ``temperature`` and no ``max_tokens`` (OpenAI's temperature 1, the server's 256 tokens). The
+    draws come from the backend's own sampler (:func:`logtoku_guard.backends.processors.draw`, the
+    served one). Question ``id`` draws from the stream seeded with :meth:`seed_of` (a hash of
+    ``seed`` and the id), so its answer does not depend on the questions asked beside it, the
+    batch size, ``--limit`` or the split; the cache file is named by every field (:attr:`name`).
+    """
+
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from logtoku_guard.types import GREEDY_BELOW
+
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= GREEDY_BELOW):
+            msg = (
+                f"a sampled answer needs a finite temperature of at least {GREEDY_BELOW}, got {t!r}; "
+                "use GreedySpec for greedy answers"
+            )
+            raise ConfigurationError(msg)
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            msg = f"max_new_tokens must be a positive integer, got {n!r}"
+            raise ConfigurationError(msg)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            msg = f"seed must be a non-negative integer, got {self.seed!r}"
+            raise ConfigurationError(msg)
+
+    @property
+    def name(self) -> str:
+        return f"sampled-t{float(self.temperature)!r}-max{self.max_new_tokens}{_stop_suffix(self.stop)}-seed{self.seed}"
+
+    def seed_of(self, question_id: str) -> int:
+        """The seed of question ``question_id``'s random stream (64 bits of SHA-256 of the seed and the id)."""
+        digest = hashlib.sha256(f"{self.seed}\x00{question_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big")
+
+    def options(self, question_id: str) -> DecodingOptions:
+        return DecodingOptions(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            seed=self.seed_of(question_id),
+            stop=self.stop,
+        )
+
+
+AnswerSpec = GreedySpec | SampledSpec
+"""How the answers of a generation cache were decoded (:func:`greedy_cache`, :func:`run_answers`)."""
 
 
 @dataclass(frozen=True)
@@ -104,11 +172,12 @@ def greedy_cache(
     cache_dir: str | os.PathLike[str],
     model: str,
     dataset: str,
-    spec: GreedySpec | None = None,
+    spec: AnswerSpec | None = None,
     k_stored: int = K_STORED,
     template: str = PROMPT_TEMPLATE,
 ) -> JsonlCache[CachedGeneration]:
-    """The greedy-generation cache of ``model`` on ``dataset``."""
+    """The answers cache of ``model`` on ``dataset``: greedy (the default) or sampled (a :class:`SampledSpec`),
+    in a file named by the decoding, so greedy and sampled answers never share one."""
     meta = CacheMeta(model, dataset, k_stored, (spec or GreedySpec()).name, template, CachedGeneration.kind)
     return JsonlCache.in_dir(cache_dir, meta, CachedGeneration)
 
@@ -166,13 +235,7 @@ def run_greedy(
     custom one must be what the cache's ``prompt_template`` names, or the cache lies.
     """
     spec = spec or GreedySpec()
-    if getattr(backend, "k", None) != cache.meta.k_stored:
-        k = cache.meta.k_stored
-        msg = f"the backend keeps k={getattr(backend, 'k', None)} logits per token but the cache stores k={k}; load it with k={k}"
-        raise ConfigurationError(msg)
-    if batch_size < 1:
-        msg = f"batch_size must be a positive integer, got {batch_size!r}"
-        raise ConfigurationError(msg)
+    _check_run(backend, cache, batch_size)
     done = cache.done_ids()
     if on_progress is not None and done:
         on_progress(sum(1 for it in items if it.id in done))
@@ -187,6 +250,65 @@ def run_greedy(
         if on_progress is not None:
             on_progress(len(chunk))
     return cache.records([it.id for it in items])
+
+
+def run_answers(
+    backend: Backend,
+    items: Sequence[QAItem],
+    cache: JsonlCache[CachedGeneration],
+    *,
+    spec: AnswerSpec | None = None,
+    batch_size: int = 8,
+    on_progress: ProgressFn | None = None,
+) -> list[CachedGeneration]:
+    """The answers missing from ``cache``, decoded as ``spec`` says, appended; returns all of ``items``'.
+
+    A :class:`GreedySpec` goes to :func:`run_greedy`. A :class:`SampledSpec` asks one
+    ``backend.generate`` per question, its own seed in its options (:meth:`SampledSpec.options`), at
+    most ``batch_size`` at a time from as many threads (a batching backend runs them as rows of one
+    batch, each row drawing from its own seeded stream); each answer is appended as soon as it is
+    made (in the order they finish: the cache is keyed by id), so an interrupted run resumes.
+    ``spec`` must be the one the cache's file is named for, or the cache lies.
+    """
+    spec = spec or GreedySpec()
+    if cache.meta.decoding != spec.name:
+        msg = (
+            f"the cache {str(cache.path)!r} holds {cache.meta.decoding!r} answers, not {spec.name!r}; "
+            "open the cache for this spec (greedy_cache(..., spec))"
+        )
+        raise ConfigurationError(msg)
+    if isinstance(spec, GreedySpec):
+        return run_greedy(backend, items, cache, spec=spec, batch_size=batch_size, on_progress=on_progress)
+    _check_run(backend, cache, batch_size)
+    done = cache.done_ids()
+    if on_progress is not None and done:
+        on_progress(sum(1 for it in items if it.id in done))
+    todo = list({it.id: it for it in items if it.id not in done}.values())
+    template = cache.meta.prompt_template
+    if todo:
+        pool = ThreadPoolExecutor(max_workers=min(batch_size, len(todo)), thread_name_prefix="logtoku-eval-sample")
+        futures: dict[Future[Generation], QAItem] = {}
+        try:
+            for it in todo:
+                futures[pool.submit(backend.generate, qa_prompt(it.question, template), spec.options(it.id))] = it
+            for future in as_completed(futures):
+                it = futures[future]
+                cache.append([to_cached(it, future.result())])
+                if on_progress is not None:
+                    on_progress(1)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return cache.records([it.id for it in items])
+
+
+def _check_run(backend: Backend, cache: JsonlCache[CachedGeneration], batch_size: int) -> None:
+    if getattr(backend, "k", None) != cache.meta.k_stored:
+        k = cache.meta.k_stored
+        msg = f"the backend keeps k={getattr(backend, 'k', None)} logits per token but the cache stores k={k}; load it with k={k}"
+        raise ConfigurationError(msg)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        msg = f"batch_size must be a positive integer, got {batch_size!r}"
+        raise ConfigurationError(msg)
 
 
 def _sample_record(item: QAItem, generations: Sequence[Generation]) -> CachedSamples:

@@ -6,7 +6,10 @@ answers to ordinary questions. This measures that on the ordinary-questions benc
 real questions of the traffic benchmark's test half (:mod:`~logtoku_eval.traffic`):
 
 * answers are made as ``logtoku-guard ask`` makes them (:data:`~logtoku_eval.generate.SERVING`:
-  the question alone as the user turn, greedy, 64 tokens, no stop string);
+  the question alone as the user turn, greedy, 64 tokens, no stop string), or with
+  ``--temperature``/``--max-new-tokens``/``--sample-seed`` as another decoding makes them
+  (:class:`~logtoku_eval.generate.SampledSpec`: ``--temperature 1 --max-new-tokens 256`` is what
+  ``serve`` does with a request that leaves both out);
 * each answer is judged correct or wrong by ``nq-match`` against its accepted answers
   (:func:`~logtoku_guard.calibration.self_labels.answer_matches`, the judge of ``eval traffic``
   and ``calibrate``);
@@ -46,6 +49,7 @@ from logtoku_guard.scoring.guard_score import auroc
 
 __all__ = [
     "ALL",
+    "DEFAULT_DECODING",
     "OrdinaryReport",
     "RateCI",
     "Row",
@@ -310,6 +314,10 @@ def summarise(label: str, answers: Sequence[ScoredAnswer], *, n_boot: int = 1000
     )
 
 
+DEFAULT_DECODING = "greedy, at most 64 tokens"
+"""What ``eval ordinary`` decodes by default (as ``ask``)."""
+
+
 @dataclass(frozen=True)
 class OrdinaryReport:
     """What ``eval ordinary`` measured (see the module docstring)."""
@@ -328,6 +336,8 @@ class OrdinaryReport:
     categories: list[Row] = field(default_factory=list)
     """One row per category, the three wordings pooled."""
     answers: list[ScoredAnswer] = field(default_factory=list)
+    decoding: str = DEFAULT_DECODING
+    """How the answers were decoded, in words (``eval ordinary --temperature``, ``--max-new-tokens``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -336,6 +346,7 @@ class OrdinaryReport:
             "policy": self.policy,
             "threshold": finite_json(self.threshold),
             "split": self.split,
+            "decoding": self.decoding,
             "rows": [r.to_json() for r in self.rows],
             "traffic": [r.to_json() for r in self.traffic],
             "categories": [r.to_json() for r in self.categories],
@@ -351,8 +362,8 @@ class OrdinaryReport:
         lines = [
             f"### Ordinary questions, {self.split} half ({self.model}; shipped guard and policy as they are, nothing refit)",
             "",
-            f"Profile: {self.profile}. Policy: {self.policy} ({rule}). Intervals resample questions "
-            "(a question's wordings together).",
+            f"Profile: {self.profile}. Policy: {self.policy} ({rule}). Answers: {self.decoding}. "
+            "Intervals resample questions (a question's wordings together).",
             "",
             *head,
             *(r.cells() for r in self.rows),
@@ -391,6 +402,7 @@ def evaluate_ordinary(
     traffic: Sequence[ScoredAnswer] = (),
     n_boot: int = 1000,
     seed: int = 0,
+    decoding: str = DEFAULT_DECODING,
 ) -> OrdinaryReport:
     """The table: per wording and over all wordings, per traffic style and over the traffic half, per category."""
     rows = [summarise(w, [a for a in answers if a.group == w], n_boot=n_boot, seed=seed) for w in WORDINGS]
@@ -414,6 +426,7 @@ def evaluate_ordinary(
         traffic=traffic_rows,
         categories=categories,
         answers=[*answers, *traffic],
+        decoding=decoding,
     )
 
 

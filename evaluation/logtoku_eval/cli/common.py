@@ -199,9 +199,10 @@ class RunOptions:
         return backend_loader(model, k, self.device, self.model_cache, self.backend)
 
     def answer_missing(self, model: str, work: Mapping[str, Sequence[Any]], caches: Mapping[str, Any], spec: Any) -> None:
-        """Greedy answers (``spec``) into ``caches[key]`` for the questions of ``work[key]`` it lacks, a
-        progress bar per key; the model loads only when one is missing."""
-        from logtoku_eval.generate import K_STORED, run_greedy
+        """Answers decoded as ``spec`` says (greedy, or sampled: :func:`~logtoku_eval.generate.run_answers`) into
+        ``caches[key]`` for the questions of ``work[key]`` it lacks, a progress bar per key; the model loads
+        only when one is missing."""
+        from logtoku_eval.generate import K_STORED, run_answers
 
         todo = {key: [it for it in items if it.id not in caches[key]] for key, items in work.items()}
         if not any(todo.values()):
@@ -210,7 +211,7 @@ class RunOptions:
         with progress_bar() as progress:
             for key, items in work.items():
                 on = progress_factory(progress)(key, len(items), len(items) - len(todo[key]))
-                run_greedy(loaded, todo[key], caches[key], spec=spec, batch_size=self.batch_size, on_progress=on)
+                run_answers(loaded, todo[key], caches[key], spec=spec, batch_size=self.batch_size, on_progress=on)
 
 
 def run_options(
