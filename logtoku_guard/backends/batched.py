@@ -59,6 +59,11 @@ class BatchedBackend(ScoringIdentity):
     _batcher: Batcher
     _stream_thread = "logtoku-generate"
     """The name of the thread that runs a stream's generation."""
+    model_stop: tuple[str, ...] = ()
+    """The model's own stop strings, added to every row beside the caller's ``stop`` (a packaged base
+    model's :attr:`~logtoku_guard.backends.packaged_models.PackagedModel.stop`, looked for after the
+    answer's leading whitespace: :mod:`~logtoku_guard.backends.stop_strings`); ``()`` (set it so to
+    keep a base model's whole continuation): none."""
 
     # -- properties (model_name, k, evidence, top_n: ScoringIdentity) ---------------------
     @property
@@ -171,7 +176,7 @@ class BatchedBackend(ScoringIdentity):
         from logtoku_guard.backends.batching import Job
 
         rows = [self._prepare(to_messages(p, system), options) for p in prompts]
-        return self._batcher(Job(rows, options, on_token, cancel))
+        return self._batcher(Job(rows, options, on_token, cancel, model_stop=self.model_stop))
 
     def _generation(self, row: Any) -> Generation:
         """The finished ``row`` of a decode loop as a :class:`Generation` (timings from when it joined)."""

@@ -100,6 +100,8 @@ class Job:
     cancel: threading.Event | None = None
     future: Future[list[Generation]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
+    model_stop: tuple[str, ...] = ()
+    """The model's own stop strings, beside ``options.stop`` (:mod:`~logtoku_guard.backends.stop_strings`)."""
 
     @property
     def abandoned(self) -> bool:

@@ -325,7 +325,7 @@ class DecodeLoop(JobRows):
             return None
         self.batch.extend(mask, returned_cache(out))
         for b, (job, i, p) in enumerate(rows):
-            state = Row(stop=job.options.stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
+            state = Row(stop=job.options.stop, model_stop=job.model_stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
             before = tuple(staged.scores) if staged is not None else ()  # scored by its earlier chunks
             row = LiveRow(job, i, p, state, start, before + tuple(prompt_scores[b]))
             row.processors = self._row_processors(job, p)

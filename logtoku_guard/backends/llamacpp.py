@@ -37,6 +37,7 @@ from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_
 from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
+from logtoku_guard.backends.packaged_models import packaged_stop
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.errors import ConfigurationError
@@ -173,6 +174,7 @@ class LlamaCppBackend(BatchedBackend):
         self._max_logprobs = max(min(max_logprobs, vocab), self._k)
         self._name = model_name or default_name + BACKEND_SUFFIX
         self._path = path
+        self.model_stop = packaged_stop(path)  # a packaged base model ends its answers at its stops
         self._template = self._model.metadata("tokenizer.chat_template")
         self._special = {
             name: text

@@ -333,7 +333,13 @@ class LlamaDecodeLoop(JobRows):
     def _join(self, s: Sequence) -> None:
         """``s``'s prompt is in the KV cache: it gets a recorder row."""
         self.admitted.remove(s)
-        s.state = Row(stop=s.job.options.stop, limit=s.prepared.limit, cancel=s.job.cancel, grammar=s.prepared.grammar)
+        s.state = Row(
+            stop=s.job.options.stop,
+            model_stop=s.job.model_stop,
+            limit=s.prepared.limit,
+            cancel=s.job.cancel,
+            grammar=s.prepared.grammar,
+        )
         self.live.append(s)
         self.recorder.rows.append(s.state)
 

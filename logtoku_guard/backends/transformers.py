@@ -35,6 +35,7 @@ from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_
 from logtoku_guard.backends.decode_loop import DecodeLoop, Scoring
 from logtoku_guard.backends.embedded import ProgressCallback
 from logtoku_guard.backends.loading import DTYPES, load_model
+from logtoku_guard.backends.packaged_models import packaged_stop
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from logtoku_guard.backends.processors import check_generation_config
 from logtoku_guard.backends.prompt_scoring import question_span
@@ -177,6 +178,8 @@ class TransformersBackend(BatchedBackend):
             self._name = str(model) if model is not None else getattr(model_obj, "name_or_path", "model")
         else:
             self._model, self._tokenizer, self._name = load_model(model, device, dtype, cache_dir, progress, verbose)
+        if isinstance(model, (str, os.PathLike)):  # a packaged base model's file ends its answers at its stops
+            self.model_stop = packaged_stop(model)
         self._model.eval()
         check_generation_config(self._model.generation_config)  # refused at load, not at the first generation
         vocab = int(self._model.get_output_embeddings().weight.shape[0])
