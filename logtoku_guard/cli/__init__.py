@@ -6,27 +6,36 @@
 separate distribution found through an entry point (:mod:`~logtoku_guard.cli.plugins`), built on
 the public helpers of :mod:`~logtoku_guard.cli.toolkit`.
 This package only assembles them into :data:`app`; the console script is ``logtoku_guard.cli:main``.
-Heavy dependencies (torch, transformers, SQLAlchemy) are imported inside the commands,
-so ``logtoku-guard --help`` starts fast.
+Each command's module is imported only when that command is looked up (:class:`LazyGroup`: run,
+or listed by ``--help``), and heavy dependencies (torch, transformers, SQLAlchemy) inside the
+commands, so a one-off ``logtoku-guard ask`` loads neither the other commands nor their imports.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
-from typing import Annotated
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, cast
 
 import typer
+import typer.main
+from typer.core import TyperGroup
+from typer.models import CommandInfo, TyperInfo
 
-from logtoku_guard.cli import audit, guard_commands, review_commands, score
 from logtoku_guard.cli._common import err, load_backend, out, print_json, reliability_percentile, render_generation
-from logtoku_guard.cli.guard_commands import run_calibration
 from logtoku_guard.cli.plugins import add_plugins
-from logtoku_guard.cli.review_serve import add_reviewer
-from logtoku_guard.cli.review_serve import serve as review_serve
-from logtoku_guard.cli.serve import serve as serve_command
+
+if TYPE_CHECKING:
+    from typer import _click
+
+    from logtoku_guard.cli.guard_commands import run_calibration
 
 __all__ = [
+    "COMMANDS",
+    "GROUPS",
+    "LazyGroup",
     "app",
     "err",
     "load_backend",
@@ -38,10 +47,108 @@ __all__ = [
     "run_calibration",
 ]
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "score": ("logtoku_guard.cli.score", "score"),
+    "calibrate": ("logtoku_guard.cli.guard_commands", "calibrate"),
+    "ask": ("logtoku_guard.cli.guard_commands", "ask"),
+    "serve": ("logtoku_guard.cli.serve", "serve"),
+}
+"""The core commands, ``{name: (module, command function)}``, in the order ``--help`` lists them."""
+GROUPS: dict[str, tuple[str, str]] = {
+    "review": ("logtoku_guard.cli.review_commands", "review_app"),
+    "audit": ("logtoku_guard.cli.audit", "audit_app"),
+}
+"""The core command groups, ``{name: (module, typer.Typer)}``, listed after the commands (as typer lists them)."""
+
+
+class _Commands(MutableMapping[str, "_click.Command"]):
+    """A group's commands by name, the lazy ones made on first lookup (``loaders``); iterating gives
+    the names in ``order`` without making any."""
+
+    def __init__(self, made: dict[str, _click.Command], loaders: dict[str, Callable[[], _click.Command]], order: list[str]):
+        self._made = made
+        self._loaders = loaders
+        self._order = order
+
+    def __getitem__(self, name: str) -> _click.Command:
+        if name not in self._made:
+            if name not in self._loaders:
+                raise KeyError(name)
+            self._made[name] = self._loaders[name]()
+        return self._made[name]
+
+    def __setitem__(self, name: str, command: _click.Command) -> None:
+        if name not in self._order:
+            self._order.append(name)
+        self._made[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        self._order.remove(name)
+        self._made.pop(name, None)
+        self._loaders.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._order
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class LazyGroup(TyperGroup):
+    """The root command group: the commands of :data:`COMMANDS` are imported and built by typer only
+    when looked up (the one run, or all of them for ``--help``), the others (plugins) as typer made
+    them. Names, order, help and behaviour are those of the same commands registered eagerly."""
+
+    lazy_commands: ClassVar[Mapping[str, tuple[str, str]]] = COMMANDS
+    lazy_groups: ClassVar[Mapping[str, tuple[str, str]]] = GROUPS
+
+    def __init__(self, *, commands: Any = None, **attrs: Any) -> None:
+        made: dict[str, _click.Command] = dict(commands or {})
+        lazy = {**self.lazy_commands, **self.lazy_groups}
+        # typer lists registered commands, then groups: a plugin's stand-in command before the core groups
+        order = [
+            *(name for name in self.lazy_commands if name not in made),
+            *(name for name, c in made.items() if not hasattr(c, "list_commands")),
+            *(name for name in self.lazy_groups if name not in made),
+            *(name for name, c in made.items() if hasattr(c, "list_commands")),
+        ]
+        loaders = {name: _loader(name, *where) for name, where in lazy.items() if name not in made}
+        super().__init__(commands=cast(dict[str, Any], _Commands(made, loaders, order)), **attrs)  # typer keeps the mapping
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(self.commands)
+
+
+def _loader(name: str, module: str, attr: str) -> Callable[[], _click.Command]:
+    """Import ``module``, build its ``attr`` as typer builds a command registered on :data:`app`."""
+
+    def load() -> _click.Command:
+        target = getattr(importlib.import_module(module), attr)
+        if isinstance(target, typer.Typer):
+            return typer.main.get_group_from_info(
+                TyperInfo(target, name=name),
+                pretty_exceptions_short=app.pretty_exceptions_short,
+                rich_markup_mode=app.rich_markup_mode,
+                suggest_commands=app.suggest_commands,
+            )
+        scratch = typer.Typer()
+        scratch.command(name)(target)
+        info: CommandInfo = scratch.registered_commands[0]
+        return typer.main.get_command_from_info(
+            info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
+        )
+
+    return load
+
+
 app = typer.Typer(
     help="LogTokU: per-token aleatoric (AU) and epistemic (EU) uncertainty of a local LLM, in one pass.",
     no_args_is_help=True,
     add_completion=False,
+    cls=LazyGroup,
 )
 
 
@@ -54,14 +161,13 @@ def _root(
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
-app.command()(score.score)
-app.command()(guard_commands.calibrate)
-app.command()(guard_commands.ask)
-app.command("serve")(serve_command)
-review_commands.review_app.command("serve")(review_serve)
-review_commands.review_app.command("add-reviewer")(add_reviewer)
-app.add_typer(review_commands.review_app, name="review")
-app.add_typer(audit.audit_app, name="audit")
+def __getattr__(name: str) -> Any:
+    if name == "run_calibration":  # re-exported; its module is imported with the command that needs it
+        from logtoku_guard.cli.guard_commands import run_calibration
+
+        return run_calibration
+    msg = f"module 'logtoku_guard.cli' has no attribute {name!r}"
+    raise AttributeError(msg)
 
 
 def main() -> None:

@@ -68,6 +68,8 @@ def add_plugins(app: typer.Typer, found: Iterable[EntryPoint] | None = None) -> 
         info.name or (info.callback.__name__.lower().replace("_", "-") if info.callback else None)  # typer's default name
         for info in app.registered_commands
     }
+    for lazy in ("lazy_commands", "lazy_groups"):  # the core commands a LazyGroup imports when looked up
+        taken |= set(getattr(app.info.cls, lazy, ()))
     added: set[str] = set()
     for ep in entry_points(group=GROUP) if found is None else found:
         if ep.name in taken or ep.name in added:

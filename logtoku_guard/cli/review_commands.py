@@ -20,6 +20,8 @@ from rich.text import Text
 
 from logtoku_guard.cli import _common
 from logtoku_guard.cli._common import StoreOpt, safe_text
+from logtoku_guard.cli.review_serve import add_reviewer
+from logtoku_guard.cli.review_serve import serve as review_serve
 
 if TYPE_CHECKING:
     from logtoku_guard.audit import ReviewItem
@@ -184,3 +186,7 @@ def review_reject(
     """Reject an item with a note."""
     item = _common.store_call(store, "reject", item_id, reviewer, note, os_user=os_user())
     _say(f"review {item.id} rejected by {_who(item.reviewer, item.reviewer_os_user)}")
+
+
+review_app.command("serve")(review_serve)  # the review page (logtoku_guard.cli.review_serve)
+review_app.command("add-reviewer")(add_reviewer)
