@@ -34,7 +34,9 @@ matrix shape, ~1e-6, on transformers; on llama.cpp the rounding of another ubatc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,13 +48,21 @@ from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import TokenScore
 
 __all__ = [
+    "DEFAULT_PREFILL_BUDGET_S",
     "DEFAULT_PREFILL_CHUNK",
     "DEPTH_SCALE",
+    "MIN_PIECE",
     "MIN_PREFILL_CHUNK",
+    "PIECE_TOKENS",
+    "BudgetedPrefill",
     "FairShare",
+    "PrefillCost",
     "StagedRow",
+    "check_prefill_budget",
     "check_prefill_chunk",
     "chunk_at",
+    "next_piece",
+    "piece_at",
     "plan",
 ]
 
@@ -111,6 +121,124 @@ def plan(rest: Sequence[tuple[T, int, int]], chunk: int | None) -> tuple[list[T]
     whole = [row for row, n, fed in rest if chunk is None or (fed == 0 and n <= chunk)]
     longer = [row for row, n, fed in rest if chunk is not None and (fed > 0 or n > chunk)]
     return whole, longer
+
+
+DEFAULT_PREFILL_BUDGET_S = 0.2
+"""Seconds of a long prompt's prefill one scheduler step may take by default, on llama.cpp
+(:class:`BudgetedPrefill`): a short request arriving meanwhile waits for at most about this long
+(or one :func:`piece_at` piece, when a single piece takes longer)."""
+PIECE_TOKENS = 32
+"""Tokens of a budgeted prefill's piece at the start of a prompt (:func:`piece_at`)."""
+MIN_PIECE = 8
+"""The smallest piece of a budgeted prefill, however deep (:func:`piece_at`)."""
+
+
+def check_prefill_budget(value: object) -> float | None:
+    """``value`` as a prefill step budget in seconds: a finite number > 0 and at most 60, or
+    ``None``/``0`` for fixed chunks (:func:`chunk_at`, one ``llama_decode`` each)."""
+    if value is None or (type(value) in (int, float) and value == 0):
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not 0 < value <= 60:
+        msg = (
+            "prefill_budget_s must be a number of seconds > 0 and <= 60 (or 0 for fixed chunks of "
+            f"prefill_chunk tokens), got {value!r}"
+        )
+        raise ConfigurationError(msg)
+    return float(value)
+
+
+def piece_at(fed: int, piece: int = PIECE_TOKENS) -> int:
+    """Tokens of the piece that starts ``fed`` tokens into a prompt: ``piece`` at the start,
+    ``piece * DEPTH_SCALE / (DEPTH_SCALE + fed)`` deeper, never fewer than :data:`MIN_PIECE`.
+
+    A budgeted prefill feeds a long prompt in these pieces, each its own ``llama_decode``. Their
+    boundaries depend on the position alone, never on time or load: a step takes as many pieces
+    as its budget allows (:class:`BudgetedPrefill`), so the prompt's logits are the same whatever
+    runs beside it. Each piece costs about the same: a token's cost grows with its depth.
+    """
+    return max(piece * DEPTH_SCALE // (DEPTH_SCALE + max(fed, 0)), MIN_PIECE)
+
+
+class PrefillCost:
+    """What a prompt token costs at a depth, learnt from the pieces timed so far (one per backend).
+
+    The model: a token ``d`` tokens deep costs ``per_token * (1 + d / DEPTH_SCALE)`` seconds (its
+    attention over the tokens before it grows with ``d``), and ``per_token`` follows the latest
+    pieces (an exponential average of weight ``weight``), so it tracks the machine's load.
+    """
+
+    def __init__(self, weight: float = 0.5, scale: int = DEPTH_SCALE) -> None:
+        self.weight = weight
+        self.scale = scale
+        self.per_token: float | None = None  # seconds per token at depth 0 (None: nothing timed yet)
+
+    def _units(self, fed: int, n: int) -> float:
+        return n * (1.0 + (fed + n / 2) / self.scale)
+
+    def estimate(self, fed: int, n: int) -> float:
+        """Seconds the ``n`` tokens after the first ``fed`` are expected to take (0.0 before any was timed)."""
+        return 0.0 if self.per_token is None else self.per_token * self._units(fed, n)
+
+    def observe(self, fed: int, n: int, seconds: float) -> None:
+        """The ``n`` tokens after the first ``fed`` took ``seconds``."""
+        if n <= 0 or not math.isfinite(seconds) or seconds < 0:
+            return
+        sample = seconds / self._units(fed, n)
+        self.per_token = sample if self.per_token is None else (1 - self.weight) * self.per_token + self.weight * sample
+
+
+def next_piece(fed: int, total: int, spent: float, budget_s: float, cost: PrefillCost, first: bool) -> int:
+    """Tokens of this step's next piece of a ``total``-token prompt with ``fed`` in, or 0 when the
+    step's prefill ends: the prompt is in, or the piece would take the step past ``budget_s``
+    (``spent`` seconds already; the step's first piece always runs, so the prompt always advances)."""
+    if fed >= total:
+        return 0
+    n = min(piece_at(fed), total - fed)
+    if not first and spent + cost.estimate(fed, n) > budget_s:
+        return 0
+    return n
+
+
+class BudgetedPrefill:
+    """One step's share of a long prompt's prefill, sized by time: pieces (:func:`piece_at`) run
+    while the step stays within ``budget_s`` seconds by the measured cost (:class:`PrefillCost`).
+
+    Fixed chunks of tokens (:func:`chunk_at`) cannot keep a step short on a CPU where a chunk's
+    cost grows several-fold with its depth and with the load (256 tokens 7k deep: 10 s on
+    llama.cpp with the embedded Q4_1 weights on 2 busy vCPUs); a short request's decoding steps
+    waited behind each one.
+    """
+
+    def __init__(self, budget_s: float, cost: PrefillCost | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.budget_s = budget_s
+        self.cost = cost if cost is not None else PrefillCost()
+        self.clock = clock
+
+    def turn(self, fed: int, total: int, feed: Callable[[int], bool]) -> float:
+        """Feed pieces of a ``total``-token prompt from ``fed`` on, while the budget allows.
+
+        ``feed(n)`` runs the next ``n`` tokens and returns whether the prompt still takes pieces
+        (False: it is in, or it failed). Returns the seconds spent.
+        """
+        start = self.clock()
+        first = True
+        while n := next_piece(fed, total, self.clock() - start, self.budget_s, self.cost, first):
+            t = self.clock()
+            going = feed(n)
+            self.cost.observe(fed, n, self.clock() - t)
+            fed += n
+            first = False
+            if not going:
+                break
+        return self.clock() - start
+
+    def pieces(self, fed: int, total: int) -> int:
+        """Pieces that feed the rest of the prompt (the most steps its prefill takes: one piece each at least)."""
+        count = 0
+        while fed < total:
+            fed += piece_at(fed)
+            count += 1
+        return count
 
 
 class FairShare:

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
-from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
+from logtoku_guard.backends.chunked_prefill import (
+    DEFAULT_PREFILL_BUDGET_S,
+    DEFAULT_PREFILL_CHUNK,
+    PrefillCost,
+    check_prefill_budget,
+    check_prefill_chunk,
+)
 from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
@@ -108,6 +114,11 @@ class LlamaCppBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 feeds every prompt whole at once.
+        prefill_budget_s: seconds one decoding step may spend feeding a longer prompt (default
+            0.2): it is fed in small pieces, as many a step as fit that time by what the pieces
+            before cost (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`), so a
+            short request beside it waits about that long, not a whole chunk deep in the prompt
+            (seconds on a CPU); 0 feeds one chunk of ``prefill_chunk`` tokens (fewer deeper) a step.
         weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`):
             ``"q4_1"`` the shipped file (default, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
             ``"q8_0"`` or ``"f16"`` a copy converted once into the cache
@@ -134,6 +145,7 @@ class LlamaCppBackend(BatchedBackend):
         max_logprobs: int = 20,
         max_batch: int = DEFAULT_MAX_BATCH,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_budget_s: float = DEFAULT_PREFILL_BUDGET_S,
         model_name: str | None = None,
         verbose: bool | None = None,
         weights: str | None = None,
@@ -156,6 +168,8 @@ class LlamaCppBackend(BatchedBackend):
             raise ConfigurationError(msg)
         self._n_threads = default_n_threads(n_threads)
         self._prefill_chunk = check_prefill_chunk(prefill_chunk)
+        self._prefill_budget_s = check_prefill_budget(prefill_budget_s)
+        self._prefill_cost = PrefillCost()  # what a prompt token costs here, learnt across batches
         path, default_name = resolve_gguf(model)
         if default_name == EMBEDDED_MODEL:
             kind = llama_weights(weights)
@@ -221,6 +235,11 @@ class LlamaCppBackend(BatchedBackend):
     def prefill_chunk(self) -> int | None:
         """Prompt tokens a long prompt feeds per decoding step (None: prompts are fed whole)."""
         return self._prefill_chunk
+
+    @property
+    def prefill_budget_s(self) -> float | None:
+        """Seconds a step may spend feeding a long prompt (None: one fixed chunk a step)."""
+        return self._prefill_budget_s
 
     @property
     def n_threads(self) -> int:
@@ -300,5 +319,7 @@ class LlamaCppBackend(BatchedBackend):
                 self._generation,
                 2 * self._batcher.max_batch,  # as many again for ended rows whose cells are not freed yet
                 self._prefill_chunk,
+                prefill_budget_s=self._prefill_budget_s,
+                prefill_cost=self._prefill_cost,
             )
             loop.run(jobs)

@@ -10,9 +10,13 @@
 2. **prefill**: the prompt of each row admitted since the last step, alone in its own
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
    tokens (its prompt-side scores, scored call by call) and at its last position (its first
-   answer token); a prompt longer than ``prefill_chunk`` feeds one chunk at a time, after the
+   answer token); a prompt longer than ``prefill_chunk`` is fed a share at a time, after the
    shorter ones, taking turns with the live rows, so it cannot stall them
-   (:mod:`~logtoku_guard.backends.chunked_prefill`).
+   (:mod:`~logtoku_guard.backends.chunked_prefill`): with ``prefill_budget_s`` (the default) a
+   step feeds as many small pieces (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`, each
+   its own ``llama_decode``) as fit that many seconds by their measured cost
+   (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); without, one chunk of
+   :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens.
    Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
    merging them saved only a call's fixed cost (``benchmarks/README.md``). Answers equal each
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
-from logtoku_guard.backends.chunked_prefill import FairShare, chunk_at, plan
+from logtoku_guard.backends.chunked_prefill import BudgetedPrefill, FairShare, PrefillCost, chunk_at, piece_at, plan
 from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
@@ -89,23 +93,25 @@ class Sequence:
         """KV cells this row may use: its prompt and its token limit."""
         return len(self.prepared.ids) + self.prepared.limit
 
-    def steps_left(self, chunk: int | None) -> int:
-        """Most decoding steps before this row ends: the chunks of its prompt still to feed, then its
-        tokens still to generate (each row ends by its token limit at the latest)."""
+    def steps_left(self, chunk: int | None, pieces: bool = False) -> int:
+        """Most decoding steps before this row ends: the chunks (or pieces) of its prompt still to
+        feed, then its tokens still to generate (each row ends by its token limit at the latest)."""
         made = 0 if self.state is None else len(self.state.tokens) + len(self.state.held)
-        return prefill_steps(len(self.prepared.ids), self.fed, chunk) + self.prepared.limit - made
+        return prefill_steps(len(self.prepared.ids), self.fed, chunk, pieces) + self.prepared.limit - made
 
 
-def prefill_steps(ids: int, fed: int, chunk: int | None) -> int:
-    """Steps that feed the rest of an ``ids``-token prompt with ``fed`` tokens in: one for a new
-    prompt of at most one chunk, else one per chunk (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`)."""
+def prefill_steps(ids: int, fed: int, chunk: int | None, pieces: bool = False) -> int:
+    """Most steps that feed the rest of an ``ids``-token prompt with ``fed`` tokens in: one for a
+    new prompt of at most one chunk, else one per chunk
+    (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`), or with ``pieces`` (a budgeted
+    prefill, at least one piece a step) one per piece (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`)."""
     if fed >= ids:
         return 0
     if chunk is None or (fed == 0 and ids <= chunk):
         return 1
     steps = 0
     while fed < ids:
-        fed += chunk_at(fed, chunk) or ids
+        fed += piece_at(fed) if pieces else (chunk_at(fed, chunk) or ids)
         steps += 1
     return steps
 
@@ -146,8 +152,12 @@ class LlamaDecodeLoop(JobRows):
         take_joiners: the batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`.
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
         max_rows: sequences available (the context's ``n_seq_max``).
-        prefill_chunk: prompt tokens a long prompt feeds per step
+        prefill_chunk: a prompt of more tokens is fed over several steps
             (:mod:`~logtoku_guard.backends.chunked_prefill`; None: every prompt whole).
+        prefill_budget_s: seconds a step may spend on a long prompt's pieces
+            (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); None: one chunk of
+            :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens a step.
+        prefill_cost: the backend's running estimate of a prompt token's cost (kept across loops).
     """
 
     def __init__(
@@ -160,9 +170,12 @@ class LlamaDecodeLoop(JobRows):
         finish: Callable[[Sequence], Generation],
         max_rows: int,
         prefill_chunk: int | None = None,
+        prefill_budget_s: float | None = None,
+        prefill_cost: PrefillCost | None = None,
     ) -> None:
         self.model = model
         self.prefill_chunk = prefill_chunk
+        self.budgeted = BudgetedPrefill(prefill_budget_s, prefill_cost) if prefill_budget_s and prefill_chunk else None
         self.share = FairShare()
         self.scoring = scoring
         self.options = options
@@ -226,13 +239,14 @@ class LlamaDecodeLoop(JobRows):
             running = self.live or self.admitted
             if running and used + need > self.model.n_ctx:  # waits; the rows behind it may go around it
                 if reserve is None:
-                    rows = [(s.reserved, s.steps_left(chunk)) for s in (*self.live, *self.admitted)]
+                    pieces = self.budgeted is not None
+                    rows = [(s.reserved, s.steps_left(chunk, pieces)) for s in (*self.live, *self.admitted)]
                     reserve = shadow(rows, self.model.n_ctx - used, need)
                 i += 1
                 continue
             if reserve is not None:
                 steps, spare = reserve
-                if prefill_steps(len(p.ids), 0, chunk) + p.limit > steps:
+                if prefill_steps(len(p.ids), 0, chunk, self.budgeted is not None) + p.limit > steps:
                     if need > spare:
                         i += 1  # it would delay the first waiting row
                         continue
@@ -268,13 +282,28 @@ class LlamaDecodeLoop(JobRows):
         chunk_s = 0.0
         if longer and self.share.chunk_may_run(bool(self.live)):  # rows that just joined count as decoding
             chunk_start = time.perf_counter()
-            if self._prefill(longer[0], step[n], chunk_at(longer[0].fed, self.prefill_chunk)):
+            if self._feed_long(longer[0], step[n]):
                 n += 1
             chunk_s = time.perf_counter() - chunk_start
             self.share.chunk_ran(chunk_s)
         if n:
             self._choose(step[:n])
         self.share.decoded(time.perf_counter() - started - chunk_s)
+
+    def _feed_long(self, s: Sequence, first: np.ndarray) -> bool:
+        """This step's share of the long prompt ``s``: pieces within the time budget, or one chunk.
+        Returns True when its prompt is in and the row joined the batch."""
+        if self.budgeted is None:
+            return self._prefill(s, first, chunk_at(s.fed, self.prefill_chunk))
+        joined = False
+
+        def feed(n: int) -> bool:
+            nonlocal joined
+            joined = self._prefill(s, first, n)
+            return not joined and s in self.admitted
+
+        self.budgeted.turn(s.fed, len(s.prepared.ids), feed)
+        return joined
 
     def _prefill(self, s: Sequence, first: np.ndarray, budget: int | None) -> bool:
         """Feed ``s``'s prompt (its next ``budget`` tokens; None: all the rest), alone in its
