@@ -3,9 +3,10 @@
 Plain functions on :class:`~logtoku_guard.types.TokenScore` lists, shared by the step recorder
 (:mod:`~logtoku_guard.backends.recorder`) and the scripted backend, so both cut an answer the
 same way: :func:`truncate_at_stop` cuts the answer at its earliest stop string (a token across the cut
-keeps its scores and its text up to the cut; the tokens after it are dropped with their scores),
-:func:`releasable` says how many held tokens cannot belong to a stop string any more and may be
-streamed.
+keeps its scores and its text up to the cut; the tokens after it are dropped with their scores);
+:func:`held_stop` does it for the recorder's held tokens at each step and says how many of them
+cannot belong to a stop string any more and may be streamed (the text that ends them and begins
+some stop string is held back: a later token may complete it).
 
 Two kinds of stop strings end a row, and both always apply (the earliest match wins):
 
@@ -15,8 +16,7 @@ Two kinds of stop strings end a row, and both always apply (the earliest match w
   base model's answer ends, which the backend adds to every row as it adds the end-of-sequence
   token), looked for only *after the answer's leading whitespace*: a base model opens its answer
   with a blank line, so a blank-line stop looked for from the first character would end every
-  answer empty. :func:`search_start` says where that search begins; :func:`held_stop` does both
-  searches for the step recorder.
+  answer empty. :func:`search_start` says where that search begins.
 
 A caller's stop strings can therefore only cut an answer shorter than the model's would, never
 make it run on past them.
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from logtoku_guard.types import TokenScore
 
-__all__ = ["cut_tokens", "find_stop", "held_stop", "releasable", "search_start", "truncate_at_stop"]
+__all__ = ["cut_tokens", "find_stop", "held_stop", "search_start", "truncate_at_stop"]
 
 
 def find_stop(text: str, stop: Sequence[str], start: int = 0) -> tuple[int, str] | None:
@@ -65,16 +65,6 @@ def truncate_at_stop(tokens: Sequence[TokenScore], stop: Sequence[str]) -> tuple
         return list(tokens), None
     cut, seq = match
     return cut_tokens(tokens, cut), seq
-
-
-def releasable(tokens: Sequence[TokenScore], stop: Sequence[str]) -> int:
-    """How many leading ``tokens`` can no longer be part of a stop string (with no match in them).
-
-    The text that ends the tokens and begins some stop string is held back: a later token may
-    complete the stop string.
-    """
-    text = "".join(t.text for t in tokens)
-    return _release_count(tokens, len(text) - max((_overlap(text, s) for s in stop), default=0))
 
 
 def search_start(released: Sequence[TokenScore], held: Sequence[TokenScore]) -> int:
