@@ -399,8 +399,8 @@ import typer, rich.console, rich.table; mark("import typer + rich")
 import pydantic; mark("import pydantic")
 import numpy; mark("import numpy")
 import logtoku_guard; mark("import logtoku_guard")
-import logtoku_guard.cli; mark("import logtoku_guard.cli (every command module)")
-from logtoku_guard.cli.plugins import add_plugins; add_plugins(logtoku_guard.cli.app); mark("CLI plugins (logtoku_eval)")
+import logtoku_guard.cli, logtoku_guard.cli.guard_commands; mark("import logtoku_guard.cli and ask's command module")
+from logtoku_guard.cli.plugins import add_plugins; add_plugins(logtoku_guard.cli.app); mark("CLI plugins (found when needed)")
 from logtoku_guard.calibration import profile_path
 from logtoku_guard.decision.policy import default_policy
 from logtoku_guard.guard.guard import Guard
@@ -438,6 +438,7 @@ def ask_phases(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.cache_dir is not None:
         env["LOGTOKU_GUARD_CACHE"] = str(args.cache_dir)
+    env = with_bytecode(env)
     runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats + 1):  # the first run checks the build and makes the store: not counted
@@ -450,6 +451,18 @@ def ask_phases(args: argparse.Namespace) -> dict[str, Any]:
     res = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
     print(json.dumps({"ask_phases_cpu_ms": res}, indent=1), flush=True)
     return res
+
+
+def with_bytecode(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a cold start's child that reads compiled bytecode, as an installed package does (pip
+    compiles it): ``PYTHONDONTWRITEBYTECODE`` (set in some environments) would leave this checkout's
+    modules, unlike site-packages', compiled from source at every start. The cache is kept apart
+    (``PYTHONPYCACHEPREFIX``) and written by the uncounted first run."""
+    import tempfile
+
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "logtoku-bench-pycache")
+    return env
 
 
 def child_cpu(command: list[str], env: dict[str, str]) -> float:
@@ -480,7 +493,9 @@ def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
         env["LOGTOKU_GUARD_CACHE"] = str(args.cache_dir)
     ours = [sys.executable, "-m", "logtoku_guard.cli", "ask", "--backend", "llamacpp", "--max-new-tokens", "1", question]
     bare = [sys.executable, "-c", BARE_ASK, str(embedded_gguf_path()), question]
-    child_cpu(ours, env)  # the first use checks the build and writes the store: not a cold start's cost
+    env = with_bytecode(env)
+    child_cpu(ours, env)  # the first use checks the build and writes the store (and bytecode): not a cold start's cost
+    child_cpu(bare, env)
     runs: dict[str, list[float]] = {"ours": [], "bare": []}
     walls: dict[str, list[float]] = {"ours": [], "bare": []}
     for _ in range(args.repeats):

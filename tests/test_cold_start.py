@@ -66,6 +66,15 @@ def run_cli(*args: str) -> tuple[int, str, set[str]]:
     return seen["code"], res.stdout, set(seen["modules"])
 
 
+CORE = ["score", "calibrate", "ask", "serve", "review", "audit"]
+
+
+def _listed(help_text: str) -> list[str]:
+    """The command names of a ``--help`` page's panels (not its options, not wrapped lines)."""
+    rows = [line[2:].split() for line in help_text.splitlines() if line.startswith("│ ") and line[2:3] not in (" ", "-")]
+    return [row[0] for row in rows if row]
+
+
 def test_ask_imports_neither_the_other_commands_nor_the_postgresql_dialect(tmp_path: Path) -> None:
     store = tmp_path / "audit.db"
     code, out, modules = run_cli("ask", "--store", str(store), "What is the capital of France?")
@@ -137,13 +146,44 @@ def test_help_and_typo_suggestions_read_as_with_eager_commands(args: list[str]) 
         assert "Did you mean 'ask'?" in lazy.output
 
 
-def test_plugins_cannot_take_a_lazy_command_s_name() -> None:
-    """``add_plugins`` counts the lazily built core commands as taken (a plugin named ``ask`` is ignored)."""
+def test_plugins_are_found_only_when_a_name_outside_the_core_is_looked_up(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the core CLI's group, ``add_plugins`` reads the entry points when first needed, counts the
+    lazily built core commands as taken (a plugin named ``ask`` is ignored, with the warning) and
+    still answers ``eval`` with how to install the harness."""
+    import logging
     from importlib.metadata import EntryPoint
 
-    from logtoku_guard.cli.plugins import GROUP, add_plugins
+    import logtoku_guard.cli.plugins as plugins
 
+    asked: list[str] = []
+
+    def entry_points(*, group: str) -> list[EntryPoint]:
+        asked.append(group)
+        return [EntryPoint("ask", "no_such_plugin_module:app", group)]
+
+    monkeypatch.setattr(plugins, "entry_points", entry_points)
     app = typer.Typer(cls=cli.LazyGroup, no_args_is_help=True, add_completion=False)
-    add_plugins(app, [EntryPoint("ask", "no_such_plugin_module:app", GROUP)])
-    assert [info.name for info in app.registered_commands] == ["eval"]  # only the stand-in of the missing harness
-    assert not app.registered_groups
+    app.callback()(cli._root)  # typer makes a group of an app with a callback (its commands are all lazy here)
+    plugins.add_plugins(app)
+    env = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
+    res = CliRunner().invoke(app, ["ask", "--help"], env=env)
+    assert res.exit_code == 0 and "--store" in res.output and asked == []
+    with caplog.at_level(logging.WARNING, logger="logtoku_guard.cli.plugins"):
+        missing = CliRunner().invoke(app, ["eval"], env=env)
+    assert asked == [plugins.GROUP] and "'ask'" in caplog.text and "already exists" in caplog.text
+    assert missing.exit_code == 2 and "pip install ./evaluation" in " ".join(missing.output.split())
+    assert _listed(CliRunner().invoke(app, ["--help"], env=env).output) == [*CORE[:4], "eval", *CORE[4:]]
+
+
+def test_the_console_script_lists_and_runs_the_installed_plugins() -> None:
+    """``logtoku-guard --help`` (the console script, plugins added) lists the core commands and ``eval``
+    (the harness, or its stand-in); ``ask`` loads no plugin."""
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    # the harness's group after the core groups, or its stand-in command before them where it is not installed
+    assert _listed(out) in ([*CORE, "eval"], [*CORE[:4], "eval", *CORE[4:]]), out
+    _, _, ask_modules = run_cli("ask", "--help")
+    assert not any(m.startswith("logtoku_eval") for m in ask_modules)
+    assert "logtoku_guard.cli.toolkit" not in ask_modules

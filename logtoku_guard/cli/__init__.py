@@ -70,6 +70,14 @@ class _Commands(MutableMapping[str, "_click.Command"]):
         self._loaders = loaders
         self._order = order
 
+    def reorder(self, order: list[str]) -> None:
+        """List the names in ``order``, then any others as they were."""
+        self._order = [*order, *(name for name in self._order if name not in order)]
+
+    def made(self) -> dict[str, _click.Command]:
+        """The commands built so far."""
+        return dict(self._made)
+
     def __getitem__(self, name: str) -> _click.Command:
         if name not in self._made:
             if name not in self._loaders:
@@ -98,27 +106,69 @@ class _Commands(MutableMapping[str, "_click.Command"]):
 
 
 class LazyGroup(TyperGroup):
-    """The root command group: the commands of :data:`COMMANDS` are imported and built by typer only
-    when looked up (the one run, or all of them for ``--help``), the others (plugins) as typer made
-    them. Names, order, help and behaviour are those of the same commands registered eagerly."""
+    """The root command group: the commands of :data:`COMMANDS` and :data:`GROUPS` are imported and
+    built by typer only when looked up (the one run, or all of them for ``--help``); the command
+    groups of other distributions (:func:`~logtoku_guard.cli.plugins.add_plugins`) are found and
+    loaded only when a name that is not a core command is looked up, or ``--help`` lists them.
+    Names, order, help and behaviour are those of the same commands registered eagerly."""
 
     lazy_commands: ClassVar[Mapping[str, tuple[str, str]]] = COMMANDS
     lazy_groups: ClassVar[Mapping[str, tuple[str, str]]] = GROUPS
+    plugins: ClassVar[tuple[Callable[[typer.Typer], None], ...]] = ()
+    """What adds the plugins' commands to a scratch Typer when first needed (:meth:`with_plugins`)."""
 
     def __init__(self, *, commands: Any = None, **attrs: Any) -> None:
         made: dict[str, _click.Command] = dict(commands or {})
         lazy = {**self.lazy_commands, **self.lazy_groups}
-        # typer lists registered commands, then groups: a plugin's stand-in command before the core groups
-        order = [
-            *(name for name in self.lazy_commands if name not in made),
-            *(name for name, c in made.items() if not hasattr(c, "list_commands")),
-            *(name for name in self.lazy_groups if name not in made),
-            *(name for name, c in made.items() if hasattr(c, "list_commands")),
-        ]
         loaders = {name: _loader(name, *where) for name, where in lazy.items() if name not in made}
-        super().__init__(commands=cast(dict[str, Any], _Commands(made, loaders, order)), **attrs)  # typer keeps the mapping
+        self._plugins_pending = bool(self.plugins)
+        super().__init__(commands=cast(dict[str, Any], _Commands(made, loaders, [])), **attrs)  # typer keeps the mapping
+        self._order(made)
+
+    @classmethod
+    def with_plugins(cls, add: Callable[[typer.Typer], None]) -> type[LazyGroup]:
+        """This group class, its plugins added by ``add`` (onto a scratch Typer) when first needed."""
+        return type(cls.__name__, (cls,), {"plugins": (add,)})
+
+    def _order(self, made: Mapping[str, _click.Command]) -> None:
+        """typer lists registered commands, then groups: a plugin's stand-in command before the core groups."""
+        commands = cast(_Commands, self.commands)
+        commands.reorder(
+            [
+                *(name for name in self.lazy_commands if name not in made),
+                *(name for name, c in made.items() if not hasattr(c, "list_commands")),
+                *(name for name in self.lazy_groups if name not in made),
+                *(name for name, c in made.items() if hasattr(c, "list_commands")),
+            ]
+        )
+
+    def _add_plugins(self) -> None:
+        if not self._plugins_pending:
+            return
+        self._plugins_pending = False
+        scratch = typer.Typer()
+        for add in self.plugins:
+            add(scratch)
+        made = {name: c for name, c in cast(_Commands, self.commands).made().items() if name not in self.lazy_commands}
+        for info in scratch.registered_commands:
+            command = typer.main.get_command_from_info(
+                info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
+            )
+            made[command.name or ""] = command
+        for group_info in scratch.registered_groups:
+            group = _group(group_info)
+            made[group.name or ""] = group
+        for name, command in made.items():
+            self.commands[name] = command
+        self._order({name: c for name, c in made.items() if name not in self.lazy_groups})
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name not in self.commands:
+            self._add_plugins()
+        return self.commands.get(cmd_name)
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
+        self._add_plugins()
         return list(self.commands)
 
 
@@ -128,12 +178,7 @@ def _loader(name: str, module: str, attr: str) -> Callable[[], _click.Command]:
     def load() -> _click.Command:
         target = getattr(importlib.import_module(module), attr)
         if isinstance(target, typer.Typer):
-            return typer.main.get_group_from_info(
-                TyperInfo(target, name=name),
-                pretty_exceptions_short=app.pretty_exceptions_short,
-                rich_markup_mode=app.rich_markup_mode,
-                suggest_commands=app.suggest_commands,
-            )
+            return _group(TyperInfo(target, name=name))
         scratch = typer.Typer()
         scratch.command(name)(target)
         info: CommandInfo = scratch.registered_commands[0]
@@ -142,6 +187,16 @@ def _loader(name: str, module: str, attr: str) -> Callable[[], _click.Command]:
         )
 
     return load
+
+
+def _group(info: TyperInfo) -> _click.Command:
+    """A command group added to :data:`app` (``info``: as ``add_typer`` records it), built as typer builds it."""
+    return typer.main.get_group_from_info(
+        info,
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
+        suggest_commands=app.suggest_commands,
+    )
 
 
 app = typer.Typer(

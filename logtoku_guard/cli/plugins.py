@@ -63,13 +63,25 @@ def missing_command(app: typer.Typer, name: str, reason: str, help_text: str | N
 
 def add_plugins(app: typer.Typer, found: Iterable[EntryPoint] | None = None) -> None:
     """Add each group registered under :data:`GROUP` (``found``: the installed ones by default),
-    then a :func:`missing_command` stand-in for every :data:`KNOWN` group that is not there."""
-    taken = {info.name for info in app.registered_groups} | {
+    then a :func:`missing_command` stand-in for every :data:`KNOWN` group that is not there.
+
+    On an app whose group class is a :class:`~logtoku_guard.cli.LazyGroup` (the core CLI's), they
+    are found and added when first needed (a name that is not a core command is looked up, or
+    ``--help`` lists the commands): a core command runs without reading the entry points."""
+    taken: set[str | None] = {info.name for info in app.registered_groups} | {
         info.name or (info.callback.__name__.lower().replace("_", "-") if info.callback else None)  # typer's default name
         for info in app.registered_commands
     }
     for lazy in ("lazy_commands", "lazy_groups"):  # the core commands a LazyGroup imports when looked up
         taken |= set(getattr(app.info.cls, lazy, ()))
+    with_plugins = getattr(app.info.cls, "with_plugins", None)
+    if with_plugins is not None:
+        app.info.cls = with_plugins(lambda scratch: _add(scratch, found, taken))
+        return
+    _add(app, found, taken)
+
+
+def _add(app: typer.Typer, found: Iterable[EntryPoint] | None, taken: set[str | None]) -> None:
     added: set[str] = set()
     for ep in entry_points(group=GROUP) if found is None else found:
         if ep.name in taken or ep.name in added:
