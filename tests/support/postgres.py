@@ -124,6 +124,16 @@ def _run(server: PostgresServer, tool: str, *args: str, check: bool = True) -> s
     return res
 
 
+def _memory_folder() -> str | None:
+    """/dev/shm where it is a writable folder (Linux), else the default temporary folder.
+
+    The server's data is throwaway (fsync is off): on the disk, removing a session's databases (each
+    a copy of the template, hundreds of files) took 40 s of the test run's teardown; in memory, under 1 s.
+    """
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 def start_server() -> PostgresServer:
     """initdb + pg_ctl start in a new temporary folder; :class:`ServerUnavailable` if impossible."""
     try:
@@ -133,7 +143,7 @@ def start_server() -> PostgresServer:
         raise ServerUnavailable(msg) from e
     bindir = find_bindir()
     account = _server_account()
-    folder = Path(tempfile.mkdtemp(prefix="logtoku-pg-"))
+    folder = Path(tempfile.mkdtemp(prefix="logtoku-pg-", dir=_memory_folder()))
     if account is not None:
         shutil.chown(folder, user=account)
     server = PostgresServer(folder=folder, bindir=bindir, port=0, account=account)
