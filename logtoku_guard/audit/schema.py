@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from logtoku_guard.audit._jsonb import LazyJSONB
 from logtoku_guard.audit.records import (
     _REVIEW_STATUSES,
     AuditRecord,
@@ -112,26 +113,7 @@ def _sqlite_text(raw: bytes) -> str | Unreadable:
         return Unreadable(raw)
 
 
-class _JSONB(sa.types.TypeDecorator[Any]):
-    """PostgreSQL's JSONB, the ``postgresql`` variant of the JSON columns: SQLAlchemy's PostgreSQL
-    dialect is imported when a PostgreSQL store first compiles it, not with this module (a SQLite
-    store never loads it)."""
-
-    impl = sa.JSON
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
-        from sqlalchemy.dialects.postgresql import JSONB
-
-        return dialect.type_descriptor(JSONB())
-
-    @property
-    def render_bind_cast(self) -> bool:  # type: ignore[override]
-        """The driver's JSONB's own (psycopg: ``%(x)s::JSONB``), so the SQL is the plain JSONB variant's."""
-        return bool(self.impl_instance.render_bind_cast)
-
-
-_JSON = sa.JSON().with_variant(_JSONB(), "postgresql")
+_JSON = sa.JSON().with_variant(LazyJSONB(), "postgresql")
 _metadata = sa.MetaData()
 
 _records = sa.Table(

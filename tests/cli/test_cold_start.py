@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import logtoku_guard.cli as cli
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 RUN_CLI = textwrap.dedent(
     """
