@@ -300,7 +300,7 @@ class LlamaDecodeLoop(JobRows):
         def feed(n: int) -> bool:
             nonlocal joined
             joined = self._prefill(s, first, n)
-            return not joined and s in self.admitted
+            return not joined and s in self.admitted and not s.job.abandoned  # a cancelled prompt stops here
 
         self.budgeted.turn(s.fed, len(s.prepared.ids), feed)
         return joined

@@ -8,6 +8,7 @@ never on the budget or the clock. No time is asserted.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -171,7 +172,7 @@ def test_decoding_rows_get_their_turn_between_budgeted_steps() -> None:
             clock.now += 0.02  # one decoding step of the short rows
             share.decoded(0.02)
             order.append("decode")
-    assert not any(a == b == "prefill" for a, b in zip(order, order[1:]))  # never two prefills in a row
+    assert not any(a == b == "prefill" for a, b in itertools.pairwise(order))  # never two prefills in a row
     assert order.count("decode") > order.count("prefill")
 
 
