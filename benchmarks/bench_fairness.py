@@ -12,8 +12,11 @@ the embedded model, each short request "Who wrote Hamlet?" with ``--short-tokens
   fit beside the first: issue 43's N2, where that request blocked every short one behind it.
 
 Printed per scenario: how many short requests were answered, their median, p99 and max latency
-and the ratios of median and p99 to alone, and each long request's time. ``--chunk 0`` prefills
-every prompt whole (the behaviour before chunked prefill); the default is the backend's own.
+and the ratios of median and p99 to alone, and each long request's time (with ``--long-alone``,
+also the long request with nothing beside it, and the ratio). ``--chunk 0`` prefills every prompt
+whole (the behaviour before chunked prefill); the default is the backend's own. On llama.cpp
+``--budget`` compares prefill step budgets (seconds a step may feed a long prompt, in pieces:
+``chunked_prefill.BudgetedPrefill``; 0 = one fixed chunk a step, the behaviour before).
 
 The requests go straight to the backend's batcher from threads, as the server's worker threads
 send them: the server adds HTTP parsing, not scheduling. The load average and this process's CPU
@@ -23,6 +26,8 @@ the ratios to alone (measured in the same run) are what to compare.
     python benchmarks/bench_fairness.py                                         # both backends, defaults
     python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 2930 --long-max-tokens 1024 --n-ctx 4096
     python benchmarks/bench_fairness.py --backend transformers --chunk 0 --chunk 256
+    python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one \
+        --budget 0 --budget 0.2 --long-alone
 """
 
 from __future__ import annotations
@@ -44,14 +49,15 @@ PASSAGE = (
 SHORT = "Who wrote Hamlet?"
 
 
-def build(kind: str, chunk: int | None, n_ctx: int) -> Any:
-    from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK
+def build(kind: str, chunk: int | None, n_ctx: int, budget: float | None = None) -> Any:
+    from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_BUDGET_S, DEFAULT_PREFILL_CHUNK
 
     size = DEFAULT_PREFILL_CHUNK if chunk is None else chunk
     if kind == "llamacpp":
         from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend("embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=size)
+        seconds = DEFAULT_PREFILL_BUDGET_S if budget is None else budget
+        return LlamaCppBackend("embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=size, prefill_budget_s=seconds)
     from logtoku_guard.backends.transformers import TransformersBackend
 
     return TransformersBackend(threads=1, prefill_chunk=size)
@@ -111,9 +117,11 @@ def beside(
     return {"short": latencies, "long": sorted(long_times)}
 
 
-def report(scenario: str, r: dict[str, Any], alone: float) -> None:
+def report(scenario: str, r: dict[str, Any], alone: float, long_alone: float | None = None) -> None:
     short = r["short"]
     longs = ", ".join(f"{t:.1f}" for t in r["long"])
+    if long_alone is not None:
+        longs += f" (alone {long_alone:.1f} s: {r['long'][-1] / long_alone:.2f}x)"
     if not short:
         print(f"  {scenario}: long request(s) {longs} s; no short request answered beside them", flush=True)
         return
@@ -139,6 +147,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="threads sending short requests back to back")
     parser.add_argument("--short-tokens", type=int, default=8, help="max_new_tokens of each short request")
     parser.add_argument("--scenario", choices=["one", "queue"], action="append", help="default: both")
+    parser.add_argument(
+        "--budget", type=float, action="append", help="llama.cpp prefill step budget(s) in seconds; 0 = fixed chunks"
+    )
+    parser.add_argument("--long-alone", action="store_true", help="also time one long request with nothing beside it")
     args = parser.parse_args()
     kinds = args.backend or ["transformers", "llamacpp"]
     chunks: list[int | None] = list(args.chunk) if args.chunk else [None]
@@ -148,31 +160,42 @@ def main() -> None:
     short = DecodingOptions(max_new_tokens=args.short_tokens)
     long_opts = DecodingOptions(max_new_tokens=args.long_max_tokens)
     cpu0 = time.process_time()
-    for kind in kinds:
-        for chunk in chunks:
-            backend = build(kind, chunk, n_ctx)
-            label = "whole" if chunk == 0 else f"chunk {getattr(backend, 'prefill_chunk', chunk)}"
-            extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""
-            prompts = [long_prompt(backend, args.long_tokens, n) for n in range(max(args.queue, 1))]
-            n_long = backend.count_tokens(backend.render(prompts[0]))
-            backend.generate(SHORT, short)  # warm-up
-            alone = []
-            for _ in range(5):
-                t = time.perf_counter()
-                backend.generate(SHORT, short)
-                alone.append(time.perf_counter() - t)
-            base = statistics.median(alone)
-            print(
-                f"{kind}, {label}{extra}: long prompts {n_long} tokens + {args.long_max_tokens}; short alone median {base:.2f} s",
-                flush=True,
-            )
-            if "one" in scenarios:
-                report("beside one long prompt", beside(backend, prompts[:1], long_opts, args.clients, short, 0.0), base)
-            if "queue" in scenarios:
-                r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap)
-                report(f"beside a queue of {args.queue} long prompts", r, base)
-            if hasattr(backend, "close"):
-                backend.close()
+    budgets: list[float | None] = list(args.budget) if args.budget else [None]
+    runs = [(k, c, b) for k in kinds for c in chunks for b in (budgets if k == "llamacpp" else [None])]
+    for kind, chunk, budget in runs:
+        backend = build(kind, chunk, n_ctx, budget)
+        label = "whole" if chunk == 0 else f"chunk {getattr(backend, 'prefill_chunk', chunk)}"
+        if kind == "llamacpp" and chunk != 0:
+            seconds = backend.prefill_budget_s
+            label += f", budget {seconds} s a step" if seconds else ", fixed chunks"
+        extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""
+        prompts = [long_prompt(backend, args.long_tokens, n) for n in range(max(args.queue, 1))]
+        n_long = backend.count_tokens(backend.render(prompts[0]))
+        backend.generate(SHORT, short)  # warm-up
+        alone = []
+        for _ in range(5):
+            t = time.perf_counter()
+            backend.generate(SHORT, short)
+            alone.append(time.perf_counter() - t)
+        base = statistics.median(alone)
+        print(
+            f"{kind}, {label}{extra}: long prompts {n_long} tokens + {args.long_max_tokens}; short alone median {base:.2f} s",
+            flush=True,
+        )
+        long_alone = None
+        if args.long_alone:
+            t = time.perf_counter()
+            backend.generate(prompts[-1], long_opts)
+            long_alone = time.perf_counter() - t
+            print(f"  long request alone: {long_alone:.1f} s", flush=True)
+        if "one" in scenarios:
+            r = beside(backend, prompts[:1], long_opts, args.clients, short, 0.0)
+            report("beside one long prompt", r, base, long_alone)
+        if "queue" in scenarios:
+            r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap)
+            report(f"beside a queue of {args.queue} long prompts", r, base)
+        if hasattr(backend, "close"):
+            backend.close()
     print(f"load after {os.getloadavg()[0]:.2f}; this process's CPU time {time.process_time() - cpu0:.0f} s")
 
 
