@@ -24,6 +24,20 @@ never fewer than :data:`MIN_PREFILL_CHUNK`), which keeps each chunk's time, henc
 request's wait, about level along the prompt. A chunk's size depends on its position alone,
 never on what runs beside it, so a prompt's chunks (and every logit) are the same whatever the load.
 
+On llama.cpp a fixed chunk is still too coarse: with the embedded Q4_1 weights a prompt token
+costs ~11 ms at the start and ~45 ms 7k tokens deep (CPU, 1 thread; prefill batches barely better
+than decoding there, ggml has no matrix-matrix kernel for Q4_1 on x86), so a 128-token chunk deep in
+a long prompt took 6 s of CPU, 10-15 s on 2 busy vCPUs, and short requests waited that long per
+chunk. There a step's share of a long prompt is sized by time (:class:`BudgetedPrefill`, the
+backend's ``prefill_budget_s``, default :data:`DEFAULT_PREFILL_BUDGET_S`): the prompt is fed in small
+pieces (:func:`piece_at`: 32 tokens at the start, fewer deeper, at least :data:`MIN_PIECE`), each its
+own ``llama_decode``, and a step takes pieces while the cost measured so far (:class:`PrefillCost`:
+seconds per token at a depth, following the load) says they fit the budget, at least one. The
+pieces' boundaries are the position's alone, so the prompt's logits do not depend on the budget, the
+clock or the load; ggml rounds such short ubatches as it rounds decoding steps, up to 0.5 in a
+prompt token's log p from one whole prefill. The decoding rows still take their turn between steps
+(:class:`FairShare`).
+
 A long prompt whose rest fits in one chunk is prefilled as a short one and joins the batch with its
 first answer token. Each chunk scores the question tokens that its positions predict
 (:meth:`~logtoku_guard.backends.prompt_scoring.PromptCapture.score_part`), so a prompt's
