@@ -406,7 +406,7 @@ from logtoku_guard.decision.policy import default_policy
 from logtoku_guard.guard.guard import Guard
 mark("import guard, policy, calibration")
 import sqlalchemy; mark("import sqlalchemy")
-import logtoku_guard.audit.store; mark("import the audit store (its PostgreSQL dialect too)")
+import logtoku_guard.audit.store; mark("import the audit store")
 import llama_cpp; mark("import llama_cpp")
 import logtoku_guard.backends.llamacpp; mark("import our llama.cpp backend")
 from logtoku_guard.cli import _common
