@@ -91,6 +91,8 @@ class _Commands(MutableMapping[str, "_click.Command"]):
         self._made[name] = command
 
     def __delitem__(self, name: str) -> None:
+        if name not in self._order:
+            raise KeyError(name)
         self._order.remove(name)
         self._made.pop(name, None)
         self._loaders.pop(name, None)
