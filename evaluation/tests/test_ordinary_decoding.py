@@ -159,8 +159,8 @@ def test_every_decoding_names_its_own_cache_file(tmp_path: Path) -> None:
 
 
 def test_the_served_defaults_decode_as_serve_does() -> None:
-    """``--temperature 1 --max-new-tokens 256``: the options ``serve`` builds for a chat request that sends
-    neither (OpenAI's temperature 1, the server's 256 tokens), seeded per question."""
+    """``--temperature 1 --max-new-tokens 256``: the options ``serve --default-temperature 1
+    --default-max-tokens 256`` (OpenAI's defaults) builds for a chat request that sends neither, seeded per question."""
     pytest.importorskip("fastapi")
     from logtoku_eval.cli.ordinary import answer_spec
     from logtoku_guard.server.limits import Limits
@@ -171,7 +171,7 @@ def test_the_served_defaults_decode_as_serve_does() -> None:
     assert isinstance(spec, SampledSpec)
     mine = spec.options("capital-001-sentence")
     request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "q"}], "seed": mine.seed})
-    assert decoding_options(request, Limits()) == mine
+    assert decoding_options(request, Limits(default_temperature=1.0, default_max_tokens=256)) == mine
     assert mine.sampling and spec.seed_of("capital-001-sentence") != spec.seed_of("capital-001-lower")
 
 

@@ -18,6 +18,7 @@ from logtoku_guard.backends.base import Backend
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, MIN_PREFILL_CHUNK
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N
+from logtoku_guard.types import GREEDY_BELOW
 
 
 def serve(
@@ -65,17 +66,18 @@ def serve(
     default_max_tokens: Annotated[
         int | None,
         typer.Option(
-            help="max_tokens of a chat request that sends none (default: 256, or --max-tokens if lower; "
-            "ask and the guard's calibration answer with 64). /v1/completions keeps OpenAI's 16."
+            help="max_tokens of a request that sends none, chat or /v1/completions (default: the answer length "
+            "the guard was calibrated on: the profile's, else ask's 64; at most --max-tokens). OpenAI's: 256 "
+            "with --default-temperature 1.",
         ),
     ] = None,
     default_temperature: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help="temperature of a request that sends none: OpenAI's 1 (sampled) by default; 0 is greedy, "
-            "as ask and the guard's calibration answer."
+            help="temperature of a request that sends none (default: 0, greedy, as ask answers and the guard was "
+            "calibrated; sampled answers score far below its threshold). 1: OpenAI's default.",
         ),
-    ] = 1.0,
+    ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 1_000_000,
     served_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's name).")] = None,
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
@@ -173,9 +175,9 @@ def serve(
             max_body_bytes=max_body_bytes,
             limits=Limits(
                 max_tokens=max_tokens,
-                default_max_tokens=default_max_tokens,  # type: ignore[arg-type]  # None: 256, or --max-tokens if lower
+                default_max_tokens=default_max_tokens,  # None: the calibrated length, or --max-tokens if lower
                 logprobs_mode=mode,
-                default_temperature=default_temperature,
+                default_temperature=0.0 if default_temperature is None else default_temperature,
             ),
             model_names=(served_name,) if served_name else (),
             metrics=metrics,
@@ -218,15 +220,35 @@ def serve(
         raise typer.Exit(2) from exc
     from logtoku_guard.server.run import serve_app, url
 
-    limits = settings.limits
     typer.echo(
         f"serving {backend.model_name!r} on {url(host, sock.getsockname()[1])} "
-        f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}; "
-        f"a request that sends no temperature or max_tokens gets temperature {limits.default_temperature:g} "
-        f"and {limits.default_max_tokens} tokens)",
+        f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}); "
+        + defaults_line(app.state.serving.limits, default_temperature is not None, app.state.serving.engine.profile),
         err=True,
     )
     try:
         serve_app(app, settings, sock)
     finally:
         sock.close()
+
+
+def defaults_line(limits: Any, temperature_given: bool, profile: Any) -> str:
+    """What a request that sends no ``temperature`` or ``max_tokens`` gets, and why (the startup line's end).
+
+    ``limits``: the served :class:`~logtoku_guard.server.limits.Limits`; ``temperature_given``: whether
+    ``--default-temperature`` was passed; ``profile``: the guard's profile (None: no guard, or none loaded)."""
+    t = limits.default_temperature
+    temperature = f"temperature {t:g}" + (" (greedy)" if t < GREEDY_BELOW else " (sampled)")
+    temperature += " from --default-temperature" if temperature_given else ", as ask answers and the guard was calibrated"
+    n = limits.omitted_max_tokens
+    if limits.default_max_tokens is not None:
+        length = f"up to {n} tokens from --default-max-tokens"
+    else:
+        fitted = limits.calibrated_max_tokens
+        recorded = getattr(getattr(profile, "guard", None), "max_tokens", None) is not None
+        whose = "the profile's guard was fitted on" if recorded else "ask answers with"
+        length = f"up to {n} tokens, the length {whose}" if n == fitted else f"up to {n} tokens (--max-tokens; {whose} {fitted})"
+    line = f"a request that sends no temperature or max_tokens gets {temperature} and {length}"
+    if temperature_given and limits.default_max_tokens is not None:
+        return line
+    return line + "; --default-temperature 1 --default-max-tokens 256 for OpenAI's defaults"

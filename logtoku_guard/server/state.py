@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.errors import AuditStoreError, ConfigurationError, LogTokUError
 from logtoku_guard.server import wire
+from logtoku_guard.server.limits import calibrated_max_tokens
 from logtoku_guard.server.metrics import Tally, require_metrics_extra
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ class Serving:
     settings: ServerSettings
     engine: Engine
     limits: wire.Limits
-    """The settings' limits with the backend's K and the alternatives it keeps per token."""
+    """The settings' limits with the backend's K, the alternatives it keeps per token and the answer
+    length the served profile's guard was fitted on (the ``max_tokens`` of a request that sends none)."""
     names: tuple[str, ...]
     """The names clients may send as ``model``; the first is the one responses carry."""
     text_of: wire.TokenText
@@ -46,6 +48,7 @@ class Serving:
     def build(cls, settings: ServerSettings, engine: Engine) -> Serving:
         backend = engine.backend
         given = settings.limits
+        profile = engine.profile if engine.profile is not None else settings.profile
         limits = wire.Limits(
             given.max_tokens,
             given.default_max_tokens,
@@ -53,6 +56,8 @@ class Serving:
             max_top_logprobs=wire.kept_alternatives(backend),
             logprobs_mode=given.logprobs_mode,
             default_temperature=given.default_temperature,
+            # an omitted max_tokens: the length the served profile's guard was fitted on
+            calibrated_max_tokens=calibrated_max_tokens(None if profile == "auto" else profile),
         )
         metrics = None
         if settings.metrics != "off":

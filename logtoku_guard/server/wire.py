@@ -34,15 +34,14 @@ from typing import TYPE_CHECKING, Any
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.errors import short_repr
 from logtoku_guard.server.limits import (  # re-exported: the limits a request is held to (limits.py)
-    CHAT_DEFAULT_MAX_TOKENS as CHAT_DEFAULT_MAX_TOKENS,
+    CALIBRATION_MAX_TOKENS as CALIBRATION_MAX_TOKENS,
 )
+from logtoku_guard.server.limits import LOGPROBS_MODES as LOGPROBS_MODES
 from logtoku_guard.server.limits import (
-    COMPLETION_DEFAULT_MAX_TOKENS,
     OPENAI_MAX_TOP_LOGPROBS,
     Limits,
     LogprobsMode,
 )
-from logtoku_guard.server.limits import LOGPROBS_MODES as LOGPROBS_MODES
 from logtoku_guard.server.limits import kept_alternatives as kept_alternatives
 from logtoku_guard.server.refusal import chat_message, completion_finish, tool_finish, withheld, withheld_logprobs
 from logtoku_guard.types import ChatMessage, DecodingOptions, Generation, TokenScore
@@ -172,11 +171,16 @@ def check_backend_params(req: AnyRequest, options: DecodingOptions, backend: Bac
 
 
 def decoding_options(req: AnyRequest, limits: Limits) -> DecodingOptions:
-    """The request's decoding options, within the server's ``max_tokens`` and top-K (raises :class:`RequestError`)."""
-    chat = isinstance(req, proto.ChatCompletionRequest)
+    """The request's decoding options, within the server's ``max_tokens`` and top-K (raises :class:`RequestError`).
+
+    A field the request leaves out takes the server's default, the same for a chat and a legacy
+    completion request: ``temperature`` ``limits.default_temperature`` (0, greedy, unless ``serve
+    --default-temperature`` says otherwise), ``max_tokens`` :attr:`Limits.omitted_max_tokens` (the
+    length the guard was calibrated on unless ``--default-max-tokens`` says otherwise). A field it
+    sends always wins."""
     max_tokens = req.requested_max_tokens
     if max_tokens is None:
-        max_tokens = limits.default_max_tokens if chat else COMPLETION_DEFAULT_MAX_TOKENS
+        max_tokens = limits.omitted_max_tokens
     if max_tokens > limits.max_tokens:
         raise RequestError(
             400,
