@@ -6,7 +6,7 @@ backend), greedy decoding, at most 64 new tokens, stop at the first newline or E
 top-K logits are stored with K = 5 so K = 2 and K = 5 are re-scored from one run.
 Sampling baselines: 10 answers at temperature 0.5 per question (same prompt, same stops).
 :class:`SampledSpec` is one sampled answer per question with every token's top-K logits (as
-``serve`` answers a request that leaves ``temperature`` at OpenAI's default), each question drawn
+``serve --default-temperature 1`` answers a request that leaves ``temperature`` out: OpenAI's default), each question drawn
 from its own seeded stream (:func:`run_answers`).
 """
 

@@ -58,16 +58,16 @@ def ordinary(
     temperature: Annotated[
         float,
         typer.Option(
-            help="Sampling temperature of the answers: 0 (the default) is greedy, as `ask` answers; 1 samples as "
-            "`serve` does for a request that sends no temperature (OpenAI's default). Each question's answer is "
+            help="Sampling temperature of the answers: 0 (the default) is greedy, as `ask` and `serve` answer; 1 samples "
+            "as OpenAI's default (serve --default-temperature 1) does. Each question's answer is "
             "drawn from its own stream seeded by --sample-seed and the question's id."
         ),
     ] = 0.0,
     max_new_tokens: Annotated[
         int,
         typer.Option(
-            help="Most tokens of an answer: 64 (the default) as `ask`; 256 is what `serve` gives a chat request "
-            "that sends no max_tokens."
+            help="Most tokens of an answer: 64 (the default) as `ask` and `serve`; 256 is what `serve "
+            "--default-max-tokens 256` gives a request that sends no max_tokens."
         ),
     ] = 64,
     sample_seed: Annotated[
@@ -84,7 +84,7 @@ def ordinary(
     """Ordinary questions in three wordings: the shipped guard's flags on correct and wrong answers, per wording.
 
     Answers as `ask` makes them by default (the question alone, greedy, 64 tokens; --temperature 1
-    --max-new-tokens 256 answers as `serve` does by default), judged by nq-match against the
+    --max-new-tokens 256 answers as `serve` with OpenAI's defaults), judged by nq-match against the
     accepted answers; the profile's guard and the policy decide each answer as in `ask` (nothing refit).
     Prints wrong answers flagged, correct answers passed and the guard_score AUROC per wording and overall,
     with 95% intervals resampling questions. Writes ordinary.md, ordinary.json and ordinary-answers.jsonl
@@ -185,12 +185,12 @@ def answer_spec(temperature: float, max_new_tokens: int, sample_seed: int | None
     from logtoku_guard.types import GREEDY_BELOW
 
     if not (math.isfinite(temperature) and temperature >= 0):
-        msg = f"--temperature {temperature!r} is out of range; give a finite number >= 0 (0: greedy, 1: as `serve` by default)"
+        msg = f"--temperature {temperature!r} is out of range; give a finite number >= 0 (0: greedy, 1: OpenAI's default)"
         raise ConfigurationError(msg)
     if max_new_tokens < 1 or max_new_tokens > MAX_NEW_TOKENS:
         msg = (
             f"--max-new-tokens {max_new_tokens} is out of range; give a number of tokens from 1 to {MAX_NEW_TOKENS} "
-            "(64: as `ask`, 256: as `serve` by default)"
+            "(64: as `ask` and `serve`, 256: serve --default-max-tokens 256)"
         )
         raise ConfigurationError(msg)
     if sample_seed is not None and not 0 <= sample_seed <= toolkit.SEED_MAX:
