@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,10 @@ from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, MIN_PR
 from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from logtoku_guard.scoring.uncertainty import DEFAULT_K, DEFAULT_TOP_N
 from logtoku_guard.types import GREEDY_BELOW
+
+if TYPE_CHECKING:
+    from logtoku_guard.calibration.profiles import ModelProfile
+    from logtoku_guard.server.limits import Limits
 
 
 def serve(
@@ -232,7 +236,7 @@ def serve(
         sock.close()
 
 
-def defaults_line(limits: Any, temperature_given: bool, profile: Any) -> str:
+def defaults_line(limits: Limits, temperature_given: bool, profile: ModelProfile | None) -> str:
     """What a request that sends no ``temperature`` or ``max_tokens`` gets, and why (the startup line's end).
 
     ``limits``: the served :class:`~logtoku_guard.server.limits.Limits`; ``temperature_given``: whether
