@@ -224,10 +224,12 @@ def serve(
         raise typer.Exit(2) from exc
     from logtoku_guard.server.run import serve_app, url
 
+    serving = app.state.serving
+    served_profile = serving.engine.profile or prof  # the profile state.py read the omitted length from
     typer.echo(
         f"serving {backend.model_name!r} on {url(host, sock.getsockname()[1])} "
         f"(K={backend.k}, max batch {getattr(backend, 'max_batch', max_batch)}); "
-        + defaults_line(app.state.serving.limits, default_temperature is not None, app.state.serving.engine.profile),
+        + defaults_line(serving.limits, default_temperature is not None, served_profile),
         err=True,
     )
     try:

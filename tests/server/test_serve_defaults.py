@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,29 +136,30 @@ def test_a_request_without_them_is_answered_as_an_explicit_greedy_calibrated_one
             assert _ids(short, chat) == _ids(greedy, chat)[:5]
 
 
-def test_the_profile_the_guard_was_fitted_on_sets_the_omitted_length(tiny_tokenizer: Any) -> None:
-    """A profile whose guard was fitted on 7-token answers: a request without ``max_tokens`` gets 7, greedy."""
+ALWAYS_WARN = {
+    "name": "always-warn",
+    "rules": [{"name": "any", "when": {"stat": "reliability", "op": "<", "value": 1e9}, "action": "warn"}],
+}
+
+
+def _fitted_on_7(backend: Any) -> Any:
+    """A profile of ``backend`` whose guard records that it was fitted on 7-token answers."""
     from logtoku_guard.calibration.guard_fit import shipped_guard
     from logtoku_guard.calibration.profiles import calibrate
-    from logtoku_guard.decision.policy import Policy
     from logtoku_guard.types import DecodingOptions
 
-    backend = tiny_served(tiny_tokenizer)
     guard = shipped_guard("smollm2-135m-instruct")
     assert guard is not None
-    profile = calibrate(
-        backend,
-        ["q one?", "q two?", "q three?"],
-        DecodingOptions(max_new_tokens=7),
-        guard=guard.model_copy(update={"max_tokens": 7}),
-    )
-    policy = Policy.from_dict(
-        {
-            "name": "always-warn",
-            "rules": [{"name": "any", "when": {"stat": "reliability", "op": "<", "value": 1e9}, "action": "warn"}],
-        }
-    )
-    app = build_app(backend, policy=policy, profile=profile)
+    seven = guard.model_copy(update={"max_tokens": 7})
+    return calibrate(backend, ["q one?", "q two?", "q three?"], DecodingOptions(max_new_tokens=7), guard=seven)
+
+
+def test_the_profile_the_guard_was_fitted_on_sets_the_omitted_length(tiny_tokenizer: Any) -> None:
+    """A profile whose guard was fitted on 7-token answers: a request without ``max_tokens`` gets 7, greedy."""
+    from logtoku_guard.decision.policy import Policy
+
+    backend = tiny_served(tiny_tokenizer)
+    app = build_app(backend, policy=Policy.from_dict(ALWAYS_WARN), profile=_fitted_on_7(backend))
     assert app.state.serving.limits.omitted_max_tokens == 7
     with BackgroundServer(app) as srv:
         bare = _post(srv, "/chat/completions", {"messages": MESSAGES, "logprobs": True})
@@ -213,6 +215,23 @@ def test_the_startup_line_states_the_defaults_in_force_and_why(monkeypatch: pyte
     assert "for OpenAI's defaults" not in line, line
     line, limits = _serve(monkeypatch, backend, "--max-tokens", "32")
     assert limits.omitted_max_tokens == 32 and "up to 32 tokens (--max-tokens; ask answers with 64)" in line, line
+
+
+def test_serve_takes_the_omitted_length_from_its_profile(
+    monkeypatch: pytest.MonkeyPatch, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """``serve --profile`` (with a policy, or without one) decodes an omitted ``max_tokens`` with the length
+    that profile's guard was fitted on, and its startup line says so."""
+    import json
+
+    backend = tiny_served(tiny_tokenizer)
+    profile = _fitted_on_7(backend).save(tmp_path / "profile.json")
+    policy = tmp_path / "always-warn.json"
+    policy.write_text(json.dumps(ALWAYS_WARN), encoding="utf-8")
+    for guarded in ([], ["--policy", str(policy)]):
+        line, limits = _serve(monkeypatch, backend, "--model", "tiny", "--profile", str(profile), *guarded)
+        assert (limits.default_temperature, limits.omitted_max_tokens) == (0.0, 7), guarded
+        assert "up to 7 tokens, the length the profile's guard was fitted on" in line, line
 
 
 def test_the_startup_line_names_the_profiles_length() -> None:
