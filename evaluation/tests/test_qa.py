@@ -25,6 +25,7 @@ from logtoku_guard.scoring.guard_score import auroc
 from .support import HAS_MPL, BagOfWords, judged_answers, make_data_dir, qa_backend
 
 
+@pytest.mark.slow
 def test_harness_end_to_end_and_rescoring_never_regenerates(tmp_path: Path) -> None:
     items = load_truthfulqa(data_dir=make_data_dir(tmp_path / "data"))
     calls: list[str] = []

@@ -124,6 +124,7 @@ def test_the_shipped_questions_hold_every_group_in_both_halves() -> None:
     assert len({q.id for q in questions}) == len(questions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "name"), [("transformers", EMBEDDED_MODEL), ("llamacpp", f"{EMBEDDED_MODEL}@llamacpp")])
 def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, name: str

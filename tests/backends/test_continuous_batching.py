@@ -171,6 +171,7 @@ def test_the_running_batch_merges_and_cuts_whole_columns() -> None:
     assert len(batch) == 0 and batch.cache is None
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_cleanly_while_a_batch_runs() -> None:
     """At exit the worker leaves the model first (the batcher's atexit hook), even mid-generation with joined rows."""
     tests = Path(__file__).resolve().parents[1]

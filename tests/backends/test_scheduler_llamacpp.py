@@ -86,6 +86,7 @@ class Events:
         return self.seen.index(event)
 
 
+@pytest.mark.slow
 def test_a_request_that_does_not_fit_now_waits_without_blocking_a_short_one_behind_it() -> None:
     backend = LlamaCppBackend("embedded", n_threads=1, n_ctx=256, max_batch=4)
     try:
@@ -176,6 +177,7 @@ def test_the_server_answers_a_request_that_cannot_fit_the_cache_with_a_400() -> 
     backend.close()
 
 
+@pytest.mark.slow
 def test_greedy_and_sampled_rows_decode_in_the_same_calls_and_equal_their_alone_answers() -> None:
     backend = LlamaCppBackend("embedded", n_threads=1, n_ctx=1024, max_batch=4)
     try:

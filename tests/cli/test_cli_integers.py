@@ -81,6 +81,7 @@ OPTIONS = list(commands(Path("x")))
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+@pytest.mark.slow
 @given(value=INTEGERS)
 def test_any_integer_exits_0_or_2_without_a_traceback(folder: Path, option: str, value: int) -> None:
     args = [str(value) if a == "{}" else a for a in commands(folder)[option]]

@@ -177,6 +177,7 @@ def test_item_ids_and_json_options_have_help_text() -> None:
         st.integers(max_value=-1),
     ),
 )
+@pytest.mark.slow
 def test_any_integer_id_exits_0_or_2_with_a_message_never_a_traceback(store: str, command: str, item_id: int) -> None:
     extra = {"show": [], "reject": ["-r", "x", "--note", "n"]}.get(command, ["-r", "x"])
     res = invoke("review", command, "--store", store, *extra, "--", str(item_id))

@@ -58,6 +58,7 @@ def test_a_coverage_target_holds_with_the_stated_confidence() -> None:
     assert naive > 0.3  # the bare empirical quantile misses far more often: the test can fail
 
 
+@pytest.mark.slow
 def test_a_selective_risk_target_holds_with_the_stated_confidence() -> None:
     """Half the answers right with scores ~ U(0.3, 1), half wrong with scores ~ U(0, 0.7): the
     passed wrong share at threshold t is known in closed form."""

@@ -185,6 +185,7 @@ def test_disabled_telemetry_emits_nothing(provider: TracerProvider, exporter: In
     assert exporter.get_finished_spans() == ()
 
 
+@pytest.mark.slow
 def test_without_opentelemetry_nothing_is_imported_or_emitted() -> None:
     code = """
 import sys
@@ -227,6 +228,7 @@ def test_closed_stream_still_ends_its_spans(provider: TracerProvider, exporter: 
     assert (root.attributes or {})["logtoku.reason"].find("stream closed by the caller") >= 0  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_the_console_example_prints_what_its_docstring_says() -> None:
     """examples/otel_console.py: a passing question (one chat span, one evaluation) and an
     invented one (chat, retrieve, chat again, two evaluations), each under a GUARDRAIL span."""

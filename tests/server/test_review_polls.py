@@ -81,6 +81,7 @@ def wait_for_tasks(srv: BackgroundServer, n: int) -> None:
     assert request_tasks(srv) >= n, f"only {request_tasks(srv)} of {n} polls reached the server"
 
 
+@pytest.mark.slow
 def test_long_polls_leave_generation_its_threads(tiny_backend: Any, tmp_path: Path) -> None:
     with AuditStore(tmp_path / "audit.db") as store:
         engine = Engine(ThreadRunner(tiny_backend), policy=always_review(), store=store)

@@ -267,6 +267,8 @@ def test_policy_guards_each_answer(tiny_backend: Any) -> None:
 
 
 def test_graceful_shutdown_finishes_in_flight_request(tiny_backend: Any) -> None:
+    generating = threading.Event()
+    tiny_backend._model.register_forward_pre_hook(lambda module, args: generating.set())
     srv = BackgroundServer(build_app(tiny_backend)).start()
     results: list[Any] = []
 
@@ -276,9 +278,7 @@ def test_graceful_shutdown_finishes_in_flight_request(tiny_backend: Any) -> None
 
     worker = threading.Thread(target=ask)
     worker.start()
-    import time
-
-    time.sleep(0.2)  # the request is in flight
+    assert generating.wait(60), "the request never reached the model"  # in flight: stop now
     srv.stop()
     worker.join(60)
     assert results and results[0].status_code == 200, results

@@ -201,6 +201,7 @@ run_server(backend, port=int(sys.argv[1]), graceful_timeout=30, log_level="warni
 """
 
 
+@pytest.mark.slow
 def test_sigterm_is_prompt_after_clients_hang_up(tmp_path: Path) -> None:
     """``run_server`` (what ``serve`` runs) with max batch 1 (2 slots): drop 4 streams, ask, SIGTERM."""
     port = free_port()

@@ -69,6 +69,7 @@ def half_sent(port: int) -> socket.socket:
     return s
 
 
+@pytest.mark.slow
 def test_half_sent_connections_time_out_under_a_low_file_limit(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}

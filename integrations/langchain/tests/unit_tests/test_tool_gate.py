@@ -234,6 +234,7 @@ def test_async_review_and_refuse(store: AuditStore) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_the_tool_gate_example_runs_offline() -> None:
     import os
     import subprocess

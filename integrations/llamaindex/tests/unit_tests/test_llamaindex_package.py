@@ -26,6 +26,7 @@ def test_namespace_folders_have_no_init() -> None:
     assert (EMBEDDINGS / "embeddings" / "logtoku_minilm" / "__init__.py").is_file()
 
 
+@pytest.mark.slow
 def test_imports_merge_with_llama_index_core_from_any_directory(tmp_path: Path) -> None:
     code = (
         "import llama_index.core, llama_index.llms.logtoku as m, llama_index.embeddings.logtoku_minilm as e;"
