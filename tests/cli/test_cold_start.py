@@ -75,6 +75,7 @@ def _listed(help_text: str) -> list[str]:
     return [row[0] for row in rows if row]
 
 
+@pytest.mark.slow  # a fresh interpreter per run: several seconds
 def test_ask_imports_neither_the_other_commands_nor_the_postgresql_dialect(tmp_path: Path) -> None:
     store = tmp_path / "audit.db"
     code, out, modules = run_cli("ask", "--store", str(store), "What is the capital of France?")
@@ -88,6 +89,7 @@ def test_ask_imports_neither_the_other_commands_nor_the_postgresql_dialect(tmp_p
     assert store.is_file()
 
 
+@pytest.mark.slow  # a fresh interpreter per run: several seconds
 def test_a_command_without_a_store_imports_no_sqlalchemy() -> None:
     code, out, modules = run_cli("score", "--max-new-tokens", "2", "What is the capital of France?")
     assert code == 0 and "Paris" in out, out
