@@ -28,8 +28,8 @@ On llama.cpp a fixed chunk is still too coarse: with the embedded Q4_1 weights a
 costs ~11 ms at the start and ~45 ms 7k tokens deep (CPU, 1 thread; prefill batches barely better
 than decoding there, ggml has no matrix-matrix kernel for Q4_1 on x86), so a 128-token chunk deep in
 a long prompt took 6 s of CPU, 10-15 s on 2 busy vCPUs, and short requests waited that long per
-chunk. There a step's share of a long prompt is sized by time (:class:`BudgetedPrefill`, the
-backend's ``prefill_budget_s``, default :data:`DEFAULT_PREFILL_BUDGET_S`): the prompt is fed in small
+chunk. There a step's share of a long prompt can be sized by time (:class:`BudgetedPrefill`, the
+backend's ``prefill_budget_s``; off by default, :data:`DEFAULT_PREFILL_BUDGET_S` says why): the prompt is fed in small
 pieces (:func:`piece_at`: 32 tokens at the start, fewer deeper, at least :data:`MIN_PIECE`), each its
 own ``llama_decode``, and a step takes pieces while the cost measured so far (:class:`PrefillCost`:
 seconds per token at a depth, following the load) says they fit the budget, at least one. The
@@ -137,10 +137,13 @@ def plan(rest: Sequence[tuple[T, int, int]], chunk: int | None) -> tuple[list[T]
     return whole, longer
 
 
-DEFAULT_PREFILL_BUDGET_S = 0.2
-"""Seconds of a long prompt's prefill one scheduler step may take by default, on llama.cpp
-(:class:`BudgetedPrefill`): a short request arriving meanwhile waits for at most about this long
-(or one :func:`piece_at` piece, when a single piece takes longer)."""
+DEFAULT_PREFILL_BUDGET_S = 0.0
+"""Seconds of a long prompt's prefill one scheduler step may take on llama.cpp by default: 0, off
+(fixed chunks, :func:`chunk_at`). A budget (``prefill_budget_s=0.2``, :class:`BudgetedPrefill`) makes
+a short request arriving meanwhile wait about that long (or one :func:`piece_at` piece, when a
+single piece takes longer), but measured beside a 7.3k-token prompt it cut the short requests' p99
+only from 32.8x to 14.3x of alone, made the long prompt 4.4x slower and moved its prompt tokens' log p
+by up to 0.5 from one whole prefill (0.17 with 128-token chunks): ``benchmarks/README.md``, fairness."""
 PIECE_TOKENS = 32
 """Tokens of a budgeted prefill's piece at the start of a prompt (:func:`piece_at`)."""
 MIN_PIECE = 8

@@ -114,11 +114,13 @@ class LlamaCppBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 feeds every prompt whole at once.
-        prefill_budget_s: seconds one decoding step may spend feeding a longer prompt (default
-            0.2): it is fed in small pieces, as many a step as fit that time by what the pieces
-            before cost (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`), so a
-            short request beside it waits about that long, not a whole chunk deep in the prompt
-            (seconds on a CPU); 0 feeds one chunk of ``prefill_chunk`` tokens (fewer deeper) a step.
+        prefill_budget_s: 0 (the default) feeds a longer prompt one chunk of ``prefill_chunk``
+            tokens (fewer deeper) a step; a number of seconds feeds it in small pieces, as many a
+            step as fit that time by what the pieces before cost
+            (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`), so a short request
+            beside it waits about that long rather than a whole chunk deep in the prompt, at the
+            price of a slower long prompt and more rounding in its prompt scores
+            (:data:`~logtoku_guard.backends.chunked_prefill.DEFAULT_PREFILL_BUDGET_S` says how much).
         weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`):
             ``"q4_1"`` the shipped file (default, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
             ``"q8_0"`` or ``"f16"`` a copy converted once into the cache

@@ -12,10 +12,10 @@
    tokens (its prompt-side scores, scored call by call) and at its last position (its first
    answer token); a prompt longer than ``prefill_chunk`` is fed a share at a time, after the
    shorter ones, taking turns with the live rows, so it cannot stall them
-   (:mod:`~logtoku_guard.backends.chunked_prefill`): with ``prefill_budget_s`` (the default) a
+   (:mod:`~logtoku_guard.backends.chunked_prefill`): with ``prefill_budget_s`` (off by default) a
    step feeds as many small pieces (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`, each
    its own ``llama_decode``) as fit that many seconds by their measured cost
-   (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); without, one chunk of
+   (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); without (the default), one chunk of
    :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens.
    Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and

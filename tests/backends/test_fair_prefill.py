@@ -181,4 +181,5 @@ def test_a_bad_budget_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ConfigurationError, match=r"prefill_budget_s must be a number of seconds > 0 and <= 60.*got"):
         check_prefill_budget(value)
     assert check_prefill_budget(0) is None and check_prefill_budget(None) is None and check_prefill_budget(0.0) is None
-    assert check_prefill_budget(DEFAULT_PREFILL_BUDGET_S) == DEFAULT_PREFILL_BUDGET_S and check_prefill_budget(2) == 2.0
+    assert check_prefill_budget(DEFAULT_PREFILL_BUDGET_S) is None  # off by default: fixed chunks
+    assert check_prefill_budget(0.2) == 0.2 and check_prefill_budget(2) == 2.0

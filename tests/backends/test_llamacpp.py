@@ -427,7 +427,7 @@ def test_a_long_prompt_fed_in_chunks_gets_the_scores_of_one_whole_prefill(backen
     """Chunks of 128 tokens or more (the smallest accepted, ``prefill_budget_s=0``) leave llama.cpp's
     logits as one whole prefill gives them, but for the rounding of another ubatch split (measured
     here: 0.03 in log p with the long question, up to 0.17 with the long system prompt, as changing
-    ``n_ubatch`` does), and the same greedy tokens. The default, a time-budgeted prefill, feeds
+    ``n_ubatch`` does), and the same greedy tokens. A time-budgeted prefill (``prefill_budget_s=0.2``) feeds
     pieces of 32 tokens or fewer (``chunked_prefill.piece_at``), which ggml rounds as it rounds
     short ubatches: up to 0.5 in log p from one whole prefill (chunks of 32 or 64 tokens moved it
     as much), the same greedy tokens, and the same bits whatever the budget and the load
@@ -438,16 +438,16 @@ def test_a_long_prompt_fed_in_chunks_gets_the_scores_of_one_whole_prefill(backen
     options = DecodingOptions(max_new_tokens=8)
     assert backend.prefill_chunk == 256
     results = [backend.generate(question, options, system=system)]
-    for chunk in (0, 128):
-        other = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, prefill_chunk=chunk, prefill_budget_s=0)
+    for chunk, budget in ((0, 0.0), (128, 0.0), (256, 0.2)):
+        other = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, prefill_chunk=chunk, prefill_budget_s=budget)
         try:
             results.append(other.generate(question, options, system=system))
         finally:
             other.close()
-    chunked, whole, small = results
+    chunked, whole, small, pieces = results
     assert whole.prompt_tokens > 3 * 256
     assert len(whole.prompt_scores) > (3 * 256 if where == "question" else 3)
-    for g, logprob, eu in ((chunked, 0.6, 5e-3), (small, 0.25, 2e-3)):
+    for g, logprob, eu in ((chunked, 0.25, 2e-3), (small, 0.25, 2e-3), (pieces, 0.6, 5e-3)):
         assert [t.id for t in g.tokens] == [t.id for t in whole.tokens]
         assert [(t.index, t.id, t.text) for t in g.prompt_scores] == [(t.index, t.id, t.text) for t in whole.prompt_scores]
         for x, y in zip((*g.tokens, *g.prompt_scores), (*whole.tokens, *whole.prompt_scores)):
