@@ -101,6 +101,7 @@ def test_import_is_light() -> None:
     assert proc.stdout.strip() == "HEAVY=", f"import logtoku_guard loaded: {proc.stdout.strip()[6:]}"
 
 
+@pytest.mark.slow
 def test_light_import_check_can_fail() -> None:
     """The subprocess probe really sees a heavy import (guards against a vacuous check)."""
     code = (

@@ -71,6 +71,7 @@ def _answers(tmp_path: Path, gen: str, spec: GreedySpec | SampledSpec) -> dict[s
     return {r.id: r.answer for r in greedy_cache(tmp_path / gen, MODEL, dataset_name(), spec, template=SERVING_TEMPLATE)}
 
 
+@pytest.mark.slow
 def test_sampled_options_reach_every_generation_and_a_seeded_run_draws_the_same_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_tokenizer: Any
 ) -> None:

@@ -496,6 +496,7 @@ def in_threads(work: Callable[[int], object], n: int) -> list[BaseException | No
     return raised
 
 
+@pytest.mark.slow
 def test_threads_and_processes_writing_one_file(store_url: StoreUrl) -> None:
     path = store_url("shared")
     with AuditStore(path) as store:
@@ -755,6 +756,7 @@ def test_claims_expire_after_claim_ttl(store_url: StoreUrl, monkeypatch: pytest.
             store.claim(c.id, "bob")
 
 
+@pytest.mark.slow
 def test_processes_creating_one_new_store_at_once_all_succeed(store_url: StoreUrl, tmp_path: Path) -> None:
     path = store_url("new")
     children = [

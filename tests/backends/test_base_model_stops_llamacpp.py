@@ -38,6 +38,7 @@ def _decodes_here() -> None:
         pytest.fail(f"the installed llama.cpp cannot decode on this machine: {exc}", pytrace=False)
 
 
+@pytest.mark.slow
 def test_the_llamacpp_backend_takes_the_records_stops_for_the_file_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
     plain = LlamaCppBackend("embedded", n_threads=2, n_ctx=512)
     try:

@@ -106,6 +106,7 @@ def test_is_a_backend_with_a_name_of_its_own(backend: LlamaCppBackend) -> None:
     assert backend.vocab_size == 49152 and backend.max_logprobs == 5 and backend.context_window == 1024
 
 
+@pytest.mark.slow
 def test_scores_equal_the_library_maths_on_the_raw_logits_and_greedy_equals_llama_cpp_sampler(backend: LlamaCppBackend) -> None:
     g = backend.generate(QUESTION, GREEDY)
     logits, tokens, _ = reference(backend, QUESTION, GREEDY.max_new_tokens)
@@ -231,6 +232,7 @@ def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
         LlamaCppBackend("embedded")
 
 
+@pytest.mark.slow
 def test_the_server_answers_over_this_backend(backend: LlamaCppBackend) -> None:
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")

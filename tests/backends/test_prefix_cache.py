@@ -37,6 +37,7 @@ def pair(tokenizer: Any, seed: int = 2) -> tuple[TransformersBackend, Transforme
     return cached, whole
 
 
+@pytest.mark.slow
 def test_answers_on_a_cached_prefix_equal_whole_prompt_prefills(tiny_tokenizer: Any) -> None:
     cached, whole = pair(tiny_tokenizer)
     assert whole.prefix_cache is None and cached.prefix_cache is not None

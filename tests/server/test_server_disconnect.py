@@ -122,6 +122,7 @@ def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guarded", [False, True], ids=["unguarded", "guarded"])
 def test_dropped_streams_free_their_slots_and_the_server_still_answers(
     tiny_backend: Any, guarded: bool, caplog: pytest.LogCaptureFixture
