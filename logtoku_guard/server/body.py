@@ -47,6 +47,11 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 """An escaped UTF-16 surrogate (a pair is one character; one alone is not)."""
 
 
+def _short(text: str, most: int = 40) -> str:
+    """``text`` cut to about ``most`` characters for an error message (a key can be megabytes long)."""
+    return text if len(text) <= most else f"{text[: most // 2]}...{text[-(most // 4) :]}"
+
+
 def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
     """The path and character of the first lone surrogate in ``value``'s strings (keys included)."""
     if isinstance(value, str):
@@ -55,7 +60,7 @@ def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         where = _lone_surrogate(key, f"{path} key") if isinstance(key, str) else None
-        where = where or _lone_surrogate(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        where = where or _lone_surrogate(item, f"{path}.{_short(key)}" if isinstance(key, str) else f"{path}[{key}]")
         if where is not None:
             return where
     return None
@@ -92,7 +97,7 @@ def check_text(body: bytes, nul_refused: str | None = None) -> None:
             where = None  # not JSON: FastAPI's parser reports it
         if where is not None:
             path, char = where
-            msg = f"{path} holds the lone surrogate {char!r}, which is not a character; send valid Unicode text"
+            msg = f"{_short(path, 400)} holds the lone surrogate {char!r}, which is not a character; send valid Unicode text"
             raise RequestError(400, msg)
     if nul_refused is not None and _NUL.search(body) is not None:
         msg = f"the request holds the character U+0000 (NUL, \\u0000), which {nul_refused} cannot keep; remove it from the text"
