@@ -34,6 +34,16 @@ def _refuse_shared(event: str, args: tuple[Any, ...]) -> None:
 
 sys.addaudithook(_refuse_shared)
 
+# Bytecode caches are written for the test run even where PYTHONDONTWRITEBYTECODE is set (this
+# project's VM sets it). Without them every pytest process, and every xdist worker, compiles the
+# project's modules and rewrites the asserts of every test module again: 15-17 s of each worker's
+# 30 s collection (`pytest --collect-only -m "not slow"`: 30.8 s without caches, 13.2 s with them).
+# They go to the checkout's __pycache__ folders (git-ignored), written atomically by importlib and
+# pytest; Python reads existing caches whatever the variable says, so later runs and the suite's
+# subprocesses use them. Set LOGTOKU_TESTS_NO_BYTECODE=1 to keep the variable's meaning.
+if not os.environ.get("LOGTOKU_TESTS_NO_BYTECODE"):
+    sys.dont_write_bytecode = False
+
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Any:

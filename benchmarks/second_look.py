@@ -186,18 +186,23 @@ def make_greedy(args: argparse.Namespace) -> None:
 
 
 COLLECT = "/work/evalcache/second_look/smollm2-transformers-collect.jsonl"
+COLLECT_LLAMACPP = "/work/evalcache/second_look/smollm2-llamacpp-collect.jsonl"
+GREEDY_LLAMACPP = "/work/evalcache/smollm2-135m-instruct_llamacpp__ordinary-8706935e__k5__greedy-max64-nostop.jsonl"
 COLLECT_LOOKS: tuple[Look, ...] = ("self_check", "sampling", "paraphrase")
 
 
-def collect_order(questions: int, seed: int) -> list[Any]:
+def collect_order(questions: int, seed: int, among_cached: str | None = GREEDY) -> list[Any]:
     """The answers ``--collect`` measures, in order: a random draw of questions by question (``seed``,
-    stratified by category), two tune questions to one test question; the test draw is among the questions whose
-    first passes ``eval ordinary`` cached (``--greedy``), so no test first pass is made again."""
+    stratified by category), two tune questions to one test question; with ``among_cached`` (transformers:
+    ``eval ordinary``'s greedy cache) the test draw is among the questions whose first passes it holds, so
+    no test first pass is made again; None: among every test question."""
     from logtoku_eval.ordinary import load_ordinary
 
-    with Path(GREEDY).open(encoding="utf-8") as f:
-        cached = {json.loads(line).get("id") for line in f}
-    test_items = [it for it in load_ordinary(split="test") if it.id in cached]
+    test_items = list(load_ordinary(split="test"))
+    if among_cached is not None:
+        with Path(among_cached).open(encoding="utf-8") as f:
+            cached = {json.loads(line).get("id") for line in f}
+        test_items = [it for it in test_items if it.id in cached]
     tune = _sample(load_ordinary(split="tune"), questions, seed)
     test = _sample(test_items, questions, seed)
     by_q: dict[str, list[Any]] = {}
@@ -236,23 +241,30 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
     from logtoku_guard.calibration.profiles import load_profile_for
     from logtoku_guard.calibration.self_labels import answer_matches
 
-    out = Path(args.collect_out)
+    llama = args.backend == "llamacpp"
+    out = Path(args.collect_out or (COLLECT_LLAMACPP if llama else COLLECT))
     out.parent.mkdir(parents=True, exist_ok=True)
     wanted = tuple(args.collect_looks.split(","))
     taken: dict[str, set[str]] = {}  # looks already measured per answer, in any cache
     greedy: dict[str, Any] = {}
-    for path in (out, *(Path(c) for c in DEFAULT_CACHES)):
+    for path in (out, *(() if llama else (Path(c) for c in DEFAULT_CACHES))):
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 for d in map(json.loads, f):
                     taken.setdefault(d["id"], set()).update(m["look"] for m in d["looks"])
                     greedy.setdefault(d["id"], d["generation"])
-    for path in (Path(args.greedy), Path(TUNE_GREEDY)):
+    for path in (Path(GREEDY_LLAMACPP),) if llama else (Path(args.greedy), Path(TUNE_GREEDY)):
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 greedy.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
-    todo = [it for it in collect_order(args.questions, args.seed) if set(wanted) - taken.get(it.id, set())]
-    backend = TransformersBackend(device="cpu", max_batch=16)
+    order = collect_order(args.questions, args.seed, None if llama else args.greedy)
+    todo = [it for it in order if set(wanted) - taken.get(it.id, set())]
+    if llama:
+        from logtoku_guard.backends.llamacpp import LlamaCppBackend
+
+        backend: Any = LlamaCppBackend(max_batch=16)
+    else:
+        backend = TransformersBackend(device="cpu", max_batch=16)
     scorer = Decider(default_policy(), load_profile_for(backend.model_name))
     stop_at = None
     if args.until:
@@ -639,11 +651,13 @@ def cascade_outcome(
     return _score(model, p) < cut, True, (cpu1 + look_cpu) / cpu1, p.first_tokens + p.look_tokens.get("sampling", math.nan)
 
 
-def drawn_prefix(points: dict[str, Point], split: str, questions: int, seed: int) -> list[Point]:
+def drawn_prefix(
+    points: dict[str, Point], split: str, questions: int, seed: int, among_cached: str | None = GREEDY
+) -> list[Point]:
     """The answers of ``split`` in :func:`collect_order`'s seeded draw, question by question, up to the first
     question not fully measured: a random sample by question (stratified by category), whatever else is cached."""
     out: list[Point] = []
-    for chunk in _chunks([it for it in collect_order(questions, seed) if it.split == split]):
+    for chunk in _chunks([it for it in collect_order(questions, seed, among_cached) if it.split == split]):
         if not all(it.id in points for it in chunk):
             break
         out += [points[it.id] for it in chunk]
@@ -651,7 +665,13 @@ def drawn_prefix(points: dict[str, Point], split: str, questions: int, seed: int
 
 
 def refit_report(
-    rows: list[Row], profile: Any, sample_note: str, questions: int = 150, seed: int = 0, write_policy: str | None = None
+    rows: list[Row],
+    profile: Any,
+    sample_note: str,
+    questions: int = 150,
+    seed: int = 0,
+    write_policy: str | None = None,
+    among_cached: str | None = GREEDY,
 ) -> str:
     """Fit each refit on the tune answers inside the band, choose the band and cut on tune, report the test half."""
     from logtoku_guard.decision.conditions import Risk, risk_threshold_for
@@ -668,8 +688,8 @@ def refit_report(
         chosen = risk_threshold_for(Risk(coverage=c, confidence=0.9), profile.guard)
         if chosen is not None and chosen.met:
             edges[c] = chosen.threshold
-    tune = drawn_prefix(points, "tune", questions, seed)
-    test = drawn_prefix(points, "test", questions, seed)
+    tune = drawn_prefix(points, "tune", questions, seed, among_cached)
+    test = drawn_prefix(points, "test", questions, seed, among_cached)
     lines = [
         f"### Refit with the second-look features ({sample_note})",
         "",
@@ -881,12 +901,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--write-policy", default=None, help="--refit: write the best '+ sampling' refit stated as rules here")
     p.add_argument("--sample-note", default="the answers measured so far", help="--refit: what sample the report is on")
     p.add_argument("--collect", action="store_true", help="first pass and every look for --questions questions of each half")
-    p.add_argument("--collect-out", default=COLLECT, help="where --collect appends its answers")
+    p.add_argument("--collect-out", default=None, help="where --collect appends its answers (default: one file per backend)")
+    p.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the backend measured")
     p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
     p.add_argument("--workers", type=int, default=4, help="--collect: answers measured at once (their rows share batches)")
     args = p.parse_args(argv)
     policy = Policy.from_file(args.policy) if Path(args.policy).is_file() else Policy.named(args.policy)
-    caches = args.cache or [*DEFAULT_CACHES, COLLECT]
+    llama = args.backend == "llamacpp"
+    caches = args.cache or ([COLLECT_LLAMACPP] if llama else [*DEFAULT_CACHES, COLLECT])
     if args.make_greedy:
         make_greedy(args)
         return
@@ -901,14 +923,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from logtoku_guard.calibration.profiles import load_profile_for
 
-    model = "smollm2-135m-instruct"
+    model = "smollm2-135m-instruct_llamacpp" if llama else "smollm2-135m-instruct"
     rows = load_rows([Path(c) for c in caches], model)
     profile = load_profile_for(rows[0].generation.model if rows else model)
     if profile is None:
         raise SystemExit(f"no profile for {model}")
     rows = [replace(r, generation=replace(r.generation, model=profile.model)) for r in rows]
     if args.refit:
-        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy))
+        among = None if llama else args.greedy
+        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, among))
         return
     if args.fit:
         fit(rows, policy, profile)
