@@ -355,11 +355,17 @@ def load_rows(paths: Sequence[Path], model: str) -> list[Row]:
             row.looks.update({m["look"]: m for m in d["looks"]})
     # --collect takes looks for several answers at once (rows share batches): their CPU time is not separable,
     # so each such look is costed at the mean CPU time of that look when it was timed alone
+    # a look never timed alone (paraphrase) is costed by its tokens at the CPU seconds per token of the looks that were
+    timed_all = [m for r in rows.values() for m in r.looks.values() if m.get("cpu_s") is not None and m["tokens"]]
+    per_token = (
+        float(np.sum([m["cpu_s"] for m in timed_all]) / np.sum([m["tokens"] for m in timed_all])) if timed_all else math.nan
+    )
     for look in LOOKS:
         timed = [r.looks[look]["cpu_s"] for r in rows.values() if look in r.looks and r.looks[look].get("cpu_s") is not None]
         for r in rows.values():
             if look in r.looks and r.looks[look].get("cpu_s") is None:
-                r.looks[look] = {**r.looks[look], "cpu_s": float(np.mean(timed)) if timed else math.nan, "cpu_estimated": True}
+                cpu = float(np.mean(timed)) if timed else per_token * float(r.looks[look]["tokens"])
+                r.looks[look] = {**r.looks[look], "cpu_s": cpu, "cpu_estimated": "mean" if timed else "per token"}
     return list(rows.values())
 
 
@@ -580,6 +586,9 @@ REFITS: dict[str, tuple[str, ...]] = {
     "guard_score alone": ("guard_score",),
     "+ sampling": ("guard_score", "sampling_agreement"),
     "+ sampling + self-check": ("guard_score", "sampling_agreement", "self_check_yes"),
+    "+ paraphrase": ("guard_score", "paraphrase_agreement"),
+    "+ sampling + paraphrase": ("guard_score", "sampling_agreement", "paraphrase_agreement"),
+    "+ self-check": ("guard_score", "self_check_yes"),
 }
 """The refits compared: a logistic regression of correctness on these statistics, fit on the tune answers
 that reach the second look (guard_score inside the band); an undefined agreement counts as 0 (as a rule
@@ -603,7 +612,7 @@ def _points(rows: Sequence[Row], profile: Any) -> list[Point]:
     for r in rows:
         gs = one._stats(r.generation).guard_score
         vals = {"guard_score": gs}
-        for stat, default in (("sampling_agreement", 0.0), ("self_check_yes", 0.5)):
+        for stat, default in (("sampling_agreement", 0.0), ("self_check_yes", 0.5), ("paraphrase_agreement", 0.0)):
             v = r.value(stat)
             vals[stat] = v if math.isfinite(v) else default
         out.append(Point(r, gs, vals, float(r.first["tokens"]), {lk: float(m["tokens"]) for lk, m in r.looks.items()}))
@@ -639,16 +648,22 @@ def _score(model: Any, p: Point) -> float:
     return float(model.predict([p.values[f] for f in model.features]))
 
 
+LOOK_OF_FEATURE = {"sampling_agreement": "sampling", "self_check_yes": "self_check", "paraphrase_agreement": "paraphrase"}
+
+
 def cascade_outcome(
-    p: Point, lo: float, hi: float, model: Any, cut: float, look_cpu: float, cpu1: float
+    p: Point, lo: float, hi: float, model: Any, cut: float, look_cpu: dict[str, float], cpu1: float
 ) -> tuple[bool, bool, float, float]:
-    """(flagged, took the look, CPU cost vs one pass, tokens) of the refit cascade on one answer: flag below ``lo``;
-    inside ``[lo, hi)`` take the sampling look and flag when the refit's probability is below ``cut``; pass above."""
+    """(flagged, took the looks, CPU cost vs one pass, tokens) of the refit cascade on one answer: flag below ``lo``;
+    inside ``[lo, hi)`` take the looks of the refit's features and flag when its probability is below ``cut``; pass
+    above. Each look is costed at its mean CPU seconds (``look_cpu``) and its own tokens."""
     if p.guard_score < lo:
         return True, False, 1.0, p.first_tokens
     if p.guard_score >= hi:
         return False, False, 1.0, p.first_tokens
-    return _score(model, p) < cut, True, (cpu1 + look_cpu) / cpu1, p.first_tokens + p.look_tokens.get("sampling", math.nan)
+    looks = [LOOK_OF_FEATURE[f] for f in model.features if f in LOOK_OF_FEATURE]
+    cpu = cpu1 + sum(look_cpu[lk] for lk in looks)
+    return _score(model, p) < cut, bool(looks), cpu / cpu1, p.first_tokens + sum(p.look_tokens.get(lk, math.nan) for lk in looks)
 
 
 def drawn_prefix(
@@ -676,13 +691,13 @@ def refit_report(
     """Fit each refit on the tune answers inside the band, choose the band and cut on tune, report the test half."""
     from logtoku_guard.decision.conditions import Risk, risk_threshold_for
 
-    sampled = [r for r in rows if "sampling" in r.looks]
+    sampled = [r for r in rows if all(lk in r.looks for lk in LOOKS)]
     points = {r.id: p for r, p in zip(sampled, _points(sampled, profile))}
     cpu1, n_timed = one_pass_cpu(rows)
     look_cpu_all = [
         r.looks["sampling"]["cpu_s"] for r in rows if "sampling" in r.looks and not r.looks["sampling"].get("cpu_estimated")
     ]
-    look_cpu = float(np.mean(look_cpu_all))
+    look_cpu: dict[str, float] = {lk: float(np.mean([r.looks[lk]["cpu_s"] for r in sampled])) for lk in LOOKS}
     edges = {}
     for c in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
         chosen = risk_threshold_for(Risk(coverage=c, confidence=0.9), profile.guard)
@@ -693,9 +708,11 @@ def refit_report(
     lines = [
         f"### Refit with the second-look features ({sample_note})",
         "",
-        f"Answers with the sampling look measured: tune {len(tune)} ({sum(p.row.correct for p in tune)} correct), "
+        f"Answers with every look measured: tune {len(tune)} ({sum(p.row.correct for p in tune)} correct), "
         f"test {len(test)} ({sum(p.row.correct for p in test)} correct). One pass {cpu1:.2f} CPU s (n {n_timed} timed alone); "
-        f"sampling look {look_cpu:.2f} CPU s (n {len(look_cpu_all)} timed alone).",
+        f"sampling look {look_cpu['sampling']:.2f} CPU s (n {len(look_cpu_all)} timed alone); self-check "
+        f"{look_cpu['self_check']:.2f}; paraphrase {look_cpu['paraphrase']:.2f} (never timed alone: its tokens at the "
+        "timed looks' CPU seconds per token).",
         "",
         "| band (coverage of the edges: lo, hi) | refit | tune: in band n, AUROC in band (refit / guard_score) | cut | "
         "tune: wrong flagged / correct passed / cost | test: wrong flagged / correct passed / took the look / "
@@ -741,7 +758,7 @@ def refit_report(
     alone_lines = []
     for split, part in (("tune", tune), ("test", test)):
         alone = []
-        for stat in ("guard_score", "sampling_agreement", "self_check_yes", "self_check_eu"):
+        for stat in ("guard_score", "sampling_agreement", "paraphrase_agreement", "self_check_yes", "self_check_eu"):
             have = [p for p in part if stat == "guard_score" or math.isfinite(p.row.value(stat))]
             vals = [p.guard_score if stat == "guard_score" else reliable(stat, p.row.value(stat)) for p in have]
             alone.append(f"{stat} {_pct(_auroc([p.row for p in have], vals))} (n {len(have)})")
@@ -751,6 +768,14 @@ def refit_report(
     seen: set[str] = set()
     best = [b for b in best if not (b[2] in seen or seen.add(b[2]))]  # one row per distinct outcome
     lines += [c for _, _, c in best[:12]]
+    firsts: dict[str, str] = {}
+    for b in best:
+        firsts.setdefault(b[1][4], b[2])
+    lines += ["", "The best row of each refit (its frontier at >= 85% of tune's correct answers passed, <= 1.5x):", ""]
+    lines += [line for line in lines if line.startswith(("| band", "|---|---|---|---|---|---|"))][:2] + list(firsts.values())
+    missing = [name for name in REFITS if name not in firsts]
+    if missing:
+        lines.append(f"No setting met the tune targets for: {', '.join(missing)}.")
     stated_best = next((b for b in best if b[1][4] == "+ sampling"), None)
     stated = None
     if stated_best is not None:
@@ -766,7 +791,7 @@ def refit_report(
 
                 Path(write_policy).write_text(yaml.safe_dump(stated_dict, sort_keys=False), encoding="utf-8")
     if best:
-        lines += ["", per_wording(test, rows, profile, best[0][1], look_cpu, cpu1, stated)]
+        lines += ["", per_wording(test, rows, profile, best[0][1], look_cpu, cpu1, stated if best[0] is stated_best else None)]
         if stated_best is not None and stated_best is not best[0]:
             lines += ["", per_wording(test, rows, profile, stated_best[1], look_cpu, cpu1, stated)]
     lines.append("")
@@ -836,7 +861,13 @@ def piecewise_policy(chosen: Any, edges: dict[float, float], base: Policy) -> di
 
 
 def per_wording(
-    test: Sequence[Point], rows: Sequence[Row], profile: Any, chosen: Any, look_cpu: float, cpu1: float, stated: Policy | None
+    test: Sequence[Point],
+    rows: Sequence[Row],
+    profile: Any,
+    chosen: Any,
+    look_cpu: dict[str, float],
+    cpu1: float,
+    stated: Policy | None,
 ) -> str:
     """The test answers per wording: one pass (default policy), the shipped cascade and the chosen refit cascade."""
     lo, hi, model, cut, name, lo_c, hi_c = chosen
