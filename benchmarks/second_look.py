@@ -312,6 +312,52 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
             future.result()
 
 
+def time_alone(args: argparse.Namespace, policy: Policy) -> None:
+    """Time ``--time-alone`` answers of ``--collect``'s draw one at a time (nothing else in the backend): a fresh
+    first pass and each look, CPU seconds of this process. ``--collect`` shares batches between answers, so its
+    own looks' CPU time is not separable; the report costs each look at the mean of these. Appends to the
+    collect file's ``.timed.jsonl`` twin; the looks are taken on the collected first pass (the same inputs)."""
+    from logtoku_eval.cache import CachedGeneration
+    from logtoku_eval.fabricated_eval import generation_from_cached
+
+    llama = args.backend == "llamacpp"
+    source = Path(args.collect_out or (COLLECT_LLAMACPP if llama else COLLECT))
+    out = source.with_suffix(".timed.jsonl")
+    done: set[str] = set()
+    if out.exists():
+        with out.open(encoding="utf-8") as f:
+            done = {json.loads(line)["id"] for line in f}
+    with source.open(encoding="utf-8") as f:
+        collected = {d["id"]: d for d in map(json.loads, f) if "generation" in d}
+    order = collect_order(args.questions, args.seed, None if llama else args.greedy)
+    todo = [it for it in order if it.id in collected and it.id not in done][: max(0, args.time_alone - len(done))]
+    if llama:
+        from logtoku_guard.backends.llamacpp import LlamaCppBackend
+
+        backend: Any = LlamaCppBackend()
+    else:
+        from logtoku_guard.backends.transformers import TransformersBackend
+
+        backend = TransformersBackend(device="cpu")
+    backend.generate([ChatMessage("user", "Say hello.")], DecodingOptions(max_new_tokens=4))  # warm-up
+    for it in todo:
+        d = collected[it.id]
+        messages = [ChatMessage("user", it.question)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        backend.generate(messages, SERVING)
+        first = {"seconds": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+        generation = generation_from_cached(CachedGeneration.from_json(d["generation"]), backend.model_name)
+        io = BackendIO(backend, messages, policy.retrieve, options=SERVING)
+        looks = []
+        for look in COLLECT_LOOKS:
+            cpu = time.process_time()
+            (m,) = io.measure(Measure((look,), it.question, generation, 1, policy.second_look)).measurements
+            looks.append({**_measurement_json(m), "cpu_s": time.process_time() - cpu})
+        line = {k: d[k] for k in ("id", "split", "wording", "correct", "guard_score", "generation")}
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({**line, "first": first, "looks": looks}) + "\n")
+
+
 def _measurement_json(m: Measurement) -> dict[str, Any]:
     values = {k: (v if math.isfinite(v) else None) for k, v in m.values.items()}
     return {"look": m.look, "values": values, "tokens": m.tokens, "seconds": m.seconds, "inputs": dict(m.inputs), "why": m.why}
@@ -935,13 +981,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--collect-out", default=None, help="where --collect appends its answers (default: one file per backend)")
     p.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the backend measured")
     p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
+    p.add_argument("--time-alone", type=int, default=0, help="time N collected answers alone (first pass and each look)")
     p.add_argument("--workers", type=int, default=4, help="--collect: answers measured at once (their rows share batches)")
     args = p.parse_args(argv)
     policy = Policy.from_file(args.policy) if Path(args.policy).is_file() else Policy.named(args.policy)
     llama = args.backend == "llamacpp"
-    caches = args.cache or ([COLLECT_LLAMACPP] if llama else [*DEFAULT_CACHES, COLLECT])
+    collected = [COLLECT_LLAMACPP] if llama else [*DEFAULT_CACHES, COLLECT]
+    caches = args.cache or [*collected, str(Path(collected[-1]).with_suffix(".timed.jsonl"))]
     if args.make_greedy:
         make_greedy(args)
+        return
+    if args.time_alone:
+        time_alone(args, policy)
         return
     if args.collect:
         collect(args, policy)
