@@ -1005,7 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from logtoku_guard.calibration.profiles import load_profile_for
 
-    model = "smollm2-135m-instruct_llamacpp" if llama else "smollm2-135m-instruct"
+    model = "smollm2-135m-instruct@llamacpp" if llama else "smollm2-135m-instruct"
     rows = load_rows([Path(c) for c in caches], model)
     profile = load_profile_for(rows[0].generation.model if rows else model)
     if profile is None:
