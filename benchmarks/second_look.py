@@ -191,6 +191,17 @@ GREEDY_LLAMACPP = "/work/evalcache/smollm2-135m-instruct_llamacpp__ordinary-8706
 COLLECT_LOOKS: tuple[Look, ...] = ("self_check", "sampling", "paraphrase")
 
 
+def collect_file(args: argparse.Namespace) -> Path:
+    """Where ``--collect`` appends its answers for ``--backend`` (``--collect-out`` when given)."""
+    return Path(args.collect_out or (COLLECT_LLAMACPP if args.backend == "llamacpp" else COLLECT))
+
+
+def drawn_among(args: argparse.Namespace) -> str | None:
+    """The first passes the test draw is made among (:func:`collect_order`): ``eval ordinary``'s transformers
+    cache, so none is made again; on llama.cpp every test question (its first passes are made by the collector)."""
+    return None if args.backend == "llamacpp" else args.greedy
+
+
 def collect_order(questions: int, seed: int, among_cached: str | None = GREEDY) -> list[Any]:
     """The answers ``--collect`` measures, in order: a random draw of questions by question (``seed``,
     stratified by category), two tune questions to one test question; with ``among_cached`` (transformers:
@@ -237,12 +248,12 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
     from logtoku_eval.cache import CachedGeneration
     from logtoku_eval.fabricated_eval import generation_from_cached
     from logtoku_eval.generate import to_cached
-    from logtoku_guard.backends.transformers import TransformersBackend
+    from logtoku_guard.backends.registry import create_backend
     from logtoku_guard.calibration.profiles import load_profile_for
     from logtoku_guard.calibration.self_labels import answer_matches
 
     llama = args.backend == "llamacpp"
-    out = Path(args.collect_out or (COLLECT_LLAMACPP if llama else COLLECT))
+    out = collect_file(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     wanted = tuple(args.collect_looks.split(","))
     taken: dict[str, set[str]] = {}  # looks already measured per answer, in any cache
@@ -257,14 +268,8 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 greedy.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
-    order = collect_order(args.questions, args.seed, None if llama else args.greedy)
-    todo = [it for it in order if set(wanted) - taken.get(it.id, set())]
-    if llama:
-        from logtoku_guard.backends.llamacpp import LlamaCppBackend
-
-        backend: Any = LlamaCppBackend(max_batch=16)
-    else:
-        backend = TransformersBackend(device="cpu", max_batch=16)
+    todo = [it for it in collect_order(args.questions, args.seed, drawn_among(args)) if set(wanted) - taken.get(it.id, set())]
+    backend = create_backend(args.backend, device="cpu", max_batch=16)
     scorer = Decider(default_policy(), load_profile_for(backend.model_name))
     stop_at = None
     if args.until:
@@ -319,9 +324,9 @@ def time_alone(args: argparse.Namespace, policy: Policy) -> None:
     collect file's ``.timed.jsonl`` twin; the looks are taken on the collected first pass (the same inputs)."""
     from logtoku_eval.cache import CachedGeneration
     from logtoku_eval.fabricated_eval import generation_from_cached
+    from logtoku_guard.backends.registry import create_backend
 
-    llama = args.backend == "llamacpp"
-    source = Path(args.collect_out or (COLLECT_LLAMACPP if llama else COLLECT))
+    source = collect_file(args)
     out = source.with_suffix(".timed.jsonl")
     done: set[str] = set()
     if out.exists():
@@ -329,16 +334,9 @@ def time_alone(args: argparse.Namespace, policy: Policy) -> None:
             done = {json.loads(line)["id"] for line in f}
     with source.open(encoding="utf-8") as f:
         collected = {d["id"]: d for d in map(json.loads, f) if "generation" in d}
-    order = collect_order(args.questions, args.seed, None if llama else args.greedy)
+    order = collect_order(args.questions, args.seed, drawn_among(args))
     todo = [it for it in order if it.id in collected and it.id not in done][: max(0, args.time_alone - len(done))]
-    if llama:
-        from logtoku_guard.backends.llamacpp import LlamaCppBackend
-
-        backend: Any = LlamaCppBackend()
-    else:
-        from logtoku_guard.backends.transformers import TransformersBackend
-
-        backend = TransformersBackend(device="cpu")
+    backend = create_backend(args.backend, device="cpu")
     backend.generate([ChatMessage("user", "Say hello.")], DecodingOptions(max_new_tokens=4))  # warm-up
     for it in todo:
         d = collected[it.id]
@@ -740,9 +738,7 @@ def refit_report(
     sampled = [r for r in rows if all(lk in r.looks for lk in LOOKS)]
     points = {r.id: p for r, p in zip(sampled, _points(sampled, profile))}
     cpu1, n_timed = one_pass_cpu(rows)
-    look_cpu_all = [
-        r.looks["sampling"]["cpu_s"] for r in rows if "sampling" in r.looks and not r.looks["sampling"].get("cpu_estimated")
-    ]
+    n_timed_look = {lk: sum(1 for r in rows if lk in r.looks and not r.looks[lk].get("cpu_estimated")) for lk in LOOKS}
     look_cpu: dict[str, float] = {lk: float(np.mean([r.looks[lk]["cpu_s"] for r in sampled])) for lk in LOOKS}
     edges = {}
     for c in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
@@ -751,19 +747,22 @@ def refit_report(
             edges[c] = chosen.threshold
     tune = drawn_prefix(points, "tune", questions, seed, among_cached)
     test = drawn_prefix(points, "test", questions, seed, among_cached)
+    header = [
+        "| band (coverage of the edges: lo, hi) | refit | tune: in band n, AUROC in band (refit / guard_score) | cut | "
+        "tune: wrong flagged / correct passed / cost | test: wrong flagged / correct passed / took the look / "
+        "mean (p95) CPU cost / AUROC in band (refit / guard_score) |",
+        "|---|---|---|---|---|---|",
+    ]
     lines = [
         f"### Refit with the second-look features ({sample_note})",
         "",
         f"Answers with every look measured: tune {len(tune)} ({sum(p.row.correct for p in tune)} correct), "
         f"test {len(test)} ({sum(p.row.correct for p in test)} correct). One pass {cpu1:.2f} CPU s (n {n_timed} timed alone); "
-        f"sampling look {look_cpu['sampling']:.2f} CPU s (n {len(look_cpu_all)} timed alone); self-check "
-        f"{look_cpu['self_check']:.2f}; paraphrase {look_cpu['paraphrase']:.2f} (never timed alone: its tokens at the "
-        "timed looks' CPU seconds per token).",
+        "each look, mean CPU s (n timed alone): "
+        + ", ".join(f"{lk} {look_cpu[lk]:.2f} ({n_timed_look[lk]})" for lk in LOOKS)
+        + " (a look never timed alone: its tokens at the timed looks' CPU seconds per token).",
         "",
-        "| band (coverage of the edges: lo, hi) | refit | tune: in band n, AUROC in band (refit / guard_score) | cut | "
-        "tune: wrong flagged / correct passed / cost | test: wrong flagged / correct passed / took the look / "
-        "mean (p95) CPU cost / AUROC in band (refit / guard_score) |",
-        "|---|---|---|---|---|---|",
+        *header,
     ]
     best: list[tuple[float, Any, str]] = []
     for lo_c in (0.95, 0.9, 0.85, 0.8):
@@ -818,7 +817,7 @@ def refit_report(
     for b in best:
         firsts.setdefault(b[1][4], b[2])
     lines += ["", "The best row of each refit (its frontier at >= 85% of tune's correct answers passed, <= 1.5x):", ""]
-    lines += [line for line in lines if line.startswith(("| band", "|---|---|---|---|---|---|"))][:2] + list(firsts.values())
+    lines += [*header, *firsts.values()]
     missing = [name for name in REFITS if name not in firsts]
     if missing:
         lines.append(f"No setting met the tune targets for: {', '.join(missing)}.")
@@ -1012,8 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"no profile for {model}")
     rows = [replace(r, generation=replace(r.generation, model=profile.model)) for r in rows]
     if args.refit:
-        among = None if llama else args.greedy
-        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, among))
+        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, drawn_among(args)))
         return
     if args.fit:
         fit(rows, policy, profile)
