@@ -35,7 +35,13 @@ scores). Measured, never asserted:
 8. scored decode against bare (``--parts decode_cpu``): process CPU time per token of a greedy
    ``--tokens`` answer through ``generate`` (every token scored; also with ``max_logprobs=0``, each
    step searching only AU/EU's K) and of the bare loop's same tokens, at 1 and 2 threads,
-   interleaved; the prefill of the short prompt is included in each.
+   interleaved; the prefill of the short prompt is included in each;
+9. weights against the transformers backend (``--parts agreement``): the first ``--questions`` of the
+   ordinary benchmark's tune half (every category, sentence wording first), greedy ``--tokens``,
+   answered by the transformers backend (float32 weights de-quantised from the shipped file) and by
+   llama.cpp on each ``--weights`` type: the share of answers identical to transformers' (and whose
+   first 8 tokens are), the share judged correct against the references, the README's France answer,
+   and the process CPU time per answer (``--workers`` requests at a time: the backends batch them).
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -528,6 +534,60 @@ def cold(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+FRANCE = "What is the capital of France?"
+
+
+def agreement(args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy answers of each llama.cpp weight type against the transformers backend's, on tune questions."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from logtoku_guard.backends.llamacpp import LlamaCppBackend
+    from logtoku_guard.backends.transformers import TransformersBackend
+    from logtoku_guard.calibration.self_labels import answer_matches, ordinary_questions
+    from logtoku_guard.types import DecodingOptions
+
+    questions = ordinary_questions("tune")[: args.questions]
+    opts = DecodingOptions(max_new_tokens=args.tokens)
+
+    def answer_all(b: Any) -> tuple[list[Any], float]:
+        b.generate(FRANCE, DecodingOptions(max_new_tokens=4))  # warm-up
+        start = time.process_time()
+        with ThreadPoolExecutor(args.workers) as pool:
+            made = list(pool.map(lambda q: b.generate(q.question, opts), questions))
+        return made, (time.process_time() - start) / max(1, len(questions))
+
+    tb = TransformersBackend(None, cache_dir=args.cache_dir, threads=2)
+    reference, cpu = answer_all(tb)
+    france = tb.generate(FRANCE, opts).text
+    del tb
+    correct = [answer_matches(g.text, q.answers)[0] for g, q in zip(reference, questions, strict=True)]
+    out: dict[str, Any] = {
+        "questions": len(questions),
+        "transformers": {"correct": sum(correct) / len(questions), "cpu_s_per_answer": cpu, "france": france},
+    }
+    print(json.dumps({"agreement": out}, indent=1), flush=True)
+    for weights in [w.strip() for w in args.weights.split(",") if w.strip()]:
+        lb = LlamaCppBackend("embedded", n_threads=2, weights=weights, cache_dir=args.cache_dir)
+        made, cpu = answer_all(lb)
+        france = lb.generate(FRANCE, opts).text
+        lb.close()
+        same = [g.text == r.text for g, r in zip(made, reference, strict=True)]
+        start8 = [[t.id for t in g.tokens[:8]] == [t.id for t in r.tokens[:8]] for g, r in zip(made, reference, strict=True)]
+        right = [answer_matches(g.text, q.answers)[0] for g, q in zip(made, questions, strict=True)]
+        res = {
+            "identical": sum(same) / len(same),
+            "first_8_tokens_identical": sum(start8) / len(start8),
+            "correct": sum(right) / len(right),
+            "correct_where_transformers_correct": sum(r and c for r, c in zip(right, correct, strict=True))
+            / max(1, sum(correct)),
+            "cpu_s_per_answer": cpu,
+            "france": france,
+        }
+        out[f"llamacpp {weights}"] = res
+        print(json.dumps({"agreement": {f"llamacpp {weights}": res}}, indent=1), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", type=Path, default=None, help="cache of the converted embedded model (transformers)")
@@ -535,7 +595,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
     parser.add_argument("--requantize", default="", help="ceiling: also the embedded model as these types (q4_0,q8_0)")
     parser.add_argument("--prompt-tokens", type=int, default=1900, help="long: the long prompt's length, about")
-    parser.add_argument("--weights", default="q4_1", help="long: the embedded model's weight types to run (q4_1,q8_0,f16)")
+    parser.add_argument("--weights", default="q4_1", help="long, agreement: the embedded model's weight types (q4_1,q8_0,f16)")
+    parser.add_argument("--questions", type=int, default=150, help="agreement: the ordinary tune questions answered")
+    parser.add_argument("--workers", type=int, default=8, help="agreement: requests in flight at a time")
     parser.add_argument("--with-transformers", action="store_true", help="long: the transformers backend too")
     parser.add_argument("--threads", default="1,2", help="decode_cpu: the thread counts to run")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -550,6 +612,7 @@ def main() -> None:
         "cold_ask": cold_ask,
         "ask_phases": ask_phases,
         "decode_cpu": decode_cpu,
+        "agreement": agreement,
     }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in parts]
