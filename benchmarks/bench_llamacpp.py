@@ -29,7 +29,8 @@ scores). Measured, never asserted:
    on a shared machine other processes stretch the wall clock but not this process's CPU time;
 7. cold start (``--parts cold_ask``): child CPU time and wall time of ``logtoku-guard ask --backend
    llamacpp --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against
-   a bare llama-cpp-python script answering the same question with one token, interleaved (median of
+   a bare llama-cpp-python script answering the same question with one token on the same weights (the
+   default type), interleaved (median of
    ``--repeats`` runs each); ``--parts ask_phases``: the CPU time of each import group and each step
    of the same ``ask`` (a fresh process per run), where the difference goes;
 8. scored decode against bare (``--parts decode_cpu``): process CPU time per token of a greedy
@@ -488,7 +489,7 @@ def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
     llama-cpp-python script answering the same question with one token: child CPU time, interleaved."""
     import statistics
 
-    from logtoku_guard.backends.embedded import embedded_gguf_path
+    from logtoku_guard.backends.embedded import embedded_llama_gguf
 
     question = "What is the capital of France?"
     env = {
@@ -498,7 +499,8 @@ def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
     if args.cache_dir is not None:
         env["LOGTOKU_GUARD_CACHE"] = str(args.cache_dir)
     ours = [sys.executable, "-m", "logtoku_guard.cli", "ask", "--backend", "llamacpp", "--max-new-tokens", "1", question]
-    bare = [sys.executable, "-c", BARE_ASK, str(embedded_gguf_path()), question]
+    # The same weights as ours: the default type ($LOGTOKU_GUARD_LLAMACPP_WEIGHTS), converted once beforehand.
+    bare = [sys.executable, "-c", BARE_ASK, str(embedded_llama_gguf(None, args.cache_dir)), question]
     env = with_bytecode(env)
     child_cpu(ours, env)  # the first use checks the build and writes the store (and bytecode): not a cold start's cost
     child_cpu(bare, env)

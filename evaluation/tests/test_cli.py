@@ -383,3 +383,17 @@ def test_an_unknown_judge_backend_is_refused_before_any_model_loads(tmp_path: Pa
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and "--judge-backend must be one of transformers, llamacpp, openai, got 'vllm'" in text, text
     assert "Traceback" not in text
+
+
+def test_generation_caches_of_the_embedded_model_on_llama_cpp_are_named_by_its_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42: the cache of F16 answers must not be read as Q4_1's (the first F16 run wrote under Q4_1's name)."""
+    from logtoku_eval.cli.common import model_name
+
+    monkeypatch.delenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", raising=False)
+    assert model_name("embedded", "llamacpp") == "smollm2-135m-instruct-f16@llamacpp"  # the default weights
+    monkeypatch.setenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", "q4_1")
+    assert model_name("smollm2-135m-instruct", "llamacpp") == "smollm2-135m-instruct@llamacpp"  # the shipped file
+    monkeypatch.setenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", "q8_0")
+    assert model_name("default", "llamacpp") == "smollm2-135m-instruct-q8_0@llamacpp"
+    assert model_name("embedded") == "smollm2-135m-instruct"  # transformers: one name, float32 weights
+    assert model_name("/m/gemma.gguf", "llamacpp") == "/m/gemma.gguf@llamacpp"

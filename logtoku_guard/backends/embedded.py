@@ -61,6 +61,12 @@ LLAMA_WEIGHTS_ENV = "LOGTOKU_GUARD_LLAMACPP_WEIGHTS"
 SHIPPED_WEIGHTS = "q4_1"
 LLAMA_WEIGHTS = (SHIPPED_WEIGHTS, "q8_0", "f16")
 """The embedded model's weight types on llama.cpp: the shipped Q4_1 file, or a copy converted once."""
+DEFAULT_LLAMA_WEIGHTS = "f16"
+"""What llama.cpp runs of the embedded model unless told otherwise: F16, converted once from the shipped
+file. Its greedy answers equal the transformers backend's on 94% of 150 ordinary tune questions (Q4_1:
+29%, Q8_0: 25%: both quantise the activations to 8 bits), it answers the README's question ("Paris"),
+and 8 requests at a time cost less CPU than on Q4_1 (llama.cpp's batched kernels cover F16 on x86);
+one request alone decodes about 1.7x slower (``benchmarks/bench_llamacpp.py --parts agreement``)."""
 _FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 ProgressCallback = Callable[[str], None]
@@ -202,9 +208,10 @@ def ensure_embedded_model(
 
 
 def llama_weights(weights: str | None) -> str:
-    """``weights``, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``, else the shipped ``q4_1``; checked against :data:`LLAMA_WEIGHTS`."""
+    """``weights``, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``, else :data:`DEFAULT_LLAMA_WEIGHTS`; checked against
+    :data:`LLAMA_WEIGHTS`."""
     if weights is None:
-        weights = os.environ.get(LLAMA_WEIGHTS_ENV, "").strip() or SHIPPED_WEIGHTS
+        weights = os.environ.get(LLAMA_WEIGHTS_ENV, "").strip() or DEFAULT_LLAMA_WEIGHTS
         where = f"${LLAMA_WEIGHTS_ENV}"
     else:
         where = "weights"
@@ -220,9 +227,10 @@ def llama_model_name(weights: str) -> str:
 
 
 def embedded_llama_gguf(
-    weights: str = SHIPPED_WEIGHTS, cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None
+    weights: str | None = None, cache_dir: str | os.PathLike[str] | None = None, progress: ProgressCallback | None = None
 ) -> Path:
-    """The embedded model's GGUF file with ``weights`` (:data:`LLAMA_WEIGHTS`) for llama.cpp.
+    """The embedded model's GGUF file with ``weights`` (:data:`LLAMA_WEIGHTS`; None: :func:`llama_weights`'s
+    default) for llama.cpp.
 
     ``q4_1`` is the shipped file. Another type is converted from it once, by llama.cpp's
     quantiser in a child process, into ``models/`` of the cache (a temporary file renamed into

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -121,12 +122,15 @@ class LlamaCppBackend(BatchedBackend):
             beside it waits about that long rather than a whole chunk deep in the prompt, at the
             price of a slower long prompt and more rounding in its prompt scores
             (:data:`~logtoku_guard.backends.chunked_prefill.DEFAULT_PREFILL_BUDGET_S` says how much).
-        weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`):
-            ``"q4_1"`` the shipped file (default, else ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``),
-            ``"q8_0"`` or ``"f16"`` a copy converted once into the cache
+        weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`;
+            default ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``, else
+            :data:`~logtoku_guard.backends.embedded.DEFAULT_LLAMA_WEIGHTS`, ``"f16"``): ``"q4_1"`` the
+            shipped file, ``"q8_0"`` or ``"f16"`` a copy converted once into the cache
             (:func:`~logtoku_guard.backends.embedded.embedded_llama_gguf`), each a model of its own name
-            (``smollm2-135m-instruct-q8_0@llamacpp``) and profile. Only for the embedded model.
+            (``smollm2-135m-instruct-f16@llamacpp``; the shipped file keeps the plain name) with its own
+            profile and guard. Only for the embedded model.
         cache_dir: where a converted copy is kept (default: the library's cache folder).
+        progress: told, in words, when the embedded model is converted (first use of a weight type only).
         model_name: the name recorded on generations and used to find profiles (default: the
             model's name followed by ``@llamacpp``).
         verbose: let llama.cpp print its log (None: ``$LOGTOKU_GUARD_VERBOSE``, default off).
@@ -152,6 +156,7 @@ class LlamaCppBackend(BatchedBackend):
         verbose: bool | None = None,
         weights: str | None = None,
         cache_dir: str | Path | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         from logtoku_guard.backends.llamacpp_check import ensure_decodes
         from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer, import_llama_cpp
@@ -175,7 +180,7 @@ class LlamaCppBackend(BatchedBackend):
         path, default_name = resolve_gguf(model)
         if default_name == EMBEDDED_MODEL:
             kind = llama_weights(weights)
-            path, default_name = embedded_llama_gguf(kind, cache_dir), llama_model_name(kind)
+            path, default_name = embedded_llama_gguf(kind, cache_dir, progress), llama_model_name(kind)
         elif weights is not None:
             msg = f"weights={weights!r} converts the embedded model only; {str(model)!r} runs as its file is"
             raise ConfigurationError(msg)

@@ -172,6 +172,8 @@ def _llamacpp(settings: BackendSettings) -> Backend:
         k=settings.k,
         evidence=settings.evidence,  # type: ignore[arg-type]  # validated by the backend
         top_n=settings.top_n,
+        cache_dir=settings.cache_dir,  # where the embedded model's converted weights are kept
+        progress=settings.progress,
         **extra,
     )
 

@@ -172,9 +172,11 @@ def load_backend(
         served = None if model == EMBEDDED_MODEL else model
         with err.status(f"Connecting to {base_url}..."):
             return create_backend("openai", settings, model=served, base_url=base_url)
-    if backend == "llamacpp":
-        with err.status(f"Loading {model or 'the embedded model'} with llama.cpp..."):
-            return create_backend("llamacpp", settings)
+    if backend == "llamacpp":  # --cache-dir: where the embedded model's converted weights are kept
+        with err.status(f"Loading {model or 'the embedded model'} with llama.cpp...") as status:
+            return create_backend(
+                "llamacpp", settings, cache_dir=cache_dir, progress=lambda message: status.update(message + "...")
+            )
     if backend != "transformers":  # a backend registered by a plugin: it takes what it honours
         with err.status(f"Loading {model or 'the embedded model'} with {backend}..."):
             given = {"device": device if device != "auto" else None, "dtype": dtype if dtype != "auto" else None}
@@ -237,10 +239,18 @@ def answer_median(generation: Generation) -> QuadrantThresholds:
 
 def calibrate_hint(model: str, k: int, evidence: str, out_path: Path | None = None) -> str:
     extra = "" if evidence == "clamped" else f" --evidence {evidence}"
+    env = ""
     if model.endswith("@llamacpp"):  # the llama.cpp backend's model names (LlamaCppBackend.model_name)
+        from logtoku_guard.backends.embedded import DEFAULT_LLAMA_WEIGHTS, LLAMA_WEIGHTS, LLAMA_WEIGHTS_ENV, llama_model_name
+
         model, extra = model.removesuffix("@llamacpp"), extra + " --backend llamacpp"
+        # The embedded model's weight types are models of their own names (llama_model_name), chosen by the variable.
+        weights = next((w for w in LLAMA_WEIGHTS if llama_model_name(w) == model), None)
+        if weights is not None:
+            model = "embedded"
+            env = "" if weights == DEFAULT_LLAMA_WEIGHTS else f"{LLAMA_WEIGHTS_ENV}={weights} "
     dest = f" --out {out_path}" if out_path is not None else ""
-    return f"`logtoku-guard calibrate --model {model} --top-k {k}{extra}{dest}`"
+    return f"`{env}logtoku-guard calibrate --model {model} --top-k {k}{extra}{dest}`"
 
 
 def read_profile(path: Path, model: str, k: int, evidence: str) -> Any:

@@ -330,7 +330,8 @@ def test_the_readme_guard_snippet_does_what_it_says(
 
 def test_llama_weights_are_checked_and_each_type_is_a_model_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(embedded.LLAMA_WEIGHTS_ENV, raising=False)
-    assert embedded.llama_weights(None) == "q4_1"
+    assert embedded.llama_weights(None) == embedded.DEFAULT_LLAMA_WEIGHTS == "f16"  # issue 42: the default is F16
+    assert embedded.llama_weights("q4_1") == embedded.SHIPPED_WEIGHTS
     assert embedded.llama_weights("Q8_0") == "q8_0"
     monkeypatch.setenv(embedded.LLAMA_WEIGHTS_ENV, "f16")
     assert embedded.llama_weights(None) == "f16"

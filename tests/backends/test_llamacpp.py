@@ -1,4 +1,5 @@
-"""LlamaCppBackend on the real embedded GGUF (SmolLM2-135M-Instruct, Q4_1): loads in under a second.
+"""LlamaCppBackend on the real embedded model (SmolLM2-135M-Instruct, the default F16 weights converted once
+from the shipped Q4_1 GGUF): loads in under a second.
 
 Each step's scores are checked against the raw logits that a reference loop reads from the same
 llama.cpp context (the same decode calls, one sequence), and the greedy tokens against llama.cpp's
@@ -102,7 +103,7 @@ def _read(m: Any, index: int) -> np.ndarray:
 
 def test_is_a_backend_with_a_name_of_its_own(backend: LlamaCppBackend) -> None:
     assert isinstance(backend, Backend)
-    assert backend.model_name == "smollm2-135m-instruct@llamacpp" and backend.k == 2 and backend.evidence == "clamped"
+    assert backend.model_name == "smollm2-135m-instruct-f16@llamacpp" and backend.k == 2 and backend.evidence == "clamped"
     assert backend.vocab_size == 49152 and backend.max_logprobs == 5 and backend.context_window == 1024
 
 
@@ -111,7 +112,8 @@ def test_scores_equal_the_library_maths_on_the_raw_logits_and_greedy_equals_llam
     g = backend.generate(QUESTION, GREEDY)
     logits, tokens, _ = reference(backend, QUESTION, GREEDY.max_new_tokens)
     assert [t.id for t in g.tokens] == tokens  # llama.cpp's own greedy sampler, token for token
-    assert len(g.tokens) == 12 and g.finish_reason == "length"
+    # F16 answers "The capital of France is Paris." and stops (the sampler reached an end token first)
+    assert 0 < len(g.tokens) <= 12 and g.finish_reason == ("length" if len(tokens) == 12 else "stop")
     assert g.text == backend.tokenizer.decode(tokens)
     for t, z in zip(g.tokens, logits):
         order = np.argsort(-z, kind="stable")
@@ -358,8 +360,10 @@ def test_score_command_with_backend_llamacpp(tmp_path: Any, monkeypatch: pytest.
     res = CliRunner().invoke(app, ["score", QUESTION, "--backend", "llamacpp", "--max-new-tokens", "4", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["model"] == "smollm2-135m-instruct@llamacpp" and len(data["tokens"]) == 4
-    assert data["profile"] is not None and "smollm2-135m-instruct_llamacpp" in data["profile"]  # the shipped llama.cpp profile
+    assert data["model"] == "smollm2-135m-instruct-f16@llamacpp" and len(data["tokens"]) == 4
+    assert (
+        data["profile"] is not None and "smollm2-135m-instruct-f16_llamacpp" in data["profile"]
+    )  # the shipped llama.cpp profile
 
 
 def test_langchain_and_llamaindex_adapters_take_this_backend(backend: LlamaCppBackend) -> None:
@@ -393,9 +397,25 @@ def test_a_forced_tool_call_is_valid_and_scored_on_the_raw_logits(backend: Llama
     assert (first.au, first.eu) == (model_first.au, model_first.eu)
 
 
-def test_a_row_admitted_while_another_decodes_gets_its_answer_alone(backend: LlamaCppBackend) -> None:
+@pytest.fixture(scope="module")
+def q4_1_backend() -> Any:
+    b = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, weights="q4_1")
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("weights", ["q4_1", "f16"])
+def test_a_row_admitted_while_another_decodes_gets_its_answer_alone(
+    backend: LlamaCppBackend, q4_1_backend: LlamaCppBackend, weights: str
+) -> None:
     """A request that arrives mid-answer joins the running batch (its prompt prefilled alone, then decoded
-    in the same ``llama_decode`` calls as the first row); both answers equal each one's alone."""
+    in the same ``llama_decode`` calls as the first row); both answers equal each one's alone.
+
+    Bit for bit on the shipped Q4_1 file (llama.cpp multiplies Q4_1 row by row on x86, one kernel for
+    one row or two). On F16, the default, two rows go through llama.cpp's batched matrix kernel, which
+    sums in another order than one row's: the same tokens, logits within float rounding (as the
+    transformers backend's batched rows)."""
+    backend = q4_1_backend if weights == "q4_1" else backend
     long_opts, short_opts = DecodingOptions(max_new_tokens=40), GREEDY
     alone_long = backend.generate(QUESTION, long_opts)
     alone_short = backend.generate("Name a colour.", short_opts)
@@ -419,8 +439,12 @@ def test_a_row_admitted_while_another_decodes_gets_its_answer_alone(backend: Lla
     assert any(len(seqs) == 2 for seqs in calls)  # the two rows were decoded together
     for got, alone in (([*head, *rest], alone_long.tokens), (list(joined.tokens), alone_short.tokens)):
         assert [t.id for t in got] == [t.id for t in alone]
-        assert [t.top_logits for t in got] == [t.top_logits for t in alone]  # bit for bit: cells in order, < 256 in use
-        assert [(t.au, t.eu) for t in got] == [(t.au, t.eu) for t in alone]
+        if weights == "q4_1":
+            assert [t.top_logits for t in got] == [t.top_logits for t in alone]  # bit for bit: cells in order, < 256 in use
+            assert [(t.au, t.eu) for t in got] == [(t.au, t.eu) for t in alone]
+        else:
+            np.testing.assert_allclose([t.top_logits for t in got], [t.top_logits for t in alone], rtol=0, atol=0.02)
+            np.testing.assert_allclose([(t.au, t.eu) for t in got], [(t.au, t.eu) for t in alone], rtol=0, atol=1e-3)
 
 
 @pytest.mark.slow  # seconds of prefill per case
@@ -500,14 +524,16 @@ def test_a_model_that_wants_bos_gets_it_once(backend: LlamaCppBackend, monkeypat
     assert backend._prepare(to_messages("Hi"), GREEDY).ids.count(tok.bos_token_id) == 1  # the template wrote it: not twice
 
 
-def test_the_shipped_guard_flags_the_answer_to_france_that_is_not_about_france(backend: LlamaCppBackend) -> None:
-    """Round 3: llama.cpp answered "What is the capital of France?" with "L'Étoile, la Marseillaise, la
-    femme au martyre..." (a near-tie at the first token) and the guard then shipped passed it
-    (guard_score 0.545). The guard refit on both question styles flags it. Should another build
-    answer otherwise at that near-tie, the answer must name Paris and pass."""
+def test_the_shipped_q4_1_guard_flags_the_answer_to_france_that_is_not_about_france(q4_1_backend: LlamaCppBackend) -> None:
+    """Round 3: llama.cpp on the shipped Q4_1 file answered "What is the capital of France?" with
+    "L'Étoile, la Marseillaise, la femme au martyre..." (a near-tie at the first token) and the guard
+    then shipped passed it (guard_score 0.545). The guard refit on both question styles flags it.
+    Should another build answer otherwise at that near-tie, the answer must name Paris and pass."""
     from logtoku_guard import Guard, default_policy
     from logtoku_guard.calibration import load_profile_for
 
+    backend = q4_1_backend
+    assert backend.model_name == "smollm2-135m-instruct@llamacpp"  # the shipped file keeps its name and guard
     profile = load_profile_for(backend.model_name, backend.k, backend.evidence)
     guard = Guard(backend, default_policy(), profile=profile, options=DecodingOptions(max_new_tokens=64))
     result = guard.run(QUESTION)
@@ -517,6 +543,29 @@ def test_the_shipped_guard_flags_the_answer_to_france_that_is_not_about_france(b
         assert first.decision.stats.question_echo == 0.0  # nothing of the question in the answer
     else:
         assert "Paris" in first.generation.text and result.action == "pass", first.generation.text
+
+
+@pytest.mark.slow  # converts the embedded model to F16 in a fresh cache (seconds), checks the build, answers
+def test_ask_with_the_default_weights_answers_the_readme_question_with_paris_and_passes(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42: `ask --backend llamacpp "What is the capital of France?"` answered "L'Étoile..." on the
+    shipped Q4_1 weights and abstained. The default weights are now F16 (float activations, as the
+    transformers backend computes): the answer is Paris, and the guard fitted on F16's own answers passes it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from logtoku_guard.cli import app
+
+    monkeypatch.setenv("LOGTOKU_GUARD_CACHE", str(tmp_path))
+    monkeypatch.delenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", raising=False)
+    res = CliRunner().invoke(app, ["ask", QUESTION, "--backend", "llamacpp", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["model"] == "smollm2-135m-instruct-f16@llamacpp"
+    assert data["answer"] == "The capital of France is Paris." and data["action"] == "pass", (data["answer"], data["reason"])
+    assert [p.name.endswith(".f16.gguf") for p in (tmp_path / "models").iterdir()] == [True]  # converted once, here
 
 
 @pytest.mark.slow  # converts the embedded model (seconds) and loads the copy

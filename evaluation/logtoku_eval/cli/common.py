@@ -123,11 +123,13 @@ def check_backend_option(backend: str, device: str) -> None:
 
 
 def model_name(model: str, backend: str = "transformers") -> str:
-    """The name the backend records on its generations (what names the generation caches)."""
-    from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
+    """The name the backend records on its generations (what names the generation caches): on llama.cpp
+    the embedded model's name says its weights (``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``), as the backend's does."""
+    from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, llama_model_name, llama_weights
 
-    name = EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
-    return name + "@llamacpp" if backend == "llamacpp" else name
+    if backend != "llamacpp":
+        return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
+    return (llama_model_name(llama_weights(None)) if model in EMBEDDED_ALIASES else model) + "@llamacpp"
 
 
 def backend_loader(model: str, k: int, device: str, cache_dir: Path | None, backend: str = "transformers") -> Callable[[], Any]:
