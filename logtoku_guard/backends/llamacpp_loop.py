@@ -19,9 +19,11 @@
    :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens.
    Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
-   merging them saved only a call's fixed cost (``benchmarks/README.md``). Answers equal each
-   one's alone bit for bit while the cells in use stay under 256 (past that, a row whose cells
-   straddle llama.cpp's 256-cell boundary can get slightly different logits);
+   merging them saved only a call's fixed cost (``benchmarks/README.md``). On weights that llama.cpp
+   multiplies one row at a time (Q4_1 on x86) answers equal each one's alone bit for bit while the
+   cells in use stay under 256 (past that, a row whose cells straddle llama.cpp's 256-cell boundary
+   can get slightly different logits); on F16 (the embedded model's default) rows decoded together
+   take llama.cpp's batched kernel, whose sums round otherwise (logits within about 0.002);
 3. **choose**: the raw logits of every row (copied out with ``llama_get_logits_ith`` before
    the next decode overwrites them) form one ``(rows, vocab)`` float32 array, scored in numpy
    (:mod:`~logtoku_guard.backends.numpy_scoring`: top-K, log-normaliser, entropy; AU/EU by the
