@@ -65,8 +65,9 @@ DEFAULT_LLAMA_WEIGHTS = "f16"
 """What llama.cpp runs of the embedded model unless told otherwise: F16, converted once from the shipped
 file. Its greedy answers equal the transformers backend's on 94% of 150 ordinary tune questions (Q4_1:
 29%, Q8_0: 25%: both quantise the activations to 8 bits), it answers the README's question ("Paris"),
-and 8 requests at a time cost less CPU than on Q4_1 (llama.cpp's batched kernels cover F16 on x86);
-one request alone decodes about 1.7x slower (``benchmarks/bench_llamacpp.py --parts agreement``)."""
+and 8 requests at a time cost less CPU than on Q4_1 (llama.cpp's batched kernels cover F16 on x86;
+``benchmarks/bench_llamacpp.py --parts agreement``). It takes about 165 MiB more memory, and one request
+alone decoded up to 1.7x slower in a bare-model measurement (docs/LLAMACPP.md, "Weights")."""
 _FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 ProgressCallback = Callable[[str], None]
