@@ -30,9 +30,9 @@ scores). Measured, never asserted:
 7. cold start (``--parts cold_ask``): child CPU time and wall time of ``logtoku-guard ask --backend
    llamacpp --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against
    a bare llama-cpp-python script answering the same question with one token on the same weights (the
-   default type), interleaved (median of
-   ``--repeats`` runs each); ``--parts ask_phases``: the CPU time of each import group and each step
-   of the same ``ask`` (a fresh process per run), where the difference goes;
+   default type), interleaved (median of ``--repeats`` runs each); ``--parts ask_phases``: the CPU time
+   of each import group and each step of the same ``ask`` (a fresh process per run), where the
+   difference goes;
 8. scored decode against bare (``--parts decode_cpu``): process CPU time per token of a greedy
    ``--tokens`` answer through ``generate`` (every token scored; also with ``max_logprobs=0``, each
    step searching only AU/EU's K) and of the bare loop's same tokens, at 1 and 2 threads,
@@ -592,7 +592,7 @@ def agreement(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache-dir", type=Path, default=None, help="cache of the converted embedded model (transformers)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="the model cache (transformers' copy, llama.cpp's F16/Q8_0)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the 5 prompts")
     parser.add_argument("--requantize", default="", help="ceiling: also the embedded model as these types (q4_0,q8_0)")
