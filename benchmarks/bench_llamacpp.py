@@ -27,7 +27,7 @@ scores). Measured, never asserted:
    over ``--repeats`` rounds; ``--weights q4_1,q8_0`` runs each listed weight type of the
    embedded model (:func:`~logtoku_guard.backends.embedded.embedded_llama_gguf`). CPU time, not wall:
    on a shared machine other processes stretch the wall clock but not this process's CPU time;
-7. cold start (``--parts cold_ask``): child CPU time and wall time of ``logtoku-guard ask --backend
+7. cold start (``--parts cold_ask``): child CPU time, wall time and peak RSS of ``logtoku-guard ask --backend
    llamacpp --max-new-tokens 1`` (imports, the model's load, the guard, the default audit store) against
    a bare llama-cpp-python script answering the same question with one token on the same weights (the
    default type), interleaved (median of ``--repeats`` runs each); ``--parts ask_phases``: the CPU time
@@ -472,16 +472,17 @@ def with_bytecode(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def child_cpu(command: list[str], env: dict[str, str]) -> float:
-    """CPU seconds (user + system) of one child process running ``command``."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+def child_cpu(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """CPU seconds (user + system) and peak RSS (MiB) of one child process running ``command`` (its own
+    resource usage, read by ``os.wait4`` when it ends)."""
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stderr is not None
+        err = proc.stderr.read()  # to the end (not communicate(): it would reap the child before wait4)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     if proc.returncode != 0:
-        raise SystemExit(f"{command[:3]} failed: {proc.stderr[-2000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        raise SystemExit(f"{command[:3]} failed: {err.decode(errors='replace')[-2000:]}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
@@ -506,15 +507,20 @@ def cold_ask(args: argparse.Namespace) -> dict[str, Any]:
     child_cpu(bare, env)
     runs: dict[str, list[float]] = {"ours": [], "bare": []}
     walls: dict[str, list[float]] = {"ours": [], "bare": []}
+    rss: dict[str, list[float]] = {"ours": [], "bare": []}
     for _ in range(args.repeats):
         for name, command in (("ours", ours), ("bare", bare)):
             start = time.perf_counter()
-            runs[name].append(child_cpu(command, env))
+            cpu, peak = child_cpu(command, env)
             walls[name].append(time.perf_counter() - start)
+            runs[name].append(cpu)
+            rss[name].append(peak)
     med = {name: statistics.median(v) for name, v in runs.items()}
     wall = {name: statistics.median(v) for name, v in walls.items()}
+    peak_rss = {name: statistics.median(v) for name, v in rss.items()}
     res = {"cpu_s": med, "cpu_ratio": med["ours"] / med["bare"], "wall_s": wall, "wall_ratio": wall["ours"] / wall["bare"]}
-    res["runs"] = {"cpu": runs, "wall": walls}
+    res |= {"peak_rss_mib": peak_rss, "rss_ratio": peak_rss["ours"] / peak_rss["bare"]}
+    res["runs"] = {"cpu": runs, "wall": walls, "peak_rss_mib": rss}
     print(json.dumps({"cold_ask": res}, indent=1), flush=True)
     return res
 
