@@ -125,12 +125,16 @@ def test_the_shipped_questions_hold_every_group_in_both_halves() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "name"), [("transformers", EMBEDDED_MODEL), ("llamacpp", f"{EMBEDDED_MODEL}@llamacpp")])
+@pytest.mark.parametrize(
+    ("backend", "name"),
+    [("transformers", EMBEDDED_MODEL), ("llamacpp", f"{EMBEDDED_MODEL}-f16@llamacpp")],  # llama.cpp's default: F16
+)
 def test_cli_eval_traffic_reads_its_caches_and_writes_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, name: str
 ) -> None:
     """Every answer already cached under the backend's model name: the CLI loads no model, fits,
     and writes traffic.md/json and the guard."""
+    monkeypatch.delenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", raising=False)
     from logtoku_eval.generate import SERVING, SERVING_TEMPLATE, greedy_cache
     from logtoku_eval.traffic import dataset_name
     from logtoku_guard.calibration.prompts import shipped_calibration_questions
