@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -191,15 +192,52 @@ GREEDY_LLAMACPP = "/work/evalcache/smollm2-135m-instruct_llamacpp__ordinary-8706
 COLLECT_LOOKS: tuple[Look, ...] = ("self_check", "sampling", "paraphrase")
 
 
+ORDINARY_GREEDY = "/work/evalcache/{slug}__ordinary-8706935e__k5__greedy-max64-nostop.jsonl"
+"""``eval ordinary``'s greedy cache of a model (``--gen-cache-dir /work/evalcache``), by its slug."""
+NAMED_COLLECT = {"smollm2-135m-instruct": COLLECT, "smollm2-135m-instruct@llamacpp": COLLECT_LLAMACPP}
+"""The collect files made before ``--model``: the embedded model on transformers, and on llama.cpp's Q4_1."""
+
+
+def measured_model(args: argparse.Namespace) -> str:
+    """The name ``--backend`` records for ``--model`` (the llama.cpp weights included), found without loading it."""
+    from logtoku_eval.cli.common import model_name
+
+    return model_name(args.model, args.backend)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+
+
 def collect_file(args: argparse.Namespace) -> Path:
-    """Where ``--collect`` appends its answers for ``--backend`` (``--collect-out`` when given)."""
-    return Path(args.collect_out or (COLLECT_LLAMACPP if args.backend == "llamacpp" else COLLECT))
+    """Where ``--collect`` appends its answers for ``--model`` on ``--backend`` (``--collect-out`` when given):
+    one file per model name, so answers of other weights or models never mix."""
+    if args.collect_out:
+        return Path(args.collect_out)
+    name = measured_model(args)
+    return Path(NAMED_COLLECT.get(name) or f"/work/evalcache/second_look/{_slug(name)}-collect.jsonl")
+
+
+def greedy_caches(args: argparse.Namespace) -> list[Path]:
+    """First passes already made for the measured model: ``--greedy`` (and the tune draw's) on transformers'
+    embedded model, ``eval ordinary``'s cache for any other."""
+    name = measured_model(args)
+    if name == "smollm2-135m-instruct":
+        return [Path(args.greedy), Path(TUNE_GREEDY)]
+    return [Path(GREEDY_LLAMACPP if name == "smollm2-135m-instruct@llamacpp" else ORDINARY_GREEDY.format(slug=_slug(name)))]
 
 
 def drawn_among(args: argparse.Namespace) -> str | None:
-    """The first passes the test draw is made among (:func:`collect_order`): ``eval ordinary``'s transformers
-    cache, so none is made again; on llama.cpp every test question (its first passes are made by the collector)."""
-    return None if args.backend == "llamacpp" else args.greedy
+    """The first passes the test draw is made among (:func:`collect_order`): the model's ``eval ordinary`` cache
+    when it has one, so none is made again (transformers, llama.cpp's F16); else every test question (its
+    first passes are made by the collector: llama.cpp's Q4_1 draw, Gemma)."""
+    name = measured_model(args)
+    if name == "smollm2-135m-instruct":
+        return str(args.greedy)
+    if name == "smollm2-135m-instruct@llamacpp":
+        return None
+    cached = greedy_caches(args)[0]
+    return str(cached) if cached.exists() else None
 
 
 def collect_order(questions: int, seed: int, among_cached: str | None = GREEDY) -> list[Any]:
@@ -252,24 +290,26 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
     from logtoku_guard.calibration.profiles import load_profile_for
     from logtoku_guard.calibration.self_labels import answer_matches
 
-    llama = args.backend == "llamacpp"
     out = collect_file(args)
     out.parent.mkdir(parents=True, exist_ok=True)
+    legacy = measured_model(args) == "smollm2-135m-instruct"  # the looks measured before the collector
     wanted = tuple(args.collect_looks.split(","))
     taken: dict[str, set[str]] = {}  # looks already measured per answer, in any cache
     greedy: dict[str, Any] = {}
-    for path in (out, *(() if llama else (Path(c) for c in DEFAULT_CACHES))):
+    for path in (out, *((Path(c) for c in DEFAULT_CACHES) if legacy else ())):
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 for d in map(json.loads, f):
                     taken.setdefault(d["id"], set()).update(m["look"] for m in d["looks"])
                     greedy.setdefault(d["id"], d["generation"])
-    for path in (Path(GREEDY_LLAMACPP),) if llama else (Path(args.greedy), Path(TUNE_GREEDY)):
+    for path in greedy_caches(args):
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 greedy.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
     todo = [it for it in collect_order(args.questions, args.seed, drawn_among(args)) if set(wanted) - taken.get(it.id, set())]
-    backend = create_backend(args.backend, device="cpu", max_batch=16)
+    backend = create_backend(args.backend, model=args.model, device="cpu", max_batch=16)
+    if backend.model_name != measured_model(args):
+        raise SystemExit(f"the backend runs {backend.model_name!r}, not the {measured_model(args)!r} the files are named for")
     scorer = Decider(default_policy(), load_profile_for(backend.model_name))
     stop_at = None
     if args.until:
@@ -336,7 +376,7 @@ def time_alone(args: argparse.Namespace, policy: Policy) -> None:
         collected = {d["id"]: d for d in map(json.loads, f) if "generation" in d}
     order = collect_order(args.questions, args.seed, drawn_among(args))
     todo = [it for it in order if it.id in collected and it.id not in done][: max(0, args.time_alone - len(done))]
-    backend = create_backend(args.backend, device="cpu")
+    backend = create_backend(args.backend, model=args.model, device="cpu")
     backend.generate([ChatMessage("user", "Say hello.")], DecodingOptions(max_new_tokens=4))  # warm-up
     for it in todo:
         d = collected[it.id]
@@ -979,13 +1019,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--collect", action="store_true", help="first pass and every look for --questions questions of each half")
     p.add_argument("--collect-out", default=None, help="where --collect appends its answers (default: one file per backend)")
     p.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the backend measured")
+    p.add_argument("--model", default="embedded", help="the model measured, as ask's --model (e.g. gemma3-270m on llamacpp)")
     p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
     p.add_argument("--time-alone", type=int, default=0, help="time N collected answers alone (first pass and each look)")
     p.add_argument("--workers", type=int, default=4, help="--collect: answers measured at once (their rows share batches)")
     args = p.parse_args(argv)
     policy = Policy.from_file(args.policy) if Path(args.policy).is_file() else Policy.named(args.policy)
-    llama = args.backend == "llamacpp"
-    collected = [COLLECT_LLAMACPP] if llama else [*DEFAULT_CACHES, COLLECT]
+    legacy = measured_model(args) == "smollm2-135m-instruct"
+    collected = [*DEFAULT_CACHES, COLLECT] if legacy else [str(collect_file(args))]
     caches = args.cache or [*collected, str(Path(collected[-1]).with_suffix(".timed.jsonl"))]
     if args.make_greedy:
         make_greedy(args)
@@ -1004,7 +1045,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from logtoku_guard.calibration.profiles import load_profile_for
 
-    model = "smollm2-135m-instruct@llamacpp" if llama else "smollm2-135m-instruct"
+    model = measured_model(args)
     rows = load_rows([Path(c) for c in caches], model)
     profile = load_profile_for(rows[0].generation.model if rows else model)
     if profile is None:

@@ -396,4 +396,6 @@ def test_generation_caches_of_the_embedded_model_on_llama_cpp_are_named_by_its_w
     monkeypatch.setenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", "q8_0")
     assert model_name("default", "llamacpp") == "smollm2-135m-instruct-q8_0@llamacpp"
     assert model_name("embedded") == "smollm2-135m-instruct"  # transformers: one name, float32 weights
-    assert model_name("/m/gemma.gguf", "llamacpp") == "/m/gemma.gguf@llamacpp"
+    # a file and a packaged model are named as the backend names them (one function: the backend's own)
+    assert model_name("/m/gemma.gguf", "llamacpp") == "gemma@llamacpp"
+    assert model_name("gemma3-270m", "llamacpp") == "gemma-3-270m-q4_k_m@llamacpp"

@@ -42,9 +42,15 @@ from logtoku_guard.backends.chunked_prefill import (
     check_prefill_chunk,
 )
 from logtoku_guard.backends.decode_loop import Scoring
-from logtoku_guard.backends.embedded import EMBEDDED_MODEL, embedded_llama_gguf, llama_model_name, llama_weights
+from logtoku_guard.backends.embedded import (
+    EMBEDDED_ALIASES,
+    EMBEDDED_MODEL,
+    embedded_llama_gguf,
+    llama_model_name,
+    llama_weights,
+)
 from logtoku_guard.backends.llamacpp_check import resolve_gguf
-from logtoku_guard.backends.packaged_models import packaged_stop
+from logtoku_guard.backends.packaged_models import PACKAGED_MODELS, packaged_stop
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
 from logtoku_guard.errors import ConfigurationError
@@ -61,13 +67,30 @@ from logtoku_guard.types import ChatMessage, DecodingOptions, question_of
 if TYPE_CHECKING:
     from logtoku_guard.tools.grammar import GrammarEngine
 
-__all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend", "resolve_gguf"]
+__all__ = ["BACKEND_SUFFIX", "DEFAULT_N_CTX", "LlamaCppBackend", "llamacpp_model_name", "resolve_gguf"]
 
 
 BACKEND_SUFFIX = "@llamacpp"
 """Appended to the model's name (``smollm2-135m-instruct@llamacpp``): profiles and guards are per backend."""
 DEFAULT_N_CTX = 4096
 """KV-cache cells shared by the rows of a batch (22.5 KiB each for the embedded model: 90 MiB)."""
+
+
+def llamacpp_model_name(model: str | os.PathLike[str] | None, weights: str | None = None) -> str:
+    """The name :class:`LlamaCppBackend` records for ``model`` (``weights``: the embedded model's, None for
+    :func:`~logtoku_guard.backends.embedded.llama_weights`'s default), found without loading, converting or
+    assembling any file: what names its profiles, its guard and the evaluation's generation caches.
+
+    The embedded model says its weights (``smollm2-135m-instruct-f16@llamacpp``; the shipped Q4_1 file keeps
+    the plain name), a packaged model is named by its file (``gemma-3-270m-q4_k_m@llamacpp``, as the same file
+    passed by path), a path by its file's stem."""
+    if model is None or (isinstance(model, str) and model in EMBEDDED_ALIASES):
+        return llama_model_name(llama_weights(weights)) + BACKEND_SUFFIX
+    if isinstance(model, str) and model in PACKAGED_MODELS:
+        file = PACKAGED_MODELS[model].file
+        stem = Path(file).stem if file else resolve_gguf(model)[1]  # a record without its file name: the package says
+        return stem + BACKEND_SUFFIX
+    return Path(model).expanduser().stem + BACKEND_SUFFIX
 
 
 def default_n_threads(n_threads: int | None) -> int:
@@ -179,8 +202,7 @@ class LlamaCppBackend(BatchedBackend):
         self._prefill_cost = PrefillCost()  # what a prompt token costs here, learnt across batches
         path, default_name = resolve_gguf(model)
         if default_name == EMBEDDED_MODEL:
-            kind = llama_weights(weights)
-            path, default_name = embedded_llama_gguf(kind, cache_dir, progress), llama_model_name(kind)
+            path = embedded_llama_gguf(llama_weights(weights), cache_dir, progress)
         elif weights is not None:
             msg = f"weights={weights!r} converts the embedded model only; {str(model)!r} runs as its file is"
             raise ConfigurationError(msg)
@@ -193,7 +215,7 @@ class LlamaCppBackend(BatchedBackend):
         vocab = self._model.n_vocab
         self._k = validate_k(k, vocab)
         self._max_logprobs = max(min(max_logprobs, vocab), self._k)
-        self._name = model_name or default_name + BACKEND_SUFFIX
+        self._name = model_name or llamacpp_model_name(model, weights)
         self._path = path
         self.model_stop = packaged_stop(path)  # a packaged base model ends its answers at its stops
         self._template = self._model.metadata("tokenizer.chat_template")

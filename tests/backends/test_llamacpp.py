@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ import torch
 
 from logtoku_guard.backends.base import Backend
 from logtoku_guard.backends.embedded import embedded_gguf_path
-from logtoku_guard.backends.llamacpp import LlamaCppBackend
+from logtoku_guard.backends.llamacpp import LlamaCppBackend, llamacpp_model_name
 from logtoku_guard.backends.llamacpp_check import ensure_decodes
 from logtoku_guard.backends.llamacpp_loop import question_positions
 from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError
@@ -105,6 +106,20 @@ def test_is_a_backend_with_a_name_of_its_own(backend: LlamaCppBackend) -> None:
     assert isinstance(backend, Backend)
     assert backend.model_name == "smollm2-135m-instruct-f16@llamacpp" and backend.k == 2 and backend.evidence == "clamped"
     assert backend.vocab_size == 49152 and backend.max_logprobs == 5 and backend.context_window == 1024
+    assert llamacpp_model_name("embedded") == backend.model_name  # the name the evaluation's caches use, unloaded
+
+
+def test_the_name_found_without_loading_is_the_name_each_kind_of_model_gets_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function names a llama.cpp model for the backend and for ``eval``'s caches (they were twins, and
+    differed on files and packaged models); it reads no file and converts nothing."""
+    monkeypatch.delenv("LOGTOKU_GUARD_LLAMACPP_WEIGHTS", raising=False)
+    assert llamacpp_model_name(None) == "smollm2-135m-instruct-f16@llamacpp"
+    assert llamacpp_model_name("embedded", weights="q4_1") == "smollm2-135m-instruct@llamacpp"
+    assert llamacpp_model_name("default", weights="Q8_0") == "smollm2-135m-instruct-q8_0@llamacpp"
+    assert llamacpp_model_name("gemma3-270m") == "gemma-3-270m-q4_k_m@llamacpp"  # its file's name, not assembled
+    assert llamacpp_model_name(Path("/nowhere/My.Model.gguf")) == "My.Model@llamacpp"
+    with pytest.raises(ConfigurationError, match="'q3'"):
+        llamacpp_model_name("embedded", weights="q3")
 
 
 @pytest.mark.slow

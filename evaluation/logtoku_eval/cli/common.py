@@ -123,13 +123,16 @@ def check_backend_option(backend: str, device: str) -> None:
 
 
 def model_name(model: str, backend: str = "transformers") -> str:
-    """The name the backend records on its generations (what names the generation caches): on llama.cpp
-    the embedded model's name says its weights (``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``), as the backend's does."""
-    from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL, llama_model_name, llama_weights
+    """The name the backend records on its generations (what names the generation caches), found without
+    loading it: the llama.cpp backend's own :func:`~logtoku_guard.backends.llamacpp.llamacpp_model_name`
+    (the embedded model's weights, ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``; a packaged model by its file)."""
+    from logtoku_guard.backends.embedded import EMBEDDED_ALIASES, EMBEDDED_MODEL
 
-    if backend != "llamacpp":
-        return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
-    return (llama_model_name(llama_weights(None)) if model in EMBEDDED_ALIASES else model) + "@llamacpp"
+    if backend == "llamacpp":
+        from logtoku_guard.backends.llamacpp import llamacpp_model_name
+
+        return llamacpp_model_name(model)
+    return EMBEDDED_MODEL if model in EMBEDDED_ALIASES else model
 
 
 def backend_loader(model: str, k: int, device: str, cache_dir: Path | None, backend: str = "transformers") -> Callable[[], Any]:
