@@ -205,6 +205,11 @@ def measured_model(args: argparse.Namespace) -> str:
     return model_name(args.model, args.backend)
 
 
+def _lines(path: Path) -> int:
+    with path.open(encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
@@ -771,6 +776,7 @@ def refit_report(
     seed: int = 0,
     write_policy: str | None = None,
     among_cached: str | None = GREEDY,
+    traffic: Sequence[Path] = (),
 ) -> str:
     """Fit each refit on the tune answers inside the band, choose the band and cut on tune, report the test half."""
     from logtoku_guard.decision.conditions import Risk, risk_threshold_for
@@ -879,11 +885,74 @@ def refit_report(
         lines += ["", per_wording(test, rows, profile, best[0][1], look_cpu, cpu1, stated if best[0] is stated_best else None)]
         if stated_best is not None and stated_best is not best[0]:
             lines += ["", per_wording(test, rows, profile, stated_best[1], look_cpu, cpu1, stated)]
+    if traffic:
+        cascades = [("shipped cascade (sampling)", edges.get(0.9, math.nan), edges.get(0.3, math.nan), ("sampling",))]
+        for b in firsts.values():
+            lo, hi, model, _, name, lo_c, hi_c = next(x[1] for x in best if x[2] == b)
+            looks = tuple(LOOK_OF_FEATURE[f] for f in model.features if f in LOOK_OF_FEATURE)
+            cascades.append((f"refit {name}, band {lo_c}-{hi_c}", lo, hi, looks))
+        lines += ["", traffic_cost(traffic, profile, cascades, look_cpu, cpu1)]
     lines.append("")
     lines.append(
         "Rows: the settings that pass >= 85% of tune's correct answers at <= 1.5x mean CPU, best tune wrong-flagged first."
     )
     return "\n".join(lines)
+
+
+TRAFFIC_GREEDY = (
+    "/work/evalcache/{slug}__traffic-c46cd37b__k5__greedy-max64-nostop.jsonl",
+    "/work/evalcache/{slug}__traffic-syllable__k5__greedy-max64-nostop.jsonl",
+)
+"""``eval traffic``'s greedy caches of a model (``--gen-cache-dir /work/evalcache``), by its slug: the questions
+and the made-up names (their own cache)."""
+
+
+def traffic_cost(
+    paths: Sequence[Path],
+    profile: Any,
+    cascades: Sequence[tuple[str, float, float, tuple[str, ...]]],
+    look_cpu: dict[str, float],
+    cpu1: float,
+) -> str:
+    """What each cascade costs over realistic traffic: the realistic-traffic benchmark's test answers in ``paths``
+    (``eval traffic``'s cache, as ``ask`` answers), scored by ``profile``'s guard; an answer whose guard_score falls
+    in a cascade's band ``[lo, hi)`` pays its looks (each at its mean CPU seconds alone, ``look_cpu``), any other
+    pays one pass. Only the guard_score decides who takes a look, so no look is taken here."""
+    from logtoku_eval.cache import CachedGeneration
+    from logtoku_eval.fabricated_eval import generation_from_cached
+    from logtoku_eval.traffic_eval import traffic_questions
+    from logtoku_guard.calibration.self_labels import outcome_of
+
+    questions = {q.id: q for q in traffic_questions() if q.split == "test"}
+    scorer = Decider(default_policy(), profile)
+    scored: list[tuple[str, float]] = []  # (outcome, guard_score): real-correct, real-wrong, plausible, syllable
+    for path in paths:
+        with path.open(encoding="utf-8") as f:
+            for d in map(json.loads, f):
+                if d.get("id") in questions:
+                    cached = CachedGeneration.from_json(d)
+                    g = generation_from_cached(cached, profile.model)
+                    scored.append((outcome_of(questions[d["id"]], cached.answer), scorer._stats(g).guard_score))
+    if not scored:
+        return f"Cost over realistic traffic: no test answer in {', '.join(map(str, paths))}."
+    kinds = sorted({k for k, _ in scored})
+    out = [
+        f"Cost over realistic traffic: the traffic benchmark's {len(scored)} test answers in "
+        f"{', '.join(f'`{p.name}`' for p in paths)}, scored by "
+        f"{profile.model}'s guard ({', '.join(f'{k} {sum(1 for g, _ in scored if g == k)}' for k in kinds)}).",
+        "",
+        "| cascade | band (guard_score) | looks | took a look: all / " + " / ".join(kinds) + " | mean (p95) CPU vs one pass |",
+        "|---|---|---|---|---|",
+    ]
+    for name, lo, hi, looks in cascades:
+        inside = [lo <= gs < hi for _, gs in scored]
+        costs = np.array([(cpu1 + sum(look_cpu[lk] for lk in looks)) / cpu1 if b else 1.0 for b in inside])
+        by_kind = [_pct(float(np.mean([b for (g, _), b in zip(scored, inside) if g == k]))) for k in kinds]
+        out.append(
+            f"| {name} | [{lo:.3f}, {hi:.3f}) | {', '.join(looks)} | {_pct(float(np.mean(inside)))} / {' / '.join(by_kind)} | "
+            f"{costs.mean():.2f}x ({np.percentile(costs, 95):.2f}x) |"
+        )
+    return "\n".join(out)
 
 
 def piecewise_policy(chosen: Any, edges: dict[float, float], base: Policy) -> dict[str, Any]:
@@ -1019,6 +1088,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--collect", action="store_true", help="first pass and every look for --questions questions of each half")
     p.add_argument("--collect-out", default=None, help="where --collect appends its answers (default: one file per backend)")
     p.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the backend measured")
+    p.add_argument("--traffic-cache", action="append", help="--refit: eval traffic's caches of first passes to cost cascades on")
     p.add_argument("--model", default="embedded", help="the model measured, as ask's --model (e.g. gemma3-270m on llamacpp)")
     p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
     p.add_argument("--time-alone", type=int, default=0, help="time N collected answers alone (first pass and each look)")
@@ -1052,7 +1122,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"no profile for {model}")
     rows = [replace(r, generation=replace(r.generation, model=profile.model)) for r in rows]
     if args.refit:
-        print(refit_report(rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, drawn_among(args)))
+        given = args.traffic_cache or [t.format(slug=_slug(measured_model(args))) for t in TRAFFIC_GREEDY]
+        traffic = [Path(t) for t in given if Path(t).exists() and _lines(Path(t)) > 1]
+        if not traffic:  # a cache holds its header line first
+            print(f"(no traffic answers in {', '.join(given)}: give --traffic-cache for the cost over realistic traffic)")
+        report_text = refit_report(
+            rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, drawn_among(args), traffic
+        )
+        print(report_text)
         return
     if args.fit:
         fit(rows, policy, profile)
