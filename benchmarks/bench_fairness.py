@@ -18,6 +18,10 @@ whole (the behaviour before chunked prefill); the default is the backend's own. 
 ``--budget`` compares prefill step budgets (seconds a step may feed a long prompt, in pieces:
 ``chunked_prefill.BudgetedPrefill``; 0 = one fixed chunk a step, the behaviour before).
 
+``--steps`` (llama.cpp) times every scheduler step of the loop beside the long prompt(s) and prints
+where a short request's time goes: the long prompt's chunk (or pieces) a step, the decoding steps
+between, and the steps that ran while the slowest short requests were in flight.
+
 The requests go straight to the backend's batcher from threads, as the server's worker threads
 send them: the server adds HTTP parsing, not scheduling. The load average and this process's CPU
 time are printed: on a shared machine the wall-clock figures move with the other processes, and
@@ -28,6 +32,7 @@ the ratios to alone (measured in the same run) are what to compare.
     python benchmarks/bench_fairness.py --backend transformers --chunk 0 --chunk 256
     python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one \
         --budget 0 --budget 0.2 --long-alone
+    python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one --steps
 """
 
 from __future__ import annotations
@@ -75,10 +80,18 @@ def p99(values: list[float]) -> float:
 
 
 def beside(
-    backend: Any, prompts: list[str], long_opts: DecodingOptions, clients: int, short: DecodingOptions, gap: float
+    backend: Any,
+    prompts: list[str],
+    long_opts: DecodingOptions,
+    clients: int,
+    short: DecodingOptions,
+    gap: float,
+    t0: float | None = None,
 ) -> dict[str, Any]:
     """Short requests sent back to back by ``clients`` threads while the long ``prompts`` (sent ``gap`` s apart) are in flight."""
     latencies: list[float] = []
+    started: list[tuple[float, float]] = []  # (start since t0, latency) of each short request
+    t0 = time.perf_counter() if t0 is None else t0
     long_times: list[float] = []
     lock = threading.Lock()
     pending = threading.Semaphore(0)
@@ -101,6 +114,7 @@ def beside(
             backend.generate(SHORT, short)
             with lock:  # every short request sent while a long one was in flight counts
                 latencies.append(time.perf_counter() - t)
+                started.append((t - t0, latencies[-1]))
 
     runners = []
     for prompt in prompts:
@@ -114,7 +128,64 @@ def beside(
         th.start()
     for th in runners + threads:
         th.join()
-    return {"short": latencies, "long": sorted(long_times)}
+    return {"short": latencies, "long": sorted(long_times), "started": started}
+
+
+_ORIGINAL: dict[str, Any] = {}
+"""The decode loop's own methods, before :class:`StepTimes` wraps them (each run wraps the originals)."""
+
+
+class StepTimes:
+    """Every step of the llama.cpp decode loop, timed (``--steps``): when it started, its seconds, the rows
+    decoding and admitted, and the seconds of it spent feeding a long prompt (a chunk, or budgeted pieces)."""
+
+    def __init__(self) -> None:
+        from logtoku_guard.backends import llamacpp_loop
+
+        self.steps: list[dict[str, float]] = []
+        self.t0 = time.perf_counter()
+        loop = llamacpp_loop.LlamaDecodeLoop
+        step, feed = _ORIGINAL.setdefault("step", loop._step), _ORIGINAL.setdefault("feed", loop._feed_long)  # unwrapped
+        current: dict[str, float] = {}
+
+        def timed_step(this: Any) -> None:
+            current.clear()
+            current.update(at=time.perf_counter() - self.t0, live=len(this.live), admitted=len(this.admitted), feed=0.0)
+            t = time.perf_counter()
+            step(this)
+            self.steps.append({**current, "seconds": time.perf_counter() - t})
+
+        def timed_feed(this: Any, row: Any, first: Any) -> bool:
+            t, fed = time.perf_counter(), row.fed
+            joined = feed(this, row, first)
+            current.update(feed=time.perf_counter() - t, fed=fed, tokens=row.fed - fed)
+            return joined
+
+        loop._step, loop._feed_long = timed_step, timed_feed  # type: ignore[method-assign]
+
+    def summary(self, shorts: list[tuple[float, float]]) -> str:
+        feeds = [s for s in self.steps if s["feed"] > 0]
+        decoding = [s["seconds"] for s in self.steps if s["feed"] == 0 and s["live"] > 0]
+        lines = [f"    {len(self.steps)} steps; {len(feeds)} fed the long prompt, {len(decoding)} only decoded"]
+        if feeds:
+            per_token = [s["feed"] / s["tokens"] for s in feeds if s.get("tokens")]
+            lines.append(
+                f"    long prompt a step: median {statistics.median(s['feed'] for s in feeds):.2f} s, max "
+                f"{max(s['feed'] for s in feeds):.2f} s; per prompt token median {1000 * statistics.median(per_token):.1f} ms "
+                f"(first chunk {1000 * per_token[0]:.1f} ms, last {1000 * per_token[-1]:.1f} ms)"
+            )
+        if decoding:
+            lines.append(
+                f"    a decoding step: median {1000 * statistics.median(decoding):.0f} ms, max {1000 * max(decoding):.0f} ms"
+            )
+        for start, took in sorted(shorts, key=lambda x: -x[1])[:3]:
+            during = [s for s in self.steps if start <= s["at"] + s["seconds"] and s["at"] <= start + took]
+            fed = sum(s["feed"] for s in during)
+            lines.append(
+                f"    a slowest short request ({took:.2f} s from {start:.1f} s) overlapped {len(during)} steps, which fed "
+                f"the long prompt for {fed:.2f} s (the longest {max((s['feed'] for s in during), default=0):.2f} s)"
+            )
+        return "\n".join(lines)
 
 
 def report(scenario: str, r: dict[str, Any], alone: float, long_alone: float | None = None) -> None:
@@ -151,6 +222,7 @@ def main() -> None:
         "--budget", type=float, action="append", help="llama.cpp prefill step budget(s) in seconds; 0 = fixed chunks"
     )
     parser.add_argument("--long-alone", action="store_true", help="also time one long request with nothing beside it")
+    parser.add_argument("--steps", action="store_true", help="llama.cpp: time each scheduler step, say where the time goes")
     args = parser.parse_args()
     kinds = args.backend or ["transformers", "llamacpp"]
     chunks: list[int | None] = list(args.chunk) if args.chunk else [None]
@@ -189,11 +261,17 @@ def main() -> None:
             long_alone = time.perf_counter() - t
             print(f"  long request alone: {long_alone:.1f} s", flush=True)
         if "one" in scenarios:
-            r = beside(backend, prompts[:1], long_opts, args.clients, short, 0.0)
+            steps = StepTimes() if args.steps and kind == "llamacpp" else None
+            r = beside(backend, prompts[:1], long_opts, args.clients, short, 0.0, steps.t0 if steps else None)
             report("beside one long prompt", r, base, long_alone)
+            if steps is not None:
+                print(steps.summary(r["started"]), flush=True)
         if "queue" in scenarios:
-            r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap)
+            steps = StepTimes() if args.steps and kind == "llamacpp" else None
+            r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap, steps.t0 if steps else None)
             report(f"beside a queue of {args.queue} long prompts", r, base)
+            if steps is not None:
+                print(steps.summary(r["started"]), flush=True)
         if hasattr(backend, "close"):
             backend.close()
     print(f"load after {os.getloadavg()[0]:.2f}; this process's CPU time {time.process_time() - cpu0:.0f} s")
