@@ -161,7 +161,7 @@ class StepTimes:
             current.update(feed=time.perf_counter() - t, fed=fed, tokens=row.fed - fed)
             return joined
 
-        loop._step, loop._feed_long = timed_step, timed_feed  # type: ignore[method-assign]
+        loop._step, loop._feed_long = timed_step, timed_feed  # type: ignore[method-assign,assignment]
 
     def summary(self, shorts: list[tuple[float, float]]) -> str:
         feeds = [s for s in self.steps if s["feed"] > 0]

@@ -42,7 +42,11 @@ scores). Measured, never asserted:
    answered by the transformers backend (float32 weights de-quantised from the shipped file) and by
    llama.cpp on each ``--weights`` type: the share of answers identical to transformers' (and whose
    first 8 tokens are), the share judged correct against the references, the README's France answer,
-   and the process CPU time per answer (``--workers`` requests at a time: the backends batch them).
+   and the process CPU time per answer (``--workers`` requests at a time: the backends batch them);
+10. flash attention (``--parts flash_attn``): llama.cpp's default (auto: on for this CPU build) against
+   off, 1 thread, CPU ms of a decoding step at context depths 30 to 7,036 and of the prefill's units
+   deep in a long prompt (a 128-token chunk, an 8-token piece), where a short request beside a long
+   prompt waits.
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -53,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -346,6 +351,49 @@ def long_prompt(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def flash_attn(args: argparse.Namespace) -> dict[str, Any]:
+    """llama.cpp's flash attention, off against its default (auto: on for this CPU build), on the embedded
+    model's default weights, 1 thread: CPU ms of one decoding step at a context depth (best of two runs of 24
+    steps), and of a 128-token chunk and an 8-token piece of a prompt about 6,900 tokens deep (the chunked
+    prefill's units beside a long prompt)."""
+    from logtoku_guard.backends.embedded import embedded_llama_gguf
+    from logtoku_guard.backends.llamacpp_model import LlamaModel
+
+    path = embedded_llama_gguf(None, args.cache_dir)
+    ids = [(i % 5000) + 100 for i in range(7200)]
+    out: dict[str, Any] = {}
+    for name, setting in (("auto (default)", None), ("off", False)):
+        m = LlamaModel(path, n_ctx=7296, n_seq=1, n_threads=1, flash_attn=setting)
+        row: dict[str, float] = {}
+        for depth in (30, 300, 1200):
+            best = math.inf
+            for _ in range(2):
+                m.clear()
+                for lo in range(0, depth, 512):
+                    m.decode([(ids[p], p, 0, p == depth - 1) for p in range(lo, min(depth, lo + 512))])
+                start = time.process_time()
+                for k in range(24):
+                    m.decode([(ids[depth + k], depth + k, 0, True)])
+                best = min(best, (time.process_time() - start) / 24)
+            row[f"decode step at depth {depth}, ms"] = 1000 * best
+        m.clear()
+        for lo in range(0, 6900, 512):
+            m.decode([(ids[p], p, 0, False) for p in range(lo, min(6900, lo + 512))])
+        for label, lo, n in (("128-token chunk at 6900, ms", 6900, 128), ("8-token piece at 7028, ms", 7028, 8)):
+            start = time.process_time()
+            m.decode([(ids[p], p, 0, p == lo + n - 1) for p in range(lo, lo + n)])
+            row[label] = 1000 * (time.process_time() - start)
+        start = time.process_time()
+        for k in range(8):
+            m.decode([(ids[7036 + k], 7036 + k, 0, True)])
+        row["decode step at depth 7036, ms"] = 1000 * (time.process_time() - start) / 8
+        m.close()
+        out[name] = row
+    out["off / auto"] = {k: out["off"][k] / out["auto (default)"][k] for k in out["off"]}
+    print(json.dumps({"flash_attn": out}, indent=1), flush=True)
+    return out
+
+
 def decode_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per token of a scored greedy answer against the bare loop's same tokens, 1 and 2 threads."""
     import statistics
@@ -620,6 +668,7 @@ def main() -> None:
         "cold_ask": cold_ask,
         "ask_phases": ask_phases,
         "decode_cpu": decode_cpu,
+        "flash_attn": flash_attn,
         "agreement": agreement,
     }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]

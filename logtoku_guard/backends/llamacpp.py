@@ -152,6 +152,12 @@ class LlamaCppBackend(BatchedBackend):
             (:func:`~logtoku_guard.backends.embedded.embedded_llama_gguf`), each a model of its own name
             (``smollm2-135m-instruct-f16@llamacpp``; the shipped file keeps the plain name) with its own
             profile and guard. Only for the embedded model.
+        flash_attn: llama.cpp's flash attention: None (default) leaves the choice to llama.cpp (on, for a
+            CPU), False turns it off, True on. Off suits long prompts: 7,000 tokens deep a decoding step took
+            0.43x the time and a prompt piece 0.38x, for 0-4% slower steps in a short context
+            (``benchmarks/bench_llamacpp.py --parts flash_attn``); but a row decoded beside others then
+            differs from its answer alone by up to ~0.05 in a logit on the Q4_1 weights (bit for bit with it
+            on), so it is not the default. The logits differ from the default's by float rounding only.
         cache_dir: where a converted copy is kept (default: the library's cache folder).
         progress: told, in words, when the embedded model is converted (first use of a weight type only).
         model_name: the name recorded on generations and used to find profiles (default: the
@@ -178,6 +184,7 @@ class LlamaCppBackend(BatchedBackend):
         model_name: str | None = None,
         verbose: bool | None = None,
         weights: str | None = None,
+        flash_attn: bool | None = None,
         cache_dir: str | Path | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
@@ -210,7 +217,9 @@ class LlamaCppBackend(BatchedBackend):
         # BackendError naming the signal and the rebuild, not the end of the process (llamacpp_check).
         ensure_decodes(path, n_threads=self._n_threads)
         import_llama_cpp(is_verbose(verbose))
-        self._model = LlamaModel(path, n_ctx=n_ctx, n_seq=2 * max_batch, n_threads=self._n_threads, verbose=is_verbose(verbose))
+        self._model = LlamaModel(
+            path, n_ctx=n_ctx, n_seq=2 * max_batch, n_threads=self._n_threads, flash_attn=flash_attn, verbose=is_verbose(verbose)
+        )
         self._tokenizer = LlamaTokenizer(self._model)
         vocab = self._model.n_vocab
         self._k = validate_k(k, vocab)

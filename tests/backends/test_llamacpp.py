@@ -109,6 +109,58 @@ def test_is_a_backend_with_a_name_of_its_own(backend: LlamaCppBackend) -> None:
     assert llamacpp_model_name("embedded") == backend.model_name  # the name the evaluation's caches use, unloaded
 
 
+def test_flash_attention_turned_off_is_the_same_model_computed_another_way(backend: LlamaCppBackend) -> None:
+    """``LlamaModel(flash_attn=False)`` reaches llama.cpp's context (its logits are not the default's bit for
+    bit) and computes the same model (within float rounding); None keeps llama.cpp's own choice."""
+    from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
+
+    rows = {}
+    for setting in (None, False, True):
+        m = LlamaModel(backend.model_path, n_ctx=256, n_seq=1, n_threads=1, flash_attn=setting)
+        try:
+            ids = LlamaTokenizer(m).encode("The committee met on a grey morning to review the harbour's tide tables, and")
+            m.decode([(t, p, 0, p == len(ids) - 1) for p, t in enumerate(ids)])
+            rows[setting] = _read(m, len(ids) - 1)
+        finally:
+            m.close()
+    assert np.array_equal(rows[None], rows[True])  # llama.cpp's "auto" is on for this CPU build
+    assert not np.array_equal(rows[None], rows[False])
+    assert float(np.abs(rows[None] - rows[False]).max()) < 0.05 and rows[None].argmax() == rows[False].argmax()
+    with pytest.raises(ConfigurationError, match=r"flash_attn must be True, False or None .*'off'"):
+        LlamaModel(backend.model_path, n_ctx=256, n_seq=1, n_threads=1, flash_attn="off")  # type: ignore[arg-type]
+
+
+def test_the_backend_leaves_flash_attention_to_llama_cpp_unless_told(backend: LlamaCppBackend) -> None:
+    """Its context computes as ``LlamaModel`` with llama.cpp's choice does, bit for bit; ``flash_attn=False``
+    reaches its own context (long prompts: ``benchmarks/bench_llamacpp.py --parts flash_attn``)."""
+    from logtoku_guard.backends.llamacpp_model import LlamaModel
+
+    ids = backend._prepare(to_messages("Who wrote Hamlet?"), DecodingOptions(max_new_tokens=1)).ids
+
+    def first_logits(m: Any) -> np.ndarray:
+        try:
+            m.decode([(t, p, 0, p == len(ids) - 1) for p, t in enumerate(ids)])
+            return _read(m, len(ids) - 1)
+        finally:
+            m.clear()
+
+    ours = first_logits(backend._model)
+    off = LlamaCppBackend("embedded", n_threads=1, n_ctx=backend._model.n_ctx, flash_attn=False)
+    try:
+        ours_off = first_logits(off._model)
+    finally:
+        off.close()
+    rows = {}
+    for setting in (None, False):
+        fresh = LlamaModel(backend.model_path, n_ctx=backend._model.n_ctx, n_seq=16, n_threads=1, flash_attn=setting)
+        try:
+            rows[setting] = first_logits(fresh)
+        finally:
+            fresh.close()
+    assert np.array_equal(ours, rows[None]) and np.array_equal(ours_off, rows[False])
+    assert not np.array_equal(ours, ours_off)
+
+
 def test_the_name_found_without_loading_is_the_name_each_kind_of_model_gets_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """One function names a llama.cpp model for the backend and for ``eval``'s caches (they were twins, and
     differed on files and packaged models); it reads no file and converts nothing."""
