@@ -854,6 +854,23 @@ def refit_report(
             vals = [p.guard_score if stat == "guard_score" else reliable(stat, p.row.value(stat)) for p in have]
             alone.append(f"{stat} {_pct(_auroc([p.row for p in have], vals))} (n {len(have)})")
         alone_lines.append(f"Each statistic alone on the {split} draw, AUROC correct vs wrong: " + ", ".join(alone) + ".")
+    frontier = []
+    for stat in ("guard_score", "sampling_agreement", "paraphrase_agreement", "self_check_yes"):
+        score = [
+            p.guard_score
+            if stat == "guard_score"
+            else (reliable(stat, v) if math.isfinite(v := p.row.value(stat)) else -math.inf)
+            for p in test
+        ]
+        correct = sorted(s for s, p in zip(score, test) if p.row.correct)
+        wrong = [s for s, p in zip(score, test) if not p.row.correct]
+        if correct and wrong:
+            cut = correct[math.floor(0.15 * len(correct))]  # passes 85% of the draw's correct answers
+            frontier.append(f"{stat} {_pct(float(np.mean([s < cut for s in wrong])))}")
+    alone_lines.append(
+        "Each statistic alone on the test draw, wrong answers flagged at the threshold passing 85% of its correct "
+        "answers (read on the test draw itself: the best any threshold reaches, optimistic): " + ", ".join(frontier) + "."
+    )
     lines[3:3] = ["", *alone_lines]
     best.sort(key=lambda b: -b[0])
     seen: set[str] = set()
