@@ -220,6 +220,8 @@ def collect_file(args: argparse.Namespace) -> Path:
     if args.collect_out:
         return Path(args.collect_out)
     name = measured_model(args)
+    if args.benchmark == "traffic":
+        return Path(f"/work/evalcache/second_look/{_slug(name)}-traffic-collect.jsonl")
     return Path(NAMED_COLLECT.get(name) or f"/work/evalcache/second_look/{_slug(name)}-collect.jsonl")
 
 
@@ -243,6 +245,72 @@ def drawn_among(args: argparse.Namespace) -> str | None:
         return None
     cached = greedy_caches(args)[0]
     return str(cached) if cached.exists() else None
+
+
+@dataclass(frozen=True)
+class TrafficLookItem:
+    """A test question of the realistic-traffic benchmark as the collector reads an item: its style
+    (``cased``/``lower`` for a real question, its group for an invented one) stands for the wording."""
+
+    question_item: Any  # the LabelledQuestion (outcome_of judges the answer against it)
+
+    @property
+    def id(self) -> str:
+        return str(self.question_item.id)
+
+    question_id = id
+
+    @property
+    def split(self) -> str:
+        return str(self.question_item.split)
+
+    @property
+    def category(self) -> str:
+        return f"{self.question_item.group}/{self.question_item.category}"
+
+    @property
+    def question(self) -> str:
+        return str(self.question_item.question)
+
+    @property
+    def wording(self) -> str:
+        from logtoku_eval.traffic_eval import STYLES
+
+        q = self.question_item
+        return STYLES.get(q.category, q.group) if q.group == "real" else str(q.group)
+
+    def to_qa_item(self) -> Any:
+        from logtoku_eval.datasets import QAItem
+
+        q = self.question_item
+        return QAItem(id=q.id, question=q.question, correct=q.answers, category=self.category)
+
+
+def traffic_order(questions: int, seed: int) -> list[TrafficLookItem]:
+    """``--benchmark traffic``: ``questions`` test questions of the realistic-traffic benchmark (with the made-up
+    names), drawn with ``seed``: the real questions first (stratified by category), then the invented ones
+    (each group stratified by category), so a partial collection measures the real answers first."""
+    from logtoku_eval.traffic_eval import traffic_questions
+
+    items = [TrafficLookItem(q) for q in traffic_questions() if q.split == "test"]
+    groups = [[it for it in items if it.question_item.group == g] for g in ("real", "plausible", "syllable")]
+    return [it for group in groups for it in _sample(group, questions, seed)][:questions]
+
+
+def traffic_caches(args: argparse.Namespace) -> list[Path]:
+    """``eval traffic``'s first passes of the measured model (the questions, the made-up names)."""
+    return [Path(t.format(slug=_slug(measured_model(args)))) for t in TRAFFIC_GREEDY]
+
+
+def traffic_band(profile: Any) -> tuple[float, float]:
+    """The widest band of guard_score any cascade of the report takes a look in: from the edge passing 95% of
+    the guard's correct calibration answers to the one passing 30% (the shipped cascade's upper edge)."""
+    from logtoku_guard.decision.conditions import Risk, risk_threshold_for
+
+    lo, hi = (risk_threshold_for(Risk(coverage=c, confidence=0.9), profile.guard) for c in (0.95, 0.3))
+    if lo is None or hi is None:
+        raise SystemExit(f"{profile.model}'s guard places no threshold for coverage 0.95 or 0.3")
+    return lo.threshold, hi.threshold
 
 
 def collect_order(questions: int, seed: int, among_cached: str | None = GREEDY) -> list[Any]:
@@ -293,11 +361,12 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
     from logtoku_eval.generate import to_cached
     from logtoku_guard.backends.registry import create_backend
     from logtoku_guard.calibration.profiles import load_profile_for
-    from logtoku_guard.calibration.self_labels import answer_matches
+    from logtoku_guard.calibration.self_labels import answer_matches, outcome_of
 
+    traffic = args.benchmark == "traffic"
     out = collect_file(args)
     out.parent.mkdir(parents=True, exist_ok=True)
-    legacy = measured_model(args) == "smollm2-135m-instruct"  # the looks measured before the collector
+    legacy = not traffic and measured_model(args) == "smollm2-135m-instruct"  # the looks measured before the collector
     wanted = tuple(args.collect_looks.split(","))
     taken: dict[str, set[str]] = {}  # looks already measured per answer, in any cache
     greedy: dict[str, Any] = {}
@@ -307,15 +376,22 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
                 for d in map(json.loads, f):
                     taken.setdefault(d["id"], set()).update(m["look"] for m in d["looks"])
                     greedy.setdefault(d["id"], d["generation"])
-    for path in greedy_caches(args):
+    for path in traffic_caches(args) if traffic else greedy_caches(args):
         if path.exists():
             with path.open(encoding="utf-8") as f:
                 greedy.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
-    todo = [it for it in collect_order(args.questions, args.seed, drawn_among(args)) if set(wanted) - taken.get(it.id, set())]
+    order = (
+        traffic_order(args.traffic_questions, args.seed)
+        if traffic
+        else collect_order(args.questions, args.seed, drawn_among(args))
+    )
+    todo = [it for it in order if set(wanted) - taken.get(it.id, set()) and (not traffic or it.id in greedy)]
     backend = create_backend(args.backend, model=args.model, device="cpu", max_batch=16)
     if backend.model_name != measured_model(args):
         raise SystemExit(f"the backend runs {backend.model_name!r}, not the {measured_model(args)!r} the files are named for")
-    scorer = Decider(default_policy(), load_profile_for(backend.model_name))
+    profile = load_profile_for(backend.model_name)
+    scorer = Decider(default_policy(), profile)
+    band = traffic_band(profile) if traffic else (-math.inf, math.inf)
     stop_at = None
     if args.until:
         hh, mm = (int(x) for x in args.until.split(":"))
@@ -337,6 +413,9 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
             d = to_cached(it.to_qa_item(), made).to_json()
             generation = generation_from_cached(CachedGeneration.from_json(d), backend.model_name)
         first["tokens"] = max(generation.prompt_tokens, len(generation.prompt_scores)) + len(generation.tokens)
+        guard_score = scorer._stats(generation).guard_score
+        if not band[0] <= guard_score < band[1]:  # traffic: no cascade takes a look here; its outcome needs none
+            return
         io = BackendIO(backend, messages, policy.retrieve, options=SERVING)
         looks = []
         for look in wanted:
@@ -348,8 +427,9 @@ def collect(args: argparse.Namespace, policy: Policy) -> None:
             "id": it.id,
             "split": it.split,
             "wording": it.wording,
-            "correct": bool(answer_matches(generation.text, it.answers)[0]),
-            "guard_score": scorer._stats(generation).guard_score,
+            "correct": bool(answer_matches(generation.text, it.answers)[0]) if not traffic else None,
+            "outcome": outcome_of(it.question_item, generation.text) if traffic else None,
+            "guard_score": guard_score,
             "first": first,
             "looks": looks,
             "generation": d,
@@ -777,6 +857,8 @@ def refit_report(
     write_policy: str | None = None,
     among_cached: str | None = GREEDY,
     traffic: Sequence[Path] = (),
+    traffic_looks: Path | None = None,
+    traffic_draw: tuple[int, int] = (900, 0),
 ) -> str:
     """Fit each refit on the tune answers inside the band, choose the band and cut on tune, report the test half."""
     from logtoku_guard.decision.conditions import Risk, risk_threshold_for
@@ -909,11 +991,99 @@ def refit_report(
             looks = tuple(LOOK_OF_FEATURE[f] for f in model.features if f in LOOK_OF_FEATURE)
             cascades.append((f"refit {name}, band {lo_c}-{hi_c}", lo, hi, looks))
         lines += ["", traffic_cost(traffic, profile, cascades, look_cpu, cpu1)]
+        if traffic_looks is not None and traffic_looks.exists():
+            chosen = [next(x[1] for x in best if x[2] == b) for b in firsts.values()]
+            lines += ["", traffic_outcomes(traffic, traffic_looks, profile, chosen, look_cpu, cpu1, traffic_draw)]
     lines.append("")
     lines.append(
         "Rows: the settings that pass >= 85% of tune's correct answers at <= 1.5x mean CPU, best tune wrong-flagged first."
     )
     return "\n".join(lines)
+
+
+def traffic_outcomes(
+    paths: Sequence[Path],
+    looks_file: Path,
+    profile: Any,
+    chosen: Sequence[Any],
+    look_cpu: dict[str, float],
+    cpu1: float,
+    draw: tuple[int, int],
+) -> str:
+    """The cascades on the realistic-traffic benchmark's test answers (``eval traffic``'s first passes in
+    ``paths``), their looks from ``looks_file`` (``--collect --benchmark traffic``: taken only where an answer's
+    guard_score is in :func:`traffic_band`, the only answers whose outcome a look can change): every answer of the
+    collector's draw (``draw``: its ``--traffic-questions`` and ``--seed``) outside the band, and those in it whose
+    looks were taken (the rest are counted as left out: the draw measures each group in a random order)."""
+    from logtoku_eval.cache import CachedGeneration
+    from logtoku_eval.fabricated_eval import generation_from_cached
+    from logtoku_guard.calibration.self_labels import outcome_of
+
+    cached: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        with path.open(encoding="utf-8") as f:
+            cached.update({d["id"]: d for d in map(json.loads, f) if "id" in d})
+    looks: dict[str, dict[str, Any]] = {}
+    with looks_file.open(encoding="utf-8") as f:
+        for d in map(json.loads, f):
+            looks.setdefault(d["id"], {}).update({m["look"]: m for m in d["looks"]})
+    timed = {lk: {"cpu_s": look_cpu[lk]} for lk in LOOKS}
+    lo_band, hi_band = traffic_band(profile)
+    scorer = Decider(default_policy(), profile)
+    rows: list[tuple[str, Row]] = []  # (outcome, row)
+    unmeasured: dict[str, int] = {}
+    for it in traffic_order(*draw):
+        if it.id not in cached:
+            continue
+        rec = CachedGeneration.from_json(cached[it.id])
+        g = generation_from_cached(rec, profile.model)
+        taken = {lk: {**m, **timed[lk]} for lk, m in looks.get(it.id, {}).items()}
+        outcome = outcome_of(it.question_item, rec.answer)
+        if lo_band <= scorer._stats(g).guard_score < hi_band and set(LOOKS) - set(taken):
+            unmeasured[outcome] = unmeasured.get(outcome, 0) + 1  # in the band, its looks not taken yet: left out
+            continue
+        first = {"tokens": float(max(g.prompt_tokens, len(g.prompt_scores)) + len(g.tokens))}
+        rows.append((outcome, Row(it.id, "test", it.wording, outcome == "real-correct", g, first, taken)))
+    points = _points([r for _, r in rows], profile)
+    kinds = ("real-correct", "real-wrong", "plausible", "syllable")
+    counts = {k: sum(1 for o, _ in rows if o == k) for k in kinds}
+    header = (
+        "| policy | real, cased: wrong flagged / correct passed | real, lower: wrong flagged / correct passed | "
+        "all real: wrong flagged / correct passed | plausible flagged | syllable flagged | took a look | mean CPU vs one pass |"
+    )
+    out = [
+        f"The cascades on realistic traffic: {len(rows)} test answers of the traffic benchmark drawn by question "
+        f"(seed {draw[1]}, stratified by group and category; {', '.join(f'{k} {v}' for k, v in counts.items())}), "
+        f"{sum(1 for _, r in rows if r.looks)} of them in the band [{lo_band:.3f}, {hi_band:.3f}) with every look taken; "
+        f"left out, in the band but not measured yet: {', '.join(f'{k} {v}' for k, v in unmeasured.items()) or 'none'}.",
+        "",
+        header,
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def line(name: str, flagged: Sequence[bool], took: Sequence[bool], cost: Sequence[float]) -> str:
+        def share(kind: str, style: str | None, want: bool) -> str:
+            sel = [f for (o, r), f in zip(rows, flagged) if o == kind and (style is None or r.wording == style)]
+            return _pct(float(np.mean([f == want for f in sel]))) if sel else "n/a"
+
+        cells = [f"{share('real-wrong', st, True)} / {share('real-correct', st, False)}" for st in ("cased", "lower", None)]
+        return (
+            f"| {name} | {' | '.join(cells)} | {share('plausible', None, True)} | {share('syllable', None, True)} | "
+            f"{_pct(float(np.mean(took)))} | {np.mean(cost):.2f}x |"
+        )
+
+    one = Decider(default_policy(), profile)
+    flags = [one.decide(r.generation).action != "pass" for _, r in rows]
+    out.append(line("one pass, default policy", flags, [False] * len(rows), [1.0] * len(rows)))
+    shipped = [run_policy(Decider(Policy.named("cascade"), profile), r) for _, r in rows]
+    if all(o is not None for o in shipped):
+        done = [o for o in shipped if o is not None]
+        cost = [(cpu1 + o.look_cpu_s) / cpu1 for o in done]
+        out.append(line("shipped cascade", [o.flagged for o in done], [bool(o.looks) for o in done], cost))
+    for lo, hi, model, cut, name, lo_c, hi_c in chosen:
+        res = [cascade_outcome(p, lo, hi, model, cut, look_cpu, cpu1) for p in points]
+        out.append(line(f"refit {name}, band {lo_c}-{hi_c}", [r[0] for r in res], [r[1] for r in res], [r[2] for r in res]))
+    return "\n".join(out)
 
 
 TRAFFIC_GREEDY = (
@@ -1105,6 +1275,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--collect", action="store_true", help="first pass and every look for --questions questions of each half")
     p.add_argument("--collect-out", default=None, help="where --collect appends its answers (default: one file per backend)")
     p.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the backend measured")
+    p.add_argument(
+        "--benchmark",
+        choices=["ordinary", "traffic"],
+        default="ordinary",
+        help="--collect: the ordinary questions (tune and test), or the traffic benchmark's test answers in the looks' band",
+    )
+    p.add_argument("--traffic-questions", type=int, default=900, help="--benchmark traffic: questions drawn (all: 900)")
     p.add_argument("--traffic-cache", action="append", help="--refit: eval traffic's caches of first passes to cost cascades on")
     p.add_argument("--model", default="embedded", help="the model measured, as ask's --model (e.g. gemma3-270m on llamacpp)")
     p.add_argument("--collect-looks", default=",".join(COLLECT_LOOKS), help="--collect: the looks taken on each answer")
@@ -1144,7 +1321,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not traffic:  # a cache holds its header line first
             print(f"(no traffic answers in {', '.join(given)}: give --traffic-cache for the cost over realistic traffic)")
         report_text = refit_report(
-            rows, profile, args.sample_note, args.questions, args.seed, args.write_policy, drawn_among(args), traffic
+            rows,
+            profile,
+            args.sample_note,
+            args.questions,
+            args.seed,
+            args.write_policy,
+            drawn_among(args),
+            traffic,
+            collect_file(argparse.Namespace(**{**vars(args), "benchmark": "traffic", "collect_out": None})),
+            (args.traffic_questions, args.seed),
         )
         print(report_text)
         return
