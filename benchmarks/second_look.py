@@ -29,7 +29,6 @@ import itertools
 import json
 import math
 import random
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from logtoku_eval.cache import slug
 from logtoku_guard.decision.decider import Decider
 from logtoku_guard.decision.policy import Policy, default_policy
 from logtoku_guard.guard.driver import drive
@@ -188,12 +188,11 @@ def make_greedy(args: argparse.Namespace) -> None:
 
 COLLECT = "/work/evalcache/second_look/smollm2-transformers-collect.jsonl"
 COLLECT_LLAMACPP = "/work/evalcache/second_look/smollm2-llamacpp-collect.jsonl"
-GREEDY_LLAMACPP = "/work/evalcache/smollm2-135m-instruct_llamacpp__ordinary-8706935e__k5__greedy-max64-nostop.jsonl"
 COLLECT_LOOKS: tuple[Look, ...] = ("self_check", "sampling", "paraphrase")
 
 
-ORDINARY_GREEDY = "/work/evalcache/{slug}__ordinary-8706935e__k5__greedy-max64-nostop.jsonl"
-"""``eval ordinary``'s greedy cache of a model (``--gen-cache-dir /work/evalcache``), by its slug."""
+EVAL_CACHE_DIR = Path("/work/evalcache")
+"""Where ``eval`` ran with ``--gen-cache-dir``: its first passes, as ``ask`` makes them."""
 NAMED_COLLECT = {"smollm2-135m-instruct": COLLECT, "smollm2-135m-instruct@llamacpp": COLLECT_LLAMACPP}
 """The collect files made before ``--model``: the embedded model on transformers, and on llama.cpp's Q4_1."""
 
@@ -210,8 +209,13 @@ def _lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+def eval_cache(model: str, dataset: str) -> Path:
+    """``eval``'s cache of ``model``'s answers to ``dataset`` made as ``ask`` makes them (greedy, 64 tokens,
+    the question alone): the file name the evaluation gives it (:attr:`~logtoku_eval.cache.CacheMeta.filename`)."""
+    from logtoku_eval.cache import CachedGeneration, CacheMeta
+    from logtoku_eval.generate import K_STORED, SERVING, SERVING_TEMPLATE
+
+    return EVAL_CACHE_DIR / CacheMeta(model, dataset, K_STORED, SERVING.name, SERVING_TEMPLATE, CachedGeneration.kind).filename
 
 
 def collect_file(args: argparse.Namespace) -> Path:
@@ -221,8 +225,8 @@ def collect_file(args: argparse.Namespace) -> Path:
         return Path(args.collect_out)
     name = measured_model(args)
     if args.benchmark == "traffic":
-        return Path(f"/work/evalcache/second_look/{_slug(name)}-traffic-collect.jsonl")
-    return Path(NAMED_COLLECT.get(name) or f"/work/evalcache/second_look/{_slug(name)}-collect.jsonl")
+        return Path(f"/work/evalcache/second_look/{slug(name)}-traffic-collect.jsonl")
+    return Path(NAMED_COLLECT.get(name) or f"/work/evalcache/second_look/{slug(name)}-collect.jsonl")
 
 
 def greedy_caches(args: argparse.Namespace) -> list[Path]:
@@ -231,7 +235,9 @@ def greedy_caches(args: argparse.Namespace) -> list[Path]:
     name = measured_model(args)
     if name == "smollm2-135m-instruct":
         return [Path(args.greedy), Path(TUNE_GREEDY)]
-    return [Path(GREEDY_LLAMACPP if name == "smollm2-135m-instruct@llamacpp" else ORDINARY_GREEDY.format(slug=_slug(name)))]
+    from logtoku_eval.ordinary import dataset_name
+
+    return [eval_cache(name, dataset_name())]
 
 
 def drawn_among(args: argparse.Namespace) -> str | None:
@@ -299,7 +305,10 @@ def traffic_order(questions: int, seed: int) -> list[TrafficLookItem]:
 
 def traffic_caches(args: argparse.Namespace) -> list[Path]:
     """``eval traffic``'s first passes of the measured model (the questions, the made-up names)."""
-    return [Path(t.format(slug=_slug(measured_model(args)))) for t in TRAFFIC_GREEDY]
+    from logtoku_eval.traffic import dataset_name
+
+    name = measured_model(args)
+    return [eval_cache(name, dataset_name()), eval_cache(name, TRAFFIC_SYLLABLE)]
 
 
 def traffic_band(profile: Any) -> tuple[float, float]:
@@ -1086,12 +1095,8 @@ def traffic_outcomes(
     return "\n".join(out)
 
 
-TRAFFIC_GREEDY = (
-    "/work/evalcache/{slug}__traffic-c46cd37b__k5__greedy-max64-nostop.jsonl",
-    "/work/evalcache/{slug}__traffic-syllable__k5__greedy-max64-nostop.jsonl",
-)
-"""``eval traffic``'s greedy caches of a model (``--gen-cache-dir /work/evalcache``), by its slug: the questions
-and the made-up names (their own cache)."""
+TRAFFIC_SYLLABLE = "traffic-syllable"
+"""The dataset name ``eval traffic`` gives its cache of the made-up names' answers (beside the questions')."""
 
 
 def traffic_cost(
@@ -1316,7 +1321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"no profile for {model}")
     rows = [replace(r, generation=replace(r.generation, model=profile.model)) for r in rows]
     if args.refit:
-        given = args.traffic_cache or [t.format(slug=_slug(measured_model(args))) for t in TRAFFIC_GREEDY]
+        given = args.traffic_cache or [str(p) for p in traffic_caches(args)]
         traffic = [Path(t) for t in given if Path(t).exists() and _lines(Path(t)) > 1]
         if not traffic:  # a cache holds its header line first
             print(f"(no traffic answers in {', '.join(given)}: give --traffic-cache for the cost over realistic traffic)")

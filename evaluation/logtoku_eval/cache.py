@@ -172,6 +172,12 @@ R = TypeVar("R", CachedGeneration, CachedSamples, CachedLabelLogits)
 T = TypeVar("T")
 
 
+def slug(name: str) -> str:
+    """``name`` as part of a file name: every run of other characters than letters, digits, ``.``, ``_`` and
+    ``-`` becomes one ``_`` (``smollm2-135m-instruct@llamacpp`` -> ``smollm2-135m-instruct_llamacpp``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+
+
 @dataclass(frozen=True)
 class CacheMeta:
     """What a cache file holds; two runs share a file only when every field matches."""
@@ -186,9 +192,6 @@ class CacheMeta:
 
     @property
     def filename(self) -> str:
-        def slug(s: str) -> str:
-            return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")
-
         return f"{slug(self.model)}__{slug(self.dataset)}__k{self.k_stored}__{slug(self.decoding)}.jsonl"
 
 
