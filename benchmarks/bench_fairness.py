@@ -16,7 +16,10 @@ and the ratios of median and p99 to alone, and each long request's time (with ``
 also the long request with nothing beside it, and the ratio). ``--chunk 0`` prefills every prompt
 whole (the behaviour before chunked prefill); the default is the backend's own. On llama.cpp
 ``--budget`` compares prefill step budgets (seconds a step may feed a long prompt, in pieces:
-``chunked_prefill.BudgetedPrefill``; 0 = one fixed chunk a step, the behaviour before).
+``chunked_prefill.BudgetedPrefill``; 0 = one fixed chunk a step, the behaviour before), and
+``--prefill beside`` / ``--prefill loop`` where a long prompt is prefilled: beside the batch on a
+second llama.cpp context by a thread of its own (the default, ``concurrent_prefill``), or in the
+decoding loop, taking turns with the decoding rows (as before; a budget always runs there).
 
 ``--steps`` (llama.cpp) times every scheduler step of the loop beside the long prompt(s) and prints
 where a short request's time goes: the long prompt's chunk (or pieces) a step, the decoding steps
@@ -33,6 +36,8 @@ the ratios to alone (measured in the same run) are what to compare.
     python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one \
         --budget 0 --budget 0.2 --long-alone
     python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one --steps
+    python benchmarks/bench_fairness.py --backend llamacpp --long-tokens 7500 --long-max-tokens 4 --scenario one \
+        --prefill beside --prefill loop --long-alone
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ PASSAGE = (
 SHORT = "Who wrote Hamlet?"
 
 
-def build(kind: str, chunk: int | None, n_ctx: int, budget: float | None = None) -> Any:
+def build(kind: str, chunk: int | None, n_ctx: int, budget: float | None = None, concurrent: bool | None = None) -> Any:
     from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_BUDGET_S, DEFAULT_PREFILL_CHUNK
 
     size = DEFAULT_PREFILL_CHUNK if chunk is None else chunk
@@ -62,7 +67,9 @@ def build(kind: str, chunk: int | None, n_ctx: int, budget: float | None = None)
         from logtoku_guard.backends.llamacpp import LlamaCppBackend
 
         seconds = DEFAULT_PREFILL_BUDGET_S if budget is None else budget
-        return LlamaCppBackend("embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=size, prefill_budget_s=seconds)
+        return LlamaCppBackend(
+            "embedded", n_threads=1, n_ctx=n_ctx, prefill_chunk=size, prefill_budget_s=seconds, concurrent_prefill=concurrent
+        )
     from logtoku_guard.backends.transformers import TransformersBackend
 
     return TransformersBackend(threads=1, prefill_chunk=size)
@@ -221,6 +228,13 @@ def main() -> None:
     parser.add_argument(
         "--budget", type=float, action="append", help="llama.cpp prefill step budget(s) in seconds; 0 = fixed chunks"
     )
+    parser.add_argument(
+        "--prefill",
+        choices=["beside", "loop"],
+        action="append",
+        help="llama.cpp: where a long prompt is prefilled (beside the batch on a second context, or in the loop); "
+        "default: the backend's (beside, unless a budget is given)",
+    )
     parser.add_argument("--long-alone", action="store_true", help="also time one long request with nothing beside it")
     parser.add_argument("--steps", action="store_true", help="llama.cpp: time each scheduler step, say where the time goes")
     args = parser.parse_args()
@@ -233,13 +247,24 @@ def main() -> None:
     long_opts = DecodingOptions(max_new_tokens=args.long_max_tokens)
     cpu0 = time.process_time()
     budgets: list[float | None] = list(args.budget) if args.budget else [None]
-    runs = [(k, c, b) for k in kinds for c in chunks for b in (budgets if k == "llamacpp" else [None])]
-    for kind, chunk, budget in runs:
-        backend = build(kind, chunk, n_ctx, budget)
+    places: list[bool | None] = [{"beside": True, "loop": False}[p] for p in args.prefill] if args.prefill else [None]
+    runs = [
+        (k, c, b, p)
+        for k in kinds
+        for c in chunks
+        for b in (budgets if k == "llamacpp" else [None])
+        for p in (places if k == "llamacpp" else [None])
+        if not (p and b)  # a budget shares the loop's time: it is never beside
+    ]
+    for kind, chunk, budget, place in runs:
+        backend = build(kind, chunk, n_ctx, budget, place)
         label = "whole" if chunk == 0 else f"chunk {getattr(backend, 'prefill_chunk', chunk)}"
         if kind == "llamacpp" and chunk != 0:
             seconds = backend.prefill_budget_s
-            label += f", budget {seconds} s a step" if seconds else ", fixed chunks"
+            if backend.concurrent_prefill:
+                label += ", prefilled beside the batch (a second context)"
+            else:
+                label += f", budget {seconds} s a step" if seconds else ", fixed chunks in the loop"
         extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""
         prompts = [long_prompt(backend, args.long_tokens, n) for n in range(max(args.queue, 1))]
         n_long = backend.count_tokens(backend.render(prompts[0]))

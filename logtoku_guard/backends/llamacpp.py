@@ -145,6 +145,14 @@ class LlamaCppBackend(BatchedBackend):
             beside it waits about that long rather than a whole chunk deep in the prompt, at the
             price of a slower long prompt and more rounding in its prompt scores
             (:data:`~logtoku_guard.backends.chunked_prefill.DEFAULT_PREFILL_BUDGET_S` says how much).
+            It applies when ``concurrent_prefill`` is off.
+        concurrent_prefill: a prompt longer than ``prefill_chunk`` is prefilled on a second llama.cpp
+            context on the same weights, by a thread of its own, while the requests beside it go on
+            decoding, then its KV cells are copied into the batch's context (exact:
+            :class:`~logtoku_guard.backends.llamacpp_loop.SideFill`). None (default): on, unless
+            ``prefill_budget_s`` is given; False feeds it in the decoding loop, a chunk (or a budget)
+            at a time, taking turns with the decoding rows. The second context is opened on the first
+            long prompt and costs a KV cache of ``n_ctx`` cells (``benchmarks/bench_fairness.py``).
         weights: the embedded model's weights (:data:`~logtoku_guard.backends.embedded.LLAMA_WEIGHTS`;
             default ``$LOGTOKU_GUARD_LLAMACPP_WEIGHTS``, else
             :data:`~logtoku_guard.backends.embedded.DEFAULT_LLAMA_WEIGHTS`, ``"f16"``): ``"q4_1"`` the
@@ -181,6 +189,7 @@ class LlamaCppBackend(BatchedBackend):
         max_batch: int = DEFAULT_MAX_BATCH,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_budget_s: float = DEFAULT_PREFILL_BUDGET_S,
+        concurrent_prefill: bool | None = None,
         model_name: str | None = None,
         verbose: bool | None = None,
         weights: str | None = None,
@@ -206,6 +215,16 @@ class LlamaCppBackend(BatchedBackend):
         self._n_threads = default_n_threads(n_threads)
         self._prefill_chunk = check_prefill_chunk(prefill_chunk)
         self._prefill_budget_s = check_prefill_budget(prefill_budget_s)
+        if concurrent_prefill is not None and not isinstance(concurrent_prefill, bool):
+            msg = f"concurrent_prefill must be True, False or None (None: on unless budgeted), got {concurrent_prefill!r}"
+            raise ConfigurationError(msg)
+        if concurrent_prefill and self._prefill_budget_s is not None:
+            msg = (
+                f"prefill_budget_s={prefill_budget_s!r} shares the decoding loop's time with a long prompt, "
+                "and concurrent_prefill=True prefills it beside the loop: pass one of them"
+            )
+            raise ConfigurationError(msg)
+        self._concurrent_prefill = self._prefill_budget_s is None if concurrent_prefill is None else concurrent_prefill
         self._prefill_cost = PrefillCost()  # what a prompt token costs here, learnt across batches
         path, default_name = resolve_gguf(model)
         if default_name == EMBEDDED_MODEL:
@@ -278,6 +297,11 @@ class LlamaCppBackend(BatchedBackend):
     def prefill_budget_s(self) -> float | None:
         """Seconds a step may spend feeding a long prompt (None: one fixed chunk a step)."""
         return self._prefill_budget_s
+
+    @property
+    def concurrent_prefill(self) -> bool:
+        """Whether a long prompt is prefilled on a second context beside the decoding rows."""
+        return self._concurrent_prefill and self._prefill_chunk is not None
 
     @property
     def n_threads(self) -> int:
@@ -359,5 +383,6 @@ class LlamaCppBackend(BatchedBackend):
                 self._prefill_chunk,
                 prefill_budget_s=self._prefill_budget_s,
                 prefill_cost=self._prefill_cost,
+                concurrent=self.concurrent_prefill,
             )
             loop.run(jobs)

@@ -12,7 +12,16 @@
    tokens (its prompt-side scores, scored call by call) and at its last position (its first
    answer token); a prompt longer than ``prefill_chunk`` is fed a share at a time, after the
    shorter ones, taking turns with the live rows, so it cannot stall them
-   (:mod:`~logtoku_guard.backends.chunked_prefill`): with ``prefill_budget_s`` (off by default) a
+   (:mod:`~logtoku_guard.backends.chunked_prefill`). By default (``concurrent``) that prompt is
+   prefilled on a second llama.cpp context on the same weights
+   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaModel.side_context`), by a thread of its own
+   (:class:`SideFill`), while this loop goes on decoding and prefilling short prompts; once it is in,
+   its KV cells are copied into the batch's context
+   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaContext.copy_sequence`, exact) and it joins the
+   batch with its first token. On a CPU of two cores or more a short request then decodes at about its
+   speed alone beside a prompt of thousands of tokens, where in one loop it waited for each chunk of
+   that prompt and shared the time with it (``benchmarks/bench_fairness.py``). Without it, a long
+   prompt takes turns with the live rows in this loop: with ``prefill_budget_s`` (off by default) a
    step feeds as many small pieces (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`, each
    its own ``llama_decode``) as fit that many seconds by their measured cost
    (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); without (the default), one chunk of
@@ -46,9 +55,10 @@ is never starved by a stream of short requests.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
@@ -61,15 +71,17 @@ from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 if TYPE_CHECKING:
     import numpy as np
 
-    from logtoku_guard.backends.llamacpp_model import LlamaModel, LlamaTokenizer
+    from logtoku_guard.backends.llamacpp_model import LlamaContext, LlamaModel, LlamaTokenizer
 
-__all__ = ["DECODE_ROWS", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence", "shadow"]
+__all__ = ["DECODE_ROWS", "IDLE_POLL_S", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence", "SideFill", "shadow"]
 
 OUTPUT_BUDGET = 256
 """Most logits rows one ``llama_decode`` asks for (bounds llama.cpp's ``rows x vocabulary`` output buffer)."""
 DECODE_ROWS = 16
 """Most rows decoded in one ``llama_decode`` (below the 32 tokens at which a ubatch mixing
 sequences changes llama.cpp's CPU attention results: ggml-org/llama.cpp#24962)."""
+IDLE_POLL_S = 0.02
+"""While only a long prompt's concurrent prefill runs, how often the loop looks for new requests (seconds)."""
 
 
 @dataclass(eq=False)
@@ -100,6 +112,22 @@ class Sequence:
         feed, then its tokens still to generate (each row ends by its token limit at the latest)."""
         made = 0 if self.state is None else len(self.state.tokens) + len(self.state.held)
         return prefill_steps(len(self.prepared.ids), self.fed, chunk, pieces) + self.prepared.limit - made
+
+
+@dataclass(eq=False)
+class SideFill:
+    """A long prompt being prefilled on the side context by a thread of its own (``concurrent``).
+
+    The thread alone touches the row's ``fed`` and ``prompt_scores`` and ``first`` until ``done`` is
+    set; the loop then copies the row's KV cells into the batch's context and lets it join.
+    """
+
+    row: Sequence
+    first: np.ndarray  # the row's first answer token's logits, once its prompt is in
+    done: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)  # set by the loop: end at the next chunk
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
 
 
 def prefill_steps(ids: int, fed: int, chunk: int | None, pieces: bool = False) -> int:
@@ -160,6 +188,10 @@ class LlamaDecodeLoop(JobRows):
             (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); None: one chunk of
             :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens a step.
         prefill_cost: the backend's running estimate of a prompt token's cost (kept across loops).
+        concurrent: a prompt longer than ``prefill_chunk`` is prefilled on the model's side context
+            by a thread of its own while the batch decodes (:class:`SideFill`; its chunks are those
+            of :func:`~logtoku_guard.backends.chunked_prefill.chunk_at`, so its scores are the same
+            bits as fed here); False feeds it here, taking turns with the live rows.
     """
 
     def __init__(
@@ -174,8 +206,12 @@ class LlamaDecodeLoop(JobRows):
         prefill_chunk: int | None = None,
         prefill_budget_s: float | None = None,
         prefill_cost: PrefillCost | None = None,
+        concurrent: bool = False,
     ) -> None:
         self.model = model
+        self.concurrent = concurrent and prefill_chunk is not None
+        self.side: SideFill | None = None  # the long prompt being prefilled on the side context
+        self.hold = False  # admit nothing new until the side row's cells fit (see _side_join)
         self.prefill_chunk = prefill_chunk
         self.budgeted = BudgetedPrefill(prefill_budget_s, prefill_cost) if prefill_budget_s and prefill_chunk else None
         self.share = FairShare()
@@ -204,7 +240,11 @@ class LlamaDecodeLoop(JobRows):
                 self._leave()
                 rows = len(self.live) + len(self.admitted) + len(self.waiting)
                 self._queue(self.take_joiners(rows))
+                side = self.side
+                if side is not None and not self.live and not side.done.is_set() and all(s is side.row for s in self.admitted):
+                    side.done.wait(IDLE_POLL_S)  # only the side prefill runs: look for new requests now and then
         finally:
+            self._stop_side()
             self.model.clear()
 
     def _queue(self, jobs: list[Job]) -> None:
@@ -236,7 +276,7 @@ class LlamaDecodeLoop(JobRows):
                     self._free(s)
                 self.ended = []
                 continue
-            if not self.free_seqs:
+            if not self.free_seqs or self.hold:
                 return
             running = self.live or self.admitted
             if running and used + need > self.model.n_ctx:  # waits; the rows behind it may go around it
@@ -282,7 +322,10 @@ class LlamaDecodeLoop(JobRows):
             if self._prefill(s, step[n], None):
                 n += 1
         chunk_s = 0.0
-        if longer and self.share.chunk_may_run(bool(self.live)):  # rows that just joined count as decoding
+        if longer and self.concurrent:
+            if self._side_step(longer[0], step[n]):
+                n += 1
+        elif longer and self.share.chunk_may_run(bool(self.live)):  # rows that just joined count as decoding
             chunk_start = time.perf_counter()
             if self._feed_long(longer[0], step[n]):
                 n += 1
@@ -321,24 +364,7 @@ class LlamaDecodeLoop(JobRows):
         ids = s.prepared.ids
         end = len(ids) if budget is None else min(len(ids), s.fed + budget)
         try:
-            while s.fed < end:
-                entries: list[tuple[int, int, int, bool]] = []
-                outputs = 0
-                while s.fed < end and len(entries) < self.model.n_batch:
-                    p = s.fed
-                    logits = p == len(ids) - 1 or p in s.kept
-                    if logits and outputs >= OUTPUT_BUDGET:
-                        break
-                    outputs += logits
-                    entries.append((ids[p], p, s.seq, logits))
-                    s.fed += 1
-                self.model.decode(entries)
-                at = [i for i, (_, p, _, logits) in enumerate(entries) if logits and p in s.kept]
-                for i, (_, p, _, logits) in enumerate(entries):
-                    if logits and p not in s.kept:
-                        self.model.logits_into(i, first)
-                # The question's rows are read in place (llama.cpp's buffer, valid until the next decode): no copies.
-                self._score_question(s, [entries[i][1] for i in at], self.model.logits_rows(at))
+            self._feed(self.model, s, first, end)
             if s.fed < len(ids):
                 return False
             s.pos = len(ids)
@@ -350,6 +376,116 @@ class LlamaDecodeLoop(JobRows):
                 s.job.future.set_exception(exc)
             return False
         return True
+
+    def _feed(self, ctx: LlamaContext, s: Sequence, first: np.ndarray, end: int) -> None:
+        """Feed ``s``'s prompt up to position ``end`` into ``ctx`` (calls of at most
+        :data:`OUTPUT_BUDGET` logits rows), scoring the question tokens each call predicts and
+        copying the last prompt position's logits (the first answer token's) into ``first``."""
+        ids = s.prepared.ids
+        while s.fed < end:
+            entries: list[tuple[int, int, int, bool]] = []
+            outputs = 0
+            while s.fed < end and len(entries) < ctx.n_batch:
+                p = s.fed
+                logits = p == len(ids) - 1 or p in s.kept
+                if logits and outputs >= OUTPUT_BUDGET:
+                    break
+                outputs += logits
+                entries.append((ids[p], p, s.seq, logits))
+                s.fed += 1
+            ctx.decode(entries)
+            at = [i for i, (_, p, _, logits) in enumerate(entries) if logits and p in s.kept]
+            for i, (_, p, _, logits) in enumerate(entries):
+                if logits and p not in s.kept:
+                    ctx.logits_into(i, first)
+            # The question's rows are read in place (llama.cpp's buffer, valid until the next decode): no copies.
+            self._score_question(s, [entries[i][1] for i in at], ctx.logits_rows(at))
+
+    # -- a long prompt's concurrent prefill ----------------------------------------------------
+    def _side_step(self, s: Sequence, first: np.ndarray) -> bool:
+        """Start ``s``'s prefill on the side context, or, once it is in, move it into the batch.
+        Returns True when ``s`` joined the batch this step (its first token's logits in ``first``)."""
+        import numpy as np
+
+        side = self.side
+        if side is None:
+            side = SideFill(s, np.empty(self.model.n_vocab, dtype=np.float32))
+            side.thread = threading.Thread(target=self._side_run, args=(side,), name="logtoku-llamacpp-prefill", daemon=True)
+            self.side = side
+            side.thread.start()
+            return False
+        if side.row is not s or not side.done.is_set():
+            return False
+        return self._side_join(side, first)
+
+    def _side_run(self, side: SideFill) -> None:
+        """The side thread: feed the row's prompt into the side context chunk by chunk
+        (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`), stopping early when told to or
+        when its request is abandoned."""
+        s = side.row
+        try:
+            ctx = self.model.side_context()
+            ctx.forget(s.seq)
+            n = len(s.prepared.ids)
+            while s.fed < n and not side.stop.is_set() and not s.job.abandoned:
+                self._feed(ctx, s, side.first, min(n, s.fed + (chunk_at(s.fed, self.prefill_chunk) or n)))
+        except BaseException as exc:  # handed to the loop, which fails this request with it
+            side.error = exc
+        finally:
+            side.done.set()
+
+    def _side_join(self, side: SideFill, first: np.ndarray) -> bool:
+        """The side prefill of ``side.row`` ended: fail or cancel its request, or copy its KV cells into
+        the batch's context and let it join (True).
+
+        llama.cpp places a copied sequence's cells side by side; when the batch's cache has no run of
+        free cells that long (the rows' cells interleave as they decode), the cells of rows that ended
+        are freed and the copy is tried again; if it still does not fit, no new row is admitted
+        (:attr:`hold`) until it does, which it will once enough live rows end (each ends by its limit).
+        """
+        s = side.row
+        ctx = self.model.side_context()
+        if side.error is not None or s.job.abandoned or s.fed < len(s.prepared.ids):
+            self.side = None
+            self.hold = False
+            ctx.forget(s.seq)
+            self.admitted.remove(s)
+            if side.error is not None:
+                self._free(s)
+                if not s.job.future.done():
+                    s.job.future.set_exception(side.error)
+            else:  # cancelled while its prompt was being fed: no tokens
+                s.state = Row.cancelled(s.job, s.prepared.limit)
+                self._complete(s, s.state)
+                self.ended.append(s)
+            return False
+        copied = self.model.copy_sequence(ctx, s.seq)
+        if not copied and self.ended:
+            for e in self.ended:
+                self._free(e)
+            self.ended = []
+            copied = self.model.copy_sequence(ctx, s.seq)
+        if not copied:
+            self.hold = True
+            return False
+        ctx.forget(s.seq)
+        self.side = None
+        self.hold = False
+        first[:] = side.first
+        s.pos = len(s.prepared.ids)
+        self._join(s)
+        return True
+
+    def _stop_side(self) -> None:
+        """Stop the side prefill, if one runs (at its next chunk), and wait for its thread."""
+        side = self.side
+        if side is None:
+            return
+        side.stop.set()
+        if side.thread is not None:
+            side.thread.join()
+        self.side = None
+        self.model.side_context().clear()
 
     def _score_question(self, s: Sequence, positions: list[int], logits: np.ndarray) -> None:
         """Score the question tokens predicted by the prompt ``positions`` (consecutive) whose ``logits``
@@ -444,7 +580,8 @@ class LlamaDecodeLoop(JobRows):
         different logits (up to ~0.5 on the embedded model) from those they get alone.
         """
         keep = [b for b, s in enumerate(self.live) if not (s.state is not None and s.state.done) and not s.job.future.done()]
-        gone = [s for s in self.admitted if s.job.abandoned]
+        side = self.side.row if self.side is not None else None  # ends in _side_join, once its thread stops
+        gone = [s for s in self.admitted if s.job.abandoned and s is not side]
         for s in gone:
             self.admitted.remove(s)
             if not s.job.future.done():  # cancelled while its prompt was being fed: no tokens

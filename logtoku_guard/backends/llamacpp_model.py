@@ -2,7 +2,8 @@
 
 :class:`LlamaModel` owns the model and one context (its KV cache shared by up to ``n_seq``
 sequences: one per row of a running batch), and reads the raw logits of a decoded batch
-(:meth:`LlamaModel.decode`, :meth:`LlamaModel.logits_into`). :class:`LlamaTokenizer` wraps the
+(:meth:`LlamaModel.decode`, :meth:`LlamaModel.logits_into`); a second context on the same weights
+(:class:`LlamaContext`, :meth:`LlamaModel.side_context`) prefills a long prompt beside it. :class:`LlamaTokenizer` wraps the
 model's vocabulary with the two calls the rest of the library uses of a tokenizer (``decode``
 for streamed text pieces and the server's ``top_logprobs``, and ``encode``), plus character
 offsets of each token (to find the question's tokens in a rendered prompt).
@@ -30,7 +31,7 @@ from logtoku_guard.errors import ConfigurationError, MissingDependencyError, Mod
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["LlamaModel", "LlamaTokenizer", "import_llama_cpp", "render_chat"]
+__all__ = ["LlamaContext", "LlamaModel", "LlamaTokenizer", "import_llama_cpp", "render_chat"]
 
 INSTALL_HINT = (
     "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\" pip install 'logtoku-guard[llamacpp]' (a portable build: without "
@@ -56,56 +57,29 @@ def import_llama_cpp(verbose: bool = False) -> Any:
     return llama_cpp
 
 
-class LlamaModel:
-    """A GGUF model and one llama.cpp context.
+class LlamaContext:
+    """One llama.cpp context on a loaded model's weights: its KV cache (shared by up to ``n_seq``
+    sequences), its batch and its raw logits (:meth:`decode`, :meth:`logits_into`).
 
-    Args:
-        path: the ``.gguf`` file.
-        n_ctx: KV-cache cells shared by every sequence (a unified cache: rows of a batch use
-            what they need).
-        n_seq: most sequences in the KV cache at once (batch rows, and rows that ended whose
-            cells are not freed yet).
-        n_threads: CPU threads for decoding and prompt processing.
-        n_ubatch: most tokens llama.cpp computes in one pass of a prefill (longer prompts take several).
-        flash_attn: llama.cpp's flash attention on (True) or off (False); None lets llama.cpp choose
-            (its default, "auto": on for a CPU). On the embedded F16 model a decoding step in a short
-            context is 0-4% quicker with it on, and 2-3x slower 7,000 tokens deep
-            (``benchmarks/bench_llamacpp.py --parts flash_attn``).
-        verbose: let llama.cpp print its loading log.
+    :class:`LlamaModel` is the model with its first context; :meth:`LlamaModel.side_context` opens a
+    second on the same weights (a long prompt's prefill runs there, in a thread of its own, while the
+    first decodes: :mod:`~logtoku_guard.backends.llamacpp_loop`), and :meth:`copy_sequence` moves a
+    sequence's KV cells from one context to another.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        n_ctx: int,
-        n_seq: int,
-        n_threads: int,
-        n_ubatch: int = 512,
-        flash_attn: bool | None = None,
-        verbose: bool = False,
+    lib: Any
+    ctx: Any
+    batch: Any
+    memory: Any
+    n_ctx: int
+    n_batch: int
+    n_vocab: int
+
+    def _open(
+        self, lib: Any, model: Any, path: Path, *, n_ctx: int, n_seq: int, n_threads: int, n_ubatch: int, flash_attn: bool | None
     ) -> None:
         import numpy as np
 
-        if flash_attn is not None and not isinstance(flash_attn, bool):
-            msg = f"flash_attn must be True, False or None (llama.cpp's choice), got {flash_attn!r}"
-            raise ConfigurationError(msg)
-
-        self.lib = lib = import_llama_cpp(verbose)
-        if n_seq > int(lib.llama_max_parallel_sequences()):
-            most = int(lib.llama_max_parallel_sequences())
-            msg = f"{n_seq} sequences (2 x max_batch) are more than llama.cpp's {most}; use max_batch <= {most // 2}"
-            raise ConfigurationError(msg)
-        lib.llama_backend_init()
-        params = lib.llama_model_default_params()
-        model = lib.llama_model_load_from_file(str(path).encode("utf-8"), params)
-        if not model:
-            msg = f"llama.cpp could not load {str(path)!r} (not a GGUF model it supports?); pass a .gguf file llama.cpp can run"
-            raise ModelLoadError(msg)
-        self.model = model
-        self.vocab = lib.llama_model_get_vocab(model)
-        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx_train = int(lib.llama_model_n_ctx_train(model))
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_ctx
@@ -119,25 +93,16 @@ class LlamaModel:
             cparams.flash_attn_type = int(flash_attn)  # LLAMA_FLASH_ATTN_TYPE_DISABLED 0 / _ENABLED 1 (-1: auto)
         ctx = lib.llama_init_from_model(model, cparams)
         if not ctx:
-            lib.llama_model_free(model)
-            self.model = None
             msg = f"llama.cpp could not create a context of n_ctx={n_ctx} for {str(path)!r}; try a smaller n_ctx"
             raise ModelLoadError(msg)
+        self.lib = lib
         self.ctx = ctx
         self.memory = lib.llama_get_memory(ctx)
         self.n_ctx = int(lib.llama_n_ctx(ctx))
         self.n_batch = n_ctx
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model)))
         self._np = np
-
-    def metadata(self, key: str) -> str | None:
-        """The GGUF metadata value of ``key`` as a string (None when absent)."""
-        size = self.lib.llama_model_meta_val_str(self.model, key.encode(), None, 0)
-        if size < 0:
-            return None
-        buf = ctypes.create_string_buffer(size + 1)
-        self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, size + 1)
-        return buf.value.decode("utf-8", errors="replace")
 
     def decode(self, tokens: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode one batch of ``(token, position, sequence id, wants logits)`` entries.
@@ -205,8 +170,24 @@ class LlamaModel:
     def set_threads(self, n_threads: int) -> None:
         self.lib.llama_set_n_threads(self.ctx, n_threads, n_threads)
 
-    def close(self) -> None:
-        """Free the context and the model (idempotent)."""
+    def copy_sequence(self, source: LlamaContext, seq: int) -> bool:
+        """Copy sequence ``seq``'s KV cells (and positions) from ``source``, another context on the same
+        weights, into this one under the same id, replacing what this one held of it.
+
+        Returns False when this cache has no run of free cells long enough (llama.cpp places a copied
+        sequence's cells side by side); nothing is changed then. The copy is exact: the sequence decodes
+        here as it would have there (the cells' bytes are llama.cpp's own state format).
+        """
+        lib = self.lib
+        size = int(lib.llama_state_seq_get_size(source.ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(lib.llama_state_seq_get_data(source.ctx, buf, size, seq))
+        if written <= 0:
+            msg = f"internal error: llama.cpp wrote no state for sequence {seq} ({size} bytes expected)"
+            raise RuntimeError(msg)
+        return int(lib.llama_state_seq_set_data(self.ctx, buf, written, seq)) > 0
+
+    def _close_context(self) -> None:
         lib = self.lib
         if getattr(self, "batch", None) is not None:
             lib.llama_batch_free(self.batch)
@@ -214,8 +195,100 @@ class LlamaModel:
         if getattr(self, "ctx", None):
             lib.llama_free(self.ctx)
             self.ctx = None
+
+    def close(self) -> None:
+        """Free the context (idempotent)."""
+        self._close_context()
+
+
+class LlamaModel(LlamaContext):
+    """A GGUF model and its llama.cpp context (a second, on the same weights, on demand: :meth:`side_context`).
+
+    Args:
+        path: the ``.gguf`` file.
+        n_ctx: KV-cache cells shared by every sequence (a unified cache: rows of a batch use
+            what they need).
+        n_seq: most sequences in the KV cache at once (batch rows, and rows that ended whose
+            cells are not freed yet).
+        n_threads: CPU threads for decoding and prompt processing.
+        n_ubatch: most tokens llama.cpp computes in one pass of a prefill (longer prompts take several).
+        flash_attn: llama.cpp's flash attention on (True) or off (False); None lets llama.cpp choose
+            (its default, "auto": on for a CPU). On the embedded F16 model a decoding step in a short
+            context is 0-4% quicker with it on, and 2-3x slower 7,000 tokens deep
+            (``benchmarks/bench_llamacpp.py --parts flash_attn``).
+        verbose: let llama.cpp print its loading log.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        n_seq: int,
+        n_threads: int,
+        n_ubatch: int = 512,
+        flash_attn: bool | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if flash_attn is not None and not isinstance(flash_attn, bool):
+            msg = f"flash_attn must be True, False or None (llama.cpp's choice), got {flash_attn!r}"
+            raise ConfigurationError(msg)
+
+        self.lib = lib = import_llama_cpp(verbose)
+        if n_seq > int(lib.llama_max_parallel_sequences()):
+            most = int(lib.llama_max_parallel_sequences())
+            msg = f"{n_seq} sequences (2 x max_batch) are more than llama.cpp's {most}; use max_batch <= {most // 2}"
+            raise ConfigurationError(msg)
+        lib.llama_backend_init()
+        params = lib.llama_model_default_params()
+        model = lib.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not model:
+            msg = f"llama.cpp could not load {str(path)!r} (not a GGUF model it supports?); pass a .gguf file llama.cpp can run"
+            raise ModelLoadError(msg)
+        self.model = model
+        self.vocab = lib.llama_model_get_vocab(model)
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+        settings: dict[str, Any] = {"n_ctx": n_ctx, "n_seq": n_seq, "n_threads": n_threads, "n_ubatch": n_ubatch}
+        settings["flash_attn"] = flash_attn
+        self._settings = settings
+        self._path = path
+        self._side: LlamaContext | None = None
+        try:
+            self._open(lib, model, path, **self._settings)
+        except ModelLoadError:
+            lib.llama_model_free(model)
+            self.model = None
+            raise
+
+    def side_context(self) -> LlamaContext:
+        """A second context on the same weights, with this one's settings (opened on first use, kept until
+        :meth:`close`): its own KV cache of ``n_ctx`` cells, so its memory is that cache and its buffers."""
+        if self._side is None:
+            if not self.model:
+                msg = "this llama.cpp model was closed"
+                raise RuntimeError(msg)
+            side = LlamaContext()
+            side._open(self.lib, self.model, self._path, **self._settings)
+            self._side = side
+        return self._side
+
+    def metadata(self, key: str) -> str | None:
+        """The GGUF metadata value of ``key`` as a string (None when absent)."""
+        size = self.lib.llama_model_meta_val_str(self.model, key.encode(), None, 0)
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(size + 1)
+        self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, size + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        """Free the contexts and the model (idempotent)."""
+        if getattr(self, "_side", None) is not None:
+            self._side.close()  # type: ignore[union-attr]
+            self._side = None
+        self._close_context()
         if getattr(self, "model", None):
-            lib.llama_model_free(self.model)
+            self.lib.llama_model_free(self.model)
             self.model = None
 
     def __del__(self) -> None:

@@ -547,17 +547,21 @@ def test_a_long_prompt_fed_in_chunks_gets_the_scores_of_one_whole_prefill(backen
             assert x.logprob == pytest.approx(y.logprob, abs=logprob) and x.eu == pytest.approx(y.eu, abs=eu)
 
 
-def test_a_long_prompt_cancelled_while_fed_in_chunks_ends_at_once() -> None:
+@pytest.mark.parametrize("concurrent", [True, False], ids=["beside the batch", "in the loop"])
+def test_a_long_prompt_cancelled_while_fed_in_chunks_ends_at_once(concurrent: bool) -> None:
     """The client goes away during the first chunk: no chunk is fed after it, the row ends
-    ``"cancelled"`` with no tokens, and the next request is answered."""
+    ``"cancelled"`` with no tokens, and the next request is answered. Beside the batch the chunks
+    run on the side context (its thread stops at the chunk's end), in the loop on the batch's."""
     from support.gate import CallGate
 
-    b = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, prefill_chunk=128)
+    b = LlamaCppBackend("embedded", n_threads=2, n_ctx=1024, max_logprobs=5, prefill_chunk=128, concurrent_prefill=concurrent)
     try:
+        assert b.concurrent_prefill is concurrent
         calls: list[int] = []
-        real = b._model.decode
-        b._model.decode = lambda entries: (calls.append(len(entries)), real(entries))[1]  # type: ignore[method-assign]
-        gate = CallGate(b._model, "decode")
+        ctx = b._model.side_context() if concurrent else b._model
+        real = ctx.decode
+        ctx.decode = lambda entries: (calls.append(len(entries)), real(entries))[1]  # type: ignore[method-assign]
+        gate = CallGate(ctx, "decode")
         stream = b.stream("Retrieval augmented generation adds context. " * 60 + "Why?", DecodingOptions(max_new_tokens=40))
         with gate.held():
             stream._cancel()  # close() would wait for the end
