@@ -17,9 +17,10 @@ also the long request with nothing beside it, and the ratio). ``--chunk 0`` pref
 whole (the behaviour before chunked prefill); the default is the backend's own. On llama.cpp
 ``--budget`` compares prefill step budgets (seconds a step may feed a long prompt, in pieces:
 ``chunked_prefill.BudgetedPrefill``; 0 = one fixed chunk a step, the behaviour before), and
-``--prefill beside`` / ``--prefill loop`` where a long prompt is prefilled: beside the batch on a
-second llama.cpp context by a thread of its own (the default, ``concurrent_prefill``), or in the
-decoding loop, taking turns with the decoding rows (as before; a budget always runs there).
+``--prefill beside`` / ``--prefill loop`` (both backends) where a long prompt is prefilled: beside
+the batch by a thread of its own (the default, ``concurrent_prefill``: on llama.cpp on a second
+context on the same weights, on transformers on the prompt's own KV cache), or in the decoding
+loop, taking turns with the decoding rows (as before; a llama.cpp budget always runs there).
 
 ``--steps`` (llama.cpp) times every scheduler step of the loop beside the long prompt(s) and prints
 where a short request's time goes: the long prompt's chunk (or pieces) a step, the decoding steps
@@ -72,7 +73,7 @@ def build(kind: str, chunk: int | None, n_ctx: int, budget: float | None = None,
         )
     from logtoku_guard.backends.transformers import TransformersBackend
 
-    return TransformersBackend(threads=1, prefill_chunk=size)
+    return TransformersBackend(threads=1, prefill_chunk=size, concurrent_prefill=concurrent is not False)
 
 
 def long_prompt(backend: Any, tokens: int, n: int = 0) -> str:
@@ -232,8 +233,8 @@ def main() -> None:
         "--prefill",
         choices=["beside", "loop"],
         action="append",
-        help="llama.cpp: where a long prompt is prefilled (beside the batch on a second context, or in the loop); "
-        "default: the backend's (beside, unless a budget is given)",
+        help="where a long prompt is prefilled (beside the batch by a thread of its own, or in the loop); "
+        "default: the backend's (beside, unless a llama.cpp budget is given)",
     )
     parser.add_argument("--long-alone", action="store_true", help="also time one long request with nothing beside it")
     parser.add_argument("--steps", action="store_true", help="llama.cpp: time each scheduler step, say where the time goes")
@@ -253,16 +254,16 @@ def main() -> None:
         for k in kinds
         for c in chunks
         for b in (budgets if k == "llamacpp" else [None])
-        for p in (places if k == "llamacpp" else [None])
+        for p in places
         if not (p and b)  # a budget shares the loop's time: it is never beside
     ]
     for kind, chunk, budget, place in runs:
         backend = build(kind, chunk, n_ctx, budget, place)
         label = "whole" if chunk == 0 else f"chunk {getattr(backend, 'prefill_chunk', chunk)}"
-        if kind == "llamacpp" and chunk != 0:
-            seconds = backend.prefill_budget_s
+        if chunk != 0:
+            seconds = getattr(backend, "prefill_budget_s", None)
             if backend.concurrent_prefill:
-                label += ", prefilled beside the batch (a second context)"
+                label += ", prefilled beside the batch" + (" (a second context)" if kind == "llamacpp" else " (a thread of its own)")
             else:
                 label += f", budget {seconds} s a step" if seconds else ", fixed chunks in the loop"
         extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""

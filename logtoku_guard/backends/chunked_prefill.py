@@ -49,10 +49,11 @@ matrix shape, ~1e-6, on transformers; on llama.cpp the rounding of another ubatc
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from logtoku_guard.backends.batching import Job, PreparedRow
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
@@ -65,9 +66,11 @@ __all__ = [
     "DEFAULT_PREFILL_BUDGET_S",
     "DEFAULT_PREFILL_CHUNK",
     "DEPTH_SCALE",
+    "IDLE_POLL_S",
     "MIN_PIECE",
     "MIN_PREFILL_CHUNK",
     "PIECE_TOKENS",
+    "Beside",
     "BudgetedPrefill",
     "FairShare",
     "PrefillCost",
@@ -256,6 +259,51 @@ class BudgetedPrefill:
             fed += piece_at(fed)
             count += 1
         return count
+
+
+IDLE_POLL_S = 0.02
+"""While only a long prompt's concurrent prefill runs, how often a loop looks for new requests (seconds)."""
+
+
+class Beside(Generic[T]):
+    """A long prompt's chunks fed by a thread of its own while the decoding loop goes on (a
+    concurrent prefill: :class:`~logtoku_guard.backends.llamacpp_loop.LlamaDecodeLoop` on a second
+    llama.cpp context, :class:`~logtoku_guard.backends.decode_loop.DecodeLoop` on the row's own KV cache).
+
+    ``chunk()`` feeds the row's next chunk (:func:`chunk_at`, so its boundaries are those the loop
+    itself would feed) and returns whether the thread has more to feed; the thread stops there, when
+    :meth:`finish` asks it to (at the end of the chunk in progress), or once ``abandoned()``. Until
+    :attr:`done` is set only the thread touches the row; an exception it raised is kept in
+    :attr:`error` for the loop to hand to that request.
+
+    On a CPU of two cores or more the decoding rows then keep a core while the prompt is fed, where
+    taking turns in one loop (:class:`FairShare`) made a short request wait for a chunk in progress
+    and share the time with the rest (``benchmarks/bench_fairness.py``).
+    """
+
+    def __init__(self, row: T, chunk: Callable[[], bool], abandoned: Callable[[], bool], name: str) -> None:
+        self.row = row
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._chunk = chunk
+        self._abandoned = abandoned
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and not self._abandoned() and self._chunk():
+                pass
+        except BaseException as exc:  # handed to the loop, which fails this request with it
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def finish(self) -> None:
+        """Stop at the end of the chunk in progress and wait for the thread."""
+        self._stop.set()
+        self._thread.join()
 
 
 class FairShare:

@@ -10,22 +10,20 @@
 2. **prefill**: the prompt of each row admitted since the last step, alone in its own
    ``llama_decode`` calls, asking for logits at the positions that predict the question's
    tokens (its prompt-side scores, scored call by call) and at its last position (its first
-   answer token); a prompt longer than ``prefill_chunk`` is fed a share at a time, after the
-   shorter ones, taking turns with the live rows, so it cannot stall them
-   (:mod:`~logtoku_guard.backends.chunked_prefill`). By default (``concurrent``) that prompt is
-   prefilled on a second llama.cpp context on the same weights
-   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaModel.side_context`), by a thread of its own
-   (:class:`SideFill`), while this loop goes on decoding and prefilling short prompts; once it is in,
-   its KV cells are copied into the batch's context
-   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaContext.copy_sequence`, exact) and it joins the
-   batch with its first token. On a CPU of two cores or more a short request then decodes at about its
-   speed alone beside a prompt of thousands of tokens, where in one loop it waited for each chunk of
-   that prompt and shared the time with it (``benchmarks/bench_fairness.py``). Without it, a long
-   prompt takes turns with the live rows in this loop: with ``prefill_budget_s`` (off by default) a
-   step feeds as many small pieces (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`, each
-   its own ``llama_decode``) as fit that many seconds by their measured cost
-   (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`); without (the default), one chunk of
-   :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens.
+   answer token). A prompt longer than ``prefill_chunk`` cannot stall the live rows
+   (:mod:`~logtoku_guard.backends.chunked_prefill`): by default (``concurrent``) it is prefilled
+   on a second llama.cpp context on the same weights
+   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaModel.side_context`) by a thread of its own
+   (:class:`~logtoku_guard.backends.chunked_prefill.Beside`), in the chunks of
+   :func:`~logtoku_guard.backends.chunked_prefill.chunk_at`, while this loop goes on decoding and
+   prefilling short prompts; once it is in, its KV cells are copied into the batch's context
+   (:meth:`~logtoku_guard.backends.llamacpp_model.LlamaContext.copy_sequence`, exact) and it joins
+   the batch with its first token. Without it, the prompt is fed in this loop, after the shorter
+   ones, taking turns with the live rows: one chunk of
+   :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens at a time, or with
+   ``prefill_budget_s`` as many small pieces (:func:`~logtoku_guard.backends.chunked_prefill.piece_at`,
+   each its own ``llama_decode``) as fit that many seconds by their measured cost
+   (:class:`~logtoku_guard.backends.chunked_prefill.BudgetedPrefill`).
    Rows never share a call with other
    sequences' prompt tokens: several prompts in one call changed a batched greedy answer, and
    merging them saved only a call's fixed cost (``benchmarks/README.md``). On weights that llama.cpp
@@ -55,14 +53,22 @@ is never starved by a stream of short requests.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
-from logtoku_guard.backends.chunked_prefill import BudgetedPrefill, FairShare, PrefillCost, chunk_at, piece_at, plan
+from logtoku_guard.backends.chunked_prefill import (
+    IDLE_POLL_S,
+    Beside,
+    BudgetedPrefill,
+    FairShare,
+    PrefillCost,
+    chunk_at,
+    piece_at,
+    plan,
+)
 from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
 from logtoku_guard.backends.recorder import Row
@@ -73,15 +79,13 @@ if TYPE_CHECKING:
 
     from logtoku_guard.backends.llamacpp_model import LlamaContext, LlamaModel, LlamaTokenizer
 
-__all__ = ["DECODE_ROWS", "IDLE_POLL_S", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence", "SideFill", "shadow"]
+__all__ = ["DECODE_ROWS", "OUTPUT_BUDGET", "LlamaDecodeLoop", "Sequence", "shadow"]
 
 OUTPUT_BUDGET = 256
 """Most logits rows one ``llama_decode`` asks for (bounds llama.cpp's ``rows x vocabulary`` output buffer)."""
 DECODE_ROWS = 16
 """Most rows decoded in one ``llama_decode`` (below the 32 tokens at which a ubatch mixing
 sequences changes llama.cpp's CPU attention results: ggml-org/llama.cpp#24962)."""
-IDLE_POLL_S = 0.02
-"""While only a long prompt's concurrent prefill runs, how often the loop looks for new requests (seconds)."""
 
 
 @dataclass(eq=False)
@@ -112,22 +116,6 @@ class Sequence:
         feed, then its tokens still to generate (each row ends by its token limit at the latest)."""
         made = 0 if self.state is None else len(self.state.tokens) + len(self.state.held)
         return prefill_steps(len(self.prepared.ids), self.fed, chunk, pieces) + self.prepared.limit - made
-
-
-@dataclass(eq=False)
-class SideFill:
-    """A long prompt being prefilled on the side context by a thread of its own (``concurrent``).
-
-    The thread alone touches the row's ``fed`` and ``prompt_scores`` and ``first`` until ``done`` is
-    set; the loop then copies the row's KV cells into the batch's context and lets it join.
-    """
-
-    row: Sequence
-    first: np.ndarray  # the row's first answer token's logits, once its prompt is in
-    done: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)  # set by the loop: end at the next chunk
-    error: BaseException | None = None
-    thread: threading.Thread | None = None
 
 
 def prefill_steps(ids: int, fed: int, chunk: int | None, pieces: bool = False) -> int:
@@ -189,7 +177,8 @@ class LlamaDecodeLoop(JobRows):
             :func:`~logtoku_guard.backends.chunked_prefill.chunk_at` tokens a step.
         prefill_cost: the backend's running estimate of a prompt token's cost (kept across loops).
         concurrent: a prompt longer than ``prefill_chunk`` is prefilled on the model's side context
-            by a thread of its own while the batch decodes (:class:`SideFill`; its chunks are those
+            by a thread of its own while the batch decodes
+            (:class:`~logtoku_guard.backends.chunked_prefill.Beside`; its chunks are those
             of :func:`~logtoku_guard.backends.chunked_prefill.chunk_at`, so its scores are the same
             bits as fed here); False feeds it here, taking turns with the live rows.
     """
@@ -210,7 +199,8 @@ class LlamaDecodeLoop(JobRows):
     ) -> None:
         self.model = model
         self.concurrent = concurrent and prefill_chunk is not None
-        self.side: SideFill | None = None  # the long prompt being prefilled on the side context
+        self.side: Beside[Sequence] | None = None  # the long prompt being prefilled on the side context
+        self.side_first: np.ndarray | None = None  # its first answer token's logits, once its prompt is in
         self.hold = False  # admit nothing new until the side row's cells fit (see _side_join)
         self.prefill_chunk = prefill_chunk
         self.budgeted = BudgetedPrefill(prefill_budget_s, prefill_cost) if prefill_budget_s and prefill_chunk else None
@@ -409,32 +399,22 @@ class LlamaDecodeLoop(JobRows):
 
         side = self.side
         if side is None:
-            side = SideFill(s, np.empty(self.model.n_vocab, dtype=np.float32))
-            side.thread = threading.Thread(target=self._side_run, args=(side,), name="logtoku-llamacpp-prefill", daemon=True)
-            self.side = side
-            side.thread.start()
+            ctx = self.model.side_context()
+            ctx.forget(s.seq)
+            out = self.side_first = np.empty(self.model.n_vocab, dtype=np.float32)
+            n = len(s.prepared.ids)
+
+            def chunk() -> bool:
+                self._feed(ctx, s, out, min(n, s.fed + (chunk_at(s.fed, self.prefill_chunk) or n)))
+                return s.fed < n
+
+            self.side = Beside(s, chunk, lambda: s.job.abandoned, "logtoku-llamacpp-prefill")
             return False
         if side.row is not s or not side.done.is_set():
             return False
         return self._side_join(side, first)
 
-    def _side_run(self, side: SideFill) -> None:
-        """The side thread: feed the row's prompt into the side context chunk by chunk
-        (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`), stopping early when told to or
-        when its request is abandoned."""
-        s = side.row
-        try:
-            ctx = self.model.side_context()
-            ctx.forget(s.seq)
-            n = len(s.prepared.ids)
-            while s.fed < n and not side.stop.is_set() and not s.job.abandoned:
-                self._feed(ctx, s, side.first, min(n, s.fed + (chunk_at(s.fed, self.prefill_chunk) or n)))
-        except BaseException as exc:  # handed to the loop, which fails this request with it
-            side.error = exc
-        finally:
-            side.done.set()
-
-    def _side_join(self, side: SideFill, first: np.ndarray) -> bool:
+    def _side_join(self, side: Beside[Sequence], first: np.ndarray) -> bool:
         """The side prefill of ``side.row`` ended: fail or cancel its request, or copy its KV cells into
         the batch's context and let it join (True).
 
@@ -471,19 +451,18 @@ class LlamaDecodeLoop(JobRows):
         ctx.forget(s.seq)
         self.side = None
         self.hold = False
-        first[:] = side.first
+        if self.side_first is not None:
+            first[:] = self.side_first
         s.pos = len(s.prepared.ids)
         self._join(s)
         return True
 
     def _stop_side(self) -> None:
-        """Stop the side prefill, if one runs (at its next chunk), and wait for its thread."""
+        """Stop the side prefill, if one runs (at the end of its chunk), and wait for its thread."""
         side = self.side
         if side is None:
             return
-        side.stop.set()
-        if side.thread is not None:
-            side.thread.join()
+        side.finish()
         self.side = None
         self.model.side_context().clear()
 

@@ -26,6 +26,7 @@ and maps it to token positions through the fast tokenizer's character offsets.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,10 @@ def question_span(rendered: str, question: str, offsets: Sequence[tuple[int, int
 class PromptCapture:
     """Forward hook on the decoder: scores the question tokens of each row at the prefill pass.
 
+    The hook acts on the passes of the thread that built it only: a long prompt's chunks may run
+    through the same decoder from a thread of their own meanwhile (a concurrent prefill,
+    :class:`~logtoku_guard.backends.chunked_prefill.Beside`).
+
     Args:
         head: the model's output embedding (``model.get_output_embeddings()``).
         config: the model config (``final_logit_softcapping``/``logit_scale`` are applied).
@@ -117,9 +122,10 @@ class PromptCapture:
         self.evidence = evidence
         self.done = False
         self.scores: list[tuple[TokenScore, ...]] = [() for _ in spans]
+        self.thread = threading.get_ident()
 
     def hook(self, module: Any, args: Any, output: Any) -> None:
-        if self.done:
+        if self.done or threading.get_ident() != self.thread:
             return
         self.done = True  # decode steps (one new token each) are not the prompt
         hidden = getattr(output, "last_hidden_state", None)

@@ -125,6 +125,11 @@ class TransformersBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 prefills every prompt whole at once.
+        concurrent_prefill: True (default) feeds such a prompt's chunks (all but its last) by a thread
+            of its own, on the prompt's own KV cache, while the batch goes on decoding: the decoding
+            rows keep a core instead of waiting for each chunk
+            (:class:`~logtoku_guard.backends.chunked_prefill.Beside`); False feeds them in the decoding
+            loop, taking turns with the decoding rows. Either way the chunks and their logits are the same.
         verbose: let transformers print its progress bars and warnings while loading and
             generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
             :mod:`logtoku_guard.backends.quiet`).
@@ -151,6 +156,7 @@ class TransformersBackend(BatchedBackend):
         threads: int | None = None,
         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        concurrent_prefill: bool = True,
         verbose: bool | None = None,
     ) -> None:
         validate_k(k)
@@ -161,6 +167,10 @@ class TransformersBackend(BatchedBackend):
             raise ConfigurationError(msg)
         self._prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
         self._prefill_chunk = check_prefill_chunk(prefill_chunk)
+        if not isinstance(concurrent_prefill, bool):
+            msg = f"concurrent_prefill must be True or False, got {concurrent_prefill!r}"
+            raise ConfigurationError(msg)
+        self._concurrent_prefill = concurrent_prefill
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             msg = f"max_batch must be a whole number >= 1, got {max_batch!r}"
             raise ConfigurationError(msg)
@@ -233,6 +243,11 @@ class TransformersBackend(BatchedBackend):
     def prefix_cache(self) -> PrefixCache | None:
         """The store of prompt-prefix KV caches (None: disabled with ``prefix_cache_mb=0``)."""
         return self._prefix_cache
+
+    @property
+    def concurrent_prefill(self) -> bool:
+        """Whether a long prompt's chunks are fed by a thread of their own beside the decoding rows."""
+        return self._concurrent_prefill and self._prefill_chunk is not None
 
     @property
     def prefill_chunk(self) -> int | None:
@@ -349,6 +364,7 @@ class TransformersBackend(BatchedBackend):
                 self._generation,
                 self._prefix_cache,
                 self._prefill_chunk,
+                concurrent=self._concurrent_prefill,
             )
             loop.run(jobs)
 

@@ -1,11 +1,13 @@
-"""Chunked prefill in TransformersBackend: a long prompt is fed a chunk per step beside the live rows.
+"""Chunked prefill in TransformersBackend: a long prompt is fed a chunk at a time beside the live rows.
 
-A prompt fed in chunks must give the tokens, AU/EU and question scores of one whole prefill
-(1e-4); a short request that arrives while a long prompt is being fed must finish before the long
-one answers (with ``prefill_chunk=0`` it waits for the whole prefill: the same test, inverted,
-shows the test can fail); a cancelled or failing long prompt ends alone. The order is made
-deterministic by holding the worker inside a chunk (:class:`support.gate.Gate` on the decoder),
-not by timing.
+By default (``concurrent_prefill``) a thread of its own feeds the chunks but the last while the loop
+decodes; with ``concurrent_prefill=False`` the loop feeds one between decoding steps. Either way a
+prompt fed in chunks must give the tokens, AU/EU and question scores of one whole prefill (1e-4); a
+short request that arrives while a long prompt is being fed must finish before the long one answers
+(with ``prefill_chunk=0`` it waits for the whole prefill: the same test, inverted, shows the test
+can fail), and beside the loop it is answered while the long prompt's thread is held inside a
+chunk; a cancelled or failing long prompt ends alone. The order is made deterministic by holding a
+thread inside a chunk (:class:`support.gate.Gate` on the decoder), not by timing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.types import DecodingOptions, to_messages
 
 CHUNK = MIN_PREFILL_CHUNK
+SIDE = "logtoku-transformers-prefill"  # the name of the thread that feeds a long prompt beside the loop
 LONG = "Retrieval augmented generation adds context before answering a question. " * 30
 
 
@@ -75,12 +78,14 @@ class Ended:
         backend._generation = record  # type: ignore[method-assign]
 
 
+@pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])
 @pytest.mark.parametrize("prefix_cache_mb", [64, 0], ids=["prefix cache", "no prefix cache"])
-def test_a_prompt_fed_in_chunks_equals_one_whole_prefill(tiny_tokenizer: Any, prefix_cache_mb: int) -> None:
+def test_a_prompt_fed_in_chunks_equals_one_whole_prefill(tiny_tokenizer: Any, prefix_cache_mb: int, concurrent: bool) -> None:
     model = make_model(tiny_tokenizer, max_positions=1024)
     chunks = Chunks(model)
     whole = backend_for(model, tiny_tokenizer, 0, prefix_cache_mb=prefix_cache_mb)
-    chunked = backend_for(model, tiny_tokenizer, CHUNK, prefix_cache_mb=prefix_cache_mb)
+    chunked = backend_for(model, tiny_tokenizer, CHUNK, prefix_cache_mb=prefix_cache_mb, concurrent_prefill=concurrent)
+    assert chunked.concurrent_prefill is concurrent and not whole.concurrent_prefill
     options = DecodingOptions(max_new_tokens=8)
     a = whole.generate(LONG, options)
     assert chunks.fed == 0
@@ -95,11 +100,17 @@ def test_a_prompt_fed_in_chunks_equals_one_whole_prefill(tiny_tokenizer: Any, pr
     assert chunks.fed == -(-a.prompt_tokens // CHUNK) - 1 and short.prompt_scores
 
 
-@pytest.mark.parametrize("chunk", [CHUNK, 0], ids=["chunked", "whole (the failure this fixes)"])
-def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(tiny_tokenizer: Any, chunk: int) -> None:
+@pytest.mark.parametrize(
+    ("chunk", "concurrent"),
+    [(CHUNK, True), (CHUNK, False), (0, False)],
+    ids=["chunked beside the loop", "chunked in the loop", "whole (the failure this fixes)"],
+)
+def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(
+    tiny_tokenizer: Any, chunk: int, concurrent: bool
+) -> None:
     model = make_model(tiny_tokenizer, max_positions=1024)
-    backend = backend_for(model, tiny_tokenizer, chunk)
-    gate = Gate(model.model)
+    backend = backend_for(model, tiny_tokenizer, chunk, concurrent_prefill=concurrent)
+    gate = Gate(model.model, thread=SIDE if concurrent else None)
     ended = Ended(backend)
     alone = backend.generate("Hi", DecodingOptions(max_new_tokens=3))
     n_long = prompt_tokens(backend, LONG)
@@ -107,10 +118,13 @@ def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(tiny_to
     results: dict[str, Any] = {}
     long = threading.Thread(target=lambda: results.update(long=backend.generate(LONG, DecodingOptions(max_new_tokens=1))))
     long.start()
-    with gate.held():  # the worker waits inside the long prompt's first chunk (or its whole prefill)
+    with gate.held():  # the long prompt's thread (or the worker) waits inside its first chunk (or its whole prefill)
         short = threading.Thread(target=lambda: results.update(short=backend.generate("Hi", DecodingOptions(max_new_tokens=3))))
         short.start()
-        wait_until(lambda: queued(backend) == 1, "the short request to queue")
+        if concurrent:  # the loop goes on: the short request is answered while the long prompt is held
+            wait_until(lambda: "short" in results, "the short request to be answered beside the held long prompt")
+        else:
+            wait_until(lambda: queued(backend) == 1, "the short request to queue")
     long.join(60)
     short.join(60)
     assert_same(alone, results["short"])
@@ -118,9 +132,10 @@ def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(tiny_to
     assert ended.order == expected
 
 
-def test_a_long_prompt_cancelled_while_fed_ends_at_once(tiny_tokenizer: Any) -> None:
+@pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])
+def test_a_long_prompt_cancelled_while_fed_ends_at_once(tiny_tokenizer: Any, concurrent: bool) -> None:
     model = make_model(tiny_tokenizer, max_positions=1024)
-    backend = backend_for(model, tiny_tokenizer, CHUNK)
+    backend = backend_for(model, tiny_tokenizer, CHUNK, concurrent_prefill=concurrent)
     gate, chunks = Gate(model.model), Chunks(model)
     stream = backend.stream(LONG, DecodingOptions(max_new_tokens=50))
     with gate.held():
@@ -133,9 +148,10 @@ def test_a_long_prompt_cancelled_while_fed_ends_at_once(tiny_tokenizer: Any) -> 
     assert backend.generate("Hi", DecodingOptions(max_new_tokens=3)).finish_reason == "length"
 
 
-def test_a_chunk_that_fails_fails_its_request_alone(tiny_tokenizer: Any) -> None:
+@pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])
+def test_a_chunk_that_fails_fails_its_request_alone(tiny_tokenizer: Any, concurrent: bool) -> None:
     model = make_model(tiny_tokenizer, max_positions=1024)
-    backend = backend_for(model, tiny_tokenizer, CHUNK)
+    backend = backend_for(model, tiny_tokenizer, CHUNK, concurrent_prefill=concurrent)
     running = "Count from one to ten, slowly, and then stop counting"
     options = DecodingOptions(max_new_tokens=30)
     alone = backend.generate(running, options)
@@ -178,6 +194,14 @@ def test_a_bad_chunk_size_is_refused_naming_it(value: Any) -> None:
     assert check_prefill_chunk(0) is None and check_prefill_chunk(None) is None and check_prefill_chunk(512) == 512
 
 
+def test_a_bad_concurrent_prefill_is_refused_naming_it(tiny_tokenizer: Any) -> None:
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    with pytest.raises(ConfigurationError, match=r"concurrent_prefill must be True or False, got 'no'"):
+        backend_for(model, tiny_tokenizer, CHUNK, concurrent_prefill="no")
+    assert backend_for(model, tiny_tokenizer, CHUNK).concurrent_prefill  # the default
+    assert not backend_for(model, tiny_tokenizer, 0).concurrent_prefill  # no chunks: nothing to feed beside
+
+
 def test_the_plan_prefills_short_prompts_whole_and_long_ones_oldest_first() -> None:
     whole, longer = plan([("a", 900, 0), ("b", 12, 0), ("c", 300, 0), ("d", 128, 0), ("e", 40, 600)], 128)
     # a prompt partly fed already ("e") keeps taking turns with the decoding rows, to its last piece
@@ -211,3 +235,23 @@ def test_a_chunk_waits_until_the_decoding_rows_have_had_as_much_time() -> None:
     assert not share.chunk_may_run(decoding=True)
     share.decoded(0.5)
     assert share.chunk_may_run(decoding=True)
+
+
+def test_the_prompt_scoring_hook_acts_on_the_passes_of_its_own_thread_only(tiny_tokenizer: Any) -> None:
+    """A prompt scored by a hook on the decoder (a model without ``logits_to_keep``, as this tiny one) is
+    prefilled while a long prompt's chunks run through the same decoder from a thread of their own:
+    the hook must not take the other thread's pass for its prompt's."""
+    import torch
+
+    from logtoku_guard.backends.prompt_scoring import PromptCapture, QuestionSpan
+
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    hidden = torch.randn(1, 4, model.config.hidden_size)
+    capture = PromptCapture(model.get_output_embeddings(), model.config, ids, [QuestionSpan(1, 4, ("a", "b", "c"))], 2, "clamped")
+    other = threading.Thread(target=capture.hook, args=(model.model, (), (hidden,)), name=SIDE)
+    other.start()
+    other.join()
+    assert not capture.done and capture.scores == [()]  # another thread's pass: left alone
+    capture.hook(model.model, (), (hidden,))
+    assert capture.done and [t.index for t in capture.scores[0]] == [0, 1, 2]

@@ -18,15 +18,19 @@ from typing import Any
 
 
 class Gate:
-    """Holds the model's next forward pass until released (see :meth:`held`)."""
+    """Holds the model's next forward pass until released (see :meth:`held`); with ``thread``, only a
+    pass made by the thread of that name (a long prompt's concurrent prefill: the loop goes on)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, thread: str | None = None) -> None:
         self._open = threading.Event()
         self._open.set()
         self.paused = threading.Event()
+        self.thread = thread
         self.handle = model.register_forward_pre_hook(self._hook)
 
     def _hook(self, module: Any, args: Any) -> None:
+        if self.thread is not None and threading.current_thread().name != self.thread:
+            return
         if not self._open.is_set():
             self.paused.set()
             self._open.wait(60)
@@ -48,10 +52,11 @@ class Gate:
 class CallGate(Gate):
     """A :class:`Gate` on a method of any object (``llama.cpp``'s ``decode``): held, the worker waits in its next call."""
 
-    def __init__(self, owner: Any, name: str) -> None:
+    def __init__(self, owner: Any, name: str, thread: str | None = None) -> None:
         self._open = threading.Event()
         self._open.set()
         self.paused = threading.Event()
+        self.thread = thread
         real = getattr(owner, name)
 
         def gated(*args: Any, **kwargs: Any) -> Any:
