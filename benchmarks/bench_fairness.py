@@ -263,7 +263,8 @@ def main() -> None:
         if chunk != 0:
             seconds = getattr(backend, "prefill_budget_s", None)
             if backend.concurrent_prefill:
-                label += ", prefilled beside the batch" + (" (a second context)" if kind == "llamacpp" else " (a thread of its own)")
+                where = "a second context" if kind == "llamacpp" else "a thread of its own"
+                label += f", prefilled beside the batch ({where})"
             else:
                 label += f", budget {seconds} s a step" if seconds else ", fixed chunks in the loop"
         extra = f", n_ctx {n_ctx}" if kind == "llamacpp" else ""
