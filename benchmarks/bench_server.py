@@ -15,6 +15,7 @@ is printed before and after: on a shared machine the figures move with the other
     python benchmarks/bench_server.py                 # embedded SmolLM2-135M-Instruct
     python benchmarks/bench_server.py --tiny          # a tiny random model (seconds; plumbing only)
     python benchmarks/bench_server.py --max-tokens 32 --rounds 2 --max-batch 8 --cache-dir /tmp/ltg-cache
+    python benchmarks/bench_server.py --backend llamacpp --concurrency 1 8   # serve --backend llamacpp, 8 users / 1
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def run(base_url: str, model: str, clients: int, per_client: int, max_tokens: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model for TransformersBackend (default: the embedded one)")
+    parser.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers", help="the served backend")
+    parser.add_argument("--model", default=None, help="model for the backend (default: the embedded one)")
     parser.add_argument("--tiny", action="store_true", help="use the tests' tiny random model")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1, help="requests per client at each concurrency")
@@ -118,17 +120,25 @@ def main() -> None:
     kwargs: dict[str, Any] = {"max_batch": args.max_batch, "threads": args.threads}
     if args.prefix_cache_mb is not None:
         kwargs["prefix_cache_mb"] = args.prefix_cache_mb
-    if args.tiny:
+    if args.backend == "llamacpp":
+        from logtoku_guard.backends.llamacpp import LlamaCppBackend
+
+        backend: Any = LlamaCppBackend(args.model, n_threads=args.threads, max_batch=args.max_batch, cache_dir=args.cache_dir)
+    elif args.tiny:
         backend = tiny_backend(**kwargs)
     else:
         from logtoku_guard import TransformersBackend
 
         backend = TransformersBackend(args.model, device="cpu", cache_dir=args.cache_dir, **kwargs)
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    import torch
+    if args.backend == "llamacpp":
+        print(f"# llama.cpp, backend threads {backend.n_threads}, model {backend.model_name}")
+    else:
+        import torch
 
-    print(f"# torch {torch.__version__}, backend threads {backend.threads}, model {backend.model_name}")
-    cache = backend.prefix_cache.max_bytes // 2**20 if backend.prefix_cache is not None else 0
+        print(f"# torch {torch.__version__}, backend threads {backend.threads}, model {backend.model_name}")
+    prefix_cache = getattr(backend, "prefix_cache", None)
+    cache = prefix_cache.max_bytes // 2**20 if prefix_cache is not None else 0
     print(f"# max_tokens={args.max_tokens}, greedy, {args.rounds} request(s) per client, max_batch={backend.max_batch}")
     print(f"# prefix cache {cache} MiB")
     print(f"# load average before: {os.getloadavg()[0]:.2f} (other processes share this machine)")
@@ -144,8 +154,8 @@ def main() -> None:
     print(f"ratio 8-concurrent vs 8-sequential (time): {seq_wall / con_wall:.2f}x (target >= 3x)")
     b = backend._batcher
     print(f"batches started: {b.batches}, requests that joined a running batch: {b.joins}, largest: {b.largest} rows")
-    if backend.prefix_cache is not None:
-        print(f"prefix cache: {backend.prefix_cache.stats()}")
+    if prefix_cache is not None:
+        print(f"prefix cache: {prefix_cache.stats()}")
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
 
 

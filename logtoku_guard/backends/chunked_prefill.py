@@ -17,6 +17,12 @@ follow one schedule, vLLM's chunked prefill with short prompts first (its
    step would still hold a short answer for seconds per token; sharing time evenly bounds its
    wait by one chunk, and slows the long prompt at most 2x, only while others decode.
 
+By default both loops feed those chunks by a thread of their own instead (:class:`Beside`,
+``concurrent_prefill``): the decoding rows then keep a core while the long prompt is fed, where
+taking turns made a short request wait for the chunk in progress and share the time with it (beside a
+7.3k-token prompt, the short requests' p99 went from 9.2x of alone to 2.8x on llama.cpp, and to 1.6x
+on transformers; ``benchmarks/README.md``). The chunks and their logits are the same either way.
+
 A chunk's cost grows with its depth (each of its tokens attends to every token before it), and a
 request that arrives while a chunk runs waits for that chunk: so chunks shrink as they go deeper
 (:func:`chunk_at`: ``chunk`` tokens at the start, about half as many ``DEPTH_SCALE`` tokens in,
@@ -52,15 +58,9 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from logtoku_guard.backends.batching import Job, PreparedRow
-from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
-from logtoku_guard.backends.prompt_scoring import PromptCapture
 from logtoku_guard.errors import ConfigurationError
-from logtoku_guard.scoring.uncertainty import EvidenceMode
-from logtoku_guard.types import TokenScore
 
 __all__ = [
     "DEFAULT_PREFILL_BUDGET_S",
@@ -74,7 +74,6 @@ __all__ = [
     "BudgetedPrefill",
     "FairShare",
     "PrefillCost",
-    "StagedRow",
     "check_prefill_budget",
     "check_prefill_chunk",
     "chunk_at",
@@ -325,51 +324,3 @@ class FairShare:
 
     def decoded(self, seconds: float) -> None:
         self.owed -= seconds
-
-
-@dataclass(eq=False)
-class StagedRow:
-    """A long prompt of the transformers loop being prefilled in chunks, on its own KV cache.
-
-    ``fed``: prompt tokens in ``cache`` so far; ``scores``: its question tokens scored so far;
-    ``start``: ``perf_counter()`` when it was admitted (its first-token time counts from there).
-    """
-
-    job: Job
-    index: int
-    prepared: PreparedRow
-    start: float
-    fed: int = 0
-    cache: Any = None
-    scores: list[TokenScore] = field(default_factory=list)
-    capture: PromptCapture | None = None
-
-    @property
-    def rest(self) -> int:
-        """Prompt tokens not fed yet."""
-        return len(self.prepared.ids) - self.fed
-
-    def feed(self, model: Any, n: int, k: int, evidence: EvidenceMode) -> None:
-        """Run the next ``n`` prompt tokens through ``model``'s decoder (no output head but for the
-        question's positions) on top of this row's cache, scoring the question tokens they predict."""
-        import torch
-
-        decoder = model.get_decoder()
-        device = model.device
-        ids = self.prepared.ids
-        if self.capture is None and self.prepared.score_prompt and self.prepared.span is not None:
-            full = torch.tensor([ids], dtype=torch.long)
-            self.capture = PromptCapture(model.get_output_embeddings(), model.config, full, [self.prepared.span], k, evidence)
-        a, b = self.fed, self.fed + n
-        past = {cache_arg(decoder): self.cache} if self.cache is not None else {}
-        out = decoder(
-            input_ids=torch.tensor([ids[a:b]], dtype=torch.long, device=device),
-            attention_mask=torch.ones((1, b), dtype=torch.long, device=device),
-            position_ids=torch.arange(a, b, device=device)[None],
-            use_cache=True,
-            **past,
-        )
-        self.cache = returned_cache(out)
-        if self.capture is not None:
-            self.scores.extend(self.capture.score_part(out.last_hidden_state[0], a))
-        self.fed = b

@@ -15,10 +15,9 @@
    their KV cache is merged into the running one (the shorter side left-padded with masked
    zeros, then concatenated on the batch axis); a prompt longer than ``prefill_chunk`` is fed
    a chunk at a time on its own KV cache instead, and joins with its last chunk
-   (:mod:`~logtoku_guard.backends.chunked_prefill`), so it cannot stall the live rows: by default
+   (:mod:`~logtoku_guard.backends.staged`), so it cannot stall the live rows: by default
    (``concurrent``) its chunks but the last are fed by a thread of its own while this loop goes on
-   (:class:`~logtoku_guard.backends.chunked_prefill.Beside`; torch runs the two threads' forward
-   passes at once), else here, taking turns with the decoding rows;
+   (torch runs the two threads' forward passes at once), else here, taking turns with the decoding rows;
 3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
    logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
    stop strings, streaming, each row's end), then through the logits processors to the next
@@ -52,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job, JobRows, PreparedRow, row_seed
-from logtoku_guard.backends.chunked_prefill import IDLE_POLL_S, Beside, FairShare, StagedRow, chunk_at, plan
+from logtoku_guard.backends.chunked_prefill import plan
 from logtoku_guard.backends.hf_compat import cache_arg, returned_cache
 from logtoku_guard.backends.kv_batch import KVBatch, mergeable
 from logtoku_guard.backends.prefix_cache import PrefixCache, prefix_length
@@ -65,6 +64,7 @@ from logtoku_guard.backends.processors import (
 )
 from logtoku_guard.backends.prompt_scoring import for_batch, kept_positions, score_kept, shift_spans
 from logtoku_guard.backends.recorder import Row, StepRecorder
+from logtoku_guard.backends.staged import StagedPrompts, StagedRow
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
@@ -158,8 +158,6 @@ class DecodeLoop(JobRows):
         self.prefix_cache = prefix_cache
         # chunks run through the decoder alone (no output head): a model without one is prefilled whole
         self.prefill_chunk = prefill_chunk if callable(getattr(model, "get_decoder", None)) else None
-        self.staged: list[StagedRow] = []  # long prompts being prefilled a chunk per step, oldest first
-        self.share = FairShare()
         self.pad = int(tokenizer.pad_token_id)
         self.device = model.device
         self.batch = KVBatch()
@@ -168,10 +166,9 @@ class DecodeLoop(JobRows):
         self.recorder = scoring.recorder(tokenizer, self._on_token, self._on_row_done)
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         self.cache_arg = cache_arg(model)  # "cache" (transformers >= 5.24) or "past_key_values"
-        # (a prompt scored by a hook on the decoder, for a model without logits_to_keep, is scored on
-        # the passes of this thread only: PromptCapture)
-        self.concurrent = concurrent and self.prefill_chunk is not None
-        self.side: Beside[StagedRow] | None = None  # the staged prompt whose chunks a thread of its own feeds
+        # long prompts being prefilled a chunk at a time, oldest first (a prompt scored by a hook on the
+        # decoder, for a model without logits_to_keep, is scored on the passes of this thread only: PromptCapture)
+        self.staged = StagedPrompts(model, scoring.k, scoring.evidence, self.prefill_chunk, concurrent)
         self._build_processors()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -184,9 +181,7 @@ class DecodeLoop(JobRows):
             try:
                 self._run(joining)
             finally:
-                if self.side is not None:
-                    self.side.finish()
-                    self.side = None
+                self.staged.finish()
 
     def _run(self, joining: list[Job]) -> None:
         """The loop of :meth:`run`, in its inference mode."""
@@ -197,12 +192,10 @@ class DecodeLoop(JobRows):
             parts = [self._decode()] if self.live else []
             fed = [self.batch.last] if self.live and self.batch.last is not None else []
             joined = [self._prefill(joining) if joining else None]
-            if self.staged and self.concurrent:
-                joined.append(self._advance_beside())
-            elif self.staged and self.share.chunk_may_run(bool(self.live)):
+            if self.staged.turn(bool(self.live)):
                 chunk_start = time.perf_counter()
                 joined.append(self._advance())
-                self.share.chunk_ran(time.perf_counter() - chunk_start)
+                self.staged.share.chunk_ran(time.perf_counter() - chunk_start)
                 started += time.perf_counter() - chunk_start  # the chunk's own time is not decoding
             for part in joined:
                 if part is not None:
@@ -212,12 +205,11 @@ class DecodeLoop(JobRows):
                 logits = parts[0] if len(parts) == 1 else torch.cat(parts)
                 self._choose(logits, fed[0] if len(fed) == 1 else torch.cat(fed))
                 self._leave()
-            self.share.decoded(time.perf_counter() - started)
+            self.staged.share.decoded(time.perf_counter() - started)
             rows = len(self.live) + len(self.staged)
             joining = self.take_joiners(rows) if self.batch.mergeable or not (self.live or self.staged) else []
-            side = self.side
-            if side is not None and not self.live and not joining and not side.done.is_set():
-                side.done.wait(IDLE_POLL_S)  # only the staged prompt's thread runs: look for new requests now and then
+            if not self.live and not joining:
+                self.staged.wait()  # only a staged prompt's thread may run: look for new requests now and then
 
     def _decode(self) -> torch.Tensor:
         """One forward pass over the live rows' last tokens; their ``(rows, vocab)`` logits."""
@@ -253,7 +245,7 @@ class DecodeLoop(JobRows):
 
         whole, longer = plan([((job, i, p), len(p.ids), 0) for job in jobs for i, p in enumerate(job.rows)], self.prefill_chunk)
         now = time.perf_counter()
-        self.staged.extend(StagedRow(job, i, p, now) for job, i, p in longer)
+        self.staged.rows.extend(StagedRow(job, i, p, now) for job, i, p in longer)
         groups: dict[tuple[int, ...], list[tuple[Job, int, PreparedRow]]] = {}
         for job, i, p in whole:
             n = prefix_length(p.span) if self.prefix_cache is not None else 0
@@ -266,61 +258,10 @@ class DecodeLoop(JobRows):
         return torch.cat([logits for logits, _ in parts]), torch.cat([last for _, last in parts])
 
     def _advance(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Feed the oldest staged (long) prompt its next chunk (:mod:`~logtoku_guard.backends.chunked_prefill`);
-        when the rest fits in one, prefill it into the batch: its first-token logits and last token."""
-        while self.staged and self.staged[0].job.abandoned:
-            self._drop(self.staged.pop(0))
-        if not self.staged or not (self.batch.mergeable or not self.live):
-            return None
-        row = self.staged[0]
-        chunk = chunk_at(row.fed, self.prefill_chunk) or 0
-        if row.rest > chunk:
-            try:
-                row.feed(self.model, chunk, self.scoring.k, self.scoring.evidence)
-            except Exception as exc:  # handed to this request; the running rows go on
-                self.staged.pop(0)
-                if not row.job.future.done():
-                    row.job.future.set_exception(exc)
-            return None
-        self.staged.pop(0)
-        return self._prefill_group((), [(row.job, row.index, row.prepared)], row)
-
-    def _advance_beside(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The oldest staged prompt's chunks but the last are fed by a thread of its own (started here);
-        once it has fed them, prefill the last chunk into the batch: its first-token logits and last token."""
-        import torch
-
-        side = self.side
-        if side is not None:
-            if not side.done.is_set():
-                return None
-            self.side = None
-            if side.error is not None:  # handed to this request; the running rows go on
-                self.staged.remove(side.row)
-                if not side.row.job.future.done():
-                    side.row.job.future.set_exception(side.error)
-                return None
-        while self.staged and self.staged[0].job.abandoned:
-            self._drop(self.staged.pop(0))
-        if not self.staged:
-            return None
-        row, size = self.staged[0], self.prefill_chunk
-        if row.rest > (chunk_at(row.fed, size) or 0):
-            model, k, evidence, threads = self.model, self.scoring.k, self.scoring.evidence, torch.get_num_threads()
-
-            def chunk() -> bool:
-                if torch.get_num_threads() != threads:
-                    torch.set_num_threads(threads)
-                with torch.inference_mode():
-                    row.feed(model, chunk_at(row.fed, size) or 0, k, evidence)
-                return row.rest > (chunk_at(row.fed, size) or 0)
-
-            self.side = Beside(row, chunk, lambda: row.job.abandoned, "logtoku-transformers-prefill")
-            return None
-        if not (self.batch.mergeable or not self.live):
-            return None
-        self.staged.pop(0)
-        return self._prefill_group((), [(row.job, row.index, row.prepared)], row)
+        """Feed the oldest staged (long) prompt (:class:`~logtoku_guard.backends.staged.StagedPrompts`);
+        when only its last chunk is left, prefill it into the batch: its first-token logits and last token."""
+        row = self.staged.advance(self.batch.mergeable or not self.live, self._drop)
+        return None if row is None else self._prefill_group((), [(row.job, row.index, row.prepared)], row)
 
     def _drop(self, row: StagedRow) -> None:
         """A staged row whose request went: a cancelled one ends ``"cancelled"`` with no tokens."""

@@ -25,7 +25,7 @@ from logtoku_guard.backends.chunked_prefill import (
     next_piece,
     piece_at,
 )
-from logtoku_guard.backends.llamacpp_loop import prefill_steps
+from logtoku_guard.backends.llamacpp_rows import prefill_steps
 from logtoku_guard.errors import ConfigurationError
 
 

@@ -35,7 +35,7 @@ from logtoku_guard.backends.base import Backend
 from logtoku_guard.backends.embedded import embedded_gguf_path
 from logtoku_guard.backends.llamacpp import LlamaCppBackend, llamacpp_model_name
 from logtoku_guard.backends.llamacpp_check import ensure_decodes
-from logtoku_guard.backends.llamacpp_loop import question_positions
+from logtoku_guard.backends.llamacpp_rows import question_positions
 from logtoku_guard.errors import BackendError, ConfigurationError, ModelLoadError, PromptTooLongError
 from logtoku_guard.scoring.uncertainty import logsumexp_entropy, rescore
 from logtoku_guard.types import DecodingOptions, to_messages

@@ -34,7 +34,7 @@ from support.same import wait_until
 from logtoku_guard.backends.embedded import embedded_gguf_path
 from logtoku_guard.backends.llamacpp import LlamaCppBackend
 from logtoku_guard.backends.llamacpp_check import ensure_decodes
-from logtoku_guard.backends.llamacpp_loop import prefill_steps, shadow
+from logtoku_guard.backends.llamacpp_rows import prefill_steps, shadow
 from logtoku_guard.errors import BackendError, PromptTooLongError
 from logtoku_guard.types import DecodingOptions, to_messages
 
