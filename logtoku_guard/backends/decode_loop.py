@@ -63,43 +63,14 @@ from logtoku_guard.backends.processors import (
     sampling_warpers,
 )
 from logtoku_guard.backends.prompt_scoring import for_batch, kept_positions, score_kept, shift_spans
-from logtoku_guard.backends.recorder import Row, StepRecorder
-from logtoku_guard.backends.staged import StagedPrompts, StagedRow
-from logtoku_guard.scoring.uncertainty import EvidenceMode
+from logtoku_guard.backends.recorder import Row, Scoring
+from logtoku_guard.backends.staged import Prefilled, StagedPrompts, StagedRow
 from logtoku_guard.types import DecodingOptions, Generation, TokenScore
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["DecodeLoop", "LiveRow", "Scoring"]
-
-
-@dataclass(frozen=True)
-class Scoring:
-    """What the loop records of each step: top-K, evidence, the wider top logits, end-of-sequence ids."""
-
-    k: int
-    evidence: EvidenceMode
-    max_logprobs: int
-    eos_ids: frozenset[int]
-
-    def recorder(
-        self, tokenizer: Any, on_token: Callable[[int, TokenScore], None], on_row_done: Callable[[int, Row], None]
-    ) -> StepRecorder:
-        """The step recorder of a continuous batch: no rows yet (they join as admitted), no stop
-        strings or cancel of its own (each row's are checked by the loop), this scoring."""
-        return StepRecorder(
-            k=self.k,
-            evidence=self.evidence,
-            tokenizer=tokenizer,
-            rows=[],
-            stop=(),
-            eos_ids=self.eos_ids,
-            on_token=on_token,
-            cancel=None,
-            max_logprobs=self.max_logprobs,
-            on_row_done=on_row_done,
-        )
 
 
 @dataclass(eq=False)
@@ -168,7 +139,7 @@ class DecodeLoop(JobRows):
         self.cache_arg = cache_arg(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         # long prompts being prefilled a chunk at a time, oldest first (a prompt scored by a hook on the
         # decoder, for a model without logits_to_keep, is scored on the passes of this thread only: PromptCapture)
-        self.staged = StagedPrompts(model, scoring.k, scoring.evidence, self.prefill_chunk, concurrent)
+        self.staged = StagedPrompts(model, scoring.k, scoring.evidence, self.prefill_chunk, concurrent, self._forward_last)
         self._build_processors()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -261,7 +232,16 @@ class DecodeLoop(JobRows):
         """Feed the oldest staged (long) prompt (:class:`~logtoku_guard.backends.staged.StagedPrompts`);
         when only its last chunk is left, prefill it into the batch: its first-token logits and last token."""
         row = self.staged.advance(self.batch.mergeable or not self.live, self._drop)
-        return None if row is None else self._prefill_group((), [(row.job, row.index, row.prepared)], row)
+        if row is None:
+            return None
+        rows = [(row.job, row.index, row.prepared)]
+        if row.prefilled is not None:  # its last chunk's forward ran in its thread too
+            return self._join_group(rows, row.prefilled, row.start, row)
+        return self._prefill_group((), rows, row)
+
+    def _forward_last(self, row: StagedRow) -> Prefilled:
+        """The forward of a staged row's last chunk (run by its thread), not joined yet."""
+        return self._forward_group((), [(row.job, row.index, row.prepared)], row)
 
     def _drop(self, row: StagedRow) -> None:
         """A staged row whose request went: a cancelled one ends ``"cancelled"`` with no tokens."""
@@ -273,59 +253,79 @@ class DecodeLoop(JobRows):
         self, key: tuple[int, ...], rows: list[tuple[Job, int, PreparedRow]], staged: StagedRow | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Prefill ``rows``, whose prompts all begin with the tokens ``key``, in one forward (or
-        the rest of the ``staged`` row's prompt, on top of the chunks in its own cache)."""
-        import torch
-        from transformers import DynamicCache
-
+        the rest of the ``staged`` row's prompt, on top of the chunks in its own cache) and let them
+        join the batch: their first-token logits and last prompt tokens (None: the forward failed,
+        and these requests got the error)."""
         start = time.perf_counter() if staged is None else staged.start
         try:
-            prefix = self._prefix(key) if key else None
-            n = len(key) if prefix is not None else (staged.fed if staged is not None else 0)
-            rest = [p.ids[n:] for _, _, p in rows]
-            longest = max(len(r) for r in rest)
-            ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest], dtype=torch.long).to(self.device)
-            own = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rest], dtype=torch.long).to(self.device)
-            positions = (own.cumsum(dim=-1) - 1 + n).masked_fill(own == 0, 0)  # as generate() derives them
-            mask, past = own, staged.cache if staged is not None else None
-            if n:
-                mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
-            if prefix is not None:
-                past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
-            # each span moves right by the row's padding and left by the n tokens already cached
-            # (a staged row's earlier chunks scored the question tokens up to position n)
-            spans = shift_spans(
-                [
-                    (p.span.part(n + 1) if p.score_prompt and p.span is not None else None, longest - len(r) - n)
-                    for (_, _, p), r in zip(rows, rest, strict=True)
-                ]
-            )
-            score, k, evidence = any(span is not None for span in spans), self.scoring.k, self.scoring.evidence
-            keep = kept_positions(spans, longest) if score and self.keep_last else None
-            capture = for_batch(self.model, ids, spans, k, evidence) if score and keep is None else None
-            handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
-            logits_to_keep = {"logits_to_keep": torch.tensor(keep, device=self.device)} if keep else self.keep_last
-            try:
-                out = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    use_cache=True,
-                    **{self.cache_arg: past},
-                    **logits_to_keep,
-                )
-            finally:
-                if handle is not None:
-                    handle.remove()
-            if keep is not None:
-                prompt_scores = [score_kept(out.logits[b], keep, ids[b], span, k, evidence) for b, span in enumerate(spans)]
-            else:
-                prompt_scores = capture.scores if capture is not None else [() for _ in rows]
+            done = self._forward_group(key, rows, staged)
         except Exception as exc:  # handed to these requests; the running rows go on
             for job, _, _ in rows:
                 if not job.future.done():
                     job.future.set_exception(exc)
             return None
-        self.batch.extend(mask, returned_cache(out))
+        return self._join_group(rows, done, start, staged)
+
+    def _forward_group(
+        self, key: tuple[int, ...], rows: list[tuple[Job, int, PreparedRow]], staged: StagedRow | None
+    ) -> Prefilled:
+        """The forward of :meth:`_prefill_group`, its question tokens scored; nothing joins the batch yet.
+        It only reads this loop's settings, so a staged row's thread runs it too
+        (:class:`~logtoku_guard.backends.staged.StagedPrompts`)."""
+        import torch
+        from transformers import DynamicCache
+
+        prefix = self._prefix(key) if key else None
+        n = len(key) if prefix is not None else (staged.fed if staged is not None else 0)
+        rest = [p.ids[n:] for _, _, p in rows]
+        longest = max(len(r) for r in rest)
+        ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest], dtype=torch.long).to(self.device)
+        own = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rest], dtype=torch.long).to(self.device)
+        positions = (own.cumsum(dim=-1) - 1 + n).masked_fill(own == 0, 0)  # as generate() derives them
+        mask, past = own, staged.cache if staged is not None else None
+        if n:
+            mask = torch.cat([own.new_ones((len(rows), n)), own], dim=1)
+        if prefix is not None:
+            past = DynamicCache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix])
+        # each span moves right by the row's padding and left by the n tokens already cached
+        # (a staged row's earlier chunks scored the question tokens up to position n)
+        spans = shift_spans(
+            [
+                (p.span.part(n + 1) if p.score_prompt and p.span is not None else None, longest - len(r) - n)
+                for (_, _, p), r in zip(rows, rest, strict=True)
+            ]
+        )
+        score, k, evidence = any(span is not None for span in spans), self.scoring.k, self.scoring.evidence
+        keep = kept_positions(spans, longest) if score and self.keep_last else None
+        capture = for_batch(self.model, ids, spans, k, evidence) if score and keep is None else None
+        handle = self.model.get_decoder().register_forward_hook(capture.hook) if capture is not None else None
+        logits_to_keep = {"logits_to_keep": torch.tensor(keep, device=self.device)} if keep else self.keep_last
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_arg: past},
+                **logits_to_keep,
+            )
+        finally:
+            if handle is not None:
+                handle.remove()
+        if keep is not None:
+            prompt_scores = [score_kept(out.logits[b], keep, ids[b], span, k, evidence) for b, span in enumerate(spans)]
+        else:
+            prompt_scores = capture.scores if capture is not None else [() for _ in rows]
+        return Prefilled(mask, returned_cache(out), out.logits[:, -1, :], ids[:, -1], prompt_scores)
+
+    def _join_group(
+        self, rows: list[tuple[Job, int, PreparedRow]], done: Prefilled, start: float, staged: StagedRow | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows``, prefilled (``done``), join the batch: their first-token logits and last prompt tokens."""
+        import torch
+
+        self.batch.extend(done.mask, done.cache)
+        prompt_scores = done.prompt_scores
         for b, (job, i, p) in enumerate(rows):
             state = Row(stop=job.options.stop, model_stop=job.model_stop, limit=p.limit, cancel=job.cancel, grammar=p.grammar)
             before = tuple(staged.scores) if staged is not None else ()  # scored by its earlier chunks
@@ -342,7 +342,7 @@ class DecodeLoop(JobRows):
                     row.generator.manual_seed(seed % 2**64)
             self.live.append(row)
             self.recorder.rows.append(state)
-        return out.logits[:, -1, :], ids[:, -1]
+        return done.logits, done.last
 
     def _prefix(self, key: tuple[int, ...]) -> tuple[tuple[torch.Tensor, torch.Tensor], ...] | None:
         """The cached keys and values of the prompt prefix ``key`` (prefilled now on a miss);

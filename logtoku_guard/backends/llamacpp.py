@@ -41,7 +41,6 @@ from logtoku_guard.backends.chunked_prefill import (
     check_prefill_budget,
     check_prefill_chunk,
 )
-from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.embedded import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL,
@@ -53,6 +52,7 @@ from logtoku_guard.backends.llamacpp_check import resolve_gguf
 from logtoku_guard.backends.packaged_models import PACKAGED_MODELS, packaged_stop
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose
+from logtoku_guard.backends.recorder import Scoring
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,

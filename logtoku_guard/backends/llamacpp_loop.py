@@ -57,10 +57,9 @@ from logtoku_guard.backends.chunked_prefill import (
     chunk_at,
     plan,
 )
-from logtoku_guard.backends.decode_loop import Scoring
 from logtoku_guard.backends.llamacpp_rows import Sequence, prefill_steps, question_positions, shadow
 from logtoku_guard.backends.numpy_scoring import prompt_scores, record, sample
-from logtoku_guard.backends.recorder import Row
+from logtoku_guard.backends.recorder import Row, Scoring
 from logtoku_guard.types import DecodingOptions, Generation
 
 if TYPE_CHECKING:

@@ -413,3 +413,31 @@ class StepRecorder:
         row = self.rows[b]
         self._emit(b, row, len(row.held))
         return row
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What the loop records of each step: top-K, evidence, the wider top logits, end-of-sequence ids."""
+
+    k: int
+    evidence: EvidenceMode
+    max_logprobs: int
+    eos_ids: frozenset[int]
+
+    def recorder(
+        self, tokenizer: Any, on_token: Callable[[int, TokenScore], None], on_row_done: Callable[[int, Row], None]
+    ) -> StepRecorder:
+        """The step recorder of a continuous batch: no rows yet (they join as admitted), no stop
+        strings or cancel of its own (each row's are checked by the loop), this scoring."""
+        return StepRecorder(
+            k=self.k,
+            evidence=self.evidence,
+            tokenizer=tokenizer,
+            rows=[],
+            stop=(),
+            eos_ids=self.eos_ids,
+            on_token=on_token,
+            cancel=None,
+            max_logprobs=self.max_logprobs,
+            on_row_done=on_row_done,
+        )

@@ -2,18 +2,20 @@
 
 A prompt longer than ``prefill_chunk`` is staged (:class:`StagedRow`): its chunks but the last
 (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`) run through the decoder alone on the
-row's own cache, scoring the question tokens each predicts; its last chunk is prefilled by the loop
-into the running batch (:meth:`~logtoku_guard.backends.decode_loop.DecodeLoop._prefill_group`), so
-it joins with its first token. Who feeds those chunks: by default a thread of their own while the
-loop decodes (``concurrent``, :class:`~logtoku_guard.backends.chunked_prefill.Beside`), else the
-loop, one chunk when its turn comes (:class:`~logtoku_guard.backends.chunked_prefill.FairShare`).
+row's own cache, scoring the question tokens each predicts; its last chunk runs through the whole
+model (its first token's logits), and the row joins the running batch
+(:meth:`~logtoku_guard.backends.decode_loop.DecodeLoop._join_group`). Who runs those chunks: by
+default a thread of their own while the loop decodes, the last one included (``concurrent``,
+:class:`~logtoku_guard.backends.chunked_prefill.Beside`), so the loop only merges the finished row's
+cache into the batch; else the loop, one chunk when its turn comes
+(:class:`~logtoku_guard.backends.chunked_prefill.FairShare`), the last as it joins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from logtoku_guard.backends.batching import Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import IDLE_POLL_S, Beside, FairShare, chunk_at
@@ -22,10 +24,25 @@ from logtoku_guard.backends.prompt_scoring import PromptCapture
 from logtoku_guard.scoring.uncertainty import EvidenceMode
 from logtoku_guard.types import TokenScore
 
-__all__ = ["StagedPrompts", "StagedRow"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Prefilled", "StagedPrompts", "StagedRow"]
 
 SIDE_THREAD = "logtoku-transformers-prefill"
 """The name of the thread that feeds a staged prompt's chunks beside the loop."""
+
+
+@dataclass(eq=False)
+class Prefilled:
+    """A group's prefill forward, its rows not in the batch yet
+    (:meth:`~logtoku_guard.backends.decode_loop.DecodeLoop._join_group` joins them)."""
+
+    mask: torch.Tensor  # the rows' attention mask over the prompt
+    cache: Any  # their KV cache
+    logits: torch.Tensor  # (rows, vocab) first-token logits
+    last: torch.Tensor  # (rows,) last prompt tokens
+    prompt_scores: list[tuple[TokenScore, ...]]  # each row's question tokens scored by this forward
 
 
 @dataclass(eq=False)
@@ -44,6 +61,7 @@ class StagedRow:
     cache: Any = None
     scores: list[TokenScore] = field(default_factory=list)
     capture: PromptCapture | None = None
+    prefilled: Prefilled | None = None  # the last chunk's forward, when its thread ran it
 
     @property
     def rest(self) -> int:
@@ -85,14 +103,24 @@ class StagedPrompts:
         chunk: ``prefill_chunk`` (a prompt longer than this was staged).
         concurrent: a thread of its own feeds the chunks (:class:`~logtoku_guard.backends.chunked_prefill.Beside`);
             False: :meth:`advance` feeds one when the decoding rows have had their turn.
+        last: runs a row's last chunk (the loop's forward, scored, not joined), in the thread when ``concurrent``.
     """
 
-    def __init__(self, model: Any, k: int, evidence: EvidenceMode, chunk: int | None, concurrent: bool) -> None:
+    def __init__(
+        self,
+        model: Any,
+        k: int,
+        evidence: EvidenceMode,
+        chunk: int | None,
+        concurrent: bool,
+        last: Callable[[StagedRow], Prefilled],
+    ) -> None:
         self.model = model
         self.k = k
         self.evidence = evidence
         self.chunk = chunk
         self.concurrent = concurrent and chunk is not None
+        self.last = last
         self.rows: list[StagedRow] = []
         self.side: Beside[StagedRow] | None = None
         self.share = FairShare()
@@ -110,9 +138,10 @@ class StagedPrompts:
 
     def advance(self, mergeable: bool, drop: Callable[[StagedRow], None]) -> StagedRow | None:
         """Feed the oldest staged prompt (start its thread, or run one chunk here); return it, taken off
-        the list, once only its last chunk is left and the batch can take it (``mergeable``): the loop
-        then prefills that chunk into the batch. Abandoned prompts go to ``drop``; a prompt whose chunk
-        failed gets the error (the running rows go on)."""
+        the list, once the batch can take it (``mergeable``) and its thread ran every chunk (its
+        ``prefilled`` set: the loop joins it), or, fed here, only its last chunk is left (the loop
+        prefills it into the batch). Abandoned prompts go to ``drop``; a prompt whose chunk failed
+        gets the error (the running rows go on)."""
         side = self.side
         if side is not None:
             if not side.done.is_set():
@@ -126,10 +155,12 @@ class StagedPrompts:
         if not self.rows:
             return None
         row = self.rows[0]
-        if row.rest > self._last(row):
-            if self.concurrent:
+        if self.concurrent:
+            if row.prefilled is None:
                 self.side = Beside(row, lambda: self._feed_beside(row), lambda: row.job.abandoned, SIDE_THREAD)
-            elif mergeable:
+                return None
+        elif row.rest > self._last(row):
+            if mergeable:
                 try:
                     row.feed(self.model, self._last(row), self.k, self.evidence)
                 except Exception as exc:  # handed to this request; the running rows go on
@@ -140,12 +171,15 @@ class StagedPrompts:
         return self.rows.pop(0)
 
     def _feed_beside(self, row: StagedRow) -> bool:
-        """One chunk of ``row`` in the side thread; whether the thread has more to feed."""
+        """One chunk of ``row`` in its thread (the last through :attr:`last`); whether more are left."""
         import torch
 
         with torch.inference_mode():
-            row.feed(self.model, self._last(row), self.k, self.evidence)
-        return row.rest > self._last(row)
+            if row.rest > self._last(row):
+                row.feed(self.model, self._last(row), self.k, self.evidence)
+                return True
+            row.prefilled = self.last(row)
+        return False
 
     def _fail(self, row: StagedRow, exc: BaseException) -> None:
         self.rows.remove(row)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from logtoku_guard.backends.batched import BatchedBackend, fit_new_tokens
 from logtoku_guard.backends.batching import DEFAULT_MAX_BATCH, Batcher, Job, PreparedRow
 from logtoku_guard.backends.chunked_prefill import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
-from logtoku_guard.backends.decode_loop import DecodeLoop, Scoring
+from logtoku_guard.backends.decode_loop import DecodeLoop
 from logtoku_guard.backends.embedded import ProgressCallback
 from logtoku_guard.backends.loading import DTYPES, load_model
 from logtoku_guard.backends.packaged_models import packaged_stop
@@ -40,6 +40,7 @@ from logtoku_guard.backends.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixC
 from logtoku_guard.backends.processors import check_generation_config
 from logtoku_guard.backends.prompt_scoring import question_span
 from logtoku_guard.backends.quiet import is_verbose, quiet_transformers
+from logtoku_guard.backends.recorder import Scoring
 from logtoku_guard.errors import ConfigurationError
 from logtoku_guard.scoring.uncertainty import (
     DEFAULT_K,
