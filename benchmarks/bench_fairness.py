@@ -212,6 +212,12 @@ def report(scenario: str, r: dict[str, Any], alone: float, long_alone: float | N
     )
 
 
+def slowest(r: dict[str, Any], n: int) -> None:
+    """The ``n`` slowest short requests: when each started (seconds into the scenario) and its time."""
+    for start, took in sorted(r["started"], key=lambda x: -x[1])[:n]:
+        print(f"    slow short request: started {start:.1f} s in, took {took:.2f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["llamacpp", "transformers"], action="append", help="default: both")
@@ -237,6 +243,7 @@ def main() -> None:
         "default: the backend's (beside, unless a llama.cpp budget is given)",
     )
     parser.add_argument("--long-alone", action="store_true", help="also time one long request with nothing beside it")
+    parser.add_argument("--slowest", type=int, default=0, help="print the N slowest short requests: when each started, its time")
     parser.add_argument("--steps", action="store_true", help="llama.cpp: time each scheduler step, say where the time goes")
     args = parser.parse_args()
     kinds = args.backend or ["transformers", "llamacpp"]
@@ -291,12 +298,14 @@ def main() -> None:
             steps = StepTimes() if args.steps and kind == "llamacpp" else None
             r = beside(backend, prompts[:1], long_opts, args.clients, short, 0.0, steps.t0 if steps else None)
             report("beside one long prompt", r, base, long_alone)
+            slowest(r, args.slowest)
             if steps is not None:
                 print(steps.summary(r["started"]), flush=True)
         if "queue" in scenarios:
             steps = StepTimes() if args.steps and kind == "llamacpp" else None
             r = beside(backend, prompts[: args.queue], long_opts, args.clients, short, args.gap, steps.t0 if steps else None)
             report(f"beside a queue of {args.queue} long prompts", r, base)
+            slowest(r, args.slowest)
             if steps is not None:
                 print(steps.summary(r["started"]), flush=True)
         if hasattr(backend, "close"):
