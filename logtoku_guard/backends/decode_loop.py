@@ -126,6 +126,7 @@ class DecodeLoop(JobRows):
         self.options = options
         self.take_joiners = take_joiners
         self.finish = finish
+        self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         # chunks run through the decoder alone (no output head): a model without one is prefilled whole
         self.prefill_chunk = prefill_chunk if callable(getattr(model, "get_decoder", None)) else None
@@ -139,7 +140,9 @@ class DecodeLoop(JobRows):
         self.cache_arg = cache_arg(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         # long prompts being prefilled a chunk at a time, oldest first (a prompt scored by a hook on the
         # decoder, for a model without logits_to_keep, is scored on the passes of this thread only: PromptCapture)
-        self.staged = StagedPrompts(model, scoring.k, scoring.evidence, self.prefill_chunk, concurrent, self._forward_last)
+        self.staged = StagedPrompts(
+            model, scoring.k, scoring.evidence, self.prefill_chunk, concurrent, self._forward_last, self._apart
+        )
         self._build_processors()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -238,6 +241,12 @@ class DecodeLoop(JobRows):
         if row.prefilled is not None:  # its last chunk's forward ran in its thread too
             return self._join_group(rows, row.prefilled, row.start, row)
         return self._prefill_group((), rows, row)
+
+    def _apart(self, row: StagedRow) -> None:
+        """Answer ``row``'s request (one row) in a loop of its own, prefill and decoding, alone: its long
+        prompt then never widens this loop's batch (run by the staged row's thread)."""
+        options, chunk = row.job.options, self.prefill_chunk
+        DecodeLoop(self.model, self.tokenizer, self.scoring, options, lambda _: [], self.finish, None, chunk).run([row.job])
 
     def _forward_last(self, row: StagedRow) -> Prefilled:
         """The forward of a staged row's last chunk (run by its thread), not joined yet."""

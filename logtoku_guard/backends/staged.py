@@ -104,6 +104,8 @@ class StagedPrompts:
         concurrent: a thread of its own feeds the chunks (:class:`~logtoku_guard.backends.chunked_prefill.Beside`);
             False: :meth:`advance` feeds one when the decoding rows have had their turn.
         last: runs a row's last chunk (the loop's forward, scored, not joined), in the thread when ``concurrent``.
+        apart: answers a one-row request whole in a loop of its own (``concurrent``): its thread prefills
+            and decodes it alone, so the long row never joins (and widens) the running batch.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class StagedPrompts:
         chunk: int | None,
         concurrent: bool,
         last: Callable[[StagedRow], Prefilled],
+        apart: Callable[[StagedRow], None] | None = None,
     ) -> None:
         self.model = model
         self.k = k
@@ -121,6 +124,7 @@ class StagedPrompts:
         self.chunk = chunk
         self.concurrent = concurrent and chunk is not None
         self.last = last
+        self.apart = apart
         self.rows: list[StagedRow] = []
         self.side: Beside[StagedRow] | None = None
         self.share = FairShare()
@@ -150,6 +154,9 @@ class StagedPrompts:
             if side.error is not None:
                 self._fail(side.row, side.error)
                 return None
+            if side.row.job.future.done() and side.row in self.rows:  # answered apart (or failed there)
+                self.rows.remove(side.row)
+                return None
         while self.rows and self.rows[0].job.abandoned:
             drop(self.rows.pop(0))
         if not self.rows:
@@ -157,7 +164,8 @@ class StagedPrompts:
         row = self.rows[0]
         if self.concurrent:
             if row.prefilled is None:
-                self.side = Beside(row, lambda: self._feed_beside(row), lambda: row.job.abandoned, SIDE_THREAD)
+                feed = self._answer_apart if self.apart is not None and len(row.job.rows) == 1 else self._feed_beside
+                self.side = Beside(row, lambda: feed(row), lambda: row.job.abandoned, SIDE_THREAD)
                 return None
         elif row.rest > self._last(row):
             if mergeable:
@@ -169,6 +177,15 @@ class StagedPrompts:
         if not mergeable:
             return None
         return self.rows.pop(0)
+
+    def _answer_apart(self, row: StagedRow) -> bool:
+        """The whole one-row request of ``row`` in a loop of its own, in its thread (nothing left after)."""
+        if self.apart is not None:
+            self.apart(row)
+        if not row.job.future.done():
+            msg = "internal error: the request's own decode loop ended without answering it"
+            raise RuntimeError(msg)
+        return False
 
     def _feed_beside(self, row: StagedRow) -> bool:
         """One chunk of ``row`` in its thread (the last through :attr:`last`); whether more are left."""

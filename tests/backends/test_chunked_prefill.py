@@ -100,6 +100,36 @@ def test_a_prompt_fed_in_chunks_equals_one_whole_prefill(tiny_tokenizer: Any, pr
     assert chunks.fed == -(-a.prompt_tokens // CHUNK) - 1 and short.prompt_scores
 
 
+def model_threads(model: Any) -> list[str]:
+    """The thread of each whole-model forward pass (a prompt's last chunk, or a decoding step)."""
+    names: list[str] = []
+    model.register_forward_pre_hook(lambda module, args: names.append(threading.current_thread().name))
+    return names
+
+
+@pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])
+def test_long_prompts_answered_beside_the_loop_equal_whole_prefills_alone_or_in_a_request_of_several(
+    tiny_tokenizer: Any, concurrent: bool
+) -> None:
+    """Beside the loop, a one-row request with a long prompt is answered whole in a loop of its own
+    (its thread prefills and decodes it: it never joins, and widens, the running batch); the long rows
+    of a request of several are fed by the thread, their last chunk too, and join the batch."""
+    model = make_model(tiny_tokenizer, max_positions=1024)
+    whole = backend_for(model, tiny_tokenizer, 0)
+    chunked = backend_for(model, tiny_tokenizer, CHUNK, concurrent_prefill=concurrent)
+    options = DecodingOptions(max_new_tokens=6)
+    threads = model_threads(model)
+    one = chunked.generate(LONG, options)
+    assert threads and set(threads) == ({SIDE} if concurrent else {"logtoku-batcher"})  # its last chunk and every step
+    assert_same(whole.generate(LONG, options), one)
+    threads.clear()
+    prompts = [LONG, "Count from one to ten, slowly. " * 40]
+    several = chunked.batch(prompts, options)
+    for a, b in zip(whole.batch(prompts, options), several, strict=True):
+        assert_same(a, b)
+    assert (SIDE in threads) is concurrent  # the long rows' last chunks ran in their thread
+
+
 @pytest.mark.parametrize(
     ("chunk", "concurrent"),
     [(CHUNK, True), (CHUNK, False), (0, False)],
