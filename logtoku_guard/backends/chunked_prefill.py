@@ -20,8 +20,9 @@ follow one schedule, vLLM's chunked prefill with short prompts first (its
 By default both loops feed those chunks by a thread of their own instead (:class:`Beside`,
 ``concurrent_prefill``): the decoding rows then keep a core while the long prompt is fed, where
 taking turns made a short request wait for the chunk in progress and share the time with it (beside a
-7.3k-token prompt, the short requests' p99 went from 9.2x of alone to 2.8x on llama.cpp, and to 1.6x
-on transformers; ``benchmarks/README.md``). The chunks and their logits are the same either way.
+7.3k-token prompt, the short requests' p99 went from 9.2x of alone to 2.8x on llama.cpp, and from
+6.5x to 1.8-2.4x on transformers; ``benchmarks/README.md``). The chunks and their logits are the same
+either way.
 
 A chunk's cost grows with its depth (each of its tokens attends to every token before it), and a
 request that arrives while a chunk runs waits for that chunk: so chunks shrink as they go deeper

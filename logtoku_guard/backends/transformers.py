@@ -126,11 +126,12 @@ class TransformersBackend(BatchedBackend):
         prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 prefills every prompt whole at once.
-        concurrent_prefill: True (default) feeds such a prompt's chunks (all but its last) by a thread
-            of its own, on the prompt's own KV cache, while the batch goes on decoding: the decoding
-            rows keep a core instead of waiting for each chunk
-            (:class:`~logtoku_guard.backends.chunked_prefill.Beside`); False feeds them in the decoding
-            loop, taking turns with the decoding rows. Either way the chunks and their logits are the same.
+        concurrent_prefill: True (default) feeds such a prompt's chunks by a thread of its own while
+            the batch goes on decoding, so the decoding rows keep a core instead of waiting for each
+            chunk: a one-row request is answered whole there by a decode loop of its own, the rows of a
+            request of several join the batch once fed (:mod:`~logtoku_guard.backends.staged`);
+            False feeds them in the decoding loop, taking turns with the decoding rows. Either way the
+            chunks and their logits are the same.
         verbose: let transformers print its progress bars and warnings while loading and
             generating (None: ``$LOGTOKU_GUARD_VERBOSE``, default off;
             :mod:`logtoku_guard.backends.quiet`).
