@@ -16,8 +16,9 @@
    zeros, then concatenated on the batch axis); a prompt longer than ``prefill_chunk`` is fed
    a chunk at a time on its own KV cache instead, and joins with its last chunk
    (:mod:`~logtoku_guard.backends.staged`), so it cannot stall the live rows: by default
-   (``concurrent``) its chunks but the last are fed by a thread of its own while this loop goes on
-   (torch runs the two threads' forward passes at once), else here, taking turns with the decoding rows;
+   (``concurrent``) a thread of its own feeds it while this loop goes on (torch runs the two threads'
+   forward passes at once; a one-row request is answered there whole, by a loop of its own), else
+   this loop does, taking turns with the decoding rows;
 3. **choose**: the raw logits of every row (the decoded ones, then the joiners' first-token
    logits) go to the :class:`~logtoku_guard.backends.recorder.StepRecorder` (top-K, AU/EU,
    stop strings, streaming, each row's end), then through the logits processors to the next

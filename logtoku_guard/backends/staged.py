@@ -3,12 +3,16 @@
 A prompt longer than ``prefill_chunk`` is staged (:class:`StagedRow`): its chunks but the last
 (:func:`~logtoku_guard.backends.chunked_prefill.chunk_at`) run through the decoder alone on the
 row's own cache, scoring the question tokens each predicts; its last chunk runs through the whole
-model (its first token's logits), and the row joins the running batch
-(:meth:`~logtoku_guard.backends.decode_loop.DecodeLoop._join_group`). Who runs those chunks: by
-default a thread of their own while the loop decodes, the last one included (``concurrent``,
-:class:`~logtoku_guard.backends.chunked_prefill.Beside`), so the loop only merges the finished row's
-cache into the batch; else the loop, one chunk when its turn comes
-(:class:`~logtoku_guard.backends.chunked_prefill.FairShare`), the last as it joins.
+model (its first token's logits) and the row joins the running batch
+(:meth:`~logtoku_guard.backends.decode_loop.DecodeLoop._join_group`). Who runs them: by default a
+thread of their own while the loop decodes (``concurrent``,
+:class:`~logtoku_guard.backends.chunked_prefill.Beside`). There a one-row request is answered whole,
+prefill and decoding, by a decode loop of its own (``apart``): joined, a 7k-token row would pad every
+row of the left-padded batch to its length, and each decoding step of the short rows beside it would
+attend over all of it until it ended (their slowest requests took 3-5 s against 0.6 s alone:
+``benchmarks/README.md``). The rows of a request of several are fed there, their last chunk too, and
+join the batch. Without ``concurrent`` the loop feeds one chunk when its turn comes
+(:class:`~logtoku_guard.backends.chunked_prefill.FairShare`) and the last as the row joins.
 """
 
 from __future__ import annotations
