@@ -146,8 +146,8 @@ class LlamaDecodeLoop(JobRows):
                 self._leave()
                 rows = len(self.live) + len(self.admitted) + len(self.waiting)
                 self._queue(self.take_joiners(rows))
-                side = self.side
-                if side is not None and not self.live and not side.done.is_set() and all(s is side.row for s in self.admitted):
+                side = self.side  # no live row: the rows admitted wait for the side prefill (short ones joined)
+                if side is not None and not self.live and not side.done.is_set():
                     side.done.wait(IDLE_POLL_S)  # only the side prefill runs: look for new requests now and then
         finally:
             self._stop_side()
