@@ -84,8 +84,9 @@ __all__ = [
 ]
 
 DEFAULT_PREFILL_CHUNK = 256
-"""Prompt tokens a long prompt feeds per step by default (see ``benchmarks/bench_fairness.py`` for
-the trade-off measured: smaller chunks let short requests through sooner, at a small cost to the long one)."""
+"""Prompt tokens a long prompt is fed at a time by default, fewer deeper (:func:`chunk_at`; see
+``benchmarks/bench_fairness.py`` for the trade-off measured in the loop: smaller chunks let short
+requests through sooner, at a small cost to the long one)."""
 MIN_PREFILL_CHUNK = 128
 """The smallest chunk accepted. On llama.cpp a chunk boundary is a ubatch boundary: chunks of 32
 or 64 tokens moved a long prompt's log p by up to 0.5 from one whole prefill (ggml computes short

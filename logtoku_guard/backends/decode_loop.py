@@ -102,10 +102,10 @@ class DecodeLoop(JobRows):
         take_joiners: ``take_joiners(live_rows)`` returns the jobs that join now (the
             batcher's :meth:`~logtoku_guard.backends.batching.Batcher.take_joiners`).
         finish: builds a row's :class:`~logtoku_guard.types.Generation` when it ends.
-        prefix_cache: the backend's store of prompt-prefix KV caches (None: every prompt is
-            prefilled whole).
-        prefill_chunk: prompt tokens a long prompt feeds per step, between the live rows'
+        prefix_cache: the backend's store of prompt-prefix KV caches (None: every prompt is prefilled whole).
+        prefill_chunk: prompt tokens a long prompt is fed at a time, beside or between the live rows'
             decoding steps (:mod:`~logtoku_guard.backends.chunked_prefill`; None: prefilled whole).
+        concurrent: a long prompt is fed by a thread of its own (:mod:`~logtoku_guard.backends.staged`).
     """
 
     def __init__(

@@ -135,7 +135,7 @@ class LlamaCppBackend(BatchedBackend):
         top_n: number of least reliable tokens averaged into the response reliability.
         max_logprobs: raw top logits kept per token for OpenAI-style ``top_logprobs`` (at least K).
         max_batch: most rows decoded together (llama.cpp sequences); 1 runs requests one at a time.
-        prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
+        prefill_chunk: prompt tokens a longer prompt is fed at a time (fewer deeper), so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 feeds every prompt whole at once.
         prefill_budget_s: 0 (the default) feeds a longer prompt one chunk of ``prefill_chunk``
@@ -290,7 +290,7 @@ class LlamaCppBackend(BatchedBackend):
 
     @property
     def prefill_chunk(self) -> int | None:
-        """Prompt tokens a long prompt feeds per decoding step (None: prompts are fed whole)."""
+        """Prompt tokens a long prompt is fed at a time (None: prompts are fed whole)."""
         return self._prefill_chunk
 
     @property

@@ -123,7 +123,7 @@ class TransformersBackend(BatchedBackend):
         prefix_cache_mb: MiB of prompt-prefix KV caches kept (the chat template's opening and
             the system prompt, prefilled once and reused by every prompt that begins with them:
             :mod:`logtoku_guard.backends.prefix_cache`); 0 prefills every prompt whole.
-        prefill_chunk: prompt tokens a longer prompt feeds per decoding step, so that it cannot
+        prefill_chunk: prompt tokens a longer prompt is fed at a time (fewer deeper), so that it cannot
             stall the requests decoding beside it (:mod:`logtoku_guard.backends.chunked_prefill`;
             default 256); 0 prefills every prompt whole at once.
         concurrent_prefill: True (default) feeds such a prompt's chunks by a thread of its own while
@@ -253,7 +253,7 @@ class TransformersBackend(BatchedBackend):
 
     @property
     def prefill_chunk(self) -> int | None:
-        """Prompt tokens a long prompt feeds per decoding step (None: prompts are prefilled whole)."""
+        """Prompt tokens a long prompt is fed at a time (None: prompts are prefilled whole)."""
         return self._prefill_chunk
 
     @property

@@ -54,8 +54,8 @@ def serve(
     prefill_chunk: Annotated[
         int,
         typer.Option(
-            help="Prompt tokens a longer prompt feeds per decoding step, so it cannot stall short requests "
-            f"(>= {MIN_PREFILL_CHUNK}; 0: prefill every prompt whole)."
+            help="Prompt tokens a longer prompt is fed at a time (fewer deeper in it), by a thread of its own beside "
+            f"the decoding requests, so it cannot stall them (>= {MIN_PREFILL_CHUNK}; 0: prefill every prompt whole)."
         ),
     ] = DEFAULT_PREFILL_CHUNK,
     policy: Annotated[
