@@ -47,6 +47,10 @@ scores). Measured, never asserted:
    off, 1 thread, CPU ms of a decoding step at context depths 30 to 7,036 and of the prefill's units
    deep in a long prompt (a 128-token chunk, an 8-token piece), where a short request beside a long
    prompt waits.
+11. the second context (``--parts side_context``): a short row's decoding step alone, beside a
+   6,000-token sequence in the same context, and while a second context on the same weights prefills
+   in another thread (what ``concurrent_prefill`` rests on), then the copy of that sequence's KV cells
+   into the first context: its time and the next token's largest logit difference (0.0: exact).
 
     python benchmarks/bench_llamacpp.py --cache-dir /tmp/ltg-cache
 
@@ -394,6 +398,78 @@ def flash_attn(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def side_context(args: argparse.Namespace) -> dict[str, Any]:
+    """What the concurrent prefill rests on (issue 42 item 4), embedded default weights, 1 thread each:
+    a short row's decoding step (median of 40, wall ms) alone, beside a 6,000-token sequence in the same
+    context, and while a second context on the same weights prefills 3,000 tokens in another thread (the
+    side context's prefill, and the same alone, in seconds); then copying that sequence into the first
+    context (``LlamaContext.copy_sequence``: its bytes, seconds) and the largest difference between the
+    next token's logits there and in the side context (0.0: exact)."""
+    import statistics
+    import threading
+
+    import numpy as np
+
+    from logtoku_guard.backends.embedded import embedded_llama_gguf
+    from logtoku_guard.backends.llamacpp_model import LlamaModel
+
+    m = LlamaModel(embedded_llama_gguf(None, args.cache_dir), n_ctx=8192, n_seq=4, n_threads=1)
+    side = m.side_context()
+    rng = np.random.default_rng(0)
+    short = [int(t) for t in rng.integers(100, 40000, 30)]
+    long_ids = [int(t) for t in rng.integers(100, 40000, 6001)]
+
+    def prefill(ctx: Any, seq: int, n: int) -> None:
+        for lo in range(0, n, 512):
+            ctx.decode([(long_ids[p], p, seq, False) for p in range(lo, min(n, lo + 512))])
+
+    def steps(count: int = 40) -> float:
+        m.decode([(t, p, 0, p == len(short) - 1) for p, t in enumerate(short)])
+        times = []
+        for k in range(count):
+            t = time.perf_counter()
+            m.decode([(short[k % 30], 30 + k, 0, True)])
+            times.append(time.perf_counter() - t)
+        m.forget(0)
+        return 1000 * statistics.median(times)
+
+    out: dict[str, Any] = {"decode step alone, ms": steps()}
+    prefill(m, 1, 6000)
+    out["beside a 6,000-token sequence in the same context, ms"] = steps()
+    m.clear()
+    took: dict[str, float] = {}
+
+    def side_prefill() -> None:
+        t = time.perf_counter()
+        prefill(side, 1, 3000)
+        took["s"] = time.perf_counter() - t
+
+    thread = threading.Thread(target=side_prefill)
+    thread.start()
+    time.sleep(0.05)
+    out["while the side context prefills 3,000 tokens, ms"] = steps(60)
+    thread.join()
+    out["side prefill of 3,000 tokens meanwhile, s"] = took["s"]
+    side.clear()
+    t = time.perf_counter()
+    prefill(side, 1, 3000)
+    out["side prefill of 3,000 tokens alone, s"] = time.perf_counter() - t
+    side.decode([(long_ids[3000], 3000, 1, True)])
+    want = side.logits_rows([0]).copy()
+    side.forget(1)
+    prefill(side, 1, 3000)
+    m.decode([(t, p, 0, False) for p, t in enumerate(short)])  # the copy lands beside another sequence's cells
+    t = time.perf_counter()
+    copied = m.copy_sequence(side, 1)
+    out["copy 3,000 tokens' cells, s"] = time.perf_counter() - t
+    m.decode([(long_ids[3000], 3000, 1, True)])
+    out["copied"] = copied
+    out["next token's logits, largest difference"] = float(np.abs(m.logits_rows([0]) - want).max())
+    m.close()
+    print(json.dumps({"side_context": out}, indent=1), flush=True)
+    return out
+
+
 def decode_cpu(args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per token of a scored greedy answer against the bare loop's same tokens, 1 and 2 threads."""
     import statistics
@@ -669,6 +745,7 @@ def main() -> None:
         "ask_phases": ask_phases,
         "decode_cpu": decode_cpu,
         "flash_attn": flash_attn,
+        "side_context": side_context,
         "agreement": agreement,
     }
     chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
