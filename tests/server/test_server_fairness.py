@@ -23,6 +23,7 @@ from support.same import wait_until  # noqa: E402
 from support.served import llamacpp_served, tiny_served  # noqa: E402
 
 from logtoku_guard.backends.chunked_prefill import MIN_PREFILL_CHUNK  # noqa: E402
+from logtoku_guard.backends.staged import SIDE_THREAD  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 
 PASSAGE = "The committee met on a grey morning to review the harbour's tide tables and the ferry timetable. "
@@ -45,13 +46,15 @@ def ended_order(backend: Any) -> list[int]:
 @pytest.mark.parametrize("kind", ["transformers", pytest.param("llamacpp", marks=pytest.mark.slow)])  # the real GGUF: slow
 @pytest.mark.parametrize("chunk", [MIN_PREFILL_CHUNK, 0], ids=["chunked", "whole (the failure this fixes)"])
 def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(kind: str, chunk: int, tiny_tokenizer: Any) -> None:
+    # chunked, the long prompt is fed by a thread of its own (concurrent_prefill, the default): the gate
+    # holds that thread only, and the loop answers the short request meanwhile
     if kind == "transformers":
         backend = tiny_served(tiny_tokenizer, max_positions=2048, prefill_chunk=chunk)
-        gate: Gate = Gate(backend.model.model)
+        gate: Gate = Gate(backend.model.model, thread=SIDE_THREAD if backend.concurrent_prefill else None)
     else:
         backend = llamacpp_served(prefill_chunk=chunk)
-        # chunked, the long prompt is prefilled on the side context by a thread of its own: hold that
         gate = CallGate(backend._model.side_context() if backend.concurrent_prefill else backend._model, "decode")
+    assert backend.concurrent_prefill is bool(chunk)
     long_text = PASSAGE * 30 + "What was reviewed?"
     n_long = backend.count_tokens(backend.render(long_text))
     assert n_long > 4 * MIN_PREFILL_CHUNK
@@ -71,7 +74,10 @@ def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(kind: str,
         with gate.held():  # the worker waits inside the long prompt's first chunk (or its whole prefill)
             short = threading.Thread(target=ask, args=("short", "Hi", 3))
             short.start()
-            wait_until(lambda: backend.requests_waiting == 1, "the short request to reach the batcher")
+            if chunk:  # answered while the long prompt's thread is held inside its first chunk
+                wait_until(lambda: "short" in replies, "the short request to be answered beside the held long prompt", 120)
+            else:  # the worker is held inside the whole prefill: the short request waits in the queue
+                wait_until(lambda: backend.requests_waiting == 1, "the short request to reach the batcher")
         long.join(120)
         short.join(120)
     getattr(backend, "close", lambda: None)()
