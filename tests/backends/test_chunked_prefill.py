@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import pytest
+from support.ended import ended_order
 from support.gate import Gate
 from support.joins import queued
 from support.same import assert_same, wait_until
@@ -61,21 +62,6 @@ class Chunks:
     @property
     def fed(self) -> int:
         return sum(1 for n in self.sizes if n == CHUNK)
-
-
-class Ended:
-    """The prompt lengths of the rows as they end, in the worker thread (their order is the schedule's)."""
-
-    def __init__(self, backend: TransformersBackend) -> None:
-        self.order: list[int] = []
-        real = backend._generation
-
-        def record(row: Any) -> Any:
-            g = real(row)
-            self.order.append(g.prompt_tokens)
-            return g
-
-        backend._generation = record  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])
@@ -141,10 +127,10 @@ def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(
     model = make_model(tiny_tokenizer, max_positions=1024)
     backend = backend_for(model, tiny_tokenizer, chunk, concurrent_prefill=concurrent)
     gate = Gate(model.model, thread=SIDE if concurrent else None)
-    ended = Ended(backend)
+    order = ended_order(backend)
     alone = backend.generate("Hi", DecodingOptions(max_new_tokens=3))
     n_long = prompt_tokens(backend, LONG)
-    ended.order.clear()
+    order.clear()
     results: dict[str, Any] = {}
     long = threading.Thread(target=lambda: results.update(long=backend.generate(LONG, DecodingOptions(max_new_tokens=1))))
     long.start()
@@ -159,7 +145,7 @@ def test_a_short_request_finishes_before_a_long_prompt_beside_it_answers(
     short.join(60)
     assert_same(alone, results["short"])
     expected = [alone.prompt_tokens, n_long] if chunk else [n_long, alone.prompt_tokens]
-    assert ended.order == expected
+    assert order == expected
 
 
 @pytest.mark.parametrize("concurrent", [True, False], ids=["beside the loop", "in the loop"])

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import pytest
+from support.ended import ended_order
 from support.gate import CallGate
 from support.postgres import in_ci
 from support.same import wait_until
@@ -64,20 +65,6 @@ def prompt_calls(ctx: Any) -> list[tuple[int, int]]:
 
     ctx.decode = recording
     return calls
-
-
-def ended_order(backend: LlamaCppBackend) -> list[int]:
-    """The prompt lengths of the backend's rows as they end."""
-    order: list[int] = []
-    real = backend._generation
-
-    def record(row: Any) -> Any:
-        g = real(row)
-        order.append(g.prompt_tokens)
-        return g
-
-    backend._generation = record  # type: ignore[method-assign]
-    return order
 
 
 def bits(g: Any) -> tuple[list[Any], list[Any]]:

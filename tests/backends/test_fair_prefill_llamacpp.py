@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import pytest
+from support.ended import ended_order
 from support.gate import CallGate
 from support.postgres import in_ci
 from support.same import wait_until
@@ -58,19 +59,6 @@ def record_calls(backend: LlamaCppBackend) -> list[tuple[int, int, int]]:
 
     backend._model.decode = recording  # type: ignore[method-assign]
     return calls
-
-
-def ended_order(backend: LlamaCppBackend) -> list[int]:
-    order: list[int] = []
-    real = backend._generation
-
-    def record(row: Any) -> Any:
-        g = real(row)
-        order.append(g.prompt_tokens)
-        return g
-
-    backend._generation = record  # type: ignore[method-assign]
-    return order
 
 
 @pytest.mark.slow  # three prefills of a 300-token prompt

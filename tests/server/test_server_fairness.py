@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from support.ended import ended_order  # noqa: E402
 from support.gate import CallGate, Gate  # noqa: E402
 from support.same import wait_until  # noqa: E402
 from support.served import llamacpp_served, tiny_served  # noqa: E402
@@ -27,20 +28,6 @@ from logtoku_guard.backends.staged import SIDE_THREAD  # noqa: E402
 from logtoku_guard.server import BackgroundServer, build_app  # noqa: E402
 
 PASSAGE = "The committee met on a grey morning to review the harbour's tide tables and the ferry timetable. "
-
-
-def ended_order(backend: Any) -> list[int]:
-    """The prompt lengths of the backend's rows as they end (appended in its worker thread)."""
-    order: list[int] = []
-    real = backend._generation
-
-    def record(row: Any) -> Any:
-        g = real(row)
-        order.append(g.prompt_tokens)
-        return g
-
-    backend._generation = record
-    return order
 
 
 @pytest.mark.parametrize("kind", ["transformers", pytest.param("llamacpp", marks=pytest.mark.slow)])  # the real GGUF: slow
